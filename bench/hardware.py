@@ -1,0 +1,85 @@
+"""Dense peak throughput, memory and EFA adapters of the hardware the harness knows, with sources.
+
+Peaks are dense (no 2:4 sparsity), per GPU. MFU divides achieved model FLOPs by these, so a wrong
+entry makes every MFU wrong: each row names the document it came from.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    memory_gib: float
+    peak_tflops: dict[str, float]  # by compute dtype: "bf16", "fp16", "tf32", "fp32"
+    source: str
+
+
+GPUS: dict[str, GpuSpec] = {g.name: g for g in [
+    GpuSpec("A100-SXM4-40GB", 40, {"bf16": 312, "fp16": 312, "tf32": 156, "fp32": 19.5},
+            "NVIDIA A100 Tensor Core GPU datasheet (2021), SXM column, dense"),
+    GpuSpec("A100-SXM4-80GB", 80, {"bf16": 312, "fp16": 312, "tf32": 156, "fp32": 19.5},
+            "NVIDIA A100 Tensor Core GPU datasheet (2021), SXM column, dense"),
+    GpuSpec("H100-SXM", 80, {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},
+            "NVIDIA H100 Tensor Core GPU datasheet, SXM column; sparse figures halved"),
+    GpuSpec("H100-PCIe", 80, {"bf16": 756.5, "fp16": 756.5, "tf32": 378, "fp32": 51.2},
+            "NVIDIA H100 Tensor Core GPU datasheet, PCIe column; sparse figures halved"),
+    GpuSpec("H200", 141, {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},
+            "NVIDIA H200 Tensor Core GPU datasheet, SXM column; sparse figures halved"),
+    GpuSpec("A10G", 24, {"bf16": 70, "fp16": 70, "tf32": 35, "fp32": 31.2},
+            "AWS EC2 G5 documentation (A10G: 70 dense FP16/BF16 tensor TFLOPS, 31.2 FP32)"),
+    GpuSpec("L4", 24, {"bf16": 121, "fp16": 121, "tf32": 60, "fp32": 30.3},
+            "NVIDIA L4 Tensor Core GPU datasheet; sparse figures halved"),
+    GpuSpec("B200", 180, {"bf16": 2250, "fp16": 2250, "tf32": 1100, "fp32": 75},
+            "NVIDIA HGX B200 datasheet, per GPU; sparse figures halved"),
+]}
+
+# Substrings of torch.cuda.get_device_name() -> table key; first match wins, so order matters.
+_NAME_PATTERNS: list[tuple[str, str]] = [
+    ("H100 PCIe", "H100-PCIe"), ("H100", "H100-SXM"), ("H200", "H200"), ("GH200", "H200"),
+    ("A100-SXM4-40GB", "A100-SXM4-40GB"), ("A100", "A100-SXM4-80GB"), ("A10G", "A10G"),
+    ("L4", "L4"), ("B200", "B200"),
+]
+
+
+def gpu_spec(device_name: str) -> GpuSpec | None:
+    """Map a CUDA device name (e.g. 'NVIDIA H100 80GB HBM3') to its spec; None if unknown."""
+    if device_name in GPUS:
+        return GPUS[device_name]
+    for pattern, key in _NAME_PATTERNS:
+        if pattern in device_name:
+            return GPUS[key]
+    return None
+
+
+def compute_dtype(precision: str) -> str:
+    """The dtype the matmuls run in for a precision setting (fp32 uses plain FP32 peaks)."""
+    return {"fp32": "fp32", "bf16_mixed": "bf16", "bf16_pure": "bf16", "fp16_mixed": "fp16"}[precision]
+
+
+def peak_tflops(device_name: str, precision: str) -> float | None:
+    """Dense peak TFLOPS per GPU for the run's compute dtype; None for CPUs and unknown GPUs."""
+    spec = gpu_spec(device_name)
+    return spec.peak_tflops[compute_dtype(precision)] if spec else None
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    name: str
+    gpu: str | None
+    gpus: int
+    efa: int
+    network_gbps: int
+    source: str
+
+
+INSTANCES: dict[str, InstanceSpec] = {i.name: i for i in [
+    InstanceSpec("p4d.24xlarge", "A100-SXM4-40GB", 8, 4, 400, "AWS EC2 P4 instance page"),
+    InstanceSpec("p4de.24xlarge", "A100-SXM4-80GB", 8, 4, 400, "AWS EC2 P4 instance page"),
+    InstanceSpec("p5.48xlarge", "H100-SXM", 8, 32, 3200, "AWS EC2 P5 instance page"),
+    InstanceSpec("p5e.48xlarge", "H200", 8, 32, 3200, "AWS EC2 P5 instance page"),
+    InstanceSpec("p5en.48xlarge", "H200", 8, 16, 3200, "AWS EC2 P5 instance page (EFAv3)"),
+    InstanceSpec("g5.48xlarge", "A10G", 8, 1, 100, "AWS EC2 G5 instance page"),
+    InstanceSpec("local", None, 0, 0, 0, "this machine"),
+]}

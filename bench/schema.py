@@ -1,0 +1,247 @@
+"""The one results schema: run specs, metric records, run summaries and the results-table columns.
+
+Everything that crosses a process or file boundary is described here, and versioned by SCHEMA_VERSION.
+Metric records are JSON objects on one line after RECORD_PREFIX, so they can be found in any log stream
+(kubectl logs, srun -l, mpirun --tag-output, timestamps, ANSI colours) by `parse_records`, the only
+parser of them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+SCHEMA_VERSION = 1
+RECORD_PREFIX = "@@fsdpbench@@ "
+RECORD_KINDS = ("meta", "step", "summary", "nvml", "nccl")
+
+SHARDINGS = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
+PRECISIONS = ("fp32", "bf16_mixed", "fp16_mixed", "bf16_pure")
+AC_MODES = ("none", "full", "selective")
+WRAP_POLICIES = ("transformer_block", "whole_model")
+RUN_KINDS = ("train", "nccl")
+
+STATUSES = ("ok", "oom", "timeout", "nccl_error", "rendezvous_error", "launch_error", "nan_loss",
+            "failed", "infeasible", "cancelled")
+TERMINAL_STATUSES = frozenset(STATUSES)  # every status is final; "running" is never written
+RETRYABLE_STATUSES = frozenset(s for s in STATUSES if s not in ("ok", "infeasible"))
+
+
+def _check_choice(name: str, value: str, choices: Iterable[str]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not one of: {', '.join(choices)}")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run: every axis a flat typed field. Equal specs have equal run ids."""
+
+    kind: str = "train"
+    model: str = "tiny_llama"
+    nodes: int = 1
+    gpus_per_node: int = 1
+    sharding: str = "FULL_SHARD"
+    precision: str = "bf16_mixed"
+    activation_checkpointing: str = "none"
+    wrap_policy: str = "transformer_block"
+    micro_batch: int = 1
+    seq_len: int = 128
+    steps: int = 10
+    warmup_steps: int = 3
+    efa_per_node: int = 0
+    cluster: str = "local"
+    launcher: str = "local"
+    repeat: int = 0
+    seed: int = 0
+    nccl_min_bytes: int = 8
+    nccl_max_bytes: int = 1 << 26
+    nccl_iters: int = 20
+
+    def __post_init__(self) -> None:
+        _check_choice("kind", self.kind, RUN_KINDS)
+        _check_choice("sharding", self.sharding, SHARDINGS)
+        _check_choice("precision", self.precision, PRECISIONS)
+        _check_choice("activation_checkpointing", self.activation_checkpointing, AC_MODES)
+        _check_choice("wrap_policy", self.wrap_policy, WRAP_POLICIES)
+        for name in ("nodes", "gpus_per_node", "micro_batch", "seq_len", "steps", "nccl_iters"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("warmup_steps", "efa_per_node", "repeat", "seed"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.kind == "train" and self.warmup_steps >= self.steps:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) must be < steps ({self.steps})")
+        if self.sharding == "HYBRID_SHARD" and self.kind == "train" and self.gpus_per_node < 2:
+            raise ValueError("HYBRID_SHARD shards within a node and replicates across nodes: it needs "
+                             f"gpus_per_node >= 2 (got {self.gpus_per_node})")
+        if not 0 < self.nccl_min_bytes <= self.nccl_max_bytes:
+            raise ValueError("nccl_min_bytes must be > 0 and <= nccl_max_bytes")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def canonical(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
+
+    @property
+    def run_id(self) -> str:
+        """Content hash of the spec: re-planning the same sweep gives the same ids."""
+        return hashlib.sha256(self.canonical().encode()).hexdigest()[:12]
+
+    @property
+    def label(self) -> str:
+        """Human-readable part of the run dir name."""
+        if self.kind == "nccl":
+            return f"nccl-allreduce-n{self.nodes}x{self.gpus_per_node}-efa{self.efa_per_node}-r{self.repeat}"
+        ac = {"none": "noac", "full": "acfull", "selective": "acsel"}[self.activation_checkpointing]
+        return (f"{self.model}-n{self.nodes}x{self.gpus_per_node}-{self.sharding.lower()}-"
+                f"{self.precision}-{ac}-{self.wrap_policy}-mb{self.micro_batch}-s{self.seq_len}-"
+                f"efa{self.efa_per_node}-r{self.repeat}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_argv(self) -> list[str]:
+        """Worker command-line arguments that reproduce this spec (`--model tiny_llama ...`)."""
+        argv: list[str] = []
+        for f in fields(self):
+            argv += [f"--{f.name.replace('_', '-')}", str(getattr(self, f.name))]
+        return argv
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunSpec:
+        """Build from a dict, ignoring unknown keys (written by a newer schema)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+SPEC_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RunSpec))
+
+
+@dataclass
+class RunSummary:
+    """One row of the results table: the spec, the outcome and the steady-state metrics.
+
+    Units are in the field names. Metrics are None where not measured (never 0 for "unknown").
+    """
+
+    run_id: str
+    sweep: str
+    status: str
+    spec: RunSpec
+    error: str | None = None
+    run_dir: str | None = None
+    schema_version: int = SCHEMA_VERSION
+    world_size: int | None = None
+    steps_timed: int | None = None
+    step_time_s: float | None = None  # median over the steady-state window
+    step_time_s_std: float | None = None
+    step_time_s_min: float | None = None
+    step_time_s_max: float | None = None
+    tokens_per_s: float | None = None
+    tokens_per_s_per_gpu: float | None = None
+    samples_per_s: float | None = None
+    tflops_per_gpu: float | None = None
+    hw_tflops_per_gpu: float | None = None
+    peak_tflops_per_gpu: float | None = None
+    mfu: float | None = None
+    hfu: float | None = None
+    mem_peak_alloc_gib: float | None = None  # max over ranks
+    mem_peak_reserved_gib: float | None = None
+    mem_rss_gib: float | None = None  # host RSS peak (CPU runs)
+    nvml_mem_used_gib: float | None = None  # max over GPUs and samples
+    nvml_util_pct: float | None = None  # mean
+    nvml_power_w: float | None = None  # mean per GPU
+    loss_first: float | None = None
+    loss_last: float | None = None
+    est_mem_gib: float | None = None
+    device_name: str | None = None
+    torch_version: str | None = None
+    host: str | None = None
+    git_rev: str | None = None
+    started_at: str | None = None
+    wall_s: float | None = None
+    nccl_busbw_avg_gbs: float | None = None
+    nccl_busbw_max_gbs: float | None = None
+    nccl_algbw_max_gbs: float | None = None
+    nccl_transport: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_choice("status", self.status, STATUSES)
+
+    def to_row(self) -> dict[str, Any]:
+        """Flat dict for the results table: spec fields first, then outcome and metrics."""
+        row: dict[str, Any] = {"run_id": self.run_id, "sweep": self.sweep, "status": self.status}
+        row.update(self.spec.to_dict())
+        for f in fields(self):
+            if f.name not in ("run_id", "sweep", "status", "spec", "extra"):
+                row[f.name] = getattr(self, f.name)
+        row["extra"] = json.dumps(self.extra, sort_keys=True) if self.extra else None
+        return row
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> RunSummary:
+        names = {f.name for f in fields(cls)} - {"spec", "extra"}
+        extra = row.get("extra")
+        kwargs = {k: _none_if_nan(row[k]) for k in names if k in row}
+        return cls(spec=RunSpec.from_dict(row), extra=json.loads(extra) if isinstance(extra, str) else {},
+                   **kwargs)
+
+
+def _none_if_nan(value: Any) -> Any:
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+SUMMARY_COLUMNS: tuple[str, ...] = tuple(
+    RunSummary(run_id="", sweep="", status="ok", spec=RunSpec()).to_row().keys())
+
+
+# ---------------------------------------------------------------- metric records
+
+
+def format_record(kind: str, **payload: Any) -> str:
+    """One metric record as a line (no newline). Non-finite floats become null to stay valid JSON."""
+    _check_choice("record kind", kind, RECORD_KINDS)
+    body = {"v": SCHEMA_VERSION, "kind": kind, **payload}
+    return RECORD_PREFIX + json.dumps(_finite(body), separators=(",", ":"), default=str)
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+_DECODER = json.JSONDecoder()
+
+
+def parse_records(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """Yield every metric record found in a log stream, whatever prefixes the launcher added.
+
+    Lines cut short (a crash mid-write, a truncated file) are skipped, not fatal.
+    """
+    for line in lines:
+        at = line.find(RECORD_PREFIX)
+        if at < 0:
+            continue
+        text = line[at + len(RECORD_PREFIX):]
+        if "\x1b" in text:
+            text = _ANSI.sub("", text)
+        try:
+            obj, _ = _DECODER.raw_decode(text.strip())
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and obj.get("kind") in RECORD_KINDS:
+            yield obj

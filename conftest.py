@@ -1,0 +1,55 @@
+"""Shared fixtures: real torchrun processes for the worker tests, paths to ../shared reference data."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.schema import parse_records
+
+ROOT = Path(__file__).resolve().parent
+SHARED_DATA = Path(os.environ.get("FSDPBENCH_SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+
+@dataclass
+class WorkerResult:
+    returncode: int
+    output: str
+    records: list[dict[str, Any]]
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [r for r in self.records if r["kind"] == kind]
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        summaries = self.of_kind("summary")
+        assert summaries, f"no summary record; output:\n{self.output[-3000:]}"
+        return summaries[0]
+
+
+def run_torchrun(module_args: list[str], nproc: int, timeout: float = 240, env: dict | None = None,
+                 ) -> WorkerResult:
+    """Run `python -m <module> ...` under a real torchrun with `nproc` gloo processes."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "--max-restarts=0", "-m", *module_args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    output = proc.stdout + proc.stderr
+    return WorkerResult(proc.returncode, output, list(parse_records(output.splitlines())))
+
+
+@pytest.fixture
+def torchrun():
+    return run_torchrun
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"reference data not found at {SHARED_DATA} (set FSDPBENCH_SHARED_DATA)")
+    return SHARED_DATA

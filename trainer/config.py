@@ -1,0 +1,60 @@
+"""Command-line arguments of the worker, validated into a RunSpec before any process group starts."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.models import get_arch
+from bench.schema import RunSpec
+
+FAULTS = ("none", "oom", "nan", "hang", "crash")
+
+
+@dataclass(frozen=True)
+class TrainArgs:
+    spec: RunSpec
+    run_dir: Path | None
+    instrument: bool  # per-step records and the NVML sampler; off only for the overhead benchmark
+    nvml_interval_s: float
+    attn_impl: str
+    fault: str  # test hook: inject a failure at fault_step ("oom" raises torch.OutOfMemoryError)
+    fault_step: int
+    lr: float
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
+    for f in dataclasses.fields(RunSpec):
+        p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
+    p.add_argument("--run-dir", type=Path, default=None, help="also write metric records here")
+    p.add_argument("--no-instrument", action="store_true", help="no step records, no NVML sampler")
+    p.add_argument("--nvml-interval-s", type=float, default=1.0)
+    p.add_argument("--attn-impl", default="sdpa", choices=("sdpa", "eager"))
+    p.add_argument("--fault", default="none", choices=FAULTS)
+    p.add_argument("--fault-step", type=int, default=1)
+    p.add_argument("--lr", type=float, default=1e-4)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> TrainArgs:
+    """Parse and validate; exits with status 2 and one clear line on bad input."""
+    parser = _parser()
+    ns = parser.parse_args(argv)
+    values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(RunSpec)}
+    try:
+        spec = RunSpec(**values)
+        arch = get_arch(spec.model)
+        if spec.kind != "train":
+            raise ValueError("the trainer runs kind=train specs; nccl probes run `python -m nccl.probe`")
+        if spec.seq_len > arch.max_seq_len:
+            raise ValueError(f"seq_len {spec.seq_len} exceeds {spec.model}'s maximum {arch.max_seq_len}")
+        if ns.nvml_interval_s <= 0:
+            raise ValueError("--nvml-interval-s must be > 0")
+    except ValueError as e:
+        parser.error(str(e))
+    return TrainArgs(spec=spec, run_dir=ns.run_dir, instrument=not ns.no_instrument,
+                     nvml_interval_s=ns.nvml_interval_s, attn_impl=ns.attn_impl, fault=ns.fault,
+                     fault_step=ns.fault_step, lr=ns.lr)
+

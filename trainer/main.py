@@ -1,0 +1,255 @@
+"""The worker's entry point: set up, train, summarise, and turn every failure into a status.
+
+Exit codes: 0 ok, 2 bad arguments (before any process group), 3 oom, 4 nan_loss, 5 rendezvous_error,
+1 anything else. The summary record carries the status; the exit code is for launchers that see only it.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import resource
+import socket
+import time
+import traceback
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from bench.flops import hardware_flops_per_token, model_flops_per_token
+from bench.hardware import peak_tflops
+from bench.models import get_arch
+from trainer.config import TrainArgs, parse_args
+from trainer.emit import Emitter
+from trainer.metrics import summarize_steps
+from trainer.nvml import NvmlSampler
+
+EXIT_OK, EXIT_FAILED, EXIT_OOM, EXIT_NAN, EXIT_RDZV = 0, 1, 3, 4, 5
+GIB = 2**30
+
+
+class NanLoss(RuntimeError):
+    pass
+
+
+def _device() -> torch.device:
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _memory(device: torch.device) -> dict[str, float]:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
+    if device.type != "cuda":
+        return {"mem_rss_gib": rss}
+    return {"mem_alloc_gib": torch.cuda.memory_allocated(device) / GIB,
+            "mem_peak_alloc_gib": torch.cuda.max_memory_allocated(device) / GIB,
+            "mem_peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB,
+            "mem_rss_gib": rss}
+
+
+def _is_oom(e: BaseException) -> bool:
+    if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(e, RuntimeError) and ("out of memory" in str(e).lower()
+                                            or "can't allocate memory" in str(e).lower())
+
+
+def _versions(device: torch.device) -> dict[str, Any]:
+    import transformers
+    info: dict[str, Any] = {"torch": torch.__version__, "transformers": transformers.__version__,
+                            "python": platform.python_version(), "host": socket.gethostname()}
+    if device.type == "cuda":
+        info["cuda"] = torch.version.cuda
+        info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        info["device_name"] = torch.cuda.get_device_name(device)
+    else:
+        info["device_name"] = f"cpu ({platform.processor() or platform.machine()})"
+    return info
+
+
+def _init_process_group(device: torch.device) -> None:
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    kwargs: dict[str, Any] = {"timeout": dt.timedelta(minutes=10)}
+    if device.type == "cuda":
+        kwargs["device_id"] = device
+    dist.init_process_group(backend, **kwargs)
+
+
+class Trainer:
+    """Holds the pieces of one run; `run` returns the summary payload (status included)."""
+
+    def __init__(self, args: TrainArgs, device: torch.device, emit: Emitter) -> None:
+        self.args, self.spec, self.device, self.emit = args, args.spec, device, emit
+        self.rank = dist.get_rank()
+        self.arch = get_arch(self.spec.model)
+        self.losses: list[float] = []
+        self.step_times: list[float] = []
+
+    def setup(self) -> None:
+        from trainer.model import build_meta_model, materialize
+        from trainer.parallel import (DTYPES, apply_activation_checkpointing, apply_fsdp, build_mesh,
+                                      mesh_info)
+        spec = self.spec
+        model = build_meta_model(self.arch, DTYPES[spec.precision], self.args.attn_impl)
+        self.n_ckpt = apply_activation_checkpointing(model, spec.activation_checkpointing)
+        mesh, reshard = build_mesh(spec, self.device.type)
+        apply_fsdp(model, spec, mesh, reshard)
+        materialize(model, self.device, spec.seed)
+        model.train()
+        self.model = model
+        self.mesh = mesh_info(mesh, reshard)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=self.args.lr, weight_decay=0.0,
+                                           foreach=True)
+        self.scaler = None
+        if spec.precision == "fp16_mixed":
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+            self.scaler = ShardedGradScaler(device=self.device.type)
+
+    def meta(self) -> dict[str, Any]:
+        local_numel = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+                          for p in self.model.parameters())
+        return {"spec": self.spec.to_dict(), "world_size": dist.get_world_size(),
+                "local_rank": int(os.environ.get("LOCAL_RANK", 0)),
+                "group_rank": int(os.environ.get("GROUP_RANK", 0)), "device": str(self.device),
+                "mesh_shape": list(self.mesh.shape), "mesh_dim_names": list(self.mesh.dim_names),
+                "shard_group": self.mesh.shard_group, "replicate_group": self.mesh.replicate_group,
+                "reshard_after_forward": self.mesh.reshard_after_forward,
+                "local_param_numel": local_numel, "checkpointed_blocks": self.n_ckpt,
+                **_versions(self.device)}
+
+    def step(self, step: int) -> float:
+        from trainer.data import synthetic_batch
+        spec = self.spec
+        batch = synthetic_batch(vocab=self.arch.vocab, micro_batch=spec.micro_batch, seq_len=spec.seq_len,
+                                seed=spec.seed, dp_rank=self.rank, step=step, device=self.device,
+                                encoder_decoder=self.arch.family == "t5")
+        self._fault(step, "oom")
+        loss = self.model(**batch).loss
+        if self.args.fault == "nan" and step == self.args.fault_step:
+            loss = loss * float("nan")
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        reduced = loss.detach().float().clone()
+        dist.all_reduce(reduced)  # SUM: gloo has no AVG
+        value = reduced.item() / dist.get_world_size()
+        self._fault(step, "hang")
+        self._fault(step, "crash")
+        return value
+
+    def _fault(self, step: int, kind: str) -> None:
+        if self.args.fault != kind or step != self.args.fault_step:
+            return
+        if kind == "oom":
+            raise torch.OutOfMemoryError(f"injected out of memory at step {step} (test fault)")
+        if kind == "hang":
+            time.sleep(10**6)
+        if kind == "crash":
+            raise RuntimeError(f"injected crash at step {step} (test fault)")
+
+    def train(self) -> None:
+        for step in range(self.spec.steps):
+            _sync(self.device)
+            t0 = time.perf_counter()
+            loss = self.step(step)  # .item() above synchronises on the reduced loss
+            _sync(self.device)
+            elapsed = time.perf_counter() - t0
+            self.step_times.append(elapsed)
+            self.losses.append(loss)
+            if self.rank == 0 and self.args.instrument:
+                self.emit("step", step=step, time_s=elapsed, warmup=step < self.spec.warmup_steps,
+                          tokens=self.tokens_per_step, samples=self.spec.micro_batch * self.spec.world_size,
+                          loss=loss, **_memory(self.device))
+            if loss != loss or loss in (float("inf"), float("-inf")):
+                raise NanLoss(f"loss is {loss} at step {step}")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.spec.micro_batch * self.spec.seq_len * self.spec.world_size
+
+    def summary(self, nvml: dict[str, Any]) -> dict[str, Any]:
+        spec = self.spec
+        device_name = _versions(self.device)["device_name"]
+        stats = summarize_steps(
+            self.step_times, warmup_steps=spec.warmup_steps, tokens_per_step=self.tokens_per_step,
+            samples_per_step=spec.micro_batch * spec.world_size, world_size=spec.world_size,
+            model_flops_per_token=model_flops_per_token(self.arch, spec.seq_len),
+            hw_flops_per_token=hardware_flops_per_token(self.arch, spec.seq_len,
+                                                        spec.activation_checkpointing),
+            peak_tflops=peak_tflops(device_name, spec.precision) if self.device.type == "cuda" else None)
+        per_rank: list[dict[str, Any]] = [{}] * dist.get_world_size()
+        dist.all_gather_object(per_rank, {**_memory(self.device), **nvml})
+        out: dict[str, Any] = {"status": "ok", **stats, "world_size": dist.get_world_size(),
+                               "loss_first": self.losses[0], "loss_last": self.losses[-1],
+                               "losses": self.losses, "step_times_s": self.step_times,
+                               "device_name": device_name, "torch_version": torch.__version__,
+                               "host": socket.gethostname(), "per_rank": per_rank}
+        for key in ("mem_peak_alloc_gib", "mem_peak_reserved_gib", "mem_rss_gib", "nvml_mem_used_gib"):
+            values = [r[key] for r in per_rank if r.get(key) is not None]
+            out[key] = max(values) if values else None
+        for key in ("nvml_util_pct", "nvml_power_w"):
+            values = [r[key] for r in per_rank if r.get(key) is not None]
+            out[key] = sum(values) / len(values) if values else None
+        return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)  # exits 2 on bad input, before anything distributed starts
+    device = _device()
+    rank = int(os.environ.get("RANK", "0"))
+    emit = Emitter(rank, args.spec.run_id, args.run_dir)
+    try:
+        _init_process_group(device)
+    except Exception as e:
+        emit("summary", status="rendezvous_error", error=f"{type(e).__name__}: {e}")
+        return EXIT_RDZV
+    if dist.get_world_size() != args.spec.world_size:
+        emit("summary", status="rendezvous_error",
+             error=f"world size {dist.get_world_size()} != nodes x gpus_per_node = {args.spec.world_size}")
+        return EXIT_RDZV
+    sampler = NvmlSampler(device.index if device.type == "cuda" else None, args.nvml_interval_s,
+                          lambda s: emit("nvml", **s))
+    trainer = Trainer(args, device, emit)
+    code = EXIT_OK
+    try:
+        trainer.setup()
+        emit("meta", **trainer.meta(), nvml_available=sampler.available, nvml_reason=sampler.reason,
+             records_file_error=emit.file_error)
+        if args.instrument:
+            sampler.start()
+        trainer.train()
+        summary = trainer.summary(sampler.stop())
+        if rank == 0:
+            emit("summary", **summary)
+    except Exception as e:
+        sampler.stop()
+        code, status = (EXIT_OOM, "oom") if _is_oom(e) else (
+            (EXIT_NAN, "nan_loss") if isinstance(e, NanLoss) else (EXIT_FAILED, "failed"))
+        emit("summary", status=status, error=f"{type(e).__name__}: {e}", failed_step=len(trainer.step_times),
+             losses=trainer.losses, traceback=traceback.format_exc(limit=8), **_memory(device))
+    finally:
+        emit.close()
+    if code == EXIT_OK:
+        dist.destroy_process_group()
+    return code

@@ -1,0 +1,104 @@
+"""Hugging Face models from presets: built on the meta device, materialised after sharding.
+
+Weights are random but deterministic per parameter name and seed, independent of how the parameter is
+sharded: every rank draws the full tensor for one parameter at a time on its device and keeps its own
+shard. So all four strategies start from identical weights (their loss curves can be compared), and
+host memory never holds more than one full parameter.
+"""
+from __future__ import annotations
+
+import zlib
+
+import torch
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, T5Config, T5ForConditionalGeneration
+
+from bench.models import ModelArch
+
+INIT_STD = 0.02
+
+
+def hf_config(a: ModelArch, attn_impl: str = "sdpa") -> LlamaConfig | T5Config:
+    """The transformers config of a preset (random init; nothing is downloaded)."""
+    if a.family == "llama":
+        rope_scaling = ({"rope_type": "llama3", "factor": 8.0 if a.hidden > 3072 else 32.0,
+                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192} if a.rope_llama3 else None)
+        cfg = LlamaConfig(hidden_size=a.hidden, intermediate_size=a.ffn, num_hidden_layers=a.layers,
+                          num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
+                          head_dim=a.head_dim, vocab_size=a.vocab, max_position_embeddings=a.max_seq_len,
+                          rope_theta=a.rope_theta, rope_scaling=rope_scaling,
+                          tie_word_embeddings=a.tie_embeddings, use_cache=False)
+    else:
+        cfg = T5Config(d_model=a.hidden, d_ff=a.ffn, d_kv=a.head_dim, num_heads=a.heads,
+                       num_layers=a.layers, num_decoder_layers=a.layers, vocab_size=a.vocab,
+                       feed_forward_proj=a.t5_ff, tie_word_embeddings=True, use_cache=False,
+                       dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0)
+    cfg._attn_implementation = attn_impl
+    return cfg
+
+
+def build_meta_model(a: ModelArch, dtype: torch.dtype, attn_impl: str = "sdpa") -> PreTrainedModel:
+    """The model with every parameter on the meta device (no memory), in `dtype`."""
+    cls = LlamaForCausalLM if a.family == "llama" else T5ForConditionalGeneration
+    with torch.device("meta"):
+        model = cls(hf_config(a, attn_impl))
+    return model.to(dtype)
+
+
+def transformer_blocks(model: PreTrainedModel) -> list[tuple[nn.Module, str, int]]:
+    """(parent ModuleList, attribute path, index) of every transformer block, in forward order."""
+    if isinstance(model, LlamaForCausalLM):
+        stacks = [("model.layers", model.model.layers)]
+    else:
+        stacks = [("encoder.block", model.encoder.block), ("decoder.block", model.decoder.block)]
+    return [(blocks, path, i) for path, blocks in stacks for i in range(len(blocks))]
+
+
+def _init_value(name: str, shape: torch.Size, dtype: torch.dtype, device: torch.device,
+                seed: int) -> torch.Tensor:
+    """Full initial value of one parameter, the same on every rank and under every sharding."""
+    if len(shape) == 1:
+        return torch.ones(shape, dtype=dtype, device=device)  # norm weights (the models have no biases)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+    out = torch.empty(shape, dtype=torch.float32, device=device)
+    out.normal_(0.0, INIT_STD, generator=gen)
+    return out.to(dtype)
+
+
+@torch.no_grad()
+def materialize(model: PreTrainedModel, device: torch.device, seed: int) -> None:
+    """Allocate the (sharded) parameters on `device` and fill them deterministically.
+
+    Parameter names are taken from the unwrapped module path, so activation checkpoint wrappers do not
+    change the values.
+    """
+    meta_buffers = {n for n, b in model.named_buffers() if b.is_meta}
+    model.to_empty(device=device)
+    for name, param in model.named_parameters():
+        clean = name.replace("_checkpoint_wrapped_module.", "")
+        full = _init_value(clean, param.shape, param.dtype, device, seed)
+        local = param.to_local() if hasattr(param, "to_local") else param
+        if hasattr(param, "device_mesh"):
+            from torch.distributed.tensor import distribute_tensor
+            full = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
+        local.copy_(full)
+        del full
+    _rebuild_buffers(model, device, meta_buffers)
+
+
+def _rebuild_buffers(model: nn.Module, device: torch.device, names: set[str]) -> None:
+    """Recompute buffers that were created on meta (rotary inv_freq) by rebuilding their module."""
+    done: set[str] = set()
+    for mod_name, module in model.named_modules():
+        own = {f"{mod_name}.{b}" if mod_name else b for b, _ in module.named_buffers(recurse=False)}
+        if not own & names:
+            continue
+        fresh = type(module)(module.config)  # rotary embeddings take the model config
+        for b, value in fresh.named_buffers(recurse=False):
+            getattr(module, b).copy_(value.to(device))
+        done |= own
+    missing = names - done
+    if missing:
+        raise RuntimeError(f"buffers left uninitialised on meta: {sorted(missing)}")

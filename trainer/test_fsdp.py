@@ -1,0 +1,124 @@
+"""The worker under real torchrun with gloo processes: strategies, meshes, precision, failures."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.models import count_params, get_arch
+from bench.schema import SHARDINGS
+
+TOTAL = count_params(get_arch("tiny_llama"))
+# 4 processes each: HYBRID_SHARD as 2 nodes x 2 GPUs, the others as 1 node x 4.
+LAYOUT = {"FULL_SHARD": (1, 4), "SHARD_GRAD_OP": (1, 4), "HYBRID_SHARD": (2, 2), "NO_SHARD": (1, 4)}
+
+
+def _args(sharding: str = "FULL_SHARD", nodes: int = 1, gpn: int = 4, *extra: str) -> list[str]:
+    return ["trainer", "--model", "tiny_llama", "--sharding", sharding, "--nodes", str(nodes),
+            "--gpus-per-node", str(gpn), "--precision", "fp32", "--steps", "5", "--warmup-steps", "1",
+            "--seq-len", "64", "--micro-batch", "2", *extra]
+
+
+@pytest.fixture(scope="module")
+def strategy_runs():
+    from conftest import run_torchrun
+    return {s: run_torchrun(_args(s, *LAYOUT[s]), nproc=4) for s in SHARDINGS}
+
+
+@pytest.mark.parametrize("sharding", SHARDINGS)
+def test_each_strategy_trains(strategy_runs, sharding: str) -> None:
+    run = strategy_runs[sharding]
+    assert run.returncode == 0, run.output[-3000:]
+    s = run.summary
+    assert s["status"] == "ok" and s["tokens_per_s"] > 0
+    assert len(s["losses"]) == 5 and s["steps_timed"] == 4
+    assert len(run.of_kind("meta")) == 4  # every rank reports what it built
+
+
+def _metas(run) -> dict[int, dict]:
+    return {m["rank"]: m for m in run.of_kind("meta")}
+
+
+def test_hybrid_shard_builds_the_2d_mesh(strategy_runs) -> None:
+    metas = _metas(strategy_runs["HYBRID_SHARD"])
+    for rank, m in metas.items():
+        assert m["mesh_shape"] == [2, 2] and m["mesh_dim_names"] == ["replicate", "shard"]
+        node = rank // 2  # torchrun gives each node contiguous ranks
+        assert m["shard_group"] == [2 * node, 2 * node + 1]  # shard within the node
+        assert m["replicate_group"] == [rank % 2, rank % 2 + 2]  # replicate across nodes
+        assert m["local_param_numel"] == TOTAL // 2  # 1/shard_size of every parameter
+        assert m["reshard_after_forward"] is True
+
+
+@pytest.mark.parametrize("sharding,held,reshard", [("FULL_SHARD", TOTAL // 4, True),
+                                                   ("SHARD_GRAD_OP", TOTAL // 4, False),
+                                                   ("NO_SHARD", TOTAL, False)])
+def test_ranks_hold_their_share(strategy_runs, sharding: str, held: int, reshard: bool) -> None:
+    for m in _metas(strategy_runs[sharding]).values():
+        assert m["local_param_numel"] == held
+        assert m["reshard_after_forward"] is reshard
+
+
+def test_same_seed_same_loss_under_every_strategy(strategy_runs) -> None:
+    reference = strategy_runs["FULL_SHARD"].summary["losses"]
+    for sharding in SHARDINGS:
+        assert strategy_runs[sharding].summary["losses"] == pytest.approx(reference, rel=2e-5, abs=2e-5)
+    # The losses move (the optimizer steps), so equal trajectories are not equal constants.
+    assert max(reference) - min(reference) > 1e-3
+
+
+def test_a_different_model_gives_a_different_trajectory(strategy_runs, torchrun) -> None:
+    """The parity check above can fail: another seed (other weights, other data) is caught."""
+    other = torchrun(_args("FULL_SHARD", 1, 4, "--seed", "1"), nproc=4).summary["losses"]
+    reference = strategy_runs["FULL_SHARD"].summary["losses"]
+    assert other != pytest.approx(reference, rel=2e-5, abs=2e-5)
+
+
+@pytest.mark.parametrize("precision", ["bf16_mixed", "fp16_mixed", "bf16_pure"])
+def test_precisions_train(torchrun, precision: str) -> None:
+    run = torchrun(_args("FULL_SHARD", 1, 2, "--precision", precision, "--steps", "3"), nproc=2)
+    assert run.returncode == 0, run.output[-3000:]
+    assert run.summary["status"] == "ok"
+    assert all(0 < x < 20 for x in run.summary["losses"])
+
+
+def test_activation_checkpointing_counts_recompute(torchrun) -> None:
+    on = torchrun(_args("FULL_SHARD", 1, 2, "--activation-checkpointing", "full",
+                        "--wrap-policy", "whole_model"), nproc=2).summary
+    assert on["status"] == "ok"
+    # CPU has no peak, so no MFU/HFU; their ratio equals that of hardware to model TFLOPS.
+    assert on["hw_tflops_per_gpu"] > 1.2 * on["tflops_per_gpu"]
+
+
+def test_no_ac_hardware_equals_model_flops(strategy_runs) -> None:
+    s = strategy_runs["FULL_SHARD"].summary
+    assert s["hw_tflops_per_gpu"] == s["tflops_per_gpu"]
+
+
+def test_injected_oom_is_reported_with_memory(torchrun) -> None:
+    run = torchrun(_args("FULL_SHARD", 1, 2, "--fault", "oom", "--fault-step", "2"), nproc=2)
+    assert run.returncode != 0
+    failed = [s for s in run.of_kind("summary") if s["status"] == "oom"]
+    assert failed and failed[0]["failed_step"] == 2 and failed[0]["mem_rss_gib"] > 0
+
+
+def test_nan_loss_stops_the_run(torchrun) -> None:
+    run = torchrun(_args("FULL_SHARD", 1, 2, "--fault", "nan", "--fault-step", "1"), nproc=2)
+    assert run.returncode != 0
+    statuses = {s["status"] for s in run.of_kind("summary")}
+    assert statuses == {"nan_loss"}
+    assert len(run.of_kind("step")) == 2  # steps 0 and 1, nothing after
+
+
+@pytest.mark.parametrize("bad,word", [(["--sharding", "FULLSHARD"], "sharding"),
+                                      (["--model", "gpt5"], "unknown model"),
+                                      (["--sharding", "HYBRID_SHARD", "--gpus-per-node", "1"], "HYBRID_SHARD"),
+                                      (["--steps", "3", "--warmup-steps", "3"], "warmup_steps")])
+def test_bad_arguments_fail_before_any_process_group(bad: list[str], word: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "trainer", *bad], capture_output=True, text=True,
+                          timeout=60, cwd=Path(__file__).resolve().parents[1],
+                          env={"MASTER_PORT": "1", "PATH": ""})
+    assert proc.returncode == 2
+    assert word in proc.stderr and "Traceback" not in proc.stderr
