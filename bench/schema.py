@@ -7,6 +7,7 @@ parser of them.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 import json
@@ -122,6 +123,17 @@ class RunSpec:
 
 
 SPEC_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RunSpec))
+
+
+def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
+    """One --flag per RunSpec field (the inverse of RunSpec.to_argv), for the worker entry points."""
+    for f in fields(RunSpec):
+        parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
+
+
+def spec_from_namespace(ns: argparse.Namespace) -> RunSpec:
+    """RunSpec from parsed arguments; raises ValueError on invalid values."""
+    return RunSpec(**{name: getattr(ns, name) for name in SPEC_FIELDS})
 
 
 @dataclass

@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench.models import get_arch
-from bench.schema import RunSpec
+from bench.schema import RunSpec, add_spec_arguments, spec_from_namespace
 
 FAULTS = ("none", "oom", "nan", "hang", "crash")
 
@@ -26,8 +25,7 @@ class TrainArgs:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
-    for f in dataclasses.fields(RunSpec):
-        p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
+    add_spec_arguments(p)
     p.add_argument("--run-dir", type=Path, default=None, help="also write metric records here")
     p.add_argument("--no-instrument", action="store_true", help="no step records, no NVML sampler")
     p.add_argument("--nvml-interval-s", type=float, default=1.0)
@@ -42,9 +40,8 @@ def parse_args(argv: list[str] | None = None) -> TrainArgs:
     """Parse and validate; exits with status 2 and one clear line on bad input."""
     parser = _parser()
     ns = parser.parse_args(argv)
-    values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(RunSpec)}
     try:
-        spec = RunSpec(**values)
+        spec = spec_from_namespace(ns)
         arch = get_arch(spec.model)
         if spec.kind != "train":
             raise ValueError("the trainer runs kind=train specs; nccl probes run `python -m nccl.probe`")

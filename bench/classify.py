@@ -1,0 +1,101 @@
+"""Turn what a launcher saw and what the worker reported into one status of the taxonomy.
+
+The worker's own summary is the best evidence (it knows an OOM from a NaN); scheduler states (Slurm,
+Kubernetes) come next; the text patterns below are the last resort when a worker died without a
+summary. They are the only log patterns in the project besides the two parsers (records, nccl-tests).
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from bench.launchers.base import Outcome
+
+_FAILURE_PRIORITY = ("oom", "nan_loss", "nccl_error", "rendezvous_error", "failed")
+
+_TEXT_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
+    ("oom", re.compile(r"CUDA out of memory|OutOfMemoryError|oom-kill|OOMKilled|"
+                       r"out of memory|Killed process \d+", re.I)),
+    ("nccl_error", re.compile(r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|"
+                              r"ncclRemoteError|NCCL WARN .*(?:failed|error)|DistBackendError", re.I)),
+    ("rendezvous_error", re.compile(r"RendezvousTimeoutError|RendezvousClosedError|"
+                                    r"RendezvousConnectionError|rendezvous.*(?:timed out|failed)|"
+                                    r"The server socket has failed to listen|EADDRINUSE|"
+                                    r"address already in use", re.I)),
+    ("launch_error", re.compile(r"No module named|command not found|No such file or directory: '|"
+                                r"exec format error|Permission denied", re.I)),
+]
+
+# Scheduler states -> status (Slurm job states, Kubernetes container/condition reasons).
+SCHEDULER_STATES: dict[str, str] = {
+    "OUT_OF_MEMORY": "oom", "OOMKilled": "oom",
+    "TIMEOUT": "timeout", "DeadlineExceeded": "timeout",
+    "NODE_FAIL": "failed", "BOOT_FAIL": "launch_error", "PREEMPTED": "cancelled",
+    "CANCELLED": "cancelled", "DEADLINE": "timeout",
+    "ImagePullBackOff": "launch_error", "ErrImagePull": "launch_error", "InvalidImageName": "launch_error",
+    "CreateContainerConfigError": "launch_error", "Unschedulable": "launch_error",
+    "Evicted": "failed",
+}
+
+
+def error_line(text: str) -> str | None:
+    """The most telling line of a log: the last one that names an error."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for line in reversed(lines):
+        if re.search(r"error|exception|killed|failed|fatal", line, re.I) and "Warning" not in line:
+            return line[-500:]
+    return lines[-1][-500:] if lines else None
+
+
+def classify_text(text: str) -> str | None:
+    for status, pattern in _TEXT_PATTERNS:
+        if pattern.search(text):
+            return status
+    return None
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def valid_throughput(summary: dict[str, Any]) -> bool:
+    """Training: tokens/s > 0. All-reduce probe: algbw > 0 (busbw is 0 by definition on one rank)."""
+    if "busbw_avg_gbs" in summary:
+        return _positive(summary.get("algbw_max_gbs"))
+    return _positive(summary.get("tokens_per_s"))
+
+
+def classify(outcome: Outcome, summaries: list[dict[str, Any]], log_text: str) -> tuple[str, str | None]:
+    """(status, error line). A run is ok only with an ok summary, valid throughput and clean exits."""
+    if outcome.cancelled:
+        return "cancelled", "cancelled by the user (Ctrl-C / SIGTERM)"
+    failures = [s for s in summaries if s.get("status") not in (None, "ok")]
+    if failures:
+        failures.sort(key=lambda s: _FAILURE_PRIORITY.index(s["status"])
+                      if s["status"] in _FAILURE_PRIORITY else len(_FAILURE_PRIORITY))
+        worst = failures[0]
+        status = worst["status"]
+        if status == "failed":
+            status = classify_text(worst.get("error") or "") or "failed"
+        return status, worst.get("error")
+    if outcome.timed_out:
+        return "timeout", f"no result within the run's time limit ({outcome.wall_s or 0:.0f} s); killed"
+    if outcome.launch_error:
+        return "launch_error", outcome.launch_error
+    if outcome.scheduler_state and outcome.scheduler_state in SCHEDULER_STATES:
+        mapped = SCHEDULER_STATES[outcome.scheduler_state]
+        return mapped, outcome.detail or f"scheduler state {outcome.scheduler_state}"
+    ok = [s for s in summaries if s.get("status") == "ok"]
+    clean = all(c == 0 for c in outcome.returncodes)
+    if ok and clean:
+        if valid_throughput(ok[0]):
+            return "ok", None
+        return "failed", "summary has no valid throughput"
+    if ok and not clean:
+        return "failed", f"worker reported ok but exited with {outcome.returncodes}: " + (
+            error_line(log_text) or "")
+    status = classify_text(log_text) or "failed"
+    if outcome.returncodes and all(c == 127 for c in outcome.returncodes):
+        status = "launch_error"
+    return status, error_line(log_text) or f"exit codes {outcome.returncodes}, no summary"

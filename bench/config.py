@@ -1,0 +1,203 @@
+"""Typed sweep configuration, converted once from Hydra's DictConfig and validated before any launch.
+
+Every problem is a ConfigError with one line a user can act on; the sweep prints it and exits 2.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from bench.hardware import GPUS
+from bench.models import PRESETS
+from bench.schema import AC_MODES, PRECISIONS, SHARDINGS, WRAP_POLICIES
+
+AXES = ("model", "nodes", "sharding", "precision", "activation_checkpointing", "wrap_policy",
+        "micro_batch", "seq_len", "efa_per_node")
+FAULT_KINDS = ("oom", "nan", "hang", "crash")
+LAUNCHERS = ("local", "dryrun", "slurm", "kubernetes")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, reported as one line before anything is launched."""
+
+
+@dataclass(frozen=True)
+class SlurmClusterConfig:
+    partition: str | None = None
+    account: str | None = None
+    time_limit: str = "02:00:00"
+    exclusive: bool = True
+    gpus_per_node: int | None = None  # --gpus-per-node; None = the cluster's gpus_per_node if it has GPUs
+    container_image: str | None = None  # pyxis/enroot
+    container_mounts: str | None = None
+    extra_sbatch: tuple[str, ...] = ()  # extra "#SBATCH ..." option lines, e.g. "--qos=high"
+
+
+@dataclass(frozen=True)
+class K8sClusterConfig:
+    namespace: str = "default"
+    image: str | None = None
+    instance_type_label: str = "node.kubernetes.io/instance-type"
+    shm_size: str = "64Gi"
+    hf_token_secret: str | None = None
+    image_pull_secret: str | None = None
+    service_account: str | None = None
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    name: str
+    instance_type: str
+    gpus_per_node: int
+    max_nodes: int
+    gpu: str | None = None
+    gpu_memory_gib: float | None = None
+    efa_per_node: int = 0
+    price_per_hour: float | None = None
+    slurm: SlurmClusterConfig = field(default_factory=SlurmClusterConfig)
+    kubernetes: K8sClusterConfig = field(default_factory=K8sClusterConfig)
+
+
+@dataclass(frozen=True)
+class LauncherConfig:
+    name: str
+    timeout_s: float = 900
+    grace_s: float = 10
+    poll_s: float = 0.2
+    python: str | None = None
+    workdir: str | None = None
+    kubeconfig: str | None = None
+    context: str | None = None
+
+
+@dataclass(frozen=True)
+class NcclSweepConfig:
+    enabled: bool = False
+    nodes: tuple[int, ...] | None = None
+    efa_per_node: tuple[int, ...] | None = None
+    min_bytes: int = 8
+    max_bytes: int = 1 << 26
+    iters: int = 20
+
+
+@dataclass(frozen=True)
+class FaultRule:
+    match: dict[str, Any]
+    fault: str
+    step: int = 1
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    name: str
+    results_root: str
+    axes: dict[str, tuple[Any, ...]]
+    repeats: int
+    steps: int
+    warmup_steps: int
+    seed: int
+    exclude: tuple[dict[str, Any], ...]
+    nccl: NcclSweepConfig
+    faults: tuple[FaultRule, ...]
+    cluster: ClusterConfig
+    launcher: LauncherConfig
+    dry_run: bool = False
+    rerun_failed: bool = False
+    force: bool = False
+    progress: bool = True
+
+
+def _build(cls: type, data: Any, where: str, convert: dict[str, Any] | None = None) -> Any:
+    """Dataclass from a dict: unknown keys and wrong shapes are ConfigErrors naming the key."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a mapping, got {data!r}")
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"unknown key(s) in {where}: {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+    kwargs = {}
+    for k, v in data.items():
+        if convert and k in convert and v is not None:
+            v = convert[k](v, f"{where}.{k}")
+        kwargs[k] = v
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def _as_list(value: Any, where: str) -> tuple[Any, ...]:
+    if isinstance(value, (list, tuple)):
+        return tuple(value)
+    return (value,)
+
+
+def _positive_int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{where} must be a positive integer, got {value!r}")
+    return value
+
+
+def _check_axis(name: str, values: tuple[Any, ...], cluster: ClusterConfig) -> None:
+    choices = {"model": PRESETS, "sharding": SHARDINGS, "precision": PRECISIONS,
+               "activation_checkpointing": AC_MODES, "wrap_policy": WRAP_POLICIES}.get(name)
+    for v in values:
+        if choices is not None and v not in choices:
+            raise ConfigError(f"axes.{name}: unknown value {v!r}; known: {', '.join(sorted(choices))}")
+        if name in ("nodes", "micro_batch", "seq_len"):
+            _positive_int(v, f"axes.{name}")
+        if name == "efa_per_node" and v is not None and (not isinstance(v, int) or v < 0):
+            raise ConfigError(f"axes.efa_per_node: {v!r} is not a count of adapters")
+    if name == "nodes":
+        too_many = [n for n in values if n > cluster.max_nodes]
+        if too_many:
+            raise ConfigError(f"axes.nodes: {too_many} exceed cluster {cluster.name}'s max_nodes="
+                              f"{cluster.max_nodes}")
+
+
+def from_dict(raw: dict[str, Any]) -> SweepConfig:
+    """Validate a resolved config (OmegaConf.to_container) into a SweepConfig."""
+    if not raw.get("sweep_name"):
+        raise ConfigError("no sweep chosen")
+    cluster_raw = dict(raw.get("cluster") or {})
+    cluster = _build(ClusterConfig, cluster_raw, "cluster", {
+        "slurm": lambda v, w: _build(SlurmClusterConfig, v, w, {"extra_sbatch": _as_list}),
+        "kubernetes": lambda v, w: _build(K8sClusterConfig, v, w),
+        "gpus_per_node": _positive_int, "max_nodes": _positive_int})
+    if cluster.gpu is not None and cluster.gpu not in GPUS:
+        raise ConfigError(f"cluster.gpu: unknown GPU {cluster.gpu!r}; known: {', '.join(GPUS)}")
+    launcher = _build(LauncherConfig, dict(raw.get("launcher") or {}), "launcher")
+    if launcher.name not in LAUNCHERS:
+        raise ConfigError(f"launcher.name: {launcher.name!r}; known: {', '.join(LAUNCHERS)}")
+    axes_raw = dict(raw.get("axes") or {})
+    unknown = sorted(set(axes_raw) - set(AXES))
+    if unknown:
+        raise ConfigError(f"unknown axis {', '.join(unknown)}; axes are: {', '.join(AXES)}")
+    axes = {k: _as_list(v, f"axes.{k}") for k, v in axes_raw.items()}
+    for name, values in axes.items():
+        _check_axis(name, values, cluster)
+    if "HYBRID_SHARD" in axes.get("sharding", ()) and axes.get("model") and cluster.gpus_per_node < 2:
+        raise ConfigError(f"HYBRID_SHARD needs >= 2 GPUs per node to shard within a node; cluster "
+                          f"{cluster.name} has gpus_per_node={cluster.gpus_per_node}")
+    for i, rule in enumerate(raw.get("exclude") or []):
+        if not isinstance(rule, dict) or set(rule) - set(AXES):
+            raise ConfigError(f"exclude[{i}] must map axis names ({', '.join(AXES)}) to values: {rule!r}")
+    nccl = _build(NcclSweepConfig, dict(raw.get("nccl") or {}), "nccl",
+                  {"nodes": _as_list, "efa_per_node": _as_list})
+    if nccl.enabled and nccl.nodes and max(nccl.nodes) > cluster.max_nodes:
+        raise ConfigError(f"nccl.nodes {list(nccl.nodes)} exceed cluster {cluster.name}'s max_nodes="
+                          f"{cluster.max_nodes}")
+    faults = tuple(_build(FaultRule, dict(f), f"faults[{i}]") for i, f in enumerate(raw.get("faults") or []))
+    for f in faults:
+        if f.fault not in FAULT_KINDS:
+            raise ConfigError(f"faults: unknown fault {f.fault!r}; known: {', '.join(FAULT_KINDS)}")
+    steps, warmup = raw.get("steps", 10), raw.get("warmup_steps", 3)
+    if not isinstance(steps, int) or not isinstance(warmup, int) or not 0 <= warmup < steps:
+        raise ConfigError(f"need 0 <= warmup_steps < steps, got warmup_steps={warmup}, steps={steps}")
+    return SweepConfig(
+        name=str(raw["sweep_name"]), results_root=str(raw.get("results_root", "results")), axes=axes,
+        repeats=_positive_int(raw.get("repeats", 1), "repeats"), steps=steps, warmup_steps=warmup,
+        seed=int(raw.get("seed", 0)), exclude=tuple(raw.get("exclude") or ()), nccl=nccl,
+        faults=faults, cluster=cluster, launcher=launcher, dry_run=bool(raw.get("dry_run")),
+        rerun_failed=bool(raw.get("rerun_failed")), force=bool(raw.get("force")),
+        progress=bool(raw.get("progress", True)))

@@ -1,0 +1,108 @@
+"""Expand a sweep into frozen RunSpecs: cartesian product of the axes, minus exclusions, plus probes.
+
+Every training run gets a per-GPU memory estimate; runs that cannot fit the cluster's GPUs are planned
+as infeasible (recorded, never launched).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+from bench.config import AXES, ConfigError, SweepConfig
+from bench.flops import estimate_memory
+from bench.models import get_arch
+from bench.schema import RunSpec
+
+FEASIBLE_FRACTION = 0.95  # leave allocator fragmentation headroom
+_DEFAULTS: dict[str, Any] = {"model": "tiny_llama", "nodes": 1, "sharding": "FULL_SHARD",
+                             "precision": "bf16_mixed", "activation_checkpointing": "none",
+                             "wrap_policy": "transformer_block", "micro_batch": 1, "seq_len": 128,
+                             "efa_per_node": None}
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    spec: RunSpec
+    est_mem_gib: float | None
+    feasible: bool
+    reason: str | None = None  # why infeasible
+
+    def row(self) -> dict[str, Any]:
+        return {"run_id": self.spec.run_id, "label": self.spec.label, **self.spec.to_dict(),
+                "est_mem_gib": self.est_mem_gib, "feasible": self.feasible, "reason": self.reason}
+
+
+def _matches(point: dict[str, Any], rule: dict[str, Any]) -> bool:
+    for key, want in rule.items():
+        options = want if isinstance(want, (list, tuple)) else [want]
+        if point.get(key) not in options:
+            return False
+    return True
+
+
+def _train_points(cfg: SweepConfig) -> list[dict[str, Any]]:
+    axes = {name: cfg.axes.get(name, (_DEFAULTS[name],)) for name in AXES}
+    if not axes["model"]:
+        return []
+    points = [dict(zip(AXES, combo)) for combo in itertools.product(*(axes[a] for a in AXES))]
+    return [p for p in points if not any(_matches(p, rule) for rule in cfg.exclude)]
+
+
+def _spec(cfg: SweepConfig, point: dict[str, Any], repeat: int, **override: Any) -> RunSpec:
+    efa = point.get("efa_per_node")
+    values = {**point, "efa_per_node": cfg.cluster.efa_per_node if efa is None else efa,
+              "gpus_per_node": cfg.cluster.gpus_per_node, "steps": cfg.steps,
+              "warmup_steps": cfg.warmup_steps, "seed": cfg.seed, "cluster": cfg.cluster.name,
+              "launcher": cfg.launcher.name, "repeat": repeat,
+              "nccl_min_bytes": cfg.nccl.min_bytes, "nccl_max_bytes": cfg.nccl.max_bytes,
+              "nccl_iters": cfg.nccl.iters, **override}
+    try:
+        return RunSpec(**values)
+    except ValueError as e:
+        raise ConfigError(f"run {point}: {e}") from None
+
+
+def _feasibility(cfg: SweepConfig, spec: RunSpec) -> tuple[float, bool, str | None]:
+    est = estimate_memory(get_arch(spec.model), sharding=spec.sharding, precision=spec.precision,
+                          ac=spec.activation_checkpointing, wrap_policy=spec.wrap_policy,
+                          nodes=spec.nodes, gpus_per_node=spec.gpus_per_node,
+                          micro_batch=spec.micro_batch, seq_len=spec.seq_len,
+                          overhead_gib=0.0 if cfg.cluster.gpu_memory_gib is None else 2.0)
+    limit = cfg.cluster.gpu_memory_gib
+    if limit is not None and est.total_gib > FEASIBLE_FRACTION * limit:
+        return est.total_gib, False, (f"estimated {est.total_gib:.1f} GiB/GPU > {FEASIBLE_FRACTION:.0%} of "
+                                      f"{limit:g} GiB (states {est.states / 2**30:.1f}, activations "
+                                      f"{est.activations / 2**30:.1f})")
+    return est.total_gib, True, None
+
+
+def _probe_specs(cfg: SweepConfig) -> list[RunSpec]:
+    if not cfg.nccl.enabled:
+        return []
+    nodes = cfg.nccl.nodes or cfg.axes.get("nodes", (1,))
+    efas = cfg.nccl.efa_per_node or (cfg.cluster.efa_per_node,)
+    return [_spec(cfg, {"nodes": n, "efa_per_node": e}, r, kind="nccl", model="none",
+                  steps=1, warmup_steps=0)
+            for n in nodes for e in efas for r in range(cfg.repeats)]
+
+
+def expand(cfg: SweepConfig) -> list[PlannedRun]:
+    """The plan: training runs (with estimates) then all-reduce probes; duplicates removed."""
+    plan: list[PlannedRun] = []
+    seen: set[str] = set()
+    for point in _train_points(cfg):
+        for repeat in range(cfg.repeats):
+            spec = _spec(cfg, point, repeat)
+            if spec.run_id in seen:
+                continue
+            seen.add(spec.run_id)
+            est, ok, reason = _feasibility(cfg, spec)
+            plan.append(PlannedRun(spec, est, ok, reason))
+    for spec in _probe_specs(cfg):
+        if spec.run_id not in seen:
+            seen.add(spec.run_id)
+            plan.append(PlannedRun(spec, None, True))
+    if not plan:
+        raise ConfigError("the sweep plans no runs: check axes and exclude rules")
+    return plan

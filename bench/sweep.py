@@ -1,0 +1,131 @@
+"""`python -m bench.sweep +sweep=NAME [overrides] [--dry-run] [--rerun-failed] [--force] [--cfg]`
+
+Composes sweeps/ with Hydra, validates everything, writes the plan, then launches (or, with --dry-run,
+renders every submission and stops). Configuration errors are one line on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench import rundir
+from bench.config import ConfigError, SweepConfig, from_dict
+from bench.launchers.base import PROJECT_ROOT
+from bench.plan import PlannedRun, expand
+
+CONFIG_DIR = PROJECT_ROOT / "sweeps"
+FLAGS = {"--dry-run": "dry_run=true", "--rerun-failed": "rerun_failed=true", "--force": "force=true"}
+EXIT_CONFIG = 2
+
+
+def available_sweeps() -> list[str]:
+    return sorted(p.stem for p in (CONFIG_DIR / "sweep").glob("*.yaml"))
+
+
+def compose(overrides: list[str]) -> tuple[dict[str, Any], str]:
+    """Resolved config as a plain dict, and its YAML for the results store."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+            cfg = hydra_compose(config_name="config", overrides=overrides)
+        cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
+        return OmegaConf.to_container(cfg, resolve=True), OmegaConf.to_yaml(cfg, resolve=True)
+    except (HydraException, OmegaConfBaseException) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(first) from None
+
+
+def make_launcher(cfg: SweepConfig) -> Any:
+    name = cfg.launcher.name
+    if name in ("local", "dryrun"):
+        from bench.launchers.local import LocalLauncher
+        return LocalLauncher(cfg)
+    if name == "slurm":
+        from bench.launchers.slurm import SlurmLauncher
+        return SlurmLauncher(cfg)
+    from bench.launchers.kubernetes import KubernetesLauncher
+    return KubernetesLauncher(cfg)
+
+
+def format_plan(plan: list[PlannedRun]) -> str:
+    rows = [("run", "id", "est GiB/GPU", "status")]
+    for p in plan:
+        est = f"{p.est_mem_gib:.1f}" if p.est_mem_gib is not None else "-"
+        rows.append((p.spec.label, p.spec.run_id, est, "planned" if p.feasible else f"infeasible: {p.reason}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]}" for r in rows)
+
+
+def write_plan(sweep_dir: Path, plan: list[PlannedRun], yaml_text: str) -> None:
+    import pandas as pd
+    rundir.atomic_write_text(sweep_dir / rundir.SWEEP_CONFIG, yaml_text)
+    rundir.atomic_write_text(sweep_dir / rundir.PLAN_CSV, pd.DataFrame([p.row() for p in plan]).to_csv(index=False))
+
+
+def dry_run(launcher: Any, plan: list[PlannedRun], sweep_dir: Path) -> None:
+    """Render every feasible run's submission into its run dir; launch nothing."""
+    for p in plan:
+        if not p.feasible:
+            continue
+        rd = rundir.run_dir(sweep_dir, p.spec)
+        rundir.write_spec(rd, p.spec)
+        sub = launcher.render(p.spec, rd)
+        rundir.write_json(rd / rundir.SUBMISSION_DIR / "submission.json", sub.describe())
+        for name, content in sub.files.items():
+            rundir.atomic_write_text(rd / rundir.SUBMISSION_DIR / name, content)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in args):
+        print(__doc__.strip() + "\n\nsweeps: " + ", ".join(available_sweeps()))
+        return 0
+    show_cfg = "--cfg" in args
+    overrides = [FLAGS.get(a, a) for a in args if a != "--cfg"]
+    unknown_flags = [a for a in overrides if a.startswith("--")]
+    try:
+        if unknown_flags:
+            raise ConfigError(f"unknown option {unknown_flags[0]}; options: {', '.join(FLAGS)}, --cfg")
+        raw, yaml_text = compose(overrides)
+        if not raw.get("sweep_name"):
+            raise ConfigError("choose a sweep with +sweep=NAME; available: " + ", ".join(available_sweeps()))
+        if show_cfg:
+            print(yaml_text)
+            return 0
+        cfg = from_dict(raw)
+        plan = expand(cfg)
+        launcher = make_launcher(cfg)
+        sweep_dir = Path(cfg.results_root) / cfg.name
+        if not (cfg.dry_run or cfg.launcher.name == "dryrun"):
+            launcher_check = getattr(launcher, "preflight", None)
+            if launcher_check:
+                launcher_check()
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    write_plan(sweep_dir, plan, yaml_text)
+    infeasible = sum(not p.feasible for p in plan)
+    print(f"sweep {cfg.name}: {len(plan)} runs planned ({infeasible} infeasible) on {cfg.cluster.name} "
+          f"with launcher {cfg.launcher.name} -> {sweep_dir}")
+    if cfg.dry_run or cfg.launcher.name == "dryrun":
+        print(format_plan(plan))
+        dry_run(launcher, plan, sweep_dir)
+        print(f"dry run: submissions written under {sweep_dir / rundir.RUNS_DIR}/*/{rundir.SUBMISSION_DIR}/")
+        return 0
+    from bench.runner import execute
+    counts = execute(cfg, plan, launcher, sweep_dir)
+    interrupted = counts.pop("interrupted")
+    print("done: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) +
+          f"; table: {sweep_dir / rundir.RESULTS_CSV}; report: python -m analysis.report {sweep_dir}")
+    if interrupted:
+        print("interrupted: finished runs are kept; run the same command again to resume", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

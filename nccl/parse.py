@@ -1,0 +1,276 @@
+"""The one parser of nccl-tests output: text tables of every version, and the `-J` JSON file.
+
+Text layouts seen in the wild (fixtures in ../shared/data/nccl-tests):
+  before 2.13   size count type redop time algbw busbw error  (x2: out-of-place, in-place)
+  2.13+         size count type redop root time algbw busbw #wrong  (x2)
+  2.17+         the same with a version header and wider columns
+The column layout is read from the table's own header line, so a new column order needs no new code;
+an excerpt without a header falls back to the layout its token count implies. Lines may carry
+`mpirun --tag-output` ([1,0]<stdout>:), `srun -l` (0: ), timestamp or ANSI prefixes, and NCCL INFO lines
+may sit inside the table. A stream may hold several runs (concatenated logs): `parse_all` splits them.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+STATUSES = ("ok", "wrong_results", "truncated", "failed")
+PLACEMENTS = ("out-of-place", "in-place")
+_AVG_TOLERANCE_ABS = 0.011  # busbw is printed with 2 decimals; the Avg line with more
+_AVG_TOLERANCE_REL = 0.002
+
+_TAG = re.compile(r"^\[\d+,\d+\]<std(?:out|err)>:")  # mpirun --tag-output
+_SRUN = re.compile(r"^\s*\d+: ")  # srun -l
+_STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)? ")
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+_ERROR = re.compile(r"NCCL failure|Test NCCL failure|Test failure|CUDA failure|"
+                    r"Segmentation fault|Bus error|signal \d+|noticed that process rank|"
+                    r"srun: error|# error:|ncclInternalError|ncclSystemError|ncclRemoteError", re.I)
+_NETWORK = re.compile(r"NCCL INFO Using network (\S.*?)\s*$")
+_TRANSPORT_HINT = re.compile(r"NCCL INFO (?:NET/OFI Selected [Pp]rovider is \S+|NET/Socket :|"
+                             r"NET/IB :|.* via (?:NET/\S+|P2P/\S+|SHM/\S+)|NET/OFI Using aws-ofi-nccl \S+)")
+_CONFIG = re.compile(r"(nThread|nGpus|minBytes|maxBytes|step|warmup iters|agg iters|iters|validation|graph)"
+                     r":? (\S+)")
+_FALLBACK_LAYOUTS = {  # token count of a full row -> header columns
+    13: "size count type redop root time algbw busbw #wrong time algbw busbw #wrong",
+    12: "size count type redop time algbw busbw error time algbw busbw error",
+    11: "size count type time algbw busbw error time algbw busbw error",
+}
+
+
+@dataclass(frozen=True)
+class NcclRow:
+    size: int  # bytes
+    count: int  # elements
+    dtype: str
+    redop: str | None
+    root: int | None
+    placement: str
+    time_us: float
+    algbw: float  # GB/s
+    busbw: float  # GB/s
+    wrong: float | None  # #wrong elements (2.13+); None where the table has no such column or N/A
+    error: float | None = None  # max error (before 2.13)
+
+
+@dataclass
+class NcclResult:
+    rows: list[NcclRow] = field(default_factory=list)
+    avg_busbw_printed: float | None = None
+    out_of_bounds: int | None = None
+    ranks: int | None = None
+    tests_version: str | None = None
+    nccl_version: str | None = None
+    config: dict[str, str] = field(default_factory=dict)
+    network: str | None = None  # NCCL's "Using network X"
+    transport_evidence: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def avg_busbw(self) -> float | None:
+        """Mean busbw over every size and placement: nccl-tests' definition of its Avg line."""
+        return sum(r.busbw for r in self.rows) / len(self.rows) if self.rows else None
+
+    @property
+    def busbw_max(self) -> float | None:
+        return max((r.busbw for r in self.rows), default=None)
+
+    @property
+    def algbw_max(self) -> float | None:
+        return max((r.algbw for r in self.rows), default=None)
+
+    @property
+    def wrong_total(self) -> float:
+        return sum(r.wrong or 0 for r in self.rows)
+
+    @property
+    def complete(self) -> bool:
+        """The footer was printed and the rows reproduce its Avg (no rows missing from an excerpt)."""
+        if self.avg_busbw_printed is None or not self.rows:
+            return False
+        diff = abs(self.avg_busbw - self.avg_busbw_printed)
+        return diff <= _AVG_TOLERANCE_ABS + _AVG_TOLERANCE_REL * self.avg_busbw_printed
+
+    @property
+    def status(self) -> str:
+        if not self.rows:
+            return "failed"
+        if self.wrong_total > 0 or (self.out_of_bounds or 0) > 0:
+            return "wrong_results"
+        if self.errors and self.avg_busbw_printed is None:
+            return "failed"
+        return "ok" if self.complete else "truncated"
+
+    def inferred_ranks(self) -> int | None:
+        """Ranks from the device list, else from busbw/algbw = 2(n-1)/n on the largest message."""
+        if self.ranks:
+            return self.ranks
+        big = max((r for r in self.rows if r.algbw > 0), key=lambda r: r.size, default=None)
+        if big is None:
+            return None
+        ratio = big.busbw / big.algbw
+        return round(2 / (2 - ratio)) if ratio < 1.999 else None
+
+
+def strip_prefix(line: str) -> str:
+    """Remove launcher prefixes (mpirun tag, srun label, timestamps, ANSI) from one log line."""
+    if "\x1b" in line:
+        line = _ANSI.sub("", line)
+    if line.startswith("["):
+        m = _TAG.match(line)
+        if m:
+            return line[m.end():]
+    if line[:4].isdigit():
+        m = _STAMP.match(line)
+        if m:
+            line = line[m.end():]
+    m = _SRUN.match(line)
+    return line[m.end():] if m else line
+
+
+def _layout(columns: list[str]) -> tuple[list[str], list[list[str]]] | None:
+    """Split header columns into the row prefix and one column group per placement."""
+    if "time" not in columns and "cputime" not in columns:
+        return None
+    first = next(i for i, c in enumerate(columns) if c in ("time", "cputime"))
+    rest = columns[first:]
+    half = len(rest) // 2
+    return columns[:first], [rest[:half], rest[half:]]
+
+
+def _number(token: str) -> float | None:
+    try:
+        return float(token)
+    except ValueError:
+        return None  # "N/A"
+
+
+def _row(tokens: list[str], prefix: list[str], groups: list[list[str]]) -> list[NcclRow]:
+    head = dict(zip(prefix, tokens))
+    body = tokens[len(prefix):]
+    group_len = len(groups[0])
+    placements = list(zip(PLACEMENTS, groups))
+    if len(body) == group_len:  # in-place only (trace replay)
+        placements = [("in-place", groups[1])]
+    elif len(body) != 2 * group_len:
+        return []
+    rows = []
+    for i, (placement, cols) in enumerate(placements):
+        values = dict(zip(cols, body[i * group_len:(i + 1) * group_len]))
+        time_us, algbw, busbw = (_number(values.get(k, "")) for k in (cols[0], "algbw", "busbw"))
+        if time_us is None or algbw is None or busbw is None:
+            return []
+        root = head.get("root")
+        rows.append(NcclRow(size=int(head["size"]), count=int(head["count"]), dtype=head.get("type", "?"),
+                            redop=head.get("redop"), root=int(root) if root not in (None, "-") else None,
+                            placement=placement, time_us=time_us, algbw=algbw, busbw=busbw,
+                            wrong=_number(values["#wrong"]) if "#wrong" in values else None,
+                            error=_number(values["error"]) if "error" in values else None))
+    return rows
+
+
+def parse_all(text: str) -> list[NcclResult]:
+    """Every nccl-tests run in a text stream, in order."""
+    results: list[NcclResult] = []
+    current = NcclResult()
+    layout: tuple[list[str], list[list[str]]] | None = None
+    ranks_seen: set[int] = set()
+
+    def close() -> None:
+        nonlocal current, ranks_seen
+        if current.rows or current.errors or current.config:
+            current.ranks = current.ranks or (max(ranks_seen) + 1 if ranks_seen else None)
+            results.append(current)
+        current, ranks_seen = NcclResult(), set()
+
+    for raw in text.splitlines():
+        line = strip_prefix(raw)
+        stripped = line.strip()
+        if not stripped:
+            continue
+        first = stripped[0]
+        if first.isdigit():
+            tokens = stripped.split()
+            if tokens[0].isdigit() and len(tokens) > 1 and tokens[1].isdigit():
+                if layout is None and len(tokens) in _FALLBACK_LAYOUTS:
+                    layout = _layout(_FALLBACK_LAYOUTS[len(tokens)].split())
+                if layout:
+                    current.rows.extend(_row(tokens, *layout))
+                continue
+        if first == "#":
+            body = stripped.lstrip("#").strip()
+            if body.startswith("size") and " count" in body:
+                if current.rows:  # a second table in the same stream
+                    close()
+                layout = _layout(body.split())
+            elif body.startswith("Avg bus bandwidth"):
+                current.avg_busbw_printed = _number(body.split(":", 1)[1].split()[0])
+            elif body.startswith("Out of bounds values"):
+                current.out_of_bounds = int(body.split(":", 1)[1].split()[0])
+            elif body.startswith("nThread"):
+                if current.rows or current.config:
+                    close()
+                current.config = dict(_CONFIG.findall(body))
+            elif body.startswith("nccl-tests version"):
+                if current.rows:
+                    close()
+                current.tests_version = body.split()[2]
+            elif body.startswith("Rank"):
+                parts = body.split()
+                if len(parts) > 1 and parts[1].isdigit():
+                    ranks_seen.add(int(parts[1]))
+            elif _ERROR.search(stripped):
+                current.errors.append(stripped[:300])
+            continue
+        if "NCCL INFO" in stripped:
+            m = _NETWORK.search(stripped)
+            if m:
+                current.network = m.group(1)
+            if len(current.transport_evidence) < 8 and _TRANSPORT_HINT.search(stripped):
+                current.transport_evidence.append(stripped[-200:])
+            continue
+        if stripped.startswith("NCCL version"):
+            current.nccl_version = stripped.split()[2]
+        elif _ERROR.search(stripped):
+            current.errors.append(stripped[:300])
+    close()
+    return results
+
+
+def parse(text: str) -> NcclResult:
+    """The (last) nccl-tests run in a text; an empty result (status failed) if there is none."""
+    results = parse_all(text)
+    return results[-1] if results else NcclResult(errors=["no nccl-tests output found"])
+
+
+def parse_json(data: str | dict[str, Any]) -> NcclResult:
+    """The `-J file.json` output of nccl-tests 2.17+ (keys from its util.cu)."""
+    doc = json.loads(data) if isinstance(data, str) else data
+    result = NcclResult()
+    config = doc.get("config") or {}
+    result.config = {k: str(v) for k, v in config.items() if k != "devices"}
+    devices = config.get("devices") or []
+    result.ranks = len(devices) or None
+    version = doc.get("nccl_version")
+    if isinstance(version, int):  # NCCL_VERSION_CODE: major*10000 + minor*100 + patch (2.9+)
+        result.nccl_version = f"{version // 10000}.{version // 100 % 100}.{version % 100}"
+    for entry in doc.get("results") or []:
+        for placement, key in zip(PLACEMENTS, ("out_of_place", "in_place")):
+            body = entry.get(key)
+            if not body:
+                continue
+            time_us = body.get("time", body.get("cpu_time"))
+            root = entry.get("root")
+            result.rows.append(NcclRow(
+                size=int(entry["size"]), count=int(entry["count"]), dtype=entry.get("type", "?"),
+                redop=entry.get("redop"), root=int(root) if str(root).strip().lstrip("-").isdigit() else None,
+                placement=placement, time_us=float(time_us), algbw=float(body["alg_bw"]),
+                busbw=float(body["bus_bw"]), wrong=body.get("nwrong")))
+    oob = doc.get("out_of_bounds") or {}
+    result.out_of_bounds = oob.get("count")
+    avg = doc.get("average_bus_bandwidth") or {}
+    result.avg_busbw_printed = avg.get("bandwidth")
+    result.errors = [e for e in doc.get("errors") or [] if e]
+    return result

@@ -1,0 +1,72 @@
+"""Metric records for all-reduce probes: from nccl-tests output (text or -J JSON) or the torch probe,
+with the transport NCCL really used checked against the run's EFA setting."""
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from bench.schema import RunSpec
+from nccl.command import expected_network
+from nccl.parse import NcclResult, parse, parse_all, parse_json
+
+JSON_FILE = "nccl-tests.json"  # where launchers point all_reduce_perf -J, inside the run dir
+
+_STATUS = {"ok": "ok", "wrong_results": "failed", "truncated": "failed", "failed": "failed"}
+
+
+def _summary(result: NcclResult, spec: RunSpec) -> dict[str, Any]:
+    status = _STATUS[result.status]
+    error = None
+    if result.status == "wrong_results":
+        error = f"nccl-tests reported wrong results ({result.wrong_total:g} wrong elements)"
+    elif result.status == "truncated":
+        error = "nccl-tests table ends early (crash, kill or excerpt): no matching Avg bus bandwidth line"
+    elif result.status == "failed":
+        error = result.errors[-1] if result.errors else "no nccl-tests results table"
+        if any("NCCL" in e for e in result.errors):
+            status = "nccl_error"
+    rows = result.rows
+    return {"kind": "summary", "status": status, "error": error, "source": "nccl-tests",
+            "nccl_status": result.status, "ranks": result.inferred_ranks(),
+            "busbw_avg_gbs": result.avg_busbw_printed if result.avg_busbw_printed is not None
+            else result.avg_busbw, "busbw_max_gbs": result.busbw_max, "algbw_max_gbs": result.algbw_max,
+            "transport": result.network, "transport_evidence": result.transport_evidence,
+            "sizes": [{k: r.__dict__[k] for k in ("size", "placement", "time_us", "algbw", "busbw", "wrong")}
+                      for r in rows], "nccl_version": result.nccl_version}
+
+
+def records_from_output(text: str, spec: RunSpec, json_text: str | None = None) -> list[dict[str, Any]]:
+    """Records (one per size and placement, then a summary) from one probe's output."""
+    result = parse_json(json_text) if json_text else parse(text)
+    if json_text:  # the JSON has no NCCL INFO lines: take the transport from the text log
+        text_result = parse(text)
+        result.network, result.transport_evidence = text_result.network, text_result.transport_evidence
+    rows = [{"kind": "nccl", **asdict(r)} for r in result.rows]
+    return rows + [_summary(result, spec)]
+
+
+def records_from_logs(run_dir: Path, spec: RunSpec) -> list[dict[str, Any]]:
+    """Records of an nccl-tests run from its collected logs (and its -J JSON when it wrote one)."""
+    text = "\n".join(p.read_text(errors="replace") for p in sorted((run_dir / "logs").glob("*.log")))
+    json_path = run_dir / JSON_FILE
+    return records_from_output(text, spec, json_path.read_text() if json_path.is_file() else None)
+
+
+def check_transport(summary: dict[str, Any], spec: RunSpec, log_text: str) -> dict[str, Any]:
+    """Fill the transport NCCL reported and fail an EFA run that did not use EFA.
+
+    Runs on gloo (CPU) have no NCCL network; they keep their backend name as transport.
+    """
+    if summary.get("transport") in (None, ""):
+        networks = [r.network for r in parse_all(log_text) if r.network]
+        if networks:
+            summary = {**summary, "transport": networks[-1]}
+    network = summary.get("transport")
+    if network in (None, "gloo") or summary.get("status") != "ok":
+        return summary
+    want = expected_network(spec.efa_per_node)
+    if want.lower() not in str(network).lower():
+        return {**summary, "status": "nccl_error",
+                "error": f"expected NCCL network {want!r} for {spec.efa_per_node} EFA/node, got {network!r}"}
+    return summary
