@@ -120,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
              host=socket.gethostname(), torch_version=torch.__version__,
              device_name=torch.cuda.get_device_name(device) if cuda else "cpu")
     emit.close()
+    dist.barrier()  # see trainer.main: tear down only when every rank is done
     dist.destroy_process_group()
     return 0
 

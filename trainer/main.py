@@ -251,5 +251,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         emit.close()
     if code == EXIT_OK:
+        dist.barrier()  # no rank tears gloo/NCCL down while a peer still uses it (SIGABRT otherwise)
         dist.destroy_process_group()
     return code

@@ -1,0 +1,110 @@
+"""Planning and validation on configs composed by Hydra from sweeps/, exactly as the CLI does."""
+from __future__ import annotations
+
+import pytest
+
+from bench.config import ConfigError, from_dict
+from bench.models import count_params, get_arch
+from bench.plan import expand
+from bench.sweep import compose, main
+
+
+def plan_for(*overrides: str):
+    raw, _ = compose(list(overrides))
+    return expand(from_dict(raw))
+
+
+def test_smoke_plan_is_the_product_minus_exclusions() -> None:
+    plan = plan_for("+sweep=smoke")
+    train = [p.spec for p in plan if p.spec.kind == "train"]
+    # 2 nodes x (FULL_SHARD: 2 precisions x 2 AC + 3 other strategies x bf16 x no AC)
+    assert len(train) == 2 * (4 + 3)
+    assert {s.sharding for s in train} == {"FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"}
+    assert not [s for s in train if s.sharding != "FULL_SHARD" and s.activation_checkpointing == "full"]
+    probes = [p.spec for p in plan if p.spec.kind == "nccl"]
+    assert sorted(s.nodes for s in probes) == [1, 2]
+    assert all(s.gpus_per_node == 2 and s.cluster == "local" for s in train)
+
+
+def test_run_ids_are_stable_and_unique() -> None:
+    a, b = plan_for("+sweep=smoke"), plan_for("+sweep=smoke")
+    assert [p.spec.run_id for p in a] == [p.spec.run_id for p in b]
+    assert len({p.spec.run_id for p in a}) == len(a)
+    changed = plan_for("+sweep=smoke", "steps=7")
+    train_ids = {p.spec.run_id for p in a if p.spec.kind == "train"}
+    assert not train_ids & {p.spec.run_id for p in changed}
+    # all-reduce probes do not train, so their identity does not depend on steps
+    assert {p.spec.run_id for p in a if p.spec.kind == "nccl"} <= {p.spec.run_id for p in changed}
+
+
+def test_command_line_overrides_any_axis() -> None:
+    plan = plan_for("+sweep=smoke", "axes.nodes=[1]", "axes.sharding=[NO_SHARD]", "nccl.enabled=false")
+    assert [(p.spec.nodes, p.spec.sharding) for p in plan] == [(1, "NO_SHARD")]
+
+
+def test_p5_plan_marks_what_cannot_fit_on_80gb() -> None:
+    plan = {(p.spec.model, p.spec.sharding, p.spec.nodes): p for p in plan_for("+sweep=p5_scaling")
+            if p.spec.kind == "train"}
+    assert len(plan) == 3 * 2 * 5
+    # 70B under HYBRID_SHARD shards over one node's 8 GPUs only: 16 B/param of state / 8 = 138 GB.
+    states_gib = count_params(get_arch("llama2_70b")) * 16 / 8 / 2**30
+    assert states_gib > 80
+    assert all(not plan[("llama2_70b", "HYBRID_SHARD", n)].feasible for n in (1, 2, 4, 8, 16))
+    assert not plan[("llama2_70b", "FULL_SHARD", 1)].feasible
+    assert plan[("llama2_70b", "FULL_SHARD", 16)].feasible  # 138 GB / 16 = 8.6 GB of state
+    assert all(plan[("llama2_7b", s, n)].feasible for s in ("FULL_SHARD", "HYBRID_SHARD") for n in (1, 16))
+    assert "GiB/GPU" in plan[("llama2_70b", "FULL_SHARD", 1)].reason
+
+
+def test_every_shipped_sweep_plans() -> None:
+    for name in ("smoke", "p5_scaling", "p4de_scaling", "ablation", "efa_probe"):
+        assert plan_for(f"+sweep={name}"), name
+
+
+def test_efa_probe_plans_every_adapter_count() -> None:
+    plan = plan_for("+sweep=efa_probe")
+    assert {(p.spec.nodes, p.spec.efa_per_node) for p in plan} == {
+        (n, e) for n in (1, 2, 4, 8, 16) for e in (0, 1, 4, 32)}
+    assert all(p.spec.kind == "nccl" for p in plan) and len(plan) == 20 * 3
+
+
+def test_ablation_changes_one_factor_at_a_time() -> None:
+    train = [p.spec for p in plan_for("+sweep=ablation")]
+    best = ("FULL_SHARD", "bf16_mixed", "full", "transformer_block")
+    for s in train:
+        point = (s.sharding, s.precision, s.activation_checkpointing, s.wrap_policy)
+        assert sum(a != b for a, b in zip(point, best)) <= 1
+    assert len(train) == 2 * 2 * 6  # models x nodes x (best + 5 single changes)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["axes.model=[gpt5]"], "unknown value 'gpt5'"),
+    (["axes.sharding=[FULLSHARD]"], "FULLSHARD"),
+    (["cluster.gpus_per_node=1"], "HYBRID_SHARD needs >= 2 GPUs per node"),
+    (["axes.nodes=[1,8]"], "exceed cluster local's max_nodes=4"),
+    (["steps=3", "warmup_steps=3"], "warmup_steps"),
+    (["exclude=[{colour: red}]"], "exclude[0]"),
+    (["+axes.colour=[red]"], "unknown axis colour"),
+])
+def test_bad_config_is_one_line_and_exit_2(overrides, message, capsys) -> None:
+    assert main(["+sweep=smoke", *overrides]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_no_sweep_lists_the_sweeps(capsys) -> None:
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert "+sweep=NAME" in err and "p5_scaling" in err and "smoke" in err
+
+
+def test_unknown_sweep_is_a_config_error(capsys) -> None:
+    assert main(["+sweep=nope"]) == 2
+    assert "sweep/nope" in capsys.readouterr().err
+
+
+def test_config_error_type_is_raised_by_from_dict() -> None:
+    raw, _ = compose(["+sweep=smoke"])
+    raw["axes"]["micro_batch"] = [0]
+    with pytest.raises(ConfigError, match="positive integer"):
+        from_dict(raw)

@@ -1,0 +1,123 @@
+"""The sweep end to end on this machine: real torchrun processes, real files, real signals."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from bench import rundir
+from bench.schema import parse_records
+
+ROOT = Path(__file__).resolve().parents[1]
+ONE_NODE = ["axes.nodes=[1]", "axes.sharding=[FULL_SHARD]", "axes.activation_checkpointing=[none]",
+            "nccl.enabled=false", "steps=3", "warmup_steps=1"]
+
+
+def sweep(tmp_path: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={tmp_path}",
+                           *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def table(tmp_path: Path) -> pd.DataFrame:
+    return pd.read_csv(tmp_path / "smoke" / rundir.RESULTS_CSV)
+
+
+def by_precision(frame: pd.DataFrame) -> dict[str, str]:
+    return dict(zip(frame.precision, frame.status))
+
+
+def test_timeout_and_oom_are_classified_and_the_rest_finish(tmp_path: Path) -> None:
+    faults = ("faults=[{match:{precision:fp32},fault:hang,step:1},"
+              "{match:{precision:bf16_mixed},fault:oom,step:1}]")
+    proc = sweep(tmp_path, *ONE_NODE, "axes.precision=[fp32,bf16_mixed,bf16_pure]", faults,
+                 "launcher.timeout_s=45", "launcher.grace_s=3")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    frame = table(tmp_path)
+    assert by_precision(frame) == {"fp32": "timeout", "bf16_mixed": "oom", "bf16_pure": "ok"}
+    hung = frame[frame.precision == "fp32"].iloc[0]
+    assert 45 <= hung.wall_s < 45 + 20  # killed at its limit, not left running
+    assert "injected out of memory" in frame[frame.precision == "bf16_mixed"].iloc[0].error
+    # Resume: failed runs are kept unless asked; --rerun-failed redoes exactly them.
+    again = sweep(tmp_path, *ONE_NODE, "axes.precision=[fp32,bf16_mixed,bf16_pure]")
+    assert "skipped 3" in again.stdout
+    redo = sweep(tmp_path, *ONE_NODE, "axes.precision=[fp32,bf16_mixed,bf16_pure]", "--rerun-failed")
+    assert "ok 2" in redo.stdout and "skipped 1" in redo.stdout
+    assert set(table(tmp_path).status) == {"ok"}
+
+
+def _wait_for(predicate, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError
+        time.sleep(0.5)
+
+
+def test_sigterm_mid_sweep_leaves_a_consistent_store(tmp_path: Path) -> None:
+    args = [*ONE_NODE, "axes.precision=[fp32,bf16_mixed,bf16_pure]"]
+    proc = subprocess.Popen([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={tmp_path}",
+                             *args, "faults=[{match:{precision:bf16_mixed},fault:hang,step:1}]"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    runs = tmp_path / "smoke" / "runs"
+    hanging = lambda: [d for d in runs.glob("*bf16_mixed*") if any(  # noqa: E731
+        r["kind"] == "step" for r in rundir.read_records(d))]
+    _wait_for(lambda: runs.is_dir() and hanging(), timeout=240)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "resume" in err
+    frame = table(tmp_path)
+    assert by_precision(frame) == {"fp32": "ok", "bf16_mixed": "cancelled"}
+    summaries = [rundir.read_summary(d) for d in rundir.iter_run_dirs(tmp_path / "smoke")]
+    assert sorted(s.run_id for s in summaries if s) == sorted(frame.run_id)
+    left = subprocess.run(["pgrep", "-f", str(runs)], capture_output=True, text=True).stdout.split()
+    assert not left, "worker processes survived the cancel"
+    # The same command resumes: the cancelled run and the one never started; the ok run is kept.
+    done = sweep(tmp_path, *args)
+    assert "ok 2" in done.stdout and "skipped 1" in done.stdout, done.stdout[-1500:]
+    assert set(table(tmp_path).status) == {"ok"}
+
+
+def test_dry_run_renders_and_launches_nothing(tmp_path: Path) -> None:
+    proc = sweep(tmp_path, "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    sub_files = list((tmp_path / "smoke" / "runs").glob("*/submission/submission.json"))
+    assert len(sub_files) == 16
+    argvs = json.loads(sub_files[0].read_text())["argvs"]
+    assert argvs[0][1:4] == ["-m", "torch.distributed.run", argvs[0][3]]
+    assert not list((tmp_path / "smoke" / "runs").glob("*/summary.json"))
+    assert not list((tmp_path / "smoke" / "runs").glob("*/logs/*"))
+
+
+@pytest.mark.slow
+def test_smoke_sweep_end_to_end_then_resume(tmp_path: Path) -> None:
+    proc = sweep(tmp_path, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    frame = table(tmp_path)
+    plan = pd.read_csv(tmp_path / "smoke" / rundir.PLAN_CSV)
+    assert sorted(frame.run_id) == sorted(plan.run_id)
+    assert (frame.status == "ok").all(), frame[frame.status != "ok"][["run_id", "status", "error"]]
+    # Table values are the workers' own summaries, not recomputed or rounded.
+    for row in frame.itertuples():
+        d = next((tmp_path / "smoke" / "runs").glob(f"*-{row.run_id}"))
+        summary = [r for r in rundir.read_records(d) if r["kind"] == "summary"][0]
+        key = "tokens_per_s" if row.kind == "train" else "busbw_avg_gbs"
+        value = row.tokens_per_s if row.kind == "train" else row.nccl_busbw_avg_gbs
+        assert value == pytest.approx(summary[key], rel=1e-12)
+    hybrid = frame[(frame.sharding == "HYBRID_SHARD") & (frame.nodes == 2) & (frame.kind == "train")]
+    d = next((tmp_path / "smoke" / "runs").glob(f"*-{hybrid.iloc[0].run_id}"))
+    with open(d / "logs" / "node0.log") as f:
+        metas = [r for r in parse_records(f) if r["kind"] == "meta"]
+    assert {tuple(m["mesh_shape"]) for m in metas} == {(2, 2)}
+    # Second invocation: everything is finished, nothing is launched.
+    started = time.monotonic()
+    again = sweep(tmp_path)
+    assert again.returncode == 0 and "skipped 16" in again.stdout
+    assert time.monotonic() - started < 30
