@@ -31,6 +31,9 @@ class SlurmClusterConfig:
     container_image: str | None = None  # pyxis/enroot
     container_mounts: str | None = None
     extra_sbatch: tuple[str, ...] = ()  # extra "#SBATCH ..." option lines, e.g. "--qos=high"
+    conf: str | None = None  # SLURM_CONF for the client commands; None = the environment's
+    nccl_tests_binary: str = "all_reduce_perf"  # on GPU clusters; CPU clusters use the torch probe
+    mpi: str = "pmix"  # srun --mpi for nccl-tests
 
 
 @dataclass(frozen=True)

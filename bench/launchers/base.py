@@ -65,6 +65,14 @@ def worker_module_argv(spec: RunSpec, run_dir: Path | None, extra: list[str]) ->
     return argv + extra
 
 
+def torchrun_argv(python: str, spec: RunSpec, endpoint: str, rdzv_id: str) -> list[str]:
+    """One torchrun agent (one per node) with c10d rendezvous at `endpoint`."""
+    return [python, "-m", "torch.distributed.run", f"--nnodes={spec.nodes}",
+            f"--nproc-per-node={spec.gpus_per_node}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}", "--max-restarts=0",
+            "--monitor-interval=0.5"]
+
+
 def fault_args(cfg: SweepConfig, spec: RunSpec) -> list[str]:
     """Worker arguments of the first fault rule matching this run (test hook), else none."""
     for rule in cfg.faults:

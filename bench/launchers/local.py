@@ -17,7 +17,7 @@ from typing import IO
 
 from bench import rundir
 from bench.config import SweepConfig
-from bench.launchers.base import (Outcome, Submission, fault_args, python_executable,
+from bench.launchers.base import (Outcome, Submission, fault_args, python_executable, torchrun_argv,
                                   worker_module_argv)
 from bench.schema import RunSpec
 
@@ -48,10 +48,7 @@ class LocalLauncher:
     def render(self, spec: RunSpec, run_dir: Path) -> Submission:
         py = python_executable(self.cfg)
         worker = worker_module_argv(spec, run_dir, fault_args(self.cfg, spec))
-        agent = [py, "-m", "torch.distributed.run", f"--nnodes={spec.nodes}",
-                 f"--nproc-per-node={spec.gpus_per_node}", "--rdzv-backend=c10d",
-                 f"--rdzv-endpoint=127.0.0.1:{PORT_TOKEN}", f"--rdzv-id={spec.run_id}",
-                 "--max-restarts=0", "--monitor-interval=0.5"]
+        agent = torchrun_argv(py, spec, f"127.0.0.1:{PORT_TOKEN}", spec.run_id)
         argvs = tuple(tuple(agent + worker) for _ in range(spec.nodes))
         return Submission(run_id=spec.run_id, argvs=argvs, env=dict(WORKER_ENV))
 

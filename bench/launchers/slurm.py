@@ -1,0 +1,224 @@
+"""Slurm launcher: one sbatch job per run; srun starts one torchrun agent per node with c10d rendezvous
+on the job's first node (or, for nccl-tests on GPU clusters, one all_reduce_perf rank per GPU).
+
+The batch script is rendered by a pure function. Every value that comes from configuration is quoted
+with shlex or checked against a strict pattern, so no config value can inject a command. The final
+state comes from scontrol (jobs stay there MinJobAge seconds), then sacct, then the job-completion log.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench import rundir
+from bench.config import ConfigError, SweepConfig
+from bench.launchers.base import (Outcome, Submission, fault_args, python_executable, torchrun_argv,
+                                  worker_module_argv, PROJECT_ROOT)
+from bench.schema import RunSpec
+
+SCRIPT = "job.sbatch"
+ENDPOINT = "@RDZV_HOST@:@RDZV_PORT@"  # replaced by shell variables in the rendered script
+RUNNING_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
+                  "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9_.,:+@%=-]+$")
+_CMD_TIMEOUT_S = 60
+
+
+def _check_safe(what: str, value: str) -> str:
+    """For values that land in #SBATCH lines, which sbatch does not shell-parse: no quoting possible."""
+    if not _SAFE_NAME.match(value):
+        raise ConfigError(f"{what}={value!r}: only letters, digits and _.,:+@%=- are allowed")
+    return value
+
+
+def _job_name(spec: RunSpec) -> str:
+    return "fsdpbench-" + re.sub(r"[^A-Za-z0-9_.-]", "_", spec.label)[:100]
+
+
+def _uses_nccl_tests(cfg: SweepConfig, spec: RunSpec) -> bool:
+    """GPU clusters probe with nccl-tests (one MPI rank per GPU); CPU clusters with the torch probe."""
+    return spec.kind == "nccl" and cfg.cluster.gpu is not None
+
+
+def sbatch_lines(cfg: SweepConfig, spec: RunSpec) -> list[str]:
+    s = cfg.cluster.slurm
+    tasks = spec.gpus_per_node if _uses_nccl_tests(cfg, spec) else 1  # MPI ranks or torchrun agents
+    lines = [f"#SBATCH --nodes={spec.nodes}", f"#SBATCH --ntasks-per-node={tasks}",
+             f"#SBATCH --time={_check_safe('slurm.time_limit', s.time_limit)}"]
+    if s.partition:
+        lines.append(f"#SBATCH --partition={_check_safe('slurm.partition', s.partition)}")
+    if s.account:
+        lines.append(f"#SBATCH --account={_check_safe('slurm.account', s.account)}")
+    if s.exclusive:
+        lines.append("#SBATCH --exclusive")
+    gpus = s.gpus_per_node or (cfg.cluster.gpus_per_node if cfg.cluster.gpu else None)
+    if gpus:
+        lines.append(f"#SBATCH --gpus-per-node={int(gpus)}")
+    for extra in s.extra_sbatch:
+        if not extra.startswith("--") or any(c in extra for c in "\n\r"):
+            raise ConfigError(f"slurm.extra_sbatch: {extra!r} must be one --option[=value]")
+        lines.append(f"#SBATCH {extra}")
+    return lines
+
+
+def _srun_prefix(cfg: SweepConfig, tasks_per_node: int, mpi: str | None = None) -> list[str]:
+    s = cfg.cluster.slurm
+    srun = ["srun", "--label", "--kill-on-bad-exit=1", f"--ntasks-per-node={tasks_per_node}"]
+    if mpi:
+        srun.append(f"--mpi={mpi}")
+    if s.container_image:
+        srun.append(f"--container-image={s.container_image}")
+    if s.container_mounts:
+        srun.append(f"--container-mounts={s.container_mounts}")
+    return srun
+
+
+def worker_command(cfg: SweepConfig, spec: RunSpec, run_dir: Path) -> str:
+    """The srun line of the batch script, every argument quoted."""
+    if _uses_nccl_tests(cfg, spec):
+        from nccl.command import all_reduce_perf_argv
+        from nccl.records import JSON_FILE
+        argv = _srun_prefix(cfg, spec.gpus_per_node, cfg.cluster.slurm.mpi) + all_reduce_perf_argv(
+            spec, binary=cfg.cluster.slurm.nccl_tests_binary, json_file=str(run_dir / JSON_FILE))
+        return shlex.join(argv)
+    argv = (_srun_prefix(cfg, 1) + torchrun_argv(python_executable(cfg), spec, ENDPOINT, "@RDZV_ID@")
+            + worker_module_argv(spec, run_dir, fault_args(cfg, spec)))
+    line = shlex.join(argv)
+    return (line.replace(ENDPOINT, '"${head_addr}:${rdzv_port}"')
+                .replace("@RDZV_ID@", '"${SLURM_JOB_ID}"'))
+
+
+def render_script(cfg: SweepConfig, spec: RunSpec, run_dir: Path, env: dict[str, str]) -> str:
+    """The batch script of one run (pure: the same inputs give the same text)."""
+    workdir = cfg.launcher.workdir or str(PROJECT_ROOT)
+    body = [
+        "#!/bin/bash",
+        f"# fsdpbench run {spec.run_id}: {spec.label}",
+        *sbatch_lines(cfg, spec),
+        "set -euo pipefail",
+        f"cd {shlex.quote(workdir)}",
+        *(f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())),
+        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        'head_addr=$(scontrol show node "$head_node" | tr " " "\\n" | sed -n "s/^NodeAddr=//p" | head -n 1)',
+        'head_addr=${head_addr:-$head_node}',
+        "rdzv_port=$((29500 + SLURM_JOB_ID % 20000))",
+        'echo "fsdpbench: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous ${head_addr}:${rdzv_port}"',
+        worker_command(cfg, spec, run_dir),
+    ]
+    return "\n".join(body) + "\n"
+
+
+@dataclass
+class SlurmHandle:
+    job_id: str
+    run_dir: Path
+    started: float = field(default_factory=time.monotonic)
+
+
+class SlurmLauncher:
+    name = "slurm"
+
+    def __init__(self, cfg: SweepConfig) -> None:
+        self.cfg = cfg
+        self.env = dict(os.environ)
+        if cfg.cluster.slurm.conf:
+            self.env["SLURM_CONF"] = cfg.cluster.slurm.conf
+
+    def preflight(self) -> None:
+        """Fail before launching anything if this machine cannot reach a Slurm controller."""
+        if shutil.which("sbatch") is None:
+            raise ConfigError(f"sweep {self.cfg.name} uses launcher=slurm, but `sbatch` is not on PATH: run it "
+                              "from a Slurm login node, choose launcher=local or launcher=kubernetes, or "
+                              f"preview the plan with: python -m bench.sweep +sweep={self.cfg.name} --dry-run")
+        proc = self._run(["sinfo", "-h", "-o", "%P"], check=False)
+        if proc.returncode != 0:
+            raise ConfigError(f"Slurm controller not reachable (sinfo: {proc.stderr.strip()[:200]}); "
+                              "start the test cluster with scripts/slurm_cluster.sh start, or dry-run")
+
+    def _run(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=_CMD_TIMEOUT_S,
+                              check=check)
+
+    def render(self, spec: RunSpec, run_dir: Path) -> Submission:
+        from nccl.command import nccl_env
+        env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        if self.cfg.cluster.gpu is not None:
+            env.update(nccl_env(spec.efa_per_node))
+        script = render_script(self.cfg, spec, run_dir, env)
+        log = rundir.log_path(run_dir, "slurm-%j")
+        argv = ("sbatch", "--parsable", f"--job-name={_job_name(spec)}", f"--output={log}",
+                str(run_dir / rundir.SUBMISSION_DIR / SCRIPT))
+        return Submission(run_id=spec.run_id, argvs=(argv,), env=env, files={SCRIPT: script})
+
+    def submit(self, submission: Submission, run_dir: Path) -> SlurmHandle:
+        (run_dir / rundir.LOGS_DIR).mkdir(parents=True, exist_ok=True)
+        proc = self._run(list(submission.argvs[0]), check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"sbatch failed: {proc.stderr.strip()[:500]}")
+        return SlurmHandle(job_id=proc.stdout.strip().split(";")[0], run_dir=run_dir)
+
+    def _queue_state(self, job_id: str) -> str | None:
+        proc = self._run(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False)
+        state = proc.stdout.strip().split("\n")[0] if proc.returncode == 0 else ""
+        return state or None
+
+    def final_state(self, job_id: str) -> tuple[str | None, int | None, str | None]:
+        """(JobState, exit code of the batch script, Reason) once the job has left the queue."""
+        proc = self._run(["scontrol", "show", "job", "-o", job_id], check=False)
+        if proc.returncode == 0 and proc.stdout.strip():
+            return _parse_job_record(proc.stdout)
+        proc = self._run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode"], check=False)
+        if proc.returncode == 0 and proc.stdout.strip():
+            state, code = proc.stdout.strip().splitlines()[0].split("|")
+            return state.split()[0], int(code.split(":")[0]), None
+        return self._from_jobcomp(job_id)
+
+    def _from_jobcomp(self, job_id: str) -> tuple[str | None, int | None, str | None]:
+        proc = self._run(["scontrol", "show", "config"], check=False)
+        loc = re.search(r"^JobCompLoc\s*=\s*(\S+)", proc.stdout, re.M)
+        if not loc or not Path(loc.group(1)).is_file():
+            return None, None, None
+        lines = [ln for ln in Path(loc.group(1)).read_text().splitlines() if f"JobId={job_id} " in ln]
+        return _parse_job_record(lines[-1]) if lines else (None, None, None)
+
+    def wait(self, handle: SlurmHandle, timeout_s: float, stop: threading.Event) -> Outcome:
+        deadline = handle.started + timeout_s
+        timed_out = cancelled = False
+        while True:
+            state = self._queue_state(handle.job_id)
+            if state is None or state not in RUNNING_STATES:
+                break
+            if stop.is_set() or time.monotonic() > deadline:
+                cancelled, timed_out = stop.is_set(), not stop.is_set()
+                self.cancel(handle)
+                break
+            stop.wait(self.cfg.launcher.poll_s)
+        job_state, code, reason = self.final_state(handle.job_id)
+        return Outcome(returncodes=[code], timed_out=timed_out, cancelled=cancelled,
+                       scheduler_state=job_state, detail=reason and f"Slurm {job_state}: {reason}",
+                       wall_s=time.monotonic() - handle.started)
+
+    def logs(self, handle: SlurmHandle, run_dir: Path) -> None:
+        """Nothing to fetch: sbatch --output writes into the run dir (shared file system)."""
+
+    def cancel(self, handle: SlurmHandle) -> None:
+        self._run(["scancel", handle.job_id], check=False)
+        deadline = time.monotonic() + max(self.cfg.launcher.grace_s, 10)
+        while time.monotonic() < deadline and self._queue_state(handle.job_id) in RUNNING_STATES:
+            time.sleep(0.5)
+
+
+def _parse_job_record(text: str) -> tuple[str | None, int | None, str | None]:
+    """JobState, ExitCode and Reason from a `scontrol show job -o` or jobcomp/filetxt line."""
+    fields = dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", text))
+    state = (fields.get("JobState") or "").split()[0] or None
+    code = fields.get("ExitCode")
+    reason = fields.get("Reason")
+    return state, int(code.split(":")[0]) if code else None, None if reason in (None, "None") else reason

@@ -1,0 +1,159 @@
+"""Slurm launcher: golden batch script, quoting, state parsing, and runs on the real test cluster."""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from bench.classify import classify
+from bench.config import ConfigError, from_dict
+from bench.launchers.base import Outcome
+from bench.launchers.slurm import SlurmLauncher, _parse_job_record, render_script
+from bench.plan import expand
+from bench.sweep import compose
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).parent / "golden"
+CLUSTER_SCRIPT = ROOT / "scripts" / "slurm_cluster.sh"
+SLURM_CONF = "/tmp/fsdpbench-slurm/slurm.conf"
+
+
+def cfg_for(*overrides: str):
+    raw, _ = compose(["+sweep=p5_scaling", "launcher.python=/opt/venv/bin/python",
+                      "launcher.workdir=/fsx/fsdpbench", *overrides])
+    return from_dict(raw)
+
+
+def first_run(cfg, kind: str = "train", nodes: int = 4):
+    return next(p.spec for p in expand(cfg) if p.spec.kind == kind and p.spec.nodes == nodes)
+
+
+@pytest.mark.parametrize("kind", ["train", "nccl"])
+def test_batch_script_matches_golden(kind: str) -> None:
+    cfg = cfg_for("cluster.slurm.partition=p5", "cluster.slurm.account=ml-infra",
+                  "cluster.slurm.container_image=/fsx/images/fsdpbench.sqsh",
+                  "cluster.slurm.container_mounts=/fsx:/fsx", "cluster.slurm.extra_sbatch=['--qos=high']")
+    spec = first_run(cfg, kind)
+    launcher = SlurmLauncher(cfg)
+    sub = launcher.render(spec, Path("/fsx/results/p5_scaling/runs/run"))
+    script = sub.files["job.sbatch"]
+    golden = GOLDEN / f"p5_{kind}.sbatch"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.parent.mkdir(exist_ok=True)
+        golden.write_text(script)
+    assert script == golden.read_text()
+    assert render_script(cfg, spec, Path("/fsx/results/p5_scaling/runs/run"), sub.env) == script  # pure
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+
+
+def test_config_values_cannot_inject_commands() -> None:
+    evil = "img.sqsh; touch /tmp/pwned #"
+    cfg = cfg_for(f"cluster.slurm.container_image='{evil}'")
+    script = SlurmLauncher(cfg).render(first_run(cfg), Path("/tmp/r p/x'y")).files["job.sbatch"]
+    srun = next(line for line in script.splitlines() if line.startswith("srun "))
+    tokens = shlex.split(srun)
+    assert f"--container-image={evil}" in tokens  # one argument, never a second command
+    assert "/tmp/r p/x'y" in tokens  # the run dir, quoted, as one argument
+
+
+@pytest.mark.parametrize("override", ["cluster.slurm.partition='p5;reboot'",
+                                      "cluster.slurm.account='a b'",
+                                      "cluster.slurm.time_limit='1:00 --uid=0'",
+                                      "cluster.slurm.extra_sbatch=['qos=high']"])
+def test_values_that_land_in_sbatch_lines_are_checked(override: str) -> None:
+    cfg = cfg_for(override)
+    with pytest.raises(ConfigError):
+        SlurmLauncher(cfg).render(first_run(cfg), Path("/tmp/run"))
+
+
+def test_job_records_parse_from_scontrol_and_jobcomp() -> None:
+    # Lines as written by this project's test cluster (slurm-wlm 22.05).
+    jobcomp = ("JobId=1 UserId=root(0) GroupId=root(0) Name=j.sh JobState=COMPLETED Partition=debug "
+               "TimeLimit=UNLIMITED StartTime=2026-11-22T16:20:11 NodeList=node[1-2] NodeCnt=2 ProcCnt=2 "
+               "DerivedExitCode=0:0 ExitCode=0:0")
+    assert _parse_job_record(jobcomp) == ("COMPLETED", 0, None)
+    scontrol = ("JobId=7 JobName=x JobState=FAILED Reason=NonZeroExitCode Dependency=(null) "
+                "Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=1:0")
+    assert _parse_job_record(scontrol) == ("FAILED", 1, "NonZeroExitCode")
+
+
+@pytest.mark.parametrize("state,status", [("OUT_OF_MEMORY", "oom"), ("TIMEOUT", "timeout"),
+                                          ("NODE_FAIL", "failed"), ("CANCELLED", "cancelled")])
+def test_scheduler_states_map_to_the_taxonomy(state: str, status: str) -> None:
+    assert classify(Outcome(returncodes=[0], scheduler_state=state), [], "")[0] == status
+
+
+def test_completed_job_with_a_failed_step_is_not_ok() -> None:
+    failed = {"kind": "summary", "status": "failed", "error": "RuntimeError: boom"}
+    assert classify(Outcome(returncodes=[0], scheduler_state="COMPLETED"), [failed], "")[0] == "failed"
+    assert classify(Outcome(returncodes=[0], scheduler_state="COMPLETED"), [], "srun: error: task 1")[0] \
+        == "failed"
+
+
+def test_missing_sbatch_says_what_to_do(capsys, monkeypatch) -> None:
+    from bench.sweep import main
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert main(["+sweep=p5_scaling"]) == 2
+    err = capsys.readouterr().err
+    assert "sbatch" in err and "--dry-run" in err
+
+
+# ---------------------------------------------------------------- the real cluster
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster():
+    if shutil.which("slurmctld") is None or os.geteuid() != 0:
+        pytest.skip("slurm-wlm not installed or not root: run scripts/slurm_cluster.sh start as root")
+    proc = subprocess.run([str(CLUSTER_SCRIPT), "start"], capture_output=True, text=True, timeout=180)
+    if proc.returncode != 0:
+        pytest.fail(f"test cluster did not start:\n{proc.stdout}\n{proc.stderr}")
+    return SLURM_CONF
+
+
+def run_sweep(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={tmp_path}",
+                           "launcher.poll_s=0.5", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=900)
+
+
+@pytest.mark.slurm
+def test_smoke_on_slurm_matches_the_local_launcher(slurm_cluster, tmp_path: Path) -> None:
+    axes = ["axes.sharding=[HYBRID_SHARD]", "steps=4", "warmup_steps=1"]
+    slurm = run_sweep(tmp_path / "slurm", "cluster=slurm_local", "launcher=slurm", *axes)
+    assert slurm.returncode == 0, slurm.stdout[-2000:] + slurm.stderr[-2000:]
+    local = run_sweep(tmp_path / "local", *axes)
+    assert local.returncode == 0, local.stderr[-2000:]
+    a = pd.read_csv(tmp_path / "slurm" / "smoke" / "results.csv")
+    b = pd.read_csv(tmp_path / "local" / "smoke" / "results.csv")
+    assert list(a.columns) == list(b.columns)
+    assert (a.status == "ok").all() and (b.status == "ok").all()
+    key = ["kind", "model", "nodes", "gpus_per_node", "sharding", "precision"]
+    assert a[key].sort_values(key).values.tolist() == b[key].sort_values(key).values.tolist()
+    assert set(a.launcher) == {"slurm"} and set(a.cluster) == {"slurm_local"}
+    two_nodes = a[(a.kind == "train") & (a.nodes == 2)].iloc[0]
+    assert two_nodes.world_size == 4 and two_nodes.tokens_per_s > 0
+    log = next((tmp_path / "slurm" / "smoke" / "runs").glob(f"*-{two_nodes.run_id}/logs/slurm-*.log"))
+    assert "on node[1-2]" in log.read_text()  # really spread over two Slurm nodes
+
+
+@pytest.mark.slurm
+def test_failures_on_slurm_are_classified(slurm_cluster, tmp_path: Path) -> None:
+    proc = run_sweep(tmp_path, "cluster=slurm_local", "launcher=slurm", "axes.nodes=[1]",
+                     "axes.sharding=[FULL_SHARD]", "axes.activation_checkpointing=[none]",
+                     "axes.precision=[fp32,bf16_mixed]", "nccl.enabled=false", "steps=3", "warmup_steps=1",
+                     "cluster.slurm.time_limit=00:01:00",
+                     "faults=[{match:{precision:fp32},fault:crash,step:1},"
+                     "{match:{precision:bf16_mixed},fault:hang,step:1}]")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    frame = pd.read_csv(tmp_path / "smoke" / "results.csv")
+    status = dict(zip(frame.precision, frame.status))
+    assert status == {"fp32": "failed", "bf16_mixed": "timeout"}
+    assert "injected crash" in frame[frame.precision == "fp32"].iloc[0].error
+    assert "TIMEOUT" in frame[frame.precision == "bf16_mixed"].iloc[0].error  # Slurm's time limit hit

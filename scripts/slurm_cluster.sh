@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# A real 4-node Slurm cluster on this one machine, for tests, CI and trying launcher=slurm locally:
+# Debian's slurm-wlm, slurmctld plus four slurmd started with `slurmd -N nodeK`, every node at
+# NodeAddr=127.0.0.1 on its own port, auth/none, proctrack/linuxproc, task/none, and a job-completion
+# log (no slurmdbd). Needs root (slurmd runs jobs as their user).
+#
+#   scripts/slurm_cluster.sh start     # installs slurm-wlm if missing, starts, waits for 4 idle nodes
+#   scripts/slurm_cluster.sh status
+#   scripts/slurm_cluster.sh stop
+#
+# Then: export SLURM_CONF=$FSDPBENCH_SLURM_DIR/slurm.conf   (printed by start)
+#       python -m bench.sweep +sweep=smoke cluster=slurm_local launcher=slurm
+set -euo pipefail
+
+DIR="${FSDPBENCH_SLURM_DIR:-/tmp/fsdpbench-slurm}"
+NODES="${FSDPBENCH_SLURM_NODES:-4}"
+CPUS="${FSDPBENCH_SLURM_CPUS:-$(nproc)}"  # per node; every node shares this machine's cores
+CTLD_PORT="${FSDPBENCH_SLURM_PORT:-16817}"
+CONF="$DIR/slurm.conf"
+
+install() {
+    command -v slurmctld >/dev/null && return
+    echo "installing slurm-wlm (Debian) ..." >&2
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm >/dev/null
+}
+
+write_conf() {
+    mkdir -p "$DIR/state" "$DIR/log"
+    cat >"$CONF" <<EOF
+ClusterName=fsdpbench
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort=$CTLD_PORT
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/none
+CredType=cred/none
+MpiDefault=none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SwitchType=switch/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+ReturnToService=2
+StateSaveLocation=$DIR/state
+SlurmdSpoolDir=$DIR/state/slurmd.%n
+SlurmctldPidFile=$DIR/slurmctld.pid
+SlurmdPidFile=$DIR/slurmd.%n.pid
+SlurmctldLogFile=$DIR/log/slurmctld.log
+SlurmdLogFile=$DIR/log/slurmd.%n.log
+JobCompType=jobcomp/filetxt
+JobCompLoc=$DIR/log/jobcomp.log
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+MinJobAge=600
+KillWait=5
+InactiveLimit=0
+SlurmctldTimeout=30
+SlurmdTimeout=30
+SchedulerType=sched/backfill
+SlurmdParameters=config_overrides
+EOF
+    for k in $(seq 1 "$NODES"); do
+        echo "NodeName=node$k NodeHostname=$(hostname) NodeAddr=127.0.0.1 Port=$((CTLD_PORT + k)) CPUs=$CPUS State=UNKNOWN" >>"$CONF"
+    done
+    echo "PartitionName=debug Nodes=node[1-$NODES] Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES" >>"$CONF"
+}
+
+stop() {
+    for pidfile in "$DIR"/slurmd.*.pid "$DIR"/slurmctld.pid; do
+        [ -f "$pidfile" ] || continue
+        kill "$(cat "$pidfile")" 2>/dev/null || true
+        rm -f "$pidfile"
+    done
+    pkill -f "slurmd -f $CONF" 2>/dev/null || true
+    pkill -f "slurmctld -f $CONF" 2>/dev/null || true
+    for _ in $(seq 1 30); do
+        pgrep -f "slurm(ctl)?d -f $CONF" >/dev/null || return 0
+        sleep 0.5
+    done
+    pkill -9 -f "slurm(ctl)?d -f $CONF" 2>/dev/null || true
+}
+
+start() {
+    install
+    stop
+    rm -rf "$DIR/state"
+    write_conf
+    : >"$DIR/log/jobcomp.log"  # job ids restart with a clean controller
+    export SLURM_CONF="$CONF"
+    slurmctld -f "$CONF" -c  # clean start: no jobs or node states from an earlier run
+    for k in $(seq 1 "$NODES"); do
+        slurmd -f "$CONF" -N "node$k"
+    done
+    for _ in $(seq 1 60); do
+        idle=$(sinfo -h -N -t idle -o %N 2>/dev/null | sort -u | wc -l)
+        scontrol update nodename="node[1-$NODES]" state=resume 2>/dev/null || true
+        if [ "$idle" -ge "$NODES" ]; then
+            echo "slurm cluster up: $NODES nodes idle"
+            echo "export SLURM_CONF=$CONF"
+            return 0
+        fi
+        sleep 1
+    done
+    echo "slurm cluster did not come up; logs in $DIR/log" >&2
+    tail -n 20 "$DIR"/log/*.log >&2 || true
+    return 1
+}
+
+case "${1:-}" in
+    start) start ;;
+    stop) stop; echo "stopped" ;;
+    status) SLURM_CONF="$CONF" sinfo -N ;;
+    *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+esac
