@@ -116,6 +116,17 @@ def test_smoke_sweep_end_to_end_then_resume(tmp_path: Path) -> None:
     with open(d / "logs" / "node0.log") as f:
         metas = [r for r in parse_records(f) if r["kind"] == "meta"]
     assert {tuple(m["mesh_shape"]) for m in metas} == {(2, 2)}
+    # The report of these results: charts exist, its scaling table holds the summaries' values.
+    report = subprocess.run([sys.executable, "-m", "analysis.report", str(tmp_path / "smoke")], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    out = tmp_path / "smoke" / "report"
+    for chart in ("throughput_vs_nodes", "efficiency_vs_nodes", "tflops_per_config", "memory_vs_nodes",
+                  "busbw_vs_size"):
+        assert (out / f"{chart}.png").stat().st_size > 5000 and (out / f"{chart}.svg").is_file()
+    scaling = pd.read_csv(out / "scaling.csv")
+    train = frame[frame.kind == "train"]
+    assert sorted(scaling["tokens/s"]) == pytest.approx(sorted(train.tokens_per_s), rel=1e-9)
     # Second invocation: everything is finished, nothing is launched.
     started = time.monotonic()
     again = sweep(tmp_path)

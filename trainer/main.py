@@ -72,7 +72,7 @@ def _versions(device: torch.device) -> dict[str, Any]:
         info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
         info["device_name"] = torch.cuda.get_device_name(device)
     else:
-        info["device_name"] = f"cpu ({platform.processor() or platform.machine()})"
+        info["device_name"] = "cpu"
     return info
 
 

@@ -1,0 +1,97 @@
+"""Load results for the report: a results root (several sweeps) or one sweep dir, never a traceback.
+
+Each sweep's rows come from its results table; where the table is missing or unreadable they are
+rebuilt from the run dirs' summaries. Unreadable summaries and runs without one are counted as notes.
+Rows of an older schema get the columns they lack as empty; a newer schema is reported as a note.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from bench import rundir
+from bench.schema import SCHEMA_VERSION, SUMMARY_COLUMNS
+
+
+class NoResults(Exception):
+    """Nothing to report on; the message says what to do."""
+
+
+@dataclass
+class Loaded:
+    frame: pd.DataFrame
+    sweeps: list[Path]
+    notes: list[str] = field(default_factory=list)
+
+
+def sweep_dirs(path: Path) -> list[Path]:
+    """`path` itself if it is a sweep dir, else its sweep dirs (one level down)."""
+    def is_sweep(p: Path) -> bool:
+        return (p / rundir.RUNS_DIR).is_dir() or (p / rundir.RESULTS_CSV).is_file() or (
+            p / rundir.RESULTS_PARQUET).is_file()
+    if is_sweep(path):
+        return [path]
+    return sorted(p for p in path.iterdir() if p.is_dir() and is_sweep(p)) if path.is_dir() else []
+
+
+def _table(sweep: Path, notes: list[str]) -> pd.DataFrame | None:
+    for name, reader in ((rundir.RESULTS_PARQUET, pd.read_parquet), (rundir.RESULTS_CSV, pd.read_csv)):
+        path = sweep / name
+        if path.is_file():
+            try:
+                return reader(path)
+            except Exception as e:  # truncated or foreign file: fall back to the run dirs
+                notes.append(f"{path}: unreadable ({type(e).__name__}); rebuilt from run dirs")
+    return None
+
+
+def _from_run_dirs(sweep: Path, notes: list[str]) -> pd.DataFrame:
+    rows, missing = [], 0
+    for d in rundir.iter_run_dirs(sweep):
+        summary = rundir.read_summary(d)
+        if summary is None:
+            missing += 1
+            continue
+        rows.append(summary.to_row())
+    if missing:
+        notes.append(f"{sweep.name}: {missing} run dir(s) without a readable summary (running, killed "
+                     "or corrupt) are not in the report")
+    return pd.DataFrame(rows)
+
+
+def load(path: Path) -> Loaded:
+    path = Path(path)
+    if not path.exists():
+        raise NoResults(f"{path} does not exist")
+    sweeps = sweep_dirs(path)
+    if not sweeps:
+        raise NoResults(f"no sweep results under {path}: run `python -m bench.sweep +sweep=smoke` first, "
+                        "or point at results/ or results/<sweep>")
+    notes: list[str] = []
+    frames = []
+    for sweep in sweeps:
+        frame = _table(sweep, notes)
+        if frame is None or frame.empty:
+            frame = _from_run_dirs(sweep, notes)
+        if not frame.empty:
+            frame["sweep"] = frame.get("sweep", pd.Series(sweep.name, index=frame.index)).fillna(sweep.name)
+            frames.append(frame)
+    if not frames:
+        raise NoResults(f"the sweeps under {path} have no finished runs yet")
+    frame = pd.concat(frames, ignore_index=True)
+    for column in SUMMARY_COLUMNS:  # an older schema lacks some columns
+        if column not in frame.columns:
+            frame[column] = None
+    versions = pd.to_numeric(frame["schema_version"], errors="coerce")
+    if (versions > SCHEMA_VERSION).any():
+        notes.append(f"some rows were written by a newer schema (v{int(versions.max())}); "
+                     f"this report knows v{SCHEMA_VERSION} and shows the columns it knows")
+    if (versions < SCHEMA_VERSION).any():
+        notes.append("some rows come from an older schema; columns it did not have are left empty")
+    numeric = [c for c in SUMMARY_COLUMNS if c.endswith(("_s", "_gib", "_gbs", "_w", "_pct", "per_gpu",
+                                                          "mfu", "hfu", "_first", "_last"))]
+    for column in numeric:
+        frame[column] = pd.to_numeric(frame[column], errors="coerce")
+    return Loaded(frame=frame, sweeps=sweeps, notes=notes)

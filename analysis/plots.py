@@ -1,0 +1,155 @@
+"""One function per figure. Each builds a matplotlib Figure object (no pyplot, no global state) and
+returns it, or None when the data has nothing to draw. Only ok runs are drawn; the status table shows the
+rest. Large studies are cut to the MAX_LINES best configurations, said in the title."""
+from __future__ import annotations
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from analysis.scaling import CONFIG, describe
+
+MAX_LINES = 12
+
+
+def _configs(agg: pd.DataFrame) -> list[tuple[dict, pd.DataFrame]]:
+    measured = agg[agg["tokens_per_s"].notna()]
+    groups = [(dict(zip(CONFIG, key)), g.sort_values("nodes"))
+              for key, g in measured.groupby(CONFIG, dropna=False)]
+    groups.sort(key=lambda kg: -kg[1]["tokens_per_s"].max())
+    return groups
+
+
+def _title(text: str, shown: int, total: int) -> str:
+    return text + (f" (best {shown} of {total} configurations)" if total > shown else "")
+
+
+def _node_axis(ax, nodes: pd.Series) -> None:
+    """Log-2 node axis labelled with the node counts themselves."""
+    ax.set_xscale("log", base=2)
+    ticks = sorted({int(n) for n in nodes.dropna()})
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("nodes")
+
+
+def _figure(width: float = 8, height: float = 5) -> Figure:
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def throughput_vs_nodes(agg: pd.DataFrame) -> Figure | None:
+    groups = _configs(agg)
+    if not groups:
+        return None
+    fig = _figure()
+    ax = fig.add_subplot()
+    for config, g in groups[:MAX_LINES]:
+        line, = ax.plot(g["nodes"], g["tokens_per_s"], marker="o", label=describe(config))
+        if g["tokens_per_s_min"].notna().all():
+            ax.fill_between(g["nodes"], g["tokens_per_s_min"], g["tokens_per_s_max"], alpha=0.15,
+                            color=line.get_color())
+        base = g.iloc[0]
+        ideal = base["tokens_per_s"] / base["nodes"] * g["nodes"]
+        ax.plot(g["nodes"], ideal, linestyle=":", color=line.get_color(), alpha=0.7)
+    ax.set_ylabel("tokens/s (whole job)")
+    _node_axis(ax, agg["nodes"])
+    ax.set_title(_title("Throughput vs nodes (dotted: ideal linear scaling)", min(len(groups), MAX_LINES),
+                        len(groups)))
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def efficiency_vs_nodes(agg: pd.DataFrame) -> Figure | None:
+    groups = [(c, g) for c, g in _configs(agg) if len(g) > 1]
+    if not groups:
+        return None
+    fig = _figure()
+    ax = fig.add_subplot()
+    for config, g in groups[:MAX_LINES]:
+        ax.plot(g["nodes"], 100 * g["scaling_efficiency"], marker="o", label=describe(config))
+    ax.axhline(100, color="grey", linestyle=":")
+    ax.set_ylabel("scaling efficiency (%)")
+    _node_axis(ax, agg["nodes"])
+    ax.set_title(_title("Scaling efficiency by strategy", min(len(groups), MAX_LINES), len(groups)))
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def tflops_per_config(agg: pd.DataFrame) -> Figure | None:
+    measured = agg[agg["tflops_per_gpu"].notna()].sort_values("tflops_per_gpu", ascending=False)
+    if measured.empty:
+        return None
+    shown = measured.head(3 * MAX_LINES)
+    labels = [f"{describe(dict(r[CONFIG]))} n{int(r['nodes'])}" for _, r in shown.iterrows()]
+    fig = _figure(8, 1 + 0.3 * len(shown))
+    ax = fig.add_subplot()
+    ax.barh(range(len(shown)), shown["tflops_per_gpu"])
+    for i, (_, r) in enumerate(shown.iterrows()):
+        if pd.notna(r["mfu"]):
+            ax.text(r["tflops_per_gpu"], i, f" MFU {100 * r['mfu']:.1f}%", va="center", fontsize=7)
+    ax.set_yticks(range(len(shown)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("model TFLOPS per GPU")
+    ax.set_title(f"TFLOPS per GPU ({len(shown)} of {len(measured)} configurations)")
+    return fig
+
+
+def _memory_column(agg: pd.DataFrame) -> str | None:
+    for column in ("mem_peak_alloc_gib", "nvml_mem_used_gib", "mem_rss_gib"):
+        if agg[column].notna().any():
+            return column
+    return None
+
+
+def memory_vs_nodes(agg: pd.DataFrame) -> Figure | None:
+    column = _memory_column(agg)
+    groups = _configs(agg)
+    if column is None or not groups:
+        return None
+    fig = _figure()
+    ax = fig.add_subplot()
+    for config, g in groups[:MAX_LINES]:
+        ax.plot(g["nodes"], g[column], marker="o", label=describe(config))
+    ax.set_ylabel({"mem_peak_alloc_gib": "peak allocated (GiB/GPU, torch)",
+                   "nvml_mem_used_gib": "memory used (GiB/GPU, NVML)",
+                   "mem_rss_gib": "host RSS peak (GiB/process, CPU run)"}[column])
+    _node_axis(ax, agg["nodes"])
+    ax.set_title(_title("Memory per GPU vs nodes", min(len(groups), MAX_LINES), len(groups)))
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def busbw_vs_size(sizes: pd.DataFrame) -> Figure | None:
+    if sizes.empty:
+        return None
+    fig = _figure()
+    ax = fig.add_subplot()
+    for (nodes, efa), g in sizes.groupby(["nodes", "efa_per_node"]):
+        ax.plot(g["size_bytes"], g["busbw_gbs"], marker=".", label=f"{int(nodes)} nodes, {int(efa)} EFA")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("all-reduce bus bandwidth (GB/s)")
+    ax.set_title("All-reduce bus bandwidth vs message size")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def estimate_vs_measured(agg: pd.DataFrame) -> Figure | None:
+    column = "mem_peak_reserved_gib" if agg["mem_peak_reserved_gib"].notna().any() else None
+    if column is None:
+        return None  # CPU runs have no device memory to compare with
+    both = agg[agg[column].notna() & agg["est_mem_gib"].notna()]
+    if both.empty:
+        return None
+    fig = _figure(6, 6)
+    ax = fig.add_subplot()
+    ax.scatter(both["est_mem_gib"], both[column])
+    top = float(max(both["est_mem_gib"].max(), both[column].max())) * 1.1
+    ax.plot([0, top], [0, top], color="grey", linestyle=":")
+    ax.set_xlabel("planner estimate (GiB/GPU)")
+    ax.set_ylabel("measured peak reserved (GiB/GPU)")
+    ax.set_title("Memory: planner estimate vs measured")
+    return fig

@@ -1,0 +1,204 @@
+"""`python -m analysis.report PATH [--out DIR]`: tables and charts from a results root or one sweep dir.
+
+Writes report.md, report.html (tables and charts together), one CSV per table and PNG+SVG charts to
+DIR (default PATH/report). Missing or broken input gives one line on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import html
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from analysis import plots
+from analysis.load import Loaded, NoResults, load
+from analysis.scaling import (aggregate, ablation, missing_baselines, nccl_sizes, nccl_summary,
+                              status_table)
+
+DEFINITIONS = """\
+- **tokens/s**: global tokens per second of the whole job, from the median step time of the steady-state
+  window (warm-up steps excluded); spread = min/max over repeats and the std of step times.
+- **TFLOPS/GPU** (model): training FLOPs per token 6*N + 12*L*H*Q*T (N = parameters without the input
+  embedding, L layers, H heads, Q head dim, T sequence length; the torchtitan / llm-foundry convention)
+  times tokens/s, divided by the GPUs.
+- **MFU** = model TFLOPS/GPU / the GPU's dense peak for the compute dtype (bench/hardware.py, no sparsity).
+  **HFU** also counts the forward recompute of activation checkpointing. CPU runs have no MFU.
+- **Scaling efficiency** at n nodes = (tokens/s at n / n) / (tokens/s at base / base), base = the smallest
+  node count with an ok run of the same configuration.
+- **busbw** (all-reduce) = algbw * 2(n-1)/n with algbw = bytes / time (nccl-tests' definition);
+  avg busbw = mean over message sizes (and placements), as nccl-tests' "Avg bus bandwidth" line.
+- Memory: peak allocated/reserved by torch per GPU (max over ranks), NVML memory used (max over GPUs and
+  samples); on CPU, the host RSS peak per process.
+"""
+
+SCALING_COLUMNS = {
+    "sweep": "sweep", "model": "model", "sharding": "sharding", "precision": "precision",
+    "activation_checkpointing": "AC", "wrap_policy": "wrap", "micro_batch": "micro batch",
+    "seq_len": "seq len", "gpus_per_node": "GPUs/node", "nodes": "nodes", "status": "status",
+    "ok_runs": "ok runs", "tokens_per_s": "tokens/s", "tokens_per_s_min": "tokens/s min",
+    "tokens_per_s_max": "tokens/s max", "samples_per_s": "samples/s", "tflops_per_gpu": "TFLOPS/GPU",
+    "mfu": "MFU", "hfu": "HFU", "step_time_s": "step time (s)", "step_time_s_std": "step time std (s)",
+    "mem_peak_alloc_gib": "peak alloc (GiB/GPU)", "mem_peak_reserved_gib": "peak reserved (GiB/GPU)",
+    "nvml_mem_used_gib": "NVML used (GiB/GPU)", "mem_rss_gib": "host RSS (GiB/proc)",
+    "est_mem_gib": "estimate (GiB/GPU)", "scaling_efficiency": "scaling efficiency",
+    "base_nodes": "base nodes",
+}
+ABLATION_COLUMNS = {"factor": "factor", "baseline": "baseline", "optimised": "optimised", "model": "model",
+                    "nodes": "nodes", "baseline_tokens_per_s": "baseline tokens/s",
+                    "optimised_tokens_per_s": "optimised tokens/s", "gain_pct": "gain (%)",
+                    "baseline_mem_gib": "baseline mem (GiB/GPU)", "optimised_mem_gib": "optimised mem (GiB/GPU)"}
+NCCL_COLUMNS = {"sweep": "sweep", "cluster": "cluster", "nodes": "nodes", "gpus_per_node": "GPUs/node",
+                "efa_per_node": "EFA/node", "runs": "runs", "ok_runs": "ok runs", "transport": "transport",
+                "busbw_avg_gbs": "avg busbw (GB/s)", "busbw_max_gbs": "max busbw (GB/s)",
+                "busbw_max_gbs_min": "max busbw min (GB/s)", "busbw_max_gbs_max": "max busbw max (GB/s)",
+                "algbw_max_gbs": "max algbw (GB/s)"}
+FIGURES = {
+    "throughput_vs_nodes": ("Throughput vs nodes", plots.throughput_vs_nodes, "agg"),
+    "efficiency_vs_nodes": ("Scaling efficiency vs nodes", plots.efficiency_vs_nodes, "agg"),
+    "tflops_per_config": ("TFLOPS per GPU", plots.tflops_per_config, "agg"),
+    "memory_vs_nodes": ("Memory per GPU vs nodes", plots.memory_vs_nodes, "agg"),
+    "busbw_vs_size": ("All-reduce bus bandwidth vs message size", plots.busbw_vs_size, "sizes"),
+    "estimate_vs_measured": ("Memory estimate vs measured", plots.estimate_vs_measured, "agg"),
+}
+
+
+def _fmt(value: object) -> str:
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e5 else f"{value:,.0f}"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(frame: pd.DataFrame) -> str:
+    if frame.empty:
+        return "_none_\n"
+    header = "| " + " | ".join(map(str, frame.columns)) + " |"
+    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
+    body = ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join([header, rule, *body]) + "\n"
+
+
+def _present(frame: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
+    keep = [c for c in columns if c in frame.columns and (frame[c].notna().any() or c in ("status",))]
+    return frame[keep].rename(columns=columns)
+
+
+def provenance(frame: pd.DataFrame) -> list[str]:
+    def values(column: str) -> str:
+        found = sorted({str(v) for v in frame[column].dropna().unique()}) if column in frame else []
+        return ", ".join(found[:8]) + (" ..." if len(found) > 8 else "") if found else "unknown"
+    return [f"sweeps: {values('sweep')}", f"clusters: {values('cluster')}", f"devices: {values('device_name')}",
+            f"torch: {values('torch_version')}", f"git revision: {values('git_rev')}",
+            f"hosts: {values('host')}", f"node counts: {values('nodes')}",
+            f"runs: {len(frame)} ({', '.join(f'{k} {v}' for k, v in frame['status'].value_counts().items())})",
+            f"generated: {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}"]
+
+
+def build(loaded: Loaded, out: Path) -> Path:
+    """Write every table, chart and the two report pages; returns the Markdown path."""
+    out.mkdir(parents=True, exist_ok=True)
+    frame = loaded.frame
+    agg = aggregate(frame)
+    tables = {"scaling": _present(agg, SCALING_COLUMNS), "ablation": _present(ablation(agg), ABLATION_COLUMNS),
+              "nccl": _present(nccl_summary(frame), NCCL_COLUMNS), "status": status_table(frame)}
+    sizes = nccl_sizes(frame)
+    if not sizes.empty:
+        tables["nccl_sizes"] = sizes.pivot_table(index="size_bytes", columns=["nodes", "efa_per_node"],
+                                                 values="busbw_gbs")
+        tables["nccl_sizes"].columns = [f"busbw (GB/s) {int(n)} nodes {int(e)} EFA"
+                                        for n, e in tables["nccl_sizes"].columns]
+        tables["nccl_sizes"] = tables["nccl_sizes"].reset_index().rename(columns={"size_bytes": "size (B)"})
+    for name, table in tables.items():
+        table.to_csv(out / f"{name}.csv", index=False)
+    charts = {}
+    for name, (title, make, source) in FIGURES.items():
+        fig = make(agg if source == "agg" else sizes)
+        if fig is not None:
+            for ext in ("png", "svg"):
+                fig.savefig(out / f"{name}.{ext}", dpi=110)
+            charts[name] = title
+    notes = loaded.notes + missing_baselines(agg)
+    sections = _sections(frame, tables, charts, notes)
+    md = out / "report.md"
+    md.write_text(_markdown(sections))
+    (out / "report.html").write_text(_html(sections))
+    return md
+
+
+def _sections(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], charts: dict[str, str],
+              notes: list[str]) -> list[tuple[str, object]]:
+    ok = int((frame["status"] == "ok").sum())
+    sections: list[tuple[str, object]] = [("Provenance", provenance(frame)), ("Definitions", DEFINITIONS)]
+    if notes:
+        sections.append(("Notes", notes))
+    if ok == 0:
+        sections.append(("No successful runs", ["every run failed or was pruned: see the run status table"]))
+    sections.append(("Scaling (per configuration and node count)", tables["scaling"]))
+    if not tables["ablation"].empty:
+        sections.append(("Ablation (throughput gain of each optimisation over its baseline)", tables["ablation"]))
+    if not tables["nccl"].empty:
+        sections.append(("NCCL all-reduce by node count and EFA count", tables["nccl"]))
+    if "nccl_sizes" in tables:
+        sections.append(("NCCL all-reduce bus bandwidth per message size", tables["nccl_sizes"]))
+    sections.append((f"Run status ({ok} ok of {len(frame)}; not ok below)", tables["status"]))
+    for name, title in charts.items():
+        sections.append((title, ("chart", name)))
+    return sections
+
+
+def _markdown(sections: list[tuple[str, object]]) -> str:
+    parts = ["# FSDP scaling report\n"]
+    for title, body in sections:
+        parts.append(f"## {title}\n")
+        if isinstance(body, pd.DataFrame):
+            parts.append(markdown_table(body))
+        elif isinstance(body, tuple):
+            parts.append(f"![{title}]({body[1]}.png)\n")
+        elif isinstance(body, list):
+            parts.append("\n".join(f"- {line}" for line in body) + "\n")
+        else:
+            parts.append(str(body))
+    return "\n".join(parts)
+
+
+def _html(sections: list[tuple[str, object]]) -> str:
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>FSDP scaling report</title>",
+             "<style>body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;"
+             "font-size:12px}td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}"
+             "th{background:#eee}img{max-width:100%}</style></head><body><h1>FSDP scaling report</h1>"]
+    for title, body in sections:
+        parts.append(f"<h2>{html.escape(title)}</h2>")
+        if isinstance(body, pd.DataFrame):
+            parts.append(body.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}")
+                         if not body.empty else "<p><i>none</i></p>")
+        elif isinstance(body, tuple):
+            parts.append(f"<img src='{body[1]}.svg' alt='{html.escape(title)}'>")
+        elif isinstance(body, list):
+            parts.append("<ul>" + "".join(f"<li>{html.escape(str(b))}</li>" for b in body) + "</ul>")
+        else:
+            parts.append("<pre>" + html.escape(str(body)) + "</pre>")
+    return "\n".join(parts) + "</body></html>\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__)
+    parser.add_argument("path", type=Path, help="results root (results/) or one sweep dir")
+    parser.add_argument("--out", type=Path, default=None, help="output dir (default PATH/report)")
+    args = parser.parse_args(argv)
+    try:
+        loaded = load(args.path)
+    except NoResults as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    md = build(loaded, args.out or args.path / "report")
+    print(f"report: {md} and {md.with_suffix('.html')} ({len(loaded.frame)} runs from "
+          f"{len(loaded.sweeps)} sweep(s))")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

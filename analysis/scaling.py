@@ -1,0 +1,162 @@
+"""Scaling math on the results table: repeats aggregated, efficiency, ablation gains, NCCL tables.
+
+Scaling efficiency at n nodes = (throughput_n / n) / (throughput_base / base_nodes), base = the smallest
+node count with an ok run of the same configuration (DESIGN.md). Repeats are aggregated by median,
+with min and max kept as the spread. Only ok runs contribute numbers; failed runs stay visible in the
+status table and as a status per configuration, never as zeros.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+CONFIG = ["sweep", "cluster", "model", "gpus_per_node", "sharding", "precision", "activation_checkpointing",
+          "wrap_policy", "micro_batch", "seq_len", "efa_per_node"]
+METRICS = {  # column -> how repeats are combined (all by median; spread from min/max)
+    "tokens_per_s": "median", "tokens_per_s_per_gpu": "median", "samples_per_s": "median",
+    "tflops_per_gpu": "median", "mfu": "median", "hfu": "median", "step_time_s": "median",
+    "mem_peak_alloc_gib": "max", "mem_peak_reserved_gib": "max", "nvml_mem_used_gib": "max",
+    "mem_rss_gib": "max", "est_mem_gib": "max",
+}
+ABLATION_FACTORS = {  # factor -> (baseline value(s), optimised value)
+    "precision": (("fp32",), "bf16_mixed"),
+    "activation_checkpointing": (("none",), "full"),
+    "wrap_policy": (("whole_model",), "transformer_block"),
+    "sharding": (("NO_SHARD", "SHARD_GRAD_OP"), "FULL_SHARD"),
+}
+
+
+def train_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[frame["kind"] == "train"]
+
+
+def aggregate(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per configuration and node count: medians of ok repeats, spread, and run counts."""
+    train = train_rows(frame)
+    if train.empty:
+        return pd.DataFrame(columns=[*CONFIG, "nodes", "runs", "ok_runs", "status"])
+    keys = CONFIG + ["nodes"]
+    ok = train[train["status"] == "ok"]
+    out = train.groupby(keys, dropna=False).agg(
+        runs=("run_id", "count"), ok_runs=("status", lambda s: int((s == "ok").sum())),
+        status=("status", lambda s: "ok" if (s == "ok").all() else ",".join(sorted(set(s))))).reset_index()
+    if not ok.empty:
+        stats = ok.groupby(keys, dropna=False).agg(
+            **{c: (c, how) for c, how in METRICS.items()},
+            tokens_per_s_min=("tokens_per_s", "min"), tokens_per_s_max=("tokens_per_s", "max"),
+            step_time_s_std=("step_time_s_std", "median")).reset_index()
+        out = out.merge(stats, on=keys, how="left")
+    else:
+        for c in [*METRICS, "tokens_per_s_min", "tokens_per_s_max", "step_time_s_std"]:
+            out[c] = np.nan
+    return add_efficiency(out).sort_values(keys, ignore_index=True)
+
+
+def add_efficiency(agg: pd.DataFrame) -> pd.DataFrame:
+    """Scaling efficiency and speedup per configuration against its smallest measured node count."""
+    agg = agg.copy()
+    agg["base_nodes"] = np.nan
+    agg["scaling_efficiency"] = np.nan
+    agg["speedup"] = np.nan
+    for _, idx in agg.groupby(CONFIG, dropna=False).groups.items():
+        group = agg.loc[idx]
+        measured = group[group["tokens_per_s"].notna()]
+        if measured.empty:
+            continue
+        base = measured.loc[measured["nodes"].idxmin()]
+        per_node_base = base["tokens_per_s"] / base["nodes"]
+        agg.loc[idx, "base_nodes"] = base["nodes"]
+        agg.loc[idx, "scaling_efficiency"] = group["tokens_per_s"] / group["nodes"] / per_node_base
+        agg.loc[idx, "speedup"] = group["tokens_per_s"] / base["tokens_per_s"]
+    return agg
+
+
+def missing_baselines(agg: pd.DataFrame) -> list[str]:
+    """Configurations whose smallest planned node count has no ok run, in words."""
+    notes = []
+    for key, group in agg.groupby(CONFIG, dropna=False):
+        smallest = group.loc[group["nodes"].idxmin()]
+        if pd.isna(smallest["tokens_per_s"]):
+            base = group["base_nodes"].dropna()
+            where = (f"efficiency is relative to {int(base.iloc[0])} nodes instead" if len(base)
+                     else "no efficiency can be given")
+            notes.append(f"{describe(dict(zip(CONFIG, key)))}: no ok run at {int(smallest['nodes'])} "
+                         f"node(s) ({smallest['status']}); {where}")
+    return notes
+
+
+def describe(config: dict) -> str:
+    ac = {"none": "no AC", "full": "full AC", "selective": "selective AC"}.get(config["activation_checkpointing"],
+                                                                              config["activation_checkpointing"])
+    return (f"{config['model']} {config['sharding']} {config['precision']} {ac} "
+            f"{config['wrap_policy']} mb{config['micro_batch']} s{config['seq_len']}")
+
+
+def ablation(agg: pd.DataFrame) -> pd.DataFrame:
+    """Throughput gain of each optimisation over the run that differs from it in that factor only."""
+    rows = []
+    keys = CONFIG + ["nodes"]
+    measured = agg[agg["tokens_per_s"].notna()]
+    index = {tuple(r[k] for k in keys): r for _, r in measured.iterrows()}
+    for factor, (baselines, optimised) in ABLATION_FACTORS.items():
+        pos = keys.index(factor)
+        for key, row in index.items():
+            if key[pos] != optimised:
+                continue
+            for baseline in baselines:
+                other = index.get(key[:pos] + (baseline,) + key[pos + 1:])
+                if other is None:
+                    continue
+                rows.append({"factor": factor, "baseline": baseline, "optimised": optimised,
+                             "model": row["model"], "nodes": row["nodes"],
+                             "baseline_tokens_per_s": other["tokens_per_s"],
+                             "optimised_tokens_per_s": row["tokens_per_s"],
+                             "gain_pct": 100.0 * (row["tokens_per_s"] / other["tokens_per_s"] - 1.0),
+                             "baseline_mem_gib": other.get("mem_peak_alloc_gib"),
+                             "optimised_mem_gib": row.get("mem_peak_alloc_gib")})
+    return pd.DataFrame(rows)
+
+
+def nccl_summary(frame: pd.DataFrame) -> pd.DataFrame:
+    """Avg and max bus bandwidth by node count and EFA count (median over ok repeats)."""
+    probes = frame[frame["kind"] == "nccl"]
+    if probes.empty:
+        return pd.DataFrame()
+    ok = probes[probes["status"] == "ok"]
+    keys = ["sweep", "cluster", "nodes", "gpus_per_node", "efa_per_node"]
+    out = probes.groupby(keys, dropna=False).agg(
+        runs=("run_id", "count"), ok_runs=("status", lambda s: int((s == "ok").sum())),
+        transport=("nccl_transport", lambda s: ",".join(sorted({str(v) for v in s.dropna()})) or None)
+    ).reset_index()
+    if not ok.empty:
+        stats = ok.groupby(keys, dropna=False).agg(
+            busbw_avg_gbs=("nccl_busbw_avg_gbs", "median"), busbw_max_gbs=("nccl_busbw_max_gbs", "median"),
+            busbw_max_gbs_min=("nccl_busbw_max_gbs", "min"), busbw_max_gbs_max=("nccl_busbw_max_gbs", "max"),
+            algbw_max_gbs=("nccl_algbw_max_gbs", "median")).reset_index()
+        out = out.merge(stats, on=keys, how="left")
+    return out
+
+
+def nccl_sizes(frame: pd.DataFrame) -> pd.DataFrame:
+    """Bus bandwidth per message size (median over repeats and placements) by nodes and EFA count."""
+    rows = []
+    for _, r in frame[(frame["kind"] == "nccl") & (frame["status"] == "ok")].iterrows():
+        extra = json.loads(r["extra"]) if isinstance(r.get("extra"), str) else {}
+        for s in extra.get("sizes", []):
+            rows.append({"nodes": r["nodes"], "efa_per_node": r["efa_per_node"], "size_bytes": s["size"],
+                         "busbw_gbs": s["busbw"], "algbw_gbs": s["algbw"], "time_us": s["time_us"]})
+    if not rows:
+        return pd.DataFrame(columns=["nodes", "efa_per_node", "size_bytes", "busbw_gbs", "algbw_gbs", "time_us"])
+    sizes = pd.DataFrame(rows)
+    return sizes.groupby(["nodes", "efa_per_node", "size_bytes"], as_index=False).median()
+
+
+def status_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Every run that is not ok, with its error line; ok runs are counted in the header."""
+    cols = ["sweep", "kind", "model", "nodes", "sharding", "precision", "activation_checkpointing", "status",
+            "error", "run_id"]
+    bad = frame[frame["status"] != "ok"][cols].copy()
+    bad["error"] = bad["error"].fillna("").astype(str).str.slice(0, 200)
+    return bad.sort_values(["status", "sweep", "model", "nodes"], ignore_index=True)
