@@ -1,0 +1,143 @@
+"""The nccl-tests parser on the real outputs in ../shared/data/nccl-tests (see its README for sources).
+
+Expected values are read off the tables by hand (row counts, first/last rows, maxima); the Avg bus
+bandwidth check recomputes nccl-tests' own definition from the parsed rows.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.schema import RunSpec
+from nccl.parse import parse, parse_all, parse_json, strip_prefix
+from nccl.records import check_transport, records_from_output
+
+COMPLETE = ["sample_01.txt", "sample_05.txt", "sample_06.txt", "sample_07.txt", "sample_08.txt",
+            "sample_09.txt"]
+
+
+def text(shared_data, name: str) -> str:
+    return (shared_data / "nccl-tests" / name).read_text()
+
+
+@pytest.mark.parametrize("name", COMPLETE)
+def test_mean_of_parsed_busbw_reproduces_the_avg_line(shared_data, name: str) -> None:
+    r = parse(text(shared_data, name))
+    assert r.status == "ok" and r.complete
+    assert r.avg_busbw == pytest.approx(r.avg_busbw_printed, abs=0.011)
+
+
+def test_srun_prefixed_table_without_footer(shared_data) -> None:
+    r = parse(text(shared_data, "sample_02.txt"))  # lines start with "0: " (srun -l)
+    assert len(r.rows) == 2 * 29  # 8 B .. 2 GiB, out-of-place and in-place
+    first = r.rows[0]
+    assert (first.size, first.count, first.dtype, first.redop, first.root, first.placement) == (
+        8, 2, "float", "sum", -1, "out-of-place")
+    assert (first.time_us, first.algbw, first.busbw, first.wrong) == (164.3, 0.0, 0.0, 0)
+    last_in = r.rows[-1]
+    assert (last_in.size, last_in.placement, last_in.time_us, last_in.busbw) == (
+        2147483648, "in-place", 51406.0, 78.33)
+    assert r.busbw_max == 78.33
+    assert r.status == "truncated"  # no Avg line: the excerpt stops at the table
+    assert r.inferred_ranks() == 16  # 78.33 / 41.78 = 2 * 15 / 16
+
+
+def test_mpirun_tags_and_nccl_info_inside_the_table(shared_data) -> None:
+    r = parse(text(shared_data, "sample_01.txt"))  # [1,0]<stdout>: prefixes, 2 ranks, NCCL 2.12
+    assert len(r.rows) == 62 and r.ranks == 2
+    assert all(row.busbw == row.algbw for row in r.rows)  # 2(n-1)/n = 1 for two ranks
+    assert r.rows[0].size == 0 and r.rows[-1].size == 1073741824
+    assert r.nccl_version == "2.12.7+cuda11.4"
+    assert r.network == "AWS Libfabric"
+    assert any("Selected Provider is efa" in e for e in r.transport_evidence)
+
+
+def test_pre_2_13_layout_with_error_column(shared_data) -> None:
+    r = parse(text(shared_data, "sample_08.txt"))  # size count type redop time algbw busbw error
+    assert len(r.rows) == 2 * 13
+    row = r.rows[0]
+    assert (row.size, row.redop, row.root, row.time_us, row.busbw, row.error, row.wrong) == (
+        1048576, "sum", None, 135.3, 15.02, 7e-07, None)
+    assert r.busbw_max == 191.56 and r.avg_busbw_printed == 113.289
+
+
+def test_2_17_and_2_18_version_headers(shared_data) -> None:
+    r18 = parse(text(shared_data, "sample_09.txt"))
+    assert r18.tests_version == "2.18.3" and r18.ranks == 8 and len(r18.rows) == 2 * 28
+    assert r18.rows[0].dtype == "int8" and r18.busbw_max == 107.63
+    assert r18.config["iters"] == "20" and r18.config["maxBytes"] == "134217728"
+
+
+def test_wrong_results_and_missing_footer(shared_data) -> None:
+    r = parse(text(shared_data, "sample_10.txt"))  # 2.17.9, validation errors from 2 MB up
+    assert r.tests_version == "2.17.9" and r.status == "wrong_results"
+    row = next(x for x in r.rows if x.size == 2097152 and x.placement == "out-of-place")
+    assert row.wrong == 18134
+    assert r.wrong_total == (18134 + 9609 + 96817 + 124342 + 763876 + 530181 + 404221 + 103664 + 951005
+                             + 820604 + 113492 + 0)
+
+
+@pytest.mark.parametrize("name", ["sample_04.txt", "sample_14.txt", "sample_15.txt"])
+def test_excerpts_whose_rows_do_not_reproduce_the_avg_are_truncated(shared_data, name: str) -> None:
+    r = parse(text(shared_data, name))
+    assert r.rows and r.avg_busbw_printed is not None
+    assert r.status == "truncated"
+
+
+def test_single_large_message_excerpt(shared_data) -> None:
+    r = parse(text(shared_data, "sample_14.txt"))
+    assert [(x.size, x.placement, x.busbw) for x in r.rows] == [
+        (2147483648, "out-of-place", 468.60), (2147483648, "in-place", 468.62)]
+
+
+def test_crash_mid_table(shared_data) -> None:
+    full = text(shared_data, "sample_06.txt")
+    cut = full[: full.index("   134217728      33554432") + 40]  # dies while printing a row
+    r = parse(cut)
+    assert r.status == "truncated" and r.rows[-1].size == 67108864
+    assert len(r.rows) == 2 * 24  # 8 B .. 64 MiB; the half-written row is dropped
+
+
+def test_concatenated_logs_give_one_result_each(shared_data) -> None:
+    results = parse_all(text(shared_data, "sample_06.txt") + text(shared_data, "sample_09.txt"))
+    assert [len(r.rows) for r in results] == [62, 56]
+    assert [r.status for r in results] == ["ok", "ok"]
+
+
+def test_json_output(shared_data) -> None:
+    """-J output in nccl-tests' JSON layout, carrying the rows of a real table."""
+    table = parse(text(shared_data, "sample_06.txt"))
+    pairs = list(zip(table.rows[0::2], table.rows[1::2]))
+    doc = {"config": {"nthreads": 1, "ngpus": 1, "devices": [{"rank": i} for i in range(16)]},
+           "nccl_version": 21903, "results": [
+               {"size": o.size, "count": o.count, "type": o.dtype, "redop": o.redop, "root": "    -1",
+                "out_of_place": {"time": o.time_us, "alg_bw": o.algbw, "bus_bw": o.busbw, "nwrong": o.wrong},
+                "in_place": {"time": i.time_us, "alg_bw": i.algbw, "bus_bw": i.busbw, "nwrong": i.wrong},
+                "actual_iterations": 20, "experiment_name": "all_reduce"} for o, i in pairs],
+           "out_of_bounds": {"count": 0, "okay": True},
+           "average_bus_bandwidth": {"bandwidth": table.avg_busbw_printed, "okay": "unchecked"}, "errors": []}
+    r = parse_json(json.dumps(doc))
+    assert r.rows == table.rows and r.ranks == 16 and r.nccl_version == "2.19.3"
+    assert r.status == "ok"
+
+
+def test_prefixes_are_stripped() -> None:
+    assert strip_prefix("[1,0]<stdout>:  8  2 float") == "  8  2 float"
+    assert strip_prefix("12:           8") == "          8"
+    assert strip_prefix("2026-11-22T16:20:11.123456Z # Avg bus bandwidth : 1") == "# Avg bus bandwidth : 1"
+    assert strip_prefix("\x1b[32m# Avg\x1b[0m") == "# Avg"
+
+
+def test_records_and_transport_check(shared_data) -> None:
+    out = text(shared_data, "sample_01.txt")
+    efa = RunSpec(kind="nccl", model="none", nodes=2, gpus_per_node=1, efa_per_node=1)
+    records = records_from_output(out, efa)
+    summary = records[-1]
+    assert summary["kind"] == "summary" and summary["status"] == "ok"
+    assert summary["busbw_avg_gbs"] == 1.15327 and summary["transport"] == "AWS Libfabric"
+    assert len(records) == 63
+    assert check_transport(summary, efa, out)["status"] == "ok"
+    socket = RunSpec(kind="nccl", model="none", nodes=2, gpus_per_node=1, efa_per_node=0)
+    flagged = check_transport(summary, socket, out)
+    assert flagged["status"] == "nccl_error" and "Socket" in flagged["error"]
