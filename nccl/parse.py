@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 STATUSES = ("ok", "wrong_results", "truncated", "failed")
 PLACEMENTS = ("out-of-place", "in-place")
@@ -40,8 +40,7 @@ _FALLBACK_LAYOUTS = {  # token count of a full row -> header columns
 }
 
 
-@dataclass(frozen=True)
-class NcclRow:
+class NcclRow(NamedTuple):
     size: int  # bytes
     count: int  # elements
     dtype: str
@@ -130,14 +129,29 @@ def strip_prefix(line: str) -> str:
     return line[m.end():] if m else line
 
 
-def _layout(columns: list[str]) -> tuple[list[str], list[list[str]]] | None:
-    """Split header columns into the row prefix and one column group per placement."""
-    if "time" not in columns and "cputime" not in columns:
-        return None
-    first = next(i for i, c in enumerate(columns) if c in ("time", "cputime"))
-    rest = columns[first:]
-    half = len(rest) // 2
-    return columns[:first], [rest[:half], rest[half:]]
+@dataclass(frozen=True)
+class _Layout:
+    """Column positions of a data row, computed once per table header."""
+
+    prefix: dict[str, int]
+    groups: tuple[tuple[int, int, int, int | None, int | None], ...]  # time, algbw, busbw, #wrong, error
+    group_len: int
+
+    @classmethod
+    def from_columns(cls, columns: list[str]) -> _Layout | None:
+        if "time" not in columns and "cputime" not in columns:
+            return None
+        first = next(i for i, c in enumerate(columns) if c in ("time", "cputime"))
+        rest = columns[first:]
+        half = len(rest) // 2
+        groups = []
+        for offset in (first, first + half):
+            cols = columns[offset:offset + half]
+            if "algbw" not in cols or "busbw" not in cols:
+                return None
+            pos = {c: offset + i for i, c in enumerate(cols)}
+            groups.append((offset, pos["algbw"], pos["busbw"], pos.get("#wrong"), pos.get("error")))
+        return cls({c: i for i, c in enumerate(columns[:first])}, tuple(groups), half)
 
 
 def _number(token: str) -> float | None:
@@ -147,35 +161,38 @@ def _number(token: str) -> float | None:
         return None  # "N/A"
 
 
-def _row(tokens: list[str], prefix: list[str], groups: list[list[str]]) -> list[NcclRow]:
-    head = dict(zip(prefix, tokens))
-    body = tokens[len(prefix):]
-    group_len = len(groups[0])
-    placements = list(zip(PLACEMENTS, groups))
-    if len(body) == group_len:  # in-place only (trace replay)
-        placements = [("in-place", groups[1])]
-    elif len(body) != 2 * group_len:
+def _rows(tokens: list[str], layout: _Layout) -> list[NcclRow]:
+    """The out-of-place and in-place rows of one table line (none if the line is cut short)."""
+    body = len(tokens) - len(layout.prefix)
+    if body == 2 * layout.group_len:
+        groups = zip(PLACEMENTS, layout.groups)
+    elif body == layout.group_len:  # in-place only (trace replay): its columns sit where out-of-place's do
+        groups = [("in-place", layout.groups[0])]
+    else:
         return []
-    rows = []
-    for i, (placement, cols) in enumerate(placements):
-        values = dict(zip(cols, body[i * group_len:(i + 1) * group_len]))
-        time_us, algbw, busbw = (_number(values.get(k, "")) for k in (cols[0], "algbw", "busbw"))
-        if time_us is None or algbw is None or busbw is None:
+    pre = layout.prefix
+    size, count = int(tokens[0]), int(tokens[1])
+    dtype = tokens[pre["type"]] if "type" in pre else "?"
+    redop = tokens[pre["redop"]] if "redop" in pre else None
+    root = tokens[pre["root"]] if "root" in pre else None
+    root_value = int(root) if root is not None and root.lstrip("-").isdigit() else None
+    out = []
+    for placement, (ti, ai, bi, wi, ei) in groups:
+        try:
+            time_us, algbw, busbw = float(tokens[ti]), float(tokens[ai]), float(tokens[bi])
+        except ValueError:
             return []
-        root = head.get("root")
-        rows.append(NcclRow(size=int(head["size"]), count=int(head["count"]), dtype=head.get("type", "?"),
-                            redop=head.get("redop"), root=int(root) if root not in (None, "-") else None,
-                            placement=placement, time_us=time_us, algbw=algbw, busbw=busbw,
-                            wrong=_number(values["#wrong"]) if "#wrong" in values else None,
-                            error=_number(values["error"]) if "error" in values else None))
-    return rows
+        out.append(NcclRow(size, count, dtype, redop, root_value, placement, time_us, algbw, busbw,
+                           _number(tokens[wi]) if wi is not None else None,
+                           _number(tokens[ei]) if ei is not None else None))
+    return out
 
 
 def parse_all(text: str) -> list[NcclResult]:
     """Every nccl-tests run in a text stream, in order."""
     results: list[NcclResult] = []
     current = NcclResult()
-    layout: tuple[list[str], list[list[str]]] | None = None
+    layout: _Layout | None = None
     ranks_seen: set[int] = set()
 
     def close() -> None:
@@ -185,9 +202,10 @@ def parse_all(text: str) -> list[NcclResult]:
             results.append(current)
         current, ranks_seen = NcclResult(), set()
 
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
     for raw in text.splitlines():
-        line = strip_prefix(raw)
-        stripped = line.strip()
+        stripped = (strip_prefix(raw) if raw[:1] not in (" ", "#") else raw).strip()
         if not stripped:
             continue
         first = stripped[0]
@@ -195,16 +213,16 @@ def parse_all(text: str) -> list[NcclResult]:
             tokens = stripped.split()
             if tokens[0].isdigit() and len(tokens) > 1 and tokens[1].isdigit():
                 if layout is None and len(tokens) in _FALLBACK_LAYOUTS:
-                    layout = _layout(_FALLBACK_LAYOUTS[len(tokens)].split())
+                    layout = _Layout.from_columns(_FALLBACK_LAYOUTS[len(tokens)].split())
                 if layout:
-                    current.rows.extend(_row(tokens, *layout))
+                    current.rows.extend(_rows(tokens, layout))
                 continue
         if first == "#":
             body = stripped.lstrip("#").strip()
             if body.startswith("size") and " count" in body:
                 if current.rows:  # a second table in the same stream
                     close()
-                layout = _layout(body.split())
+                layout = _Layout.from_columns(body.split())
             elif body.startswith("Avg bus bandwidth"):
                 current.avg_busbw_printed = _number(body.split(":", 1)[1].split()[0])
             elif body.startswith("Out of bounds values"):

@@ -2,7 +2,6 @@
 with the transport NCCL really used checked against the run's EFA setting."""
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ def _summary(result: NcclResult, spec: RunSpec) -> dict[str, Any]:
             "busbw_avg_gbs": result.avg_busbw_printed if result.avg_busbw_printed is not None
             else result.avg_busbw, "busbw_max_gbs": result.busbw_max, "algbw_max_gbs": result.algbw_max,
             "transport": result.network, "transport_evidence": result.transport_evidence,
-            "sizes": [{k: r.__dict__[k] for k in ("size", "placement", "time_us", "algbw", "busbw", "wrong")}
+            "sizes": [{k: getattr(r, k) for k in ("size", "placement", "time_us", "algbw", "busbw", "wrong")}
                       for r in rows], "nccl_version": result.nccl_version}
 
 
@@ -42,7 +41,7 @@ def records_from_output(text: str, spec: RunSpec, json_text: str | None = None) 
     if json_text:  # the JSON has no NCCL INFO lines: take the transport from the text log
         text_result = parse(text)
         result.network, result.transport_evidence = text_result.network, text_result.transport_evidence
-    rows = [{"kind": "nccl", **asdict(r)} for r in result.rows]
+    rows = [{"kind": "nccl", **r._asdict()} for r in result.rows]
     return rows + [_summary(result, spec)]
 
 

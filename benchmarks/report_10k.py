@@ -1,0 +1,72 @@
+"""Report speed: a synthetic results tree of 10,000 runs (target: loaded and reported in < 20 s), and
+the report of real smoke results (target: < 10 s), each as a fresh `python -m analysis.report` process.
+
+    python benchmarks/report_10k.py [results/smoke]
+"""
+from __future__ import annotations
+
+import itertools
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench import rundir  # noqa: E402
+from bench.collect import write_results  # noqa: E402
+from bench.schema import RunSpec, RunSummary  # noqa: E402
+
+
+def synthesize(sweep_dir: Path, n_runs: int = 10_000) -> None:
+    """Run dirs with summaries (ok, with some failures) and the results table, as a sweep leaves them."""
+    rng = random.Random(0)
+    axes = itertools.product(["llama2_7b", "llama2_13b", "llama2_70b", "llama3_1_8b"],
+                             ["FULL_SHARD", "HYBRID_SHARD", "SHARD_GRAD_OP", "NO_SHARD"],
+                             ["bf16_mixed", "fp32"], ["none", "full"], [1, 2, 4, 8, 16], range(1000))
+    for model, sharding, precision, ac, nodes, repeat in itertools.islice(axes, n_runs):
+        spec = RunSpec(model=model, nodes=nodes, gpus_per_node=8, sharding=sharding, precision=precision,
+                       activation_checkpointing=ac, repeat=repeat, cluster="p5.48xlarge", seq_len=4096)
+        ok = rng.random() > 0.05
+        tps = 3000.0 * nodes * 8 * (0.9 ** (nodes.bit_length() - 1)) * rng.uniform(0.95, 1.05)
+        summary = RunSummary(run_id=spec.run_id, sweep=sweep_dir.name, status="ok" if ok else "oom", spec=spec,
+                             tokens_per_s=tps if ok else None, tflops_per_gpu=tps * 4e-11 if ok else None,
+                             mfu=tps * 4e-14 if ok else None, mem_peak_alloc_gib=40.0 if ok else None,
+                             est_mem_gib=38.0, step_time_s=1.0 if ok else None,
+                             error=None if ok else "OutOfMemoryError: CUDA out of memory")
+        d = rundir.run_dir(sweep_dir, spec)
+        rundir.write_summary(d, summary)
+    write_results(sweep_dir)
+
+
+def timed_report(path: Path, out: Path) -> float:
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "analysis.report", str(path), "--out", str(out)], cwd=ROOT, check=True,
+                   capture_output=True)
+    return time.perf_counter() - t0
+
+
+if __name__ == "__main__":
+    tmp = Path(tempfile.mkdtemp(prefix="fsdpbench-report-"))
+    try:
+        sweep = tmp / "synthetic"
+        t0 = time.perf_counter()
+        synthesize(sweep)
+        print(f"synthesized 10,000 runs in {time.perf_counter() - t0:.1f} s")
+        print(f"report of 10,000 runs (results table): {timed_report(sweep, tmp / 'r1'):.1f} s (target < 20 s)")
+        (sweep / rundir.RESULTS_PARQUET).unlink()
+        (sweep / rundir.RESULTS_CSV).unlink()
+        print(f"report of 10,000 runs (rebuilt from run dirs): {timed_report(sweep, tmp / 'r2'):.1f} s "
+              "(target < 20 s)")
+        smoke = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "results" / "smoke"
+        if smoke.is_dir():
+            times = sorted(timed_report(smoke, tmp / "r3") for _ in range(3))
+            print(f"report of {smoke}: median {times[1]:.1f} s over 3 (target < 10 s)")
+        else:
+            print(f"no smoke results at {smoke}: run `python -m bench.sweep +sweep=smoke` first")
+    finally:
+        shutil.rmtree(tmp)
