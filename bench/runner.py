@@ -100,13 +100,13 @@ def _launch(cfg: SweepConfig, planned: PlannedRun, launcher: Launcher, rd: Path,
     progress.start(spec.label)
     started = _now()
     _clear_previous_attempt(rd)
-    submission = launcher.render(spec, rd)
-    rundir.write_json(rd / rundir.SUBMISSION_DIR / "submission.json", submission.describe())
-    for name, content in submission.files.items():
-        rundir.atomic_write_text(rd / rundir.SUBMISSION_DIR / name, content)
     try:
+        submission = launcher.render(spec, rd)
+        rundir.write_json(rd / rundir.SUBMISSION_DIR / "submission.json", submission.describe())
+        for name, content in submission.files.items():
+            rundir.atomic_write_text(rd / rundir.SUBMISSION_DIR / name, content)
         handle = launcher.submit(submission, rd)
-    except Exception as e:  # sbatch refused, API rejected the job, binary missing ...
+    except Exception as e:  # invalid manifest, sbatch refused, API rejected the job, binary missing ...
         outcome = Outcome(returncodes=[], launch_error=f"{type(e).__name__}: {e}")
     else:
         outcome = launcher.wait(handle, cfg.launcher.timeout_s, stop)

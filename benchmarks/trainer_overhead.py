@@ -1,7 +1,7 @@
 """Instrumentation overhead of the worker: the same training loop with and without per-step metric
 records and the NVML sampler, run side by side in alternating pairs (target: median ratio <= 1.02).
 
-    python benchmarks/trainer_overhead.py [--pairs 4] [--model small_llama] [--nproc 2]
+    python benchmarks/trainer_overhead.py [--pairs 4] [--model tiny_llama] [--nproc 2]
 
 On a machine without GPU the sampler has nothing to sample (recorded as such), so the CPU figure covers
 the step records, memory queries and device synchronisation; on a GPU it includes the NVML thread.
@@ -23,7 +23,7 @@ from bench.schema import parse_records  # noqa: E402
 def run(model: str, nproc: int, instrument: bool, steps: int) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m",
            "trainer", "--model", model, "--gpus-per-node", str(nproc), "--steps", str(steps), "--warmup-steps",
-           "5", "--seq-len", "256", "--micro-batch", "2", "--nvml-interval-s", "0.1"]
+           "5", "--seq-len", "128", "--micro-batch", "2", "--nvml-interval-s", "0.1"]
     if not instrument:
         cmd.append("--no-instrument")
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout
@@ -33,9 +33,9 @@ def run(model: str, nproc: int, instrument: bool, steps: int) -> dict:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--pairs", type=int, default=4)
-    parser.add_argument("--model", default="small_llama")
+    parser.add_argument("--model", default="tiny_llama")
     parser.add_argument("--nproc", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=25)
+    parser.add_argument("--steps", type=int, default=40)
     args = parser.parse_args()
     ratios, on_times, off_times = [], [], []
     for i in range(args.pairs):

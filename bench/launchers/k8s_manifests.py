@@ -1,0 +1,142 @@
+"""Kubeflow manifests as pure functions: a PyTorchJob (kubeflow.org/v1) per training run, an MPIJob
+(kubeflow.org/v2beta1) per nccl-tests probe. Secrets are only ever referenced (secretKeyRef,
+imagePullSecrets), never inlined. The worker's stdout carries the metric records (no shared FS).
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from bench.config import ConfigError, SweepConfig
+from bench.launchers.base import fault_args
+from bench.schema import RunSpec
+
+GROUP = "kubeflow.org"
+PYTORCHJOB = {"group": GROUP, "version": "v1", "plural": "pytorchjobs", "kind": "PyTorchJob"}
+MPIJOB = {"group": GROUP, "version": "v2beta1", "plural": "mpijobs", "kind": "MPIJob"}
+RUN_ID_LABEL = "fsdpbench.io/run-id"
+SWEEP_LABEL = "fsdpbench.io/sweep"
+IMAGE_WORKDIR = "/workspace/fsdpbench"  # WORKDIR of the project's Dockerfile
+IMAGE_PYTHON = "python"
+NCCL_TESTS = "/opt/nccl-tests/build/all_reduce_perf"  # where the Dockerfile builds it
+MPIRUN = "mpirun"
+
+
+def job_name(spec: RunSpec) -> str:
+    """Stable DNS-1035 name of a run's job; submit appends an attempt suffix to make it unique."""
+    kind = "train" if spec.kind == "train" else "nccl"
+    return f"fsdpbench-{kind}-{spec.run_id}"
+
+
+def label_value(text: str) -> str:
+    """A Kubernetes label value: <= 63 chars of [A-Za-z0-9_.-], alphanumeric at both ends."""
+    value = re.sub(r"[^A-Za-z0-9_.-]", "-", text)[:63].strip("-_.")
+    return value or "none"
+
+
+def _labels(cfg: SweepConfig, spec: RunSpec) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "fsdpbench", SWEEP_LABEL: label_value(cfg.name),
+            RUN_ID_LABEL: spec.run_id}
+
+
+def _env(nccl: dict[str, str], cfg: SweepConfig) -> list[dict[str, Any]]:
+    env = [{"name": k, "value": v} for k, v in sorted(nccl.items())]
+    env += [{"name": "OMP_NUM_THREADS", "value": "1"}, {"name": "PYTHONUNBUFFERED", "value": "1"}]
+    if cfg.cluster.kubernetes.hf_token_secret:
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": cfg.cluster.kubernetes.hf_token_secret, "key": "token"}}})
+    return env
+
+
+def _resources(cfg: SweepConfig, spec: RunSpec) -> dict[str, Any]:
+    amounts: dict[str, Any] = {}
+    if cfg.cluster.gpu:
+        amounts["nvidia.com/gpu"] = spec.gpus_per_node
+    if spec.efa_per_node > 0:
+        amounts["vpc.amazonaws.com/efa"] = spec.efa_per_node
+    return {"limits": dict(amounts), "requests": dict(amounts)} if amounts else {}
+
+
+def _pod_spec(cfg: SweepConfig, spec: RunSpec, container: dict[str, Any], worker: bool) -> dict[str, Any]:
+    k = cfg.cluster.kubernetes
+    pod: dict[str, Any] = {"containers": [container], "restartPolicy": "Never"}
+    if worker:
+        pod["volumes"] = [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": k.shm_size}}]
+        container["volumeMounts"] = [{"name": "shm", "mountPath": "/dev/shm"}]
+        if cfg.cluster.instance_type != "local":
+            pod["nodeSelector"] = {k.instance_type_label: cfg.cluster.instance_type}
+    if k.image_pull_secret:
+        pod["imagePullSecrets"] = [{"name": k.image_pull_secret}]
+    if k.service_account:
+        pod["serviceAccountName"] = k.service_account
+    return pod
+
+
+def _image(cfg: SweepConfig) -> str:
+    if not cfg.cluster.kubernetes.image:
+        raise ConfigError(f"cluster {cfg.cluster.name}: set cluster.kubernetes.image to your worker image "
+                          "(build it from the Dockerfile in this repository)")
+    return cfg.cluster.kubernetes.image
+
+
+def pytorchjob(cfg: SweepConfig, spec: RunSpec, name: str) -> dict[str, Any]:
+    """One PyTorchJob: `nodes` Worker replicas, torchrun with c10d rendezvous from the elastic policy."""
+    from nccl.command import nccl_env
+    command = [IMAGE_PYTHON, "-m", "torch.distributed.run", f"--nnodes={spec.nodes}",
+               f"--nproc-per-node={spec.gpus_per_node}", "--rdzv-backend=c10d", "--max-restarts=0",
+               "-m", "trainer", *spec.to_argv(), *fault_args(cfg, spec)]
+    container = {"name": "pytorch", "image": _image(cfg), "imagePullPolicy": "IfNotPresent",
+                 "workingDir": IMAGE_WORKDIR, "command": command,
+                 "env": _env(nccl_env(spec.efa_per_node) if cfg.cluster.gpu else {}, cfg),
+                 "resources": _resources(cfg, spec)}
+    template = {"metadata": {"labels": _labels(cfg, spec)}, "spec": _pod_spec(cfg, spec, container, True)}
+    return {
+        "apiVersion": f"{GROUP}/{PYTORCHJOB['version']}", "kind": PYTORCHJOB["kind"],
+        "metadata": {"name": name, "namespace": cfg.cluster.kubernetes.namespace, "labels": _labels(cfg, spec)},
+        "spec": {
+            "nprocPerNode": str(spec.gpus_per_node),
+            "elasticPolicy": {"rdzvBackend": "c10d", "minReplicas": spec.nodes, "maxReplicas": spec.nodes,
+                              "maxRestarts": 0},
+            "runPolicy": {"activeDeadlineSeconds": int(cfg.launcher.timeout_s), "backoffLimit": 0,
+                          "cleanPodPolicy": "None"},
+            "pytorchReplicaSpecs": {"Worker": {"replicas": spec.nodes, "restartPolicy": "Never",
+                                               "template": template}},
+        },
+    }
+
+
+def mpijob(cfg: SweepConfig, spec: RunSpec, name: str) -> dict[str, Any]:
+    """One MPIJob: an mpirun launcher and `nodes` workers, one all_reduce_perf rank per GPU."""
+    from nccl.command import all_reduce_perf_argv, nccl_env
+    ranks = spec.nodes * spec.gpus_per_node
+    env = nccl_env(spec.efa_per_node)
+    command = [MPIRUN, "--allow-run-as-root", "--tag-output", "-np", str(ranks), "-N", str(spec.gpus_per_node),
+               "--bind-to", "none"]
+    for key in sorted(env):
+        command += ["-x", f"{key}={env[key]}"]
+    command += all_reduce_perf_argv(spec, binary=NCCL_TESTS)
+    image = _image(cfg)
+    launcher = {"name": "mpi-launcher", "image": image, "imagePullPolicy": "IfNotPresent", "command": command}
+    worker = {"name": "nccl-worker", "image": image, "imagePullPolicy": "IfNotPresent",
+              "resources": _resources(cfg, spec)}
+    labels = _labels(cfg, spec)
+    return {
+        "apiVersion": f"{GROUP}/{MPIJOB['version']}", "kind": MPIJOB["kind"],
+        "metadata": {"name": name, "namespace": cfg.cluster.kubernetes.namespace, "labels": labels},
+        "spec": {
+            "slotsPerWorker": spec.gpus_per_node,
+            "runPolicy": {"activeDeadlineSeconds": int(cfg.launcher.timeout_s), "backoffLimit": 0,
+                          "cleanPodPolicy": "None"},
+            "mpiReplicaSpecs": {
+                "Launcher": {"replicas": 1, "template": {"metadata": {"labels": labels},
+                                                         "spec": _pod_spec(cfg, spec, launcher, False)}},
+                "Worker": {"replicas": spec.nodes, "template": {"metadata": {"labels": labels},
+                                                                "spec": _pod_spec(cfg, spec, worker, True)}},
+            },
+        },
+    }
+
+
+def manifest(cfg: SweepConfig, spec: RunSpec, name: str | None = None) -> dict[str, Any]:
+    name = name or job_name(spec)
+    return pytorchjob(cfg, spec, name) if spec.kind == "train" else mpijob(cfg, spec, name)

@@ -1,0 +1,316 @@
+"""Kubernetes launcher: manifests against the real CRD schemas, control flow against a fake API client.
+
+No API server runs here, so the boundary is faked: the fake stores what the real client would send,
+validates each created object with the CRD schema (as the API server would) and returns real
+kubernetes.client model objects for pods. Pod logs carry real worker records and real nccl-tests output.
+"""
+from __future__ import annotations
+
+import copy
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+import yaml
+from kubernetes.client import (V1Container, V1ContainerState, V1ContainerStateRunning,
+                               V1ContainerStateTerminated, V1ContainerStateWaiting, V1ContainerStatus,
+                               V1ObjectMeta, V1Pod, V1PodCondition, V1PodList, V1PodSpec, V1PodStatus)
+from kubernetes.client.exceptions import ApiException
+
+from bench.config import ConfigError, from_dict
+from bench.launchers.k8s_manifests import RUN_ID_LABEL, manifest
+from bench.launchers.k8s_schema import validate
+from bench.launchers.kubernetes import KubernetesLauncher
+from bench.plan import expand
+from bench.runner import execute
+from bench.schema import format_record
+from bench.sweep import compose
+
+IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdpbench:1.0"
+
+
+def cfg_for(sweep: str, *overrides: str):
+    raw, _ = compose([f"+sweep={sweep}", "launcher=kubernetes", f"cluster.kubernetes.image={IMAGE}",
+                      "launcher.poll_s=0.01", "launcher.grace_s=0.05", *overrides])
+    return from_dict(raw)
+
+
+@pytest.mark.parametrize("sweep", ["p5_scaling", "p4de_scaling", "ablation", "efa_probe"])
+def test_every_manifest_the_sweeps_produce_validates(shared_data, sweep: str) -> None:
+    cfg = cfg_for(sweep, "cluster.kubernetes.hf_token_secret=hf-token",
+                  "cluster.kubernetes.image_pull_secret=ecr", "cluster.kubernetes.service_account=trainer")
+    plan = expand(cfg)
+    for planned in plan:
+        obj = manifest(cfg, planned.spec)
+        assert validate(obj, directory=shared_data / "k8s") == [], planned.spec.label
+    assert len(plan) > 0
+
+
+def _envsubst(text: str) -> str:
+    values = {"NUM_NODES": "2", "GPU_PER_NODE": "8", "EFA_PER_NODE": "32", "IMAGE_URI": IMAGE,
+              "INSTANCE_TYPE": "p5.48xlarge", "FI_PROVIDER": "efa", "HF_TOKEN": "hf_dummy", "PATH": "/usr/bin",
+              "LD_LIBRARY_PATH": "/usr/lib"}
+    text = re.sub(r"\$\{?(\w+)\}?", lambda m: values.get(m.group(1), m.group(0)), text)
+    return text.replace("<account>.dkr.ecr.<region>.amazonaws.com/<image>:<tag>", IMAGE)
+
+
+@pytest.mark.parametrize("name", ["reference_pytorchjob_llama3_1_8b-fsdp.yaml", "reference_mpijob_nccl-tests.yaml"])
+def test_reference_manifests_validate(shared_data, name: str) -> None:
+    obj = yaml.safe_load(_envsubst((shared_data / "k8s" / name).read_text()))
+    assert validate(obj, directory=shared_data / "k8s") == []
+
+
+def _train_manifest(**overrides: str) -> dict[str, Any]:
+    cfg = cfg_for("p5_scaling", *[f"{k}={v}" for k, v in overrides.items()])
+    return manifest(cfg, next(p.spec for p in expand(cfg) if p.spec.kind == "train" and p.spec.nodes == 2))
+
+
+@pytest.mark.parametrize("path,value,message", [
+    (("spec", "pytorchReplicaSpecs", "Worker", "replicas"), "two", "is not of type 'integer'"),
+    (("spec", "runPolicy", "activeDeadlineSeconds"), "1h", "is not of type 'integer'"),
+    (("spec", "elasticPolicy", "rdzvBackends"), "c10d", "Additional properties are not allowed"),
+])
+def test_a_wrong_manifest_is_rejected(shared_data, path, value, message: str) -> None:
+    obj = _train_manifest()
+    node = obj
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    assert any(message in e for e in validate(obj, directory=shared_data / "k8s"))
+
+
+def test_webhook_rules(shared_data) -> None:
+    obj = _train_manifest()
+    obj["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["name"] = "trainer"
+    obj["spec"]["pytorchReplicaSpecs"]["Chief"] = copy.deepcopy(obj["spec"]["pytorchReplicaSpecs"]["Worker"])
+    errors = validate(obj, directory=shared_data / "k8s")
+    assert any("no container named 'pytorch'" in e for e in errors)
+    assert any("'Chief' is not Master or Worker" in e for e in errors)
+
+
+def test_pytorchjob_content() -> None:
+    obj = _train_manifest(**{"cluster.kubernetes.hf_token_secret": "hf-token"})
+    worker = obj["spec"]["pytorchReplicaSpecs"]["Worker"]
+    pod = worker["template"]["spec"]
+    container = pod["containers"][0]
+    assert worker["replicas"] == 2 and obj["spec"]["nprocPerNode"] == "8"
+    assert obj["spec"]["elasticPolicy"] == {"rdzvBackend": "c10d", "minReplicas": 2, "maxReplicas": 2,
+                                            "maxRestarts": 0}
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 32}
+    assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "p5.48xlarge"}
+    assert {"name": "shm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["HF_TOKEN"] == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}
+    assert env["NCCL_NET"]["value"] == "AWS Libfabric"
+    assert obj["metadata"]["labels"][RUN_ID_LABEL] == worker["template"]["metadata"]["labels"][RUN_ID_LABEL]
+    assert container["command"][:3] == ["python", "-m", "torch.distributed.run"]
+    assert obj["spec"]["runPolicy"]["activeDeadlineSeconds"] == 7200
+
+
+def test_zero_efa_requests_no_adapters() -> None:
+    cfg = cfg_for("efa_probe")
+    spec = next(p.spec for p in expand(cfg) if p.spec.efa_per_node == 0 and p.spec.nodes == 2)
+    obj = manifest(cfg, spec)
+    worker = obj["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert worker["resources"]["limits"] == {"nvidia.com/gpu": 8}
+    command = obj["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
+    assert "NCCL_NET=Socket" in command and command[command.index("-np") + 1] == "16"
+
+
+# ---------------------------------------------------------------- control flow against a fake API
+
+
+def _pod(name: str, run_id: str, *, phase="Running", state=None, reason=None, conditions=None) -> V1Pod:
+    status = V1ContainerStatus(name="pytorch", image=IMAGE, image_id="", ready=phase == "Running",
+                               restart_count=0, state=state or V1ContainerState(running=V1ContainerStateRunning()))
+    return V1Pod(metadata=V1ObjectMeta(name=name, labels={RUN_ID_LABEL: run_id}),
+                 spec=V1PodSpec(containers=[V1Container(name="pytorch")]),
+                 status=V1PodStatus(phase=phase, reason=reason, container_statuses=[status], conditions=conditions))
+
+
+def _terminated(code: int, reason: str = "Completed") -> V1ContainerState:
+    return V1ContainerState(terminated=V1ContainerStateTerminated(exit_code=code, reason=reason))
+
+
+class FakeKube:
+    """CustomObjectsApi + CoreV1Api + VersionApi, as far as the launcher uses them."""
+
+    def __init__(self, scenario: str, shared_data: Path, finish_after: int = 2) -> None:
+        self.scenario, self.shared_data, self.finish_after = scenario, shared_data, finish_after
+        self.jobs: dict[str, dict] = {}
+        self.deleted: list[tuple[str, str]] = []
+        self.polls = 0
+
+    def create_namespaced_custom_object(self, group, version, namespace, plural, body):
+        errors = validate(body, directory=self.shared_data / "k8s")
+        if errors:
+            raise ApiException(status=422, reason="; ".join(errors))
+        self.jobs[body["metadata"]["name"]] = copy.deepcopy(body)
+        return body
+
+    def get_namespaced_custom_object(self, group, version, namespace, plural, name):
+        if name not in self.jobs:
+            raise ApiException(status=404, reason="NotFound")
+        self.polls += 1
+        job = self.jobs[name]
+        finished = self.polls > self.finish_after
+        conditions = [{"type": "Running", "status": "True"}]
+        if finished and self.scenario in ("ok", "nccl", "rendezvous", "oomkilled"):
+            ok = self.scenario in ("ok", "nccl")
+            conditions.append({"type": "Succeeded" if ok else "Failed", "status": "True",
+                               "reason": "JobSucceeded" if ok else "JobFailed", "message": "job finished"})
+        if finished and self.scenario == "deadline":
+            conditions.append({"type": "Failed", "status": "True", "reason": "DeadlineExceeded",
+                               "message": "Job was active longer than specified deadline"})
+        job["status"] = {"conditions": conditions}
+        return job
+
+    def delete_namespaced_custom_object(self, group, version, namespace, plural, name, body=None):
+        self.deleted.append((name, body.propagation_policy))
+        self.jobs.pop(name, None)
+
+    def list_namespaced_pod(self, namespace, label_selector):
+        run_id = label_selector.split("=", 1)[1]
+        if not self.jobs:
+            return V1PodList(items=[])
+        finished = self.polls > self.finish_after
+        s = self.scenario
+        if s == "imagepull":
+            state = V1ContainerState(waiting=V1ContainerStateWaiting(reason="ImagePullBackOff",
+                                                                     message="Back-off pulling image"))
+            return V1PodList(items=[_pod("w-0", run_id, phase="Pending", state=state)])
+        if s == "unschedulable":
+            cond = V1PodCondition(type="PodScheduled", status="False", reason="Unschedulable",
+                                  message="0/4 nodes are available: 4 Insufficient vpc.amazonaws.com/efa.")
+            return V1PodList(items=[_pod("w-0", run_id, phase="Pending", conditions=[cond])])
+        if s == "evicted" and finished:
+            return V1PodList(items=[_pod("w-0", run_id, phase="Failed", reason="Evicted", state=_terminated(137))])
+        if s == "oomkilled" and finished:
+            return V1PodList(items=[_pod("w-0", run_id, phase="Failed", state=_terminated(137, "OOMKilled"))])
+        if finished and s in ("ok", "nccl"):
+            return V1PodList(items=[_pod(f"w-{i}", run_id, phase="Succeeded", state=_terminated(0)) for i in range(2)])
+        if finished and s == "rendezvous":
+            return V1PodList(items=[_pod("w-0", run_id, phase="Failed", state=_terminated(1, "Error"))])
+        return V1PodList(items=[_pod("w-0", run_id)])
+
+    def read_namespaced_pod_log(self, name, namespace, container):
+        stamp = "2026-11-22T16:00:00.000000000Z "
+        if self.scenario == "ok" and name == "w-0":
+            return "\n".join(stamp + format_record(kind, **payload) for kind, payload in [
+                ("meta", {"rank": 0, "world_size": 16, "torch": "2.11.0", "device_name": "NVIDIA H100 80GB HBM3"}),
+                ("step", {"rank": 0, "step": 0, "time_s": 2.0, "loss": 10.4}),
+                ("summary", {"rank": 0, "status": "ok", "tokens_per_s": 48000.0, "tflops_per_gpu": 420.0,
+                             "mfu": 0.4245, "device_name": "NVIDIA H100 80GB HBM3"})]) + "\n"
+        if self.scenario == "nccl" and name == "w-0":
+            return (self.shared_data / "nccl-tests" / "sample_01.txt").read_text()
+        if self.scenario == "rendezvous":
+            return ("torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError: "
+                    "rendezvous 'fsdpbench' timed out\n")
+        return ""
+
+    def get_code(self, _request_timeout=None):
+        return {"git_version": "v1.30.0"}
+
+
+def run_one(tmp_path: Path, shared_data: Path, scenario: str, sweep: str = "p5_scaling", *overrides: str):
+    cfg = cfg_for(sweep, *overrides)
+    fake = FakeKube(scenario, shared_data)
+    launcher = KubernetesLauncher(cfg, custom=fake, core=fake, version=fake)
+    plan = [p for p in expand(cfg) if p.feasible][:1]
+    execute(cfg, plan, launcher, tmp_path / cfg.name)
+    frame = pd.read_csv(tmp_path / cfg.name / "results.csv")
+    assert not fake.jobs, "the job was left behind"
+    assert fake.deleted and all(p == "Foreground" for _, p in fake.deleted)
+    return frame.iloc[0], fake
+
+
+def test_success_records_come_from_pod_logs(tmp_path, shared_data) -> None:
+    row, fake = run_one(tmp_path, shared_data, "ok")
+    assert row.status == "ok" and row.tokens_per_s == 48000.0 and row.mfu == 0.4245
+    assert row.device_name == "NVIDIA H100 80GB HBM3"
+    logs = list((tmp_path / "p5_scaling" / "runs").glob("*/logs/w-0-pytorch.log"))
+    assert logs and "@@fsdpbench@@" in logs[0].read_text()
+
+
+def test_mpijob_probe_parses_nccl_tests_from_the_launcher_log(tmp_path, shared_data) -> None:
+    row, _ = run_one(tmp_path, shared_data, "nccl", "efa_probe", "nccl.efa_per_node=[1]", "axes.nodes=[2]",
+                     "repeats=1")
+    assert row.kind == "nccl" and row.status == "ok"
+    assert row.nccl_busbw_avg_gbs == 1.15327 and row.nccl_transport == "AWS Libfabric"
+
+
+@pytest.mark.parametrize("scenario,status,words", [
+    ("oomkilled", "oom", "OOMKilled"),
+    ("imagepull", "launch_error", "ImagePullBackOff"),
+    ("unschedulable", "launch_error", "Insufficient vpc.amazonaws.com/efa"),
+    ("evicted", "failed", "evicted"),
+    ("rendezvous", "rendezvous_error", "RendezvousTimeoutError"),
+    ("deadline", "timeout", "deadline"),
+])
+def test_failure_classes(tmp_path, shared_data, scenario: str, status: str, words: str) -> None:
+    row, _ = run_one(tmp_path, shared_data, scenario)
+    assert row.status == status
+    assert words in row.error
+
+
+def test_harness_timeout_deletes_the_job(tmp_path, shared_data) -> None:
+    row, fake = run_one(tmp_path, shared_data, "running-forever", "p5_scaling", "launcher.timeout_s=0.2")
+    assert row.status == "timeout" and len(fake.deleted) == 1
+
+
+def test_cancellation_deletes_what_it_created(tmp_path, shared_data) -> None:
+    cfg = cfg_for("p5_scaling")
+    fake = FakeKube("running-forever", shared_data)
+    launcher = KubernetesLauncher(cfg, custom=fake, core=fake, version=fake)
+    spec = next(p.spec for p in expand(cfg) if p.feasible)
+    handle = launcher.submit(launcher.render(spec, tmp_path), tmp_path)
+    stop = threading.Event()
+    stop.set()
+    outcome = launcher.wait(handle, 3600, stop)
+    launcher.logs(handle, tmp_path)
+    assert outcome.cancelled and not fake.jobs and fake.deleted[0][0] == handle.name
+
+
+def test_each_attempt_has_its_own_job_name(tmp_path, shared_data) -> None:
+    cfg = cfg_for("p5_scaling")
+    fake = FakeKube("ok", shared_data)
+    launcher = KubernetesLauncher(cfg, custom=fake, core=fake, version=fake)
+    spec = next(p.spec for p in expand(cfg) if p.feasible)
+    sub = launcher.render(spec, tmp_path)
+    first = launcher.submit(sub, tmp_path)
+    import time
+    time.sleep(0.15)
+    second = launcher.submit(sub, tmp_path)
+    assert first.name != second.name and first.name.startswith(f"fsdpbench-train-{spec.run_id}-")
+
+
+def test_missing_kubeconfig_is_one_clear_error(tmp_path, monkeypatch, capsys) -> None:
+    from bench.sweep import main
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "nope"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert main(["+sweep=p5_scaling", "launcher=kubernetes", f"cluster.kubernetes.image={IMAGE}",
+                 f"results_root={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no Kubernetes configuration") and err.count("\n") == 1
+
+
+def test_unreachable_cluster_is_one_clear_error(tmp_path, monkeypatch) -> None:
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "k", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+        "users": [{"name": "u", "user": {"token": "x"}}]}))
+    cfg = cfg_for("p5_scaling", f"launcher.kubeconfig={kubeconfig}")
+    with pytest.raises(ConfigError, match="Kubernetes API not reachable"):
+        KubernetesLauncher(cfg).preflight()
+
+
+def test_missing_image_is_a_config_error() -> None:
+    raw, _ = compose(["+sweep=p5_scaling", "launcher=kubernetes"])
+    with pytest.raises(ConfigError, match="cluster.kubernetes.image"):
+        KubernetesLauncher(from_dict(raw)).preflight()
+
