@@ -25,12 +25,6 @@ _TAG = re.compile(r"^\[\d+,\d+\]<std(?:out|err)>:")  # mpirun --tag-output
 _SRUN = re.compile(r"^\s*\d+: ")  # srun -l
 _STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)? ")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-_ERROR = re.compile(r"NCCL failure|Test NCCL failure|Test failure|CUDA failure|"
-                    r"Segmentation fault|Bus error|signal \d+|noticed that process rank|"
-                    r"srun: error|# error:|ncclInternalError|ncclSystemError|ncclRemoteError", re.I)
-_NETWORK = re.compile(r"NCCL INFO Using network (\S.*?)\s*$")
-_TRANSPORT_HINT = re.compile(r"NCCL INFO (?:NET/OFI Selected [Pp]rovider is \S+|NET/Socket :|"
-                             r"NET/IB :|.* via (?:NET/\S+|P2P/\S+|SHM/\S+)|NET/OFI Using aws-ofi-nccl \S+)")
 _CONFIG = re.compile(r"(nThread|nGpus|minBytes|maxBytes|step|warmup iters|agg iters|iters|validation|graph)"
                      r":? (\S+)")
 _FALLBACK_LAYOUTS = {  # token count of a full row -> header columns
@@ -188,71 +182,139 @@ def _rows(tokens: list[str], layout: _Layout) -> list[NcclRow]:
     return out
 
 
+_ERROR = re.compile(r"NCCL failure|Test NCCL failure|Test failure|CUDA failure|Segmentation fault|"
+                    r"Bus error|noticed that process rank|srun: error|# error:|ncclInternalError|"
+                    r"ncclSystemError|ncclRemoteError")
+_NETWORK = re.compile(r"NCCL INFO Using network (\S.*?)\s*$")
+_TRANSPORT_HINT = re.compile(r"NCCL INFO (?:NET/OFI Selected [Pp]rovider is \S+|NET/Socket :|NET/IB :|"
+                             r".* via (?:NET|P2P|SHM)/\S+|NET/OFI Using aws-ofi-nccl \S+)")
+
+
+def _unprefixed(line: str) -> str:
+    """The line without launcher prefixes, stripped; cheap string tests before any regex."""
+    s = line.strip()
+    if not s:
+        return s
+    c = s[0]
+    if c == "[":
+        j = s.find(">:")
+        if j > 0 and _TAG.match(s):
+            return s[j + 2:].strip()
+    elif c.isdigit():
+        if len(s) > 19 and s[4] == "-" and s[10] == "T":
+            s = strip_prefix(s).strip()
+        j = s.find(": ", 0, 8)
+        if j > 0 and s[:j].isdigit():
+            return s[j + 2:].strip()
+    elif c == "\x1b":
+        return strip_prefix(s).strip()
+    return s
+
+
+def _table_rows(lines: list[str], layout: _Layout | None) -> list[NcclRow]:
+    """Convert the buffered data lines of one table in bulk: split, transpose, map(float)."""
+    if not lines:
+        return []
+    split = [line.split() for line in lines]
+    if layout is None:
+        fallback = _FALLBACK_LAYOUTS.get(max(len(t) for t in split))
+        layout = _Layout.from_columns(fallback.split()) if fallback else None
+        if layout is None:
+            return []
+    width = len(layout.prefix) + 2 * layout.group_len
+    full = [t for t in split if len(t) == width and t[0].isdigit() and t[1].isdigit()]
+    rows: list[NcclRow] = []
+    if len(full) != len(split):  # cut-off lines, in-place-only rows: one by one
+        return [r for t in split if t[0].isdigit() and len(t) > 1 and t[1].isdigit() for r in _rows(t, layout)]
+    columns = list(zip(*full))
+    pre = layout.prefix
+    size, count = list(map(int, columns[0])), list(map(int, columns[1]))
+    dtype = columns[pre["type"]] if "type" in pre else ["?"] * len(full)
+    redop = columns[pre["redop"]] if "redop" in pre else [None] * len(full)
+    root = ([int(r) if r.lstrip("-").isdigit() else None for r in columns[pre["root"]]] if "root" in pre
+            else [None] * len(full))
+    per_placement = []
+    for placement, (ti, ai, bi, wi, ei) in zip(PLACEMENTS, layout.groups):
+        try:
+            values = (list(map(float, columns[ti])), list(map(float, columns[ai])), list(map(float, columns[bi])))
+        except ValueError:  # a non-numeric cell somewhere: fall back to the careful path
+            return [r for t in full for r in _rows(t, layout)]
+        wrong = list(map(_number, columns[wi])) if wi is not None else [None] * len(full)
+        error = list(map(_number, columns[ei])) if ei is not None else [None] * len(full)
+        per_placement.append(list(map(NcclRow._make, zip(size, count, dtype, redop, root, [placement] * len(full),
+                                                           *values, wrong, error))))
+    for out_row, in_row in zip(*per_placement):
+        rows += (out_row, in_row)
+    return rows
+
+
 def parse_all(text: str) -> list[NcclResult]:
     """Every nccl-tests run in a text stream, in order."""
     results: list[NcclResult] = []
     current = NcclResult()
     layout: _Layout | None = None
     ranks_seen: set[int] = set()
+    pending: list[str] = []  # data lines of the current table, converted in bulk
+
+    def flush() -> None:
+        current.rows.extend(_table_rows(pending, layout))
+        pending.clear()
 
     def close() -> None:
         nonlocal current, ranks_seen
+        flush()
         if current.rows or current.errors or current.config:
             current.ranks = current.ranks or (max(ranks_seen) + 1 if ranks_seen else None)
             results.append(current)
         current, ranks_seen = NcclResult(), set()
 
-    if "\x1b" in text:
-        text = _ANSI.sub("", text)
+    append = pending.append
     for raw in text.splitlines():
-        stripped = (strip_prefix(raw) if raw[:1] not in (" ", "#") else raw).strip()
-        if not stripped:
+        s = _unprefixed(raw)
+        if not s:
             continue
-        first = stripped[0]
-        if first.isdigit():
-            tokens = stripped.split()
-            if tokens[0].isdigit() and len(tokens) > 1 and tokens[1].isdigit():
-                if layout is None and len(tokens) in _FALLBACK_LAYOUTS:
-                    layout = _Layout.from_columns(_FALLBACK_LAYOUTS[len(tokens)].split())
-                if layout:
-                    current.rows.extend(_rows(tokens, layout))
-                continue
-        if first == "#":
-            body = stripped.lstrip("#").strip()
+        c = s[0]
+        if c.isdigit():
+            append(s)
+            continue
+        if c == "#":
+            body = s.lstrip("#").strip()
             if body.startswith("size") and " count" in body:
-                if current.rows:  # a second table in the same stream
+                if current.rows or pending:  # a second table in the same stream
                     close()
                 layout = _Layout.from_columns(body.split())
             elif body.startswith("Avg bus bandwidth"):
+                flush()
                 current.avg_busbw_printed = _number(body.split(":", 1)[1].split()[0])
             elif body.startswith("Out of bounds values"):
                 current.out_of_bounds = int(body.split(":", 1)[1].split()[0])
             elif body.startswith("nThread"):
-                if current.rows or current.config:
+                if current.rows or pending or current.config:
                     close()
                 current.config = dict(_CONFIG.findall(body))
             elif body.startswith("nccl-tests version"):
-                if current.rows:
+                if current.rows or pending:
                     close()
                 current.tests_version = body.split()[2]
             elif body.startswith("Rank"):
                 parts = body.split()
                 if len(parts) > 1 and parts[1].isdigit():
                     ranks_seen.add(int(parts[1]))
-            elif _ERROR.search(stripped):
-                current.errors.append(stripped[:300])
+            elif _ERROR.search(s):
+                current.errors.append(s[:300])
             continue
-        if "NCCL INFO" in stripped:
-            m = _NETWORK.search(stripped)
-            if m:
-                current.network = m.group(1)
-            if len(current.transport_evidence) < 8 and _TRANSPORT_HINT.search(stripped):
-                current.transport_evidence.append(stripped[-200:])
+        if "NCCL INFO" in s:
+            if "Using network" in s:
+                m = _NETWORK.search(s)
+                if m:
+                    current.network = m.group(1)
+            if len(current.transport_evidence) < 8 and _TRANSPORT_HINT.search(s):
+                current.transport_evidence.append(s[-200:])
             continue
-        if stripped.startswith("NCCL version"):
-            current.nccl_version = stripped.split()[2]
-        elif _ERROR.search(stripped):
-            current.errors.append(stripped[:300])
+        if s.startswith("NCCL version"):
+            current.nccl_version = s.split()[2]
+        elif _ERROR.search(s):
+            current.errors.append(s[:300])
     close()
     return results
 
