@@ -3,6 +3,8 @@ returns it, or None when the data has nothing to draw. Only ok runs are drawn; t
 rest. Large studies are cut to the MAX_LINES best configurations, said in the title."""
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 from matplotlib.figure import Figure
 
@@ -36,26 +38,34 @@ def _figure(width: float = 8, height: float = 5) -> Figure:
     return Figure(figsize=(width, height), layout="constrained")
 
 
+def _per_config_lines(agg: pd.DataFrame, groups: list[tuple[dict, pd.DataFrame]], y: str, ylabel: str,
+                      title: str, scale: float = 1.0) -> tuple[Figure, Any]:
+    """A line per configuration over nodes (the best MAX_LINES); returns the figure and its axes."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    for config, g in groups[:MAX_LINES]:
+        ax.plot(g["nodes"], scale * g[y], marker="o", label=describe(config))
+    ax.set_ylabel(ylabel)
+    _node_axis(ax, agg["nodes"])
+    ax.set_title(_title(title, min(len(groups), MAX_LINES), len(groups)))
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return fig, ax
+
+
 def throughput_vs_nodes(agg: pd.DataFrame) -> Figure | None:
     groups = _configs(agg)
     if not groups:
         return None
-    fig = _figure()
-    ax = fig.add_subplot()
-    for config, g in groups[:MAX_LINES]:
-        line, = ax.plot(g["nodes"], g["tokens_per_s"], marker="o", label=describe(config))
+    fig, ax = _per_config_lines(agg, groups, "tokens_per_s", "tokens/s (whole job)",
+                                "Throughput vs nodes (dotted: ideal linear scaling)")
+    for line, (_, g) in zip(ax.get_lines(), groups[:MAX_LINES]):
         if g["tokens_per_s_min"].notna().all():
             ax.fill_between(g["nodes"], g["tokens_per_s_min"], g["tokens_per_s_max"], alpha=0.15,
                             color=line.get_color())
         base = g.iloc[0]
-        ideal = base["tokens_per_s"] / base["nodes"] * g["nodes"]
-        ax.plot(g["nodes"], ideal, linestyle=":", color=line.get_color(), alpha=0.7)
-    ax.set_ylabel("tokens/s (whole job)")
-    _node_axis(ax, agg["nodes"])
-    ax.set_title(_title("Throughput vs nodes (dotted: ideal linear scaling)", min(len(groups), MAX_LINES),
-                        len(groups)))
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
+        ax.plot(g["nodes"], base["tokens_per_s"] / base["nodes"] * g["nodes"], linestyle=":",
+                color=line.get_color(), alpha=0.7)
     return fig
 
 
@@ -63,16 +73,9 @@ def efficiency_vs_nodes(agg: pd.DataFrame) -> Figure | None:
     groups = [(c, g) for c, g in _configs(agg) if len(g) > 1]
     if not groups:
         return None
-    fig = _figure()
-    ax = fig.add_subplot()
-    for config, g in groups[:MAX_LINES]:
-        ax.plot(g["nodes"], 100 * g["scaling_efficiency"], marker="o", label=describe(config))
+    fig, ax = _per_config_lines(agg, groups, "scaling_efficiency", "scaling efficiency (%)",
+                                "Scaling efficiency by strategy", scale=100)
     ax.axhline(100, color="grey", linestyle=":")
-    ax.set_ylabel("scaling efficiency (%)")
-    _node_axis(ax, agg["nodes"])
-    ax.set_title(_title("Scaling efficiency by strategy", min(len(groups), MAX_LINES), len(groups)))
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
     return fig
 
 
@@ -107,18 +110,10 @@ def memory_vs_nodes(agg: pd.DataFrame) -> Figure | None:
     groups = _configs(agg)
     if column is None or not groups:
         return None
-    fig = _figure()
-    ax = fig.add_subplot()
-    for config, g in groups[:MAX_LINES]:
-        ax.plot(g["nodes"], g[column], marker="o", label=describe(config))
-    ax.set_ylabel({"mem_peak_alloc_gib": "peak allocated (GiB/GPU, torch)",
-                   "nvml_mem_used_gib": "memory used (GiB/GPU, NVML)",
-                   "mem_rss_gib": "host RSS peak (GiB/process, CPU run)"}[column])
-    _node_axis(ax, agg["nodes"])
-    ax.set_title(_title("Memory per GPU vs nodes", min(len(groups), MAX_LINES), len(groups)))
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    return fig
+    ylabel = {"mem_peak_alloc_gib": "peak allocated (GiB/GPU, torch)",
+              "nvml_mem_used_gib": "memory used (GiB/GPU, NVML)",
+              "mem_rss_gib": "host RSS peak (GiB/process, CPU run)"}[column]
+    return _per_config_lines(agg, groups, column, ylabel, "Memory per GPU vs nodes")[0]
 
 
 def busbw_vs_size(sizes: pd.DataFrame) -> Figure | None:
