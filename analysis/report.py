@@ -14,7 +14,10 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import plots
+from analysis.comm import comm_model
+from analysis.cost import config_costs, parse_price_overrides, run_costs, sweep_costs, sweep_prices
 from analysis.load import Loaded, NoResults, load
+from analysis.parity import departures, loss_parity
 from analysis.scaling import (aggregate, ablation, missing_baselines, nccl_sizes, nccl_summary,
                               status_table)
 
@@ -32,6 +35,14 @@ DEFINITIONS = """\
   avg busbw = mean over message sizes (and placements), as nccl-tests' "Avg bus bandwidth" line.
 - Memory: peak allocated/reserved by torch per GPU (max over ranks), NVML memory used (max over GPUs and
   samples); on CPU, the host RSS peak per process.
+- **Communication model**: the bus bytes FSDP moves per GPU and step for the strategy (analysis/comm.py)
+  divided by the all-reduce busbw measured at the same node and EFA count, as if nothing overlapped. A
+  point is communication-bound when that time is >= 90% of the step, or when the growth of it explains at
+  least half of the step time lost against the base node count.
+- **Cost**: measured wall time (start-up included) x nodes x the cluster's on-demand price per
+  instance-hour; per million tokens and time to train use the steady-state tokens/s.
+- **Loss parity**: runs equal in everything but strategy, AC and wrapping must share a loss curve
+  (max relative deviation within 0.1% in fp32, 2% in mixed precision, 5% in pure bf16).
 """
 
 SCALING_COLUMNS = {
@@ -55,6 +66,25 @@ NCCL_COLUMNS = {"sweep": "sweep", "cluster": "cluster", "nodes": "nodes", "gpus_
                 "busbw_avg_gbs": "avg busbw (GB/s)", "busbw_max_gbs": "max busbw (GB/s)",
                 "busbw_max_gbs_min": "max busbw min (GB/s)", "busbw_max_gbs_max": "max busbw max (GB/s)",
                 "algbw_max_gbs": "max algbw (GB/s)"}
+PARITY_COLUMNS = {"model": "model", "nodes": "nodes", "precision": "precision", "reference": "reference run",
+                  "run": "run", "steps_compared": "steps compared",
+                  "max_rel_deviation": "max relative deviation", "tolerance": "tolerance",
+                  "verdict": "verdict"}
+COMM_COLUMNS = {"sweep": "sweep", "model": "model", "sharding": "sharding", "precision": "precision",
+                "activation_checkpointing": "AC", "nodes": "nodes", "comm_gb_per_gpu": "comm (GB/GPU/step)",
+                "busbw_gbs": "busbw used (GB/s)", "comm_s": "modelled comm (s)",
+                "step_time_s": "step time (s)", "comm_fraction": "comm / step",
+                "lost_s": "step time lost vs base (s)", "comm_growth_s": "comm growth vs base (s)",
+                "verdict": "verdict"}
+TRAIN_TOKENS = 1e12
+COST_COLUMNS = {"sweep": "sweep", "model": "model", "sharding": "sharding", "precision": "precision",
+                "activation_checkpointing": "AC", "nodes": "nodes",
+                "price_per_hour": "price (USD/instance-h)", "tokens_per_s": "tokens/s",
+                "usd_per_run": "USD per run", "usd_per_million_tokens": "USD per 1M tokens",
+                "days_to_train": "days to train", "usd_to_train": "USD to train"}
+SWEEP_COST_COLUMNS = {"sweep": "sweep", "cluster": "cluster", "price_per_hour": "price (USD/instance-h)",
+                      "runs": "runs", "instance_hours": "instance-hours", "gpu_hours": "GPU-hours",
+                      "usd": "USD"}
 FIGURES = {
     "throughput_vs_nodes": ("Throughput vs nodes", plots.throughput_vs_nodes, "agg"),
     "efficiency_vs_nodes": ("Scaling efficiency vs nodes", plots.efficiency_vs_nodes, "agg"),
@@ -98,13 +128,26 @@ def provenance(frame: pd.DataFrame) -> list[str]:
             f"generated: {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}"]
 
 
-def build(loaded: Loaded, out: Path) -> Path:
-    """Write every table, chart and the two report pages; returns the Markdown path."""
+def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
+          train_tokens: float = TRAIN_TOKENS) -> Path:
+    """Write every table, chart and the two report pages; returns the Markdown path.
+
+    prices override the sweeps' own price_per_hour by cluster name.
+    """
     out.mkdir(parents=True, exist_ok=True)
     frame = loaded.frame
     agg = aggregate(frame)
+    parity = loss_parity(frame)
+    price_table = {**sweep_prices(loaded.sweeps), **(prices or {})}
+    runs_cost = run_costs(frame, price_table)
     tables = {"scaling": _present(agg, SCALING_COLUMNS), "ablation": _present(ablation(agg), ABLATION_COLUMNS),
-              "nccl": _present(nccl_summary(frame), NCCL_COLUMNS), "status": status_table(frame)}
+              "nccl": _present(nccl_summary(frame), NCCL_COLUMNS), "status": status_table(frame),
+              "loss_parity": parity.rename(columns=PARITY_COLUMNS),
+              "cost_sweeps": _present(sweep_costs(runs_cost), SWEEP_COST_COLUMNS),
+              "cost": _present(config_costs(agg, runs_cost, price_table, train_tokens), COST_COLUMNS).rename(
+                  columns={"days to train": f"days to train {train_tokens:.3g} tokens",
+                           "USD to train": f"USD to train {train_tokens:.3g} tokens"})}
+    runs_cost.to_csv(out / "cost_runs.csv", index=False)
     sizes = nccl_sizes(frame)
     if not sizes.empty:
         tables["nccl_sizes"] = sizes.pivot_table(index="size_bytes", columns=["nodes", "efa_per_node"],
@@ -112,6 +155,9 @@ def build(loaded: Loaded, out: Path) -> Path:
         tables["nccl_sizes"].columns = [f"busbw (GB/s) {int(n)} nodes {int(e)} EFA"
                                         for n, e in tables["nccl_sizes"].columns]
         tables["nccl_sizes"] = tables["nccl_sizes"].reset_index().rename(columns={"size_bytes": "size (B)"})
+    comm = comm_model(agg, sizes) if not sizes.empty else pd.DataFrame()
+    if not comm.empty:
+        tables["comm_model"] = _present(comm, COMM_COLUMNS)
     for name, table in tables.items():
         table.to_csv(out / f"{name}.csv", index=False)
     charts = {}
@@ -121,7 +167,11 @@ def build(loaded: Loaded, out: Path) -> Path:
             for ext in ("png", "svg"):
                 fig.savefig(out / f"{name}.{ext}", dpi=110)
             charts[name] = title
-    notes = loaded.notes + missing_baselines(agg)
+    notes = loaded.notes + missing_baselines(agg) + departures(parity)
+    unpriced = sorted(c for c in frame["cluster"].dropna().unique() if price_table.get(c) is None)
+    if unpriced:
+        notes.append(f"no price for cluster(s) {', '.join(map(str, unpriced))}: costs are left empty "
+                     "(set cluster.price_per_hour in the sweep, or pass --price USD to the report)")
     sections = _sections(frame, tables, charts, notes)
     md = out / "report.md"
     md.write_text(_markdown(sections))
@@ -144,6 +194,15 @@ def _sections(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], charts: dict
         sections.append(("NCCL all-reduce by node count and EFA count", tables["nccl"]))
     if "nccl_sizes" in tables:
         sections.append(("NCCL all-reduce bus bandwidth per message size", tables["nccl_sizes"]))
+    if "comm_model" in tables:
+        sections.append(("Communication model (FSDP bus bytes per step at the probed bandwidth)",
+                         tables["comm_model"]))
+    if not tables["loss_parity"].empty:
+        sections.append(("Loss parity across strategies (same model, data and seed: same loss curve)",
+                         tables["loss_parity"]))
+    sections.append(("Cost per sweep (all runs, failed ones included; per-run figures in cost_runs.csv)",
+                     tables["cost_sweeps"]))
+    sections.append(("Cost per configuration (steady-state tokens/s, on-demand price)", tables["cost"]))
     sections.append((f"Run status ({ok} ok of {len(frame)}; not ok below)", tables["status"]))
     for name, title in charts.items():
         sections.append((title, ("chart", name)))
@@ -188,13 +247,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__)
     parser.add_argument("path", type=Path, help="results root (results/) or one sweep dir")
     parser.add_argument("--out", type=Path, default=None, help="output dir (default PATH/report)")
+    parser.add_argument("--price", action="append", default=[], metavar="[CLUSTER=]USD",
+                        help="price per instance-hour, overriding the sweeps' (repeatable)")
+    parser.add_argument("--train-tokens", type=float, default=TRAIN_TOKENS,
+                        help=f"token budget for the time/cost-to-train columns (default {TRAIN_TOKENS:.0e})")
     args = parser.parse_args(argv)
     try:
         loaded = load(args.path)
+        clusters = sorted(map(str, loaded.frame["cluster"].dropna().unique()))
+        prices = parse_price_overrides(args.price, clusters)
     except NoResults as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    md = build(loaded, args.out or args.path / "report")
+    except ValueError as e:
+        print(f"error: bad --price: {e}", file=sys.stderr)
+        return 2
+    md = build(loaded, args.out or args.path / "report", prices, args.train_tokens)
     print(f"report: {md} and {md.with_suffix('.html')} ({len(loaded.frame)} runs from "
           f"{len(loaded.sweeps)} sweep(s))")
     return 0

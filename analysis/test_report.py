@@ -9,6 +9,7 @@ import pytest
 
 from analysis.load import load
 from analysis.report import build, main
+from analysis.parity import loss_parity
 from analysis.scaling import ablation, aggregate, nccl_summary
 from bench import rundir
 from bench.schema import RunSpec, RunSummary
@@ -121,3 +122,46 @@ def test_older_schema_truncated_files_and_corrupt_summaries(tmp_path: Path) -> N
     assert any("without a readable summary" in n for n in loaded.notes)
     assert any("older schema" in n for n in loaded.notes)
     assert main([str(sweep)]) == 0
+
+
+def test_loss_parity_flags_the_strategy_that_trains_something_else(tmp_path: Path) -> None:
+    sweep = tmp_path / "parity"
+    curve = [10.0, 9.0, 8.5, 8.0]
+    planted = {"FULL_SHARD": curve, "SHARD_GRAD_OP": [x * (1 + 1e-4) for x in curve],  # fp32 noise: same
+               "NO_SHARD": curve[:2] + [8.5 * 1.01, 8.0]}  # 1% off at step 2: departs (fp32 tolerance 0.1%)
+    for sharding, losses in planted.items():
+        s = write_run(sweep, tokens_per_s=1.0, sharding=sharding, precision="fp32")
+        s.extra = {"losses": losses}
+        rundir.write_summary(Path(s.run_dir), s)
+    write_run(sweep, tokens_per_s=1.0, sharding="NO_SHARD", precision="bf16_mixed")  # alone in its group
+    parity = loss_parity(load(sweep).frame).set_index("run")
+    assert parity.loc["SHARD_GRAD_OP AC=none transformer_block r0", "verdict"] == "same curve"
+    assert parity.loc["NO_SHARD AC=none transformer_block r0", "max_rel_deviation"] == pytest.approx(0.01)
+    assert parity.loc["NO_SHARD AC=none transformer_block r0", "verdict"] == "DEPARTS"
+    assert set(parity["reference"]) == {"FULL_SHARD AC=none transformer_block r0"} and len(parity) == 2
+    md = build(load(sweep), tmp_path / "out").read_text()
+    assert "Loss parity across strategies" in md and "departs from FULL_SHARD" in md
+
+
+def test_cost_tables_known_answers(tmp_path: Path) -> None:
+    sweep = tmp_path / "priced"
+    sweep.mkdir()
+    (sweep / rundir.SWEEP_CONFIG).write_text("cluster:\n  name: p5.48xlarge\n  price_per_hour: 100\n")
+    ok = write_run(sweep, tokens_per_s=10000.0, nodes=2)
+    ok.wall_s = 1800.0  # 2 nodes x 0.5 h x $100 = $100
+    rundir.write_summary(Path(ok.run_dir), ok)
+    failed = write_run(sweep, status="oom", nodes=1)
+    failed.wall_s = 360.0  # 1 node x 0.1 h = $10, paid for although it failed
+    rundir.write_summary(Path(failed.run_dir), failed)
+    build(load(sweep), tmp_path / "out")
+    sweeps = pd.read_csv(tmp_path / "out" / "cost_sweeps.csv")
+    assert sweeps["USD"].tolist() == [pytest.approx(110.0)]
+    assert sweeps["GPU-hours"].tolist() == [pytest.approx(8.8)]
+    per_config = pd.read_csv(tmp_path / "out" / "cost.csv").set_index("nodes")
+    assert per_config.loc[2, "USD per run"] == pytest.approx(100.0)
+    assert per_config.loc[2, "USD per 1M tokens"] == pytest.approx(200 / 3600 / 10000 * 1e6)  # $5.56
+    assert per_config.loc[2, "days to train 1e+12 tokens"] == pytest.approx(1e12 / 10000 / 86400)
+    assert per_config.loc[2, "USD to train 1e+12 tokens"] == pytest.approx(200 * 1e12 / 10000 / 3600)
+    assert main([str(sweep), "--out", str(tmp_path / "o2"), "--price", "p5.48xlarge=50"]) == 0
+    assert pd.read_csv(tmp_path / "o2" / "cost_sweeps.csv")["USD"].tolist() == [pytest.approx(55.0)]
+    assert main([str(sweep), "--price", "cheap"]) == 2

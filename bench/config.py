@@ -14,6 +14,7 @@ from bench.schema import AC_MODES, PRECISIONS, SHARDINGS, WRAP_POLICIES
 AXES = ("model", "nodes", "sharding", "precision", "activation_checkpointing", "wrap_policy",
         "micro_batch", "seq_len", "efa_per_node")
 FAULT_KINDS = ("oom", "nan", "hang", "crash")
+AUTO = "auto"  # axes.micro_batch value: search the largest micro batch that fits
 LAUNCHERS = ("local", "dryrun", "slurm", "kubernetes")
 
 
@@ -84,6 +85,16 @@ class NcclSweepConfig:
 
 
 @dataclass(frozen=True)
+class MicroBatchSearch:
+    """`micro_batch: auto`: start at the largest power of two the estimate fits (at most `max`), confirm
+    with a short run of `steps`, halve on OOM."""
+
+    max: int = 64
+    steps: int = 4
+    warmup_steps: int = 1
+
+
+@dataclass(frozen=True)
 class FaultRule:
     match: dict[str, Any]
     fault: str
@@ -102,6 +113,7 @@ class SweepConfig:
     exclude: tuple[dict[str, Any], ...]
     nccl: NcclSweepConfig
     faults: tuple[FaultRule, ...]
+    micro_batch_search: MicroBatchSearch
     cluster: ClusterConfig
     launcher: LauncherConfig
     dry_run: bool = False
@@ -147,7 +159,7 @@ def _check_axis(name: str, values: tuple[Any, ...], cluster: ClusterConfig) -> N
     for v in values:
         if choices is not None and v not in choices:
             raise ConfigError(f"axes.{name}: unknown value {v!r}; known: {', '.join(sorted(choices))}")
-        if name in ("nodes", "micro_batch", "seq_len"):
+        if name in ("nodes", "seq_len") or (name == "micro_batch" and v != AUTO):
             _positive_int(v, f"axes.{name}")
         if name == "efa_per_node" and v is not None and (not isinstance(v, int) or v < 0):
             raise ConfigError(f"axes.efa_per_node: {v!r} is not a count of adapters")
@@ -194,6 +206,10 @@ def from_dict(raw: dict[str, Any]) -> SweepConfig:
     for f in faults:
         if f.fault not in FAULT_KINDS:
             raise ConfigError(f"faults: unknown fault {f.fault!r}; known: {', '.join(FAULT_KINDS)}")
+    search = _build(MicroBatchSearch, dict(raw.get("micro_batch_search") or {}), "micro_batch_search",
+                    {"max": _positive_int, "steps": _positive_int})
+    if not 0 <= search.warmup_steps < search.steps:
+        raise ConfigError("micro_batch_search: need 0 <= warmup_steps < steps")
     steps, warmup = raw.get("steps", 10), raw.get("warmup_steps", 3)
     if not isinstance(steps, int) or not isinstance(warmup, int) or not 0 <= warmup < steps:
         raise ConfigError(f"need 0 <= warmup_steps < steps, got warmup_steps={warmup}, steps={steps}")
@@ -201,6 +217,6 @@ def from_dict(raw: dict[str, Any]) -> SweepConfig:
         name=str(raw["sweep_name"]), results_root=str(raw.get("results_root", "results")), axes=axes,
         repeats=_positive_int(raw.get("repeats", 1), "repeats"), steps=steps, warmup_steps=warmup,
         seed=int(raw.get("seed", 0)), exclude=tuple(raw.get("exclude") or ()), nccl=nccl,
-        faults=faults, cluster=cluster, launcher=launcher, dry_run=bool(raw.get("dry_run")),
+        faults=faults, micro_batch_search=search, cluster=cluster, launcher=launcher, dry_run=bool(raw.get("dry_run")),
         rerun_failed=bool(raw.get("rerun_failed")), force=bool(raw.get("force")),
         progress=bool(raw.get("progress", True)))

@@ -6,10 +6,10 @@ as infeasible (recorded, never launched).
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from bench.config import AXES, ConfigError, SweepConfig
+from bench.config import AUTO, AXES, ConfigError, SweepConfig
 from bench.flops import estimate_memory
 from bench.models import get_arch
 from bench.schema import RunSpec
@@ -27,10 +27,17 @@ class PlannedRun:
     est_mem_gib: float | None
     feasible: bool
     reason: str | None = None  # why infeasible
+    micro_batch_start: int | None = None  # micro_batch auto: where the search starts
+
+    @property
+    def first_spec(self) -> RunSpec:
+        """What launches first: the spec itself, or an auto run's first micro batch to try."""
+        return replace(self.spec, micro_batch=self.micro_batch_start) if self.micro_batch_start else self.spec
 
     def row(self) -> dict[str, Any]:
         return {"run_id": self.spec.run_id, "label": self.spec.label, **self.spec.to_dict(),
-                "est_mem_gib": self.est_mem_gib, "feasible": self.feasible, "reason": self.reason}
+                "est_mem_gib": self.est_mem_gib, "feasible": self.feasible, "reason": self.reason,
+                "micro_batch_start": self.micro_batch_start}
 
 
 def _matches(point: dict[str, Any], rule: dict[str, Any]) -> bool:
@@ -51,7 +58,8 @@ def _train_points(cfg: SweepConfig) -> list[dict[str, Any]]:
 
 def _spec(cfg: SweepConfig, point: dict[str, Any], repeat: int, **override: Any) -> RunSpec:
     efa = point.get("efa_per_node")
-    values = {**point, "efa_per_node": cfg.cluster.efa_per_node if efa is None else efa,
+    values = {**point, "micro_batch": 0 if point.get("micro_batch") == AUTO else point.get("micro_batch", 1),
+              "efa_per_node": cfg.cluster.efa_per_node if efa is None else efa,
               "gpus_per_node": cfg.cluster.gpus_per_node, "steps": cfg.steps,
               "warmup_steps": cfg.warmup_steps, "seed": cfg.seed, "cluster": cfg.cluster.name,
               "launcher": cfg.launcher.name, "repeat": repeat,
@@ -63,7 +71,8 @@ def _spec(cfg: SweepConfig, point: dict[str, Any], repeat: int, **override: Any)
         raise ConfigError(f"run {point}: {e}") from None
 
 
-def _feasibility(cfg: SweepConfig, spec: RunSpec) -> tuple[float, bool, str | None]:
+def feasibility(cfg: SweepConfig, spec: RunSpec) -> tuple[float, bool, str | None]:
+    """Memory estimate per GPU (GiB), whether it fits the cluster's GPUs, and why not."""
     est = estimate_memory(get_arch(spec.model), sharding=spec.sharding, precision=spec.precision,
                           ac=spec.activation_checkpointing, wrap_policy=spec.wrap_policy,
                           nodes=spec.nodes, gpus_per_node=spec.gpus_per_node,
@@ -75,6 +84,19 @@ def _feasibility(cfg: SweepConfig, spec: RunSpec) -> tuple[float, bool, str | No
                                       f"{limit:g} GiB (states {est.states / 2**30:.1f}, activations "
                                       f"{est.activations / 2**30:.1f})")
     return est.total_gib, True, None
+
+
+def auto_start(cfg: SweepConfig, spec: RunSpec) -> tuple[int, float, bool, str | None]:
+    """micro_batch auto: the largest power of two up to micro_batch_search.max whose estimate fits.
+
+    Returns (start, estimate at start, feasible, reason): infeasible when not even 1 fits.
+    """
+    m = 1 << (cfg.micro_batch_search.max.bit_length() - 1)
+    while True:
+        est, ok, reason = feasibility(cfg, replace(spec, micro_batch=m))
+        if ok or m == 1:
+            return m, est, ok, reason
+        m //= 2
 
 
 def _probe_specs(cfg: SweepConfig) -> list[RunSpec]:
@@ -97,8 +119,12 @@ def expand(cfg: SweepConfig) -> list[PlannedRun]:
             if spec.run_id in seen:
                 continue
             seen.add(spec.run_id)
-            est, ok, reason = _feasibility(cfg, spec)
-            plan.append(PlannedRun(spec, est, ok, reason))
+            if spec.auto_micro_batch:
+                start, est, ok, reason = auto_start(cfg, spec)
+                plan.append(PlannedRun(spec, est, ok, reason, micro_batch_start=start))
+            else:
+                est, ok, reason = feasibility(cfg, spec)
+                plan.append(PlannedRun(spec, est, ok, reason))
     for spec in _probe_specs(cfg):
         if spec.run_id not in seen:
             seen.add(spec.run_id)

@@ -11,15 +11,19 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from bench import rundir
 from bench.collect import infeasible_summary, summarize_run, write_results
 from bench.config import SweepConfig
 from bench.launchers.base import PROJECT_ROOT, Launcher, Outcome
-from bench.plan import PlannedRun
+from bench.plan import PlannedRun, feasibility
 from bench.progress import Progress
 from bench.schema import RETRYABLE_STATUSES, RunSummary
+
+SEARCH_DIR = "search"  # an auto micro batch run's trials: <run dir>/search/mb<N>/
 
 
 def git_revision() -> str | None:
@@ -83,6 +87,8 @@ def execute(cfg: SweepConfig, plan: list[PlannedRun], launcher: Launcher, sweep_
             rundir.write_spec(rd, spec)
             if not planned.feasible:
                 summary = infeasible_summary(spec, cfg.name, rd, planned.est_mem_gib, planned.reason)
+            elif spec.auto_micro_batch:
+                summary = _search_micro_batch(cfg, planned, launcher, rd, rev, stop, progress)
             else:
                 summary = _launch(cfg, planned, launcher, rd, rev, stop, progress)
             rundir.write_summary(rd, summary)
@@ -113,6 +119,35 @@ def _launch(cfg: SweepConfig, planned: PlannedRun, launcher: Launcher, rd: Path,
         launcher.logs(handle, rd)
     return summarize_run(spec, cfg.name, rd, outcome, est_mem_gib=planned.est_mem_gib, git_rev=rev,
                          started_at=started)
+
+
+def _search_micro_batch(cfg: SweepConfig, planned: PlannedRun, launcher: Launcher, rd: Path, rev: str | None,
+                        stop: threading.Event, progress: Progress) -> RunSummary:
+    """micro_batch auto: short trial runs (in rd/search/mbN) from the estimate's start, halving on OOM,
+    then the real run at the size that fitted. The search is recorded in the summary's extra."""
+    search, spec = cfg.micro_batch_search, planned.spec
+    trials: list[dict[str, Any]] = []
+    m, last = planned.micro_batch_start or 1, None
+    while m >= 1 and not stop.is_set():
+        trial = replace(spec, micro_batch=m, steps=search.steps, warmup_steps=search.warmup_steps)
+        last = _launch(cfg, PlannedRun(trial, None, True), launcher, rd / SEARCH_DIR / f"mb{m}", rev, stop, progress)
+        trials.append({"micro_batch": m, "status": last.status, "mem_peak_alloc_gib": last.mem_peak_alloc_gib,
+                       "step_time_s": last.step_time_s, "error": last.error})
+        if last.status != "oom":
+            break
+        m //= 2
+    if last is not None and last.status == "ok":
+        final = replace(spec, micro_batch=trials[-1]["micro_batch"])
+        summary = _launch(cfg, PlannedRun(final, feasibility(cfg, final)[0], True), launcher, rd, rev, stop,
+                          progress)
+    else:  # every size ran out of memory, another failure, or a stop: the run ends as its last trial did
+        summary = last or RunSummary(run_id=spec.run_id, sweep=cfg.name, status="cancelled", spec=spec,
+                                     error="stopped before the micro batch search began")
+        summary.spec, summary.run_id, summary.run_dir = spec, spec.run_id, str(rd)
+        if summary.status == "oom":
+            summary.error = f"micro batch search: out of memory at every size from {trials[0]['micro_batch']} to 1"
+    summary.extra = {**summary.extra, "micro_batch_search": trials}
+    return summary
 
 
 def _clear_previous_attempt(rd: Path) -> None:

@@ -50,7 +50,7 @@ class RunSpec:
     precision: str = "bf16_mixed"
     activation_checkpointing: str = "none"
     wrap_policy: str = "transformer_block"
-    micro_batch: int = 1
+    micro_batch: int = 1  # per GPU; 0 = auto: the sweep searches the largest that fits before the run
     seq_len: int = 128
     steps: int = 10
     warmup_steps: int = 3
@@ -69,10 +69,10 @@ class RunSpec:
         _check_choice("precision", self.precision, PRECISIONS)
         _check_choice("activation_checkpointing", self.activation_checkpointing, AC_MODES)
         _check_choice("wrap_policy", self.wrap_policy, WRAP_POLICIES)
-        for name in ("nodes", "gpus_per_node", "micro_batch", "seq_len", "steps", "nccl_iters"):
+        for name in ("nodes", "gpus_per_node", "seq_len", "steps", "nccl_iters"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("warmup_steps", "efa_per_node", "repeat", "seed"):
+        for name in ("micro_batch", "warmup_steps", "efa_per_node", "repeat", "seed"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.kind == "train" and self.warmup_steps >= self.steps:
@@ -82,6 +82,10 @@ class RunSpec:
                              f"gpus_per_node >= 2 (got {self.gpus_per_node})")
         if not 0 < self.nccl_min_bytes <= self.nccl_max_bytes:
             raise ValueError("nccl_min_bytes must be > 0 and <= nccl_max_bytes")
+
+    @property
+    def auto_micro_batch(self) -> bool:
+        return self.kind == "train" and self.micro_batch == 0
 
     @property
     def world_size(self) -> int:
@@ -102,7 +106,7 @@ class RunSpec:
             return f"nccl-allreduce-n{self.nodes}x{self.gpus_per_node}-efa{self.efa_per_node}-r{self.repeat}"
         ac = {"none": "noac", "full": "acfull", "selective": "acsel"}[self.activation_checkpointing]
         return (f"{self.model}-n{self.nodes}x{self.gpus_per_node}-{self.sharding.lower()}-"
-                f"{self.precision}-{ac}-{self.wrap_policy}-mb{self.micro_batch}-s{self.seq_len}-"
+                f"{self.precision}-{ac}-{self.wrap_policy}-mb{self.micro_batch or 'auto'}-s{self.seq_len}-"
                 f"efa{self.efa_per_node}-r{self.repeat}")
 
     def to_dict(self) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import Any
 
 from bench import rundir
 from bench.config import ConfigError, SweepConfig, from_dict
+from bench.cost import plan_cost
 from bench.launchers.base import PROJECT_ROOT
 from bench.plan import PlannedRun, expand
 
@@ -55,7 +56,10 @@ def format_plan(plan: list[PlannedRun]) -> str:
     rows = [("run", "id", "est GiB/GPU", "status")]
     for p in plan:
         est = f"{p.est_mem_gib:.1f}" if p.est_mem_gib is not None else "-"
-        rows.append((p.spec.label, p.spec.run_id, est, "planned" if p.feasible else f"infeasible: {p.reason}"))
+        status = "planned" if p.feasible else f"infeasible: {p.reason}"
+        if p.micro_batch_start and p.feasible:
+            status += f" (micro batch search from {p.micro_batch_start})"
+        rows.append((p.spec.label, p.spec.run_id, est, status))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]}" for r in rows)
 
@@ -73,7 +77,7 @@ def dry_run(launcher: Any, plan: list[PlannedRun], sweep_dir: Path) -> None:
             continue
         rd = rundir.run_dir(sweep_dir, p.spec)
         rundir.write_spec(rd, p.spec)
-        sub = launcher.render(p.spec, rd)
+        sub = launcher.render(p.first_spec, rd)
         rundir.write_json(rd / rundir.SUBMISSION_DIR / "submission.json", sub.describe())
         for name, content in sub.files.items():
             rundir.atomic_write_text(rd / rundir.SUBMISSION_DIR / name, content)
@@ -111,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     infeasible = sum(not p.feasible for p in plan)
     print(f"sweep {cfg.name}: {len(plan)} runs planned ({infeasible} infeasible) on {cfg.cluster.name} "
           f"with launcher {cfg.launcher.name} -> {sweep_dir}")
+    cost = plan_cost([p.first_spec for p in plan if p.feasible], cfg.cluster, cfg.launcher.timeout_s)
+    print(cost.line(cfg.cluster.name))
     if cfg.dry_run or cfg.launcher.name == "dryrun":
         print(format_plan(plan))
         dry_run(launcher, plan, sweep_dir)

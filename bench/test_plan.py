@@ -108,3 +108,30 @@ def test_config_error_type_is_raised_by_from_dict() -> None:
     raw["axes"]["micro_batch"] = [0]
     with pytest.raises(ConfigError, match="positive integer"):
         from_dict(raw)
+
+
+def test_auto_micro_batch_starts_at_the_largest_power_of_two_that_fits() -> None:
+    from dataclasses import replace
+
+    from bench.plan import feasibility
+    raw, _ = compose(["+sweep=p5_scaling", "axes.model=[llama2_13b]", "axes.nodes=[1]", "axes.micro_batch=[auto]",
+                      "axes.activation_checkpointing=[none]", "nccl.enabled=false"])
+    cfg = from_dict(raw)
+    for p in expand(cfg):
+        assert p.spec.micro_batch == 0 and "mbauto" in p.spec.label and p.feasible
+        start = p.micro_batch_start
+        assert feasibility(cfg, replace(p.spec, micro_batch=start))[1]
+        assert start == 64 or not feasibility(cfg, replace(p.spec, micro_batch=2 * start))[1]
+        assert 1 <= start < 64  # 13B at 4096 tokens without AC cannot hold 64 sequences per 80 GB GPU
+    local = plan_for("+sweep=smoke", "axes.micro_batch=[auto,2]", "micro_batch_search.max=6", "nccl.enabled=false")
+    assert {p.micro_batch_start for p in local if p.spec.micro_batch == 0} == {4}  # no memory limit: 4 <= 6
+    assert {p.spec.micro_batch for p in local} == {0, 2}
+
+
+@pytest.mark.parametrize("override,message", [("axes.micro_batch=[0]", "axes.micro_batch must be a positive"),
+                                              ("axes.micro_batch=[big]", "axes.micro_batch must be a positive"),
+                                              ("micro_batch_search.max=0", "micro_batch_search.max must be")])
+def test_micro_batch_values_are_checked(override: str, message: str) -> None:
+    raw, _ = compose(["+sweep=smoke", override])
+    with pytest.raises(ConfigError, match=message):
+        from_dict(raw)

@@ -132,3 +132,21 @@ def test_smoke_sweep_end_to_end_then_resume(tmp_path: Path) -> None:
     again = sweep(tmp_path)
     assert again.returncode == 0 and "skipped 16" in again.stdout
     assert time.monotonic() - started < 30
+
+
+@pytest.mark.slow
+def test_auto_micro_batch_backs_off_from_an_injected_oom(tmp_path: Path) -> None:
+    """Search from 8 (max), OOM injected at 8 and 4: the run trains at 2 and records the search."""
+    args = [*ONE_NODE, "axes.precision=[fp32]", "axes.micro_batch=[auto]", "micro_batch_search.max=8",
+            "micro_batch_search.steps=2", "faults=[{match:{micro_batch:[8,4]},fault:oom,step:1}]"]
+    proc = sweep(tmp_path, *args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    frame = table(tmp_path)
+    assert len(frame) == 1 and frame.status[0] == "ok" and frame.micro_batch[0] == 2
+    search = json.loads(frame.extra[0])["micro_batch_search"]
+    assert [(t["micro_batch"], t["status"]) for t in search] == [(8, "oom"), (4, "oom"), (2, "ok")]
+    run = next((tmp_path / "smoke" / "runs").iterdir())
+    assert "mbauto" in run.name and sorted(p.name for p in (run / "search").iterdir()) == ["mb2", "mb4", "mb8"]
+    assert frame.tokens_per_s[0] > 0  # the real run (3 steps), not the 2-step trial
+    assert json.loads((run / rundir.SUMMARY_JSON).read_text())["steps"] == 3
+    assert "skipped 1" in sweep(tmp_path, *args).stdout  # resume finds it done

@@ -23,7 +23,8 @@ from bench.schema import RunSpec, RunSummary  # noqa: E402
 
 
 def synthesize(sweep_dir: Path, n_runs: int = 10_000) -> None:
-    """Run dirs with summaries (ok, with some failures) and the results table, as a sweep leaves them."""
+    """Run dirs with summaries (ok, with some failures; loss curves, wall times) and five all-reduce probes,
+    and the results table, as a sweep leaves them."""
     rng = random.Random(0)
     axes = itertools.product(["llama2_7b", "llama2_13b", "llama2_70b", "llama3_1_8b"],
                              ["FULL_SHARD", "HYBRID_SHARD", "SHARD_GRAD_OP", "NO_SHARD"],
@@ -37,9 +38,17 @@ def synthesize(sweep_dir: Path, n_runs: int = 10_000) -> None:
                              tokens_per_s=tps if ok else None, tflops_per_gpu=tps * 4e-11 if ok else None,
                              mfu=tps * 4e-14 if ok else None, mem_peak_alloc_gib=40.0 if ok else None,
                              est_mem_gib=38.0, step_time_s=1.0 if ok else None,
-                             error=None if ok else "OutOfMemoryError: CUDA out of memory")
+                             error=None if ok else "OutOfMemoryError: CUDA out of memory", wall_s=300.0,
+                             extra={"losses": [11.0 - 0.1 * i for i in range(10)]} if ok else {})
         d = rundir.run_dir(sweep_dir, spec)
         rundir.write_summary(d, summary)
+    for nodes in (1, 2, 4, 8, 16):  # all-reduce probes, so the communication model has bandwidths
+        spec = RunSpec(kind="nccl", model="none", nodes=nodes, gpus_per_node=8, efa_per_node=0,
+                       cluster="p5.48xlarge")
+        sizes = [{"size": 8 << k, "busbw": 400.0 / nodes * k / 30, "algbw": 1.0, "time_us": 1.0} for k in range(30)]
+        rundir.write_summary(rundir.run_dir(sweep_dir, spec), RunSummary(
+            run_id=spec.run_id, sweep=sweep_dir.name, status="ok", spec=spec, nccl_busbw_max_gbs=400.0 / nodes,
+            wall_s=60.0, extra={"sizes": sizes}))
     write_results(sweep_dir)
 
 

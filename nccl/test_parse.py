@@ -105,6 +105,15 @@ def test_concatenated_logs_give_one_result_each(shared_data) -> None:
     assert [r.status for r in results] == ["ok", "ok"]
 
 
+def test_nccl_info_lines_inside_a_table_leave_its_rows_alone(shared_data) -> None:
+    clean = text(shared_data, "sample_06.txt")
+    noisy = clean.replace("\n     1048576 ", "\nhost:1:1 [0] NCCL INFO Channel 00 via NET/Socket/0\n     1048576 ", 1)
+    assert noisy != clean
+    a, b = parse(clean), parse(noisy)
+    assert b.rows == a.rows and len(a.rows) == 62
+    assert b.transport_evidence and not a.transport_evidence
+
+
 def test_json_output(shared_data) -> None:
     """-J output in nccl-tests' JSON layout, carrying the rows of a real table."""
     table = parse(text(shared_data, "sample_06.txt"))

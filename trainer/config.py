@@ -45,6 +45,8 @@ def parse_args(argv: list[str] | None = None) -> TrainArgs:
         arch = get_arch(spec.model)
         if spec.kind != "train":
             raise ValueError("the trainer runs kind=train specs; nccl probes run `python -m nccl.probe`")
+        if spec.micro_batch < 1:
+            raise ValueError("micro_batch must be >= 1 (auto is resolved by the sweep before launch)")
         if spec.seq_len > arch.max_seq_len:
             raise ValueError(f"seq_len {spec.seq_len} exceeds {spec.model}'s maximum {arch.max_seq_len}")
         if ns.nvml_interval_s <= 0:

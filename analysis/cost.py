@@ -1,0 +1,86 @@
+"""Cost in the report: per run, per sweep, per million tokens, and the time and money to train N tokens.
+
+Prices are on-demand USD per instance-hour from each sweep's resolved cluster config (sweep.yaml), so a
+report prices a sweep as it was planned; `--price` overrides them (one figure, or CLUSTER=USD). A run
+costs its measured wall time (start-up included) on all its nodes; failed runs cost money too and are
+counted in the sweep totals. Cost per million tokens and time to train use the steady-state tokens/s.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from analysis.scaling import CONFIG
+from bench import rundir
+
+KEYS = CONFIG + ["nodes"]
+
+SWEEP_COLUMNS = ["sweep", "cluster", "price_per_hour", "runs", "instance_hours", "gpu_hours", "usd"]
+
+
+def sweep_prices(sweeps: list[Path]) -> dict[str, float | None]:
+    """Cluster name -> price per instance-hour, from the sweeps' resolved configs."""
+    prices: dict[str, float | None] = {}
+    for sweep in sweeps:
+        try:
+            cluster = (yaml.safe_load((sweep / rundir.SWEEP_CONFIG).read_text()) or {}).get("cluster") or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        if cluster.get("name"):
+            price = cluster.get("price_per_hour")
+            prices[str(cluster["name"])] = float(price) if price is not None else prices.get(cluster["name"])
+    return prices
+
+
+def parse_price_overrides(values: list[str], clusters: list[str]) -> dict[str, float]:
+    """`--price 98.32` (every cluster) or `--price p5.48xlarge=98.32`; ValueError on anything else."""
+    out: dict[str, float] = {}
+    for value in values:
+        name, _, usd = value.rpartition("=")
+        price = float(usd)
+        if price < 0:
+            raise ValueError(f"--price {value}: a price cannot be negative")
+        out.update({name: price} if name else {c: price for c in clusters})
+    return out
+
+
+def _price(frame: pd.DataFrame, prices: dict[str, float | None]) -> pd.Series:
+    return frame["cluster"].map(lambda c: prices.get(c)).astype(float)
+
+
+def run_costs(frame: pd.DataFrame, prices: dict[str, float | None]) -> pd.DataFrame:
+    """Every run's instance-hours and dollars (NaN where its wall time or price is unknown)."""
+    out = frame[["run_id", "kind", "status", "wall_s", *KEYS]].copy()
+    out["price_per_hour"] = _price(out, prices)
+    out["instance_hours"] = out["wall_s"].astype(float) * out["nodes"] / 3600
+    out["gpu_hours"] = out["instance_hours"] * out["gpus_per_node"]
+    out["usd"] = out["instance_hours"] * out["price_per_hour"]
+    return out
+
+
+def sweep_costs(runs: pd.DataFrame) -> pd.DataFrame:
+    """Totals per sweep over all its runs, failed ones included (they were paid for)."""
+    if runs.empty:
+        return pd.DataFrame(columns=SWEEP_COLUMNS)
+    return runs.groupby(["sweep", "cluster"], dropna=False).agg(
+        price_per_hour=("price_per_hour", "first"), runs=("run_id", "count"),
+        instance_hours=("instance_hours", "sum"), gpu_hours=("gpu_hours", "sum"),
+        usd=("usd", lambda s: s.sum() if s.notna().all() else np.nan)).reset_index()[SWEEP_COLUMNS]
+
+
+def config_costs(agg: pd.DataFrame, runs: pd.DataFrame, prices: dict[str, float | None],
+                 train_tokens: float) -> pd.DataFrame:
+    """Per configuration and node count: dollars per run and per million tokens, time and cost to train."""
+    out = agg[[*KEYS, "tokens_per_s"]].copy()
+    out["price_per_hour"] = _price(out, prices)
+    train = runs[runs["kind"] == "train"]
+    median_usd = train.groupby(KEYS, dropna=False)["usd"].median().rename("usd_per_run").reset_index()
+    out = out.merge(median_usd, on=KEYS, how="left")
+    hourly = out["price_per_hour"] * out["nodes"]
+    out["usd_per_million_tokens"] = hourly / 3600 / out["tokens_per_s"] * 1e6
+    out["days_to_train"] = train_tokens / out["tokens_per_s"] / 86400
+    out["usd_to_train"] = hourly * train_tokens / out["tokens_per_s"] / 3600
+    return out

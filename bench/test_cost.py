@@ -1,0 +1,55 @@
+"""The plan's cost line: GPU-hours and dollars from the cluster's price table, before anything launches."""
+from __future__ import annotations
+
+import pytest
+
+from bench.config import from_dict
+from bench.cost import ASSUMED_MFU, STARTUP_S, estimated_seconds, plan_cost
+from bench.flops import model_flops_per_token
+from bench.models import get_arch
+from bench.plan import expand
+from bench.schema import RunSpec
+from bench.sweep import compose, main
+
+
+def cfg_for(*overrides: str):
+    raw, _ = compose(list(overrides))
+    return from_dict(raw)
+
+
+def test_timeout_bound_and_gpu_hours_have_exact_answers() -> None:
+    cfg = cfg_for("+sweep=p5_scaling", "axes.model=[llama2_7b]", "axes.nodes=[1,2]", "axes.sharding=[FULL_SHARD]",
+                  "nccl.enabled=false", "launcher.timeout_s=900")
+    specs = [p.spec for p in expand(cfg)]
+    cost = plan_cost(specs, cfg.cluster, cfg.launcher.timeout_s)
+    assert cost.price_per_hour == 98.32  # sweeps/cluster/p5.48xlarge.yaml
+    assert cost.usd_at_timeout == pytest.approx(3 * 0.25 * 98.32)  # 1 + 2 nodes, 15 minutes each
+    assert cost.gpu_hours == pytest.approx(8 * cost.instance_hours)
+    assert cost.usd == pytest.approx(cost.instance_hours * 98.32)
+    assert cost.usd < cost.usd_at_timeout
+
+
+def test_step_time_estimate_against_the_6n_rule() -> None:
+    """No AC: the estimate is the model FLOPs of a step at the assumed MFU of an H100's 989.4 TFLOPS."""
+    spec = RunSpec(model="llama2_7b", nodes=2, gpus_per_node=8, seq_len=4096, micro_batch=2, steps=30,
+                   activation_checkpointing="none", cluster="p5.48xlarge")
+    flops = 6 * (6_738_415_616 - 32000 * 4096) + 12 * 32 * 4096 * 4096  # Llama-2-7b without its input embedding
+    assert model_flops_per_token(get_arch("llama2_7b"), 4096) == flops
+    step = 2 * 4096 * flops / (989.4e12 * ASSUMED_MFU)  # per GPU: micro batch x seq len tokens
+    assert estimated_seconds(spec, "H100-SXM") == pytest.approx(STARTUP_S + 30 * step)
+    ac = RunSpec(**{**spec.to_dict(), "activation_checkpointing": "full"})
+    assert estimated_seconds(ac, "H100-SXM") > estimated_seconds(spec, "H100-SXM")  # recompute costs time
+    assert estimated_seconds(spec, None) is None  # CPU: no peak, no estimate
+
+
+def test_plan_prints_the_cost_and_the_price_is_overridable(capsys, tmp_path) -> None:
+    args = ["+sweep=p5_scaling", "--dry-run", f"results_root={tmp_path}", "launcher=dryrun"]
+    assert main(args) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("cost estimate"))
+    assert "at $98.32/h per p5.48xlarge instance" in line and "GPU-hours" in line
+    assert main([*args, "cluster.price_per_hour=9.832"]) == 0
+    cheaper = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("cost estimate"))
+    usd = [float(x.split(" ")[-1].strip("$").replace(",", "")) for x in (line.split(" at $")[0], cheaper.split(" at $")[0])]
+    assert usd[1] == pytest.approx(usd[0] / 10, rel=1e-3)
+    assert main(["+sweep=smoke", "--dry-run", f"results_root={tmp_path}"]) == 0
+    assert "no price_per_hour for local" in capsys.readouterr().out
