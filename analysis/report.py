@@ -164,8 +164,9 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
     for name, (title, make, source) in FIGURES.items():
         fig = make(agg if source == "agg" else sizes)
         if fig is not None:
-            for ext in ("png", "svg"):
-                fig.savefig(out / f"{name}.{ext}", dpi=110)
+            fig.savefig(out / f"{name}.png", dpi=110)
+            fig.set_layout_engine("none")  # keep the layout the PNG computed: the SVG need not redo it
+            fig.savefig(out / f"{name}.svg", dpi=110)
             charts[name] = title
     notes = loaded.notes + missing_baselines(agg) + departures(parity)
     unpriced = sorted(c for c in frame["cluster"].dropna().unique() if price_table.get(c) is None)

@@ -124,6 +124,11 @@ def test_smoke_sweep_end_to_end_then_resume(tmp_path: Path) -> None:
     for chart in ("throughput_vs_nodes", "efficiency_vs_nodes", "tflops_per_config", "memory_vs_nodes",
                   "busbw_vs_size"):
         assert (out / f"{chart}.png").stat().st_size > 5000 and (out / f"{chart}.svg").is_file()
+    parity = pd.read_csv(out / "loss_parity.csv")  # 4 strategies x AC on/off: one loss curve per group
+    assert len(parity) == 2 * 5 and set(parity["verdict"]) == {"same curve"}
+    assert set(parity["reference run"]) == {"FULL_SHARD AC=none transformer_block r0"}
+    comm = pd.read_csv(out / "comm_model.csv")  # probes at 1 and 2 nodes feed the communication model
+    assert len(comm) == 14 and comm["modelled comm (s)"].notna().all()
     scaling = pd.read_csv(out / "scaling.csv")
     train = frame[frame.kind == "train"]
     assert sorted(scaling["tokens/s"]) == pytest.approx(sorted(train.tokens_per_s), rel=1e-9)
