@@ -22,9 +22,9 @@ import numpy as np
 import pandas as pd
 
 from analysis.scaling import CONFIG
+from bench.flops import COMPUTE_BYTES  # parameters are all-gathered in the compute dtype
 from bench.models import count_params, get_arch
 
-GATHER_BYTES = {"fp32": 4, "bf16_mixed": 2, "fp16_mixed": 2, "bf16_pure": 2}
 REDUCE_BYTES = {"fp32": 4, "bf16_mixed": 4, "fp16_mixed": 4, "bf16_pure": 2}  # the policy's reduce_dtype
 COMM_BOUND = 0.9  # modelled comm time >= 90% of the step: nothing left to hide it behind
 EXPLAINED = 0.5  # comm growth covers >= half of the step-time growth
@@ -34,7 +34,7 @@ def bus_bytes(sharding: str, precision: str, params: int, nodes: int,
               gpus_per_node: int) -> tuple[float, float]:
     """(intra-node, inter-node-or-world) bus bytes per GPU per step; the first is non-zero for HYBRID only."""
     w, g, n = nodes * gpus_per_node, gpus_per_node, nodes
-    bp, bg = GATHER_BYTES[precision] * params, REDUCE_BYTES[precision] * params
+    bp, bg = COMPUTE_BYTES[precision] * params, REDUCE_BYTES[precision] * params
     if sharding == "FULL_SHARD":
         return 0.0, (w - 1) / w * (2 * bp + bg)
     if sharding == "SHARD_GRAD_OP":
@@ -61,12 +61,12 @@ def _model_row(row: pd.Series, sizes: pd.DataFrame) -> dict[str, object]:
     params = count_params(arch)
     nodes, gpn = int(row["nodes"]), int(row["gpus_per_node"])
     intra, world = bus_bytes(row["sharding"], row["precision"], params, nodes, gpn)
-    block_message = params / max(arch.blocks, 1) * GATHER_BYTES[row["precision"]]
+    block_message = params / max(arch.blocks, 1) * COMPUTE_BYTES[row["precision"]]
     bw_world = busbw_at(sizes, nodes, row["efa_per_node"], block_message) if world else None
     bw_intra = busbw_at(sizes, 1, row["efa_per_node"], block_message) if intra else None
-    missing = (world and bw_world is None) or (intra and bw_intra is None)
-    seconds = None if missing else (world / (bw_world * 1e9) if world else 0.0) + (
-        intra / (bw_intra * 1e9) if intra else 0.0)
+    legs = [(nbytes, bw) for nbytes, bw in ((world, bw_world), (intra, bw_intra)) if nbytes]
+    seconds = (float("nan") if any(bw is None for _, bw in legs)
+               else sum((nbytes / (bw * 1e9) for nbytes, bw in legs), 0.0))
     return {"comm_gb_per_gpu": (intra + world) / 1e9, "busbw_gbs": bw_world if world else bw_intra,
             "comm_s": seconds}
 
@@ -78,20 +78,17 @@ def comm_model(agg: pd.DataFrame, sizes: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     train = train.join(pd.DataFrame([_model_row(r, sizes) for _, r in train.iterrows()], index=train.index))
     train["comm_fraction"] = train["comm_s"] / train["step_time_s"]
-    train["lost_s"], train["comm_growth_s"], train["verdict"] = np.nan, np.nan, ""
-    for _, group in train.groupby(CONFIG, dropna=False):
-        ref = group.loc[group["nodes"].idxmin()]
-        for idx, row in group.iterrows():
-            lost_s = row["step_time_s"] - ref["step_time_s"]
-            known = pd.notna(row["comm_s"]) and pd.notna(ref["comm_s"])
-            grew_s = row["comm_s"] - ref["comm_s"] if known else None
-            train.loc[idx, ["lost_s", "comm_growth_s"]] = [lost_s, np.nan if grew_s is None else grew_s]
-            is_base = row["nodes"] == ref["nodes"]
-            train.loc[idx, "verdict"] = verdict(row["comm_fraction"], lost_s, grew_s, is_base)
+    # Each configuration's base is the one scaling efficiency uses (aggregate() set base_nodes).
+    base = train[train["nodes"] == train["base_nodes"]][[*CONFIG, "step_time_s", "comm_s"]]
+    train = train.merge(base, on=CONFIG, how="left", suffixes=("", "_base"))
+    train["lost_s"] = train["step_time_s"] - train["step_time_s_base"]
+    train["comm_growth_s"] = train["comm_s"] - train["comm_s_base"]
+    train["verdict"] = [verdict(r.comm_fraction, r.lost_s, r.comm_growth_s, r.nodes == r.base_nodes)
+                        for r in train.itertuples()]
     return train
 
 
-def verdict(comm_fraction: float, lost_s: float, grew_s: float | None, is_base: bool) -> str:
+def verdict(comm_fraction: float, lost_s: float, grew_s: float, is_base: bool) -> str:
     """Why this point lost efficiency against its base node count, in words."""
     if pd.isna(comm_fraction):
         return "no probe at this node/EFA count: cannot tell"
@@ -101,6 +98,6 @@ def verdict(comm_fraction: float, lost_s: float, grew_s: float | None, is_base: 
         return "base"
     if lost_s <= 0:
         return "no efficiency lost"
-    if grew_s is not None and grew_s >= EXPLAINED * lost_s:
+    if pd.notna(grew_s) and grew_s >= EXPLAINED * lost_s:
         return f"communication-bound ({min(grew_s / lost_s, 1):.0%} of the lost time is slower collectives)"
     return "not communication-bound (collectives explain little of the lost time)"

@@ -14,7 +14,7 @@ import pandas as pd
 
 GROUP = ["sweep", "cluster", "model", "nodes", "gpus_per_node", "precision", "micro_batch", "seq_len", "seed",
          "steps"]
-VARIANT = ["sharding", "activation_checkpointing", "wrap_policy", "repeat"]
+PLAIN = {"sharding": "FULL_SHARD", "activation_checkpointing": "none", "wrap_policy": "transformer_block"}
 # Max relative deviation from the reference curve: reduction-order noise of each precision.
 TOLERANCE = {"fp32": 1e-3, "bf16_mixed": 2e-2, "fp16_mixed": 2e-2, "bf16_pure": 5e-2}
 COLUMNS = ["model", "nodes", "precision", "reference", "run", "steps_compared", "max_rel_deviation",
@@ -30,6 +30,10 @@ def _losses(extra: object) -> list[float] | None:
 
 def _name(row: pd.Series) -> str:
     return f"{row['sharding']} AC={row['activation_checkpointing']} {row['wrap_policy']} r{row['repeat']}"
+
+
+def _plain_first(column: pd.Series) -> pd.Series:
+    return column != PLAIN[column.name] if column.name in PLAIN else column
 
 
 def max_rel_deviation(curve: list[float], reference: list[float]) -> float:
@@ -49,9 +53,7 @@ def loss_parity(frame: pd.DataFrame) -> pd.DataFrame:
     for _, group in train.groupby(GROUP, dropna=False):
         if len(group) < 2:
             continue
-        plain = [group["sharding"] != "FULL_SHARD", group["activation_checkpointing"] != "none",
-                 group["wrap_policy"] != "transformer_block"]  # the reference: plain FULL_SHARD first
-        group = group.assign(o1=plain[0], o2=plain[1], o3=plain[2]).sort_values(["o1", "o2", "o3", "repeat"])
+        group = group.sort_values([*PLAIN, "repeat"], key=_plain_first)  # the reference: plain FULL_SHARD
         reference = group.iloc[0]
         tolerance = TOLERANCE.get(reference["precision"], 5e-2)
         for _, run in group.iloc[1:].iterrows():

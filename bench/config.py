@@ -217,6 +217,7 @@ def from_dict(raw: dict[str, Any]) -> SweepConfig:
         name=str(raw["sweep_name"]), results_root=str(raw.get("results_root", "results")), axes=axes,
         repeats=_positive_int(raw.get("repeats", 1), "repeats"), steps=steps, warmup_steps=warmup,
         seed=int(raw.get("seed", 0)), exclude=tuple(raw.get("exclude") or ()), nccl=nccl,
-        faults=faults, micro_batch_search=search, cluster=cluster, launcher=launcher, dry_run=bool(raw.get("dry_run")),
+        faults=faults, micro_batch_search=search, cluster=cluster, launcher=launcher,
+        dry_run=bool(raw.get("dry_run")),
         rerun_failed=bool(raw.get("rerun_failed")), force=bool(raw.get("force")),
         progress=bool(raw.get("progress", True)))

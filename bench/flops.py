@@ -62,7 +62,7 @@ def hardware_flops_per_token(a: ModelArch, seq_len: int, ac: str) -> float:
 # ---------------------------------------------------------------- memory estimate
 
 _STATE_BYTES = {"fp32": 16, "bf16_mixed": 16, "fp16_mixed": 16, "bf16_pure": 8}
-_COMPUTE_BYTES = {"fp32": 4, "bf16_mixed": 2, "fp16_mixed": 2, "bf16_pure": 2}
+COMPUTE_BYTES = {"fp32": 4, "bf16_mixed": 2, "fp16_mixed": 2, "bf16_pure": 2}
 
 
 def shard_size(sharding: str, nodes: int, gpus_per_node: int) -> int:
@@ -106,7 +106,7 @@ def estimate_memory(a: ModelArch, *, sharding: str, precision: str, ac: str, wra
     worth launching and is drawn against the measured peak in the report.
     """
     params = count_params(a)
-    c = _COMPUTE_BYTES[precision]
+    c = COMPUTE_BYTES[precision]
     states = params * _STATE_BYTES[precision] / shard_size(sharding, nodes, gpus_per_node)
     biggest_block = max(block_params(a))
     root = params - sum(block_params(a))  # embeddings, final norms, lm_head: the root FSDP unit

@@ -130,7 +130,8 @@ def _search_micro_batch(cfg: SweepConfig, planned: PlannedRun, launcher: Launche
     m, last = planned.micro_batch_start or 1, None
     while m >= 1 and not stop.is_set():
         trial = replace(spec, micro_batch=m, steps=search.steps, warmup_steps=search.warmup_steps)
-        last = _launch(cfg, PlannedRun(trial, None, True), launcher, rd / SEARCH_DIR / f"mb{m}", rev, stop, progress)
+        trial_dir = rd / SEARCH_DIR / f"mb{m}"
+        last = _launch(cfg, PlannedRun(trial, None, True), launcher, trial_dir, rev, stop, progress)
         trials.append({"micro_batch": m, "status": last.status, "mem_peak_alloc_gib": last.mem_peak_alloc_gib,
                        "step_time_s": last.step_time_s, "error": last.error})
         if last.status != "oom":
@@ -145,7 +146,8 @@ def _search_micro_batch(cfg: SweepConfig, planned: PlannedRun, launcher: Launche
                                      error="stopped before the micro batch search began")
         summary.spec, summary.run_id, summary.run_dir = spec, spec.run_id, str(rd)
         if summary.status == "oom":
-            summary.error = f"micro batch search: out of memory at every size from {trials[0]['micro_batch']} to 1"
+            start = trials[0]["micro_batch"]
+            summary.error = f"micro batch search: out of memory at every size from {start} to 1"
     summary.extra = {**summary.extra, "micro_batch_search": trials}
     return summary
 

@@ -127,6 +127,7 @@ class RunSpec:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
+SPEC_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RunSpec))
 
 
 def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
@@ -138,9 +139,6 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
 def spec_from_namespace(ns: argparse.Namespace) -> RunSpec:
     """RunSpec from parsed arguments; raises ValueError on invalid values."""
     return RunSpec(**{name: getattr(ns, name) for name in SPEC_FIELDS})
-
-
-SPEC_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RunSpec))
 
 
 @dataclass
