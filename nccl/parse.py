@@ -8,25 +8,47 @@ The column layout is read from the table's own header line, so a new column orde
 an excerpt without a header falls back to the layout its token count implies. Lines may carry
 `mpirun --tag-output` ([1,0]<stdout>:), `srun -l` (0: ), timestamp or ANSI prefixes, and NCCL INFO lines
 may sit inside the table. A stream may hold several runs (concatenated logs): `parse_all` splits them.
+
+Why it is built the way it is: 100 MB of logs must parse in seconds. Cutting lines, stripping launcher
+prefixes, classifying lines and converting table cells are pyarrow compute kernels over all lines at once;
+only the lines that carry structure (headers, footers, config, versions, NCCL INFO, errors) pass through
+the Python state machine, and table rows become NcclRow objects only when someone reads `rows`.
 """
 from __future__ import annotations
 
 import json
 import re
+from bisect import bisect_left
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from functools import lru_cache
+from itertools import repeat
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 STATUSES = ("ok", "wrong_results", "truncated", "failed")
 PLACEMENTS = ("out-of-place", "in-place")
 _AVG_TOLERANCE_ABS = 0.011  # busbw is printed with 2 decimals; the Avg line with more
 _AVG_TOLERANCE_REL = 0.002
 
-_TAG = re.compile(r"^\[\d+,\d+\]<std(?:out|err)>:")  # mpirun --tag-output
-_SRUN = re.compile(r"^\s*\d+: ")  # srun -l
+_TAG_PATTERN = r"^\[\d+,\d+\]<std(?:out|err)>:"  # mpirun --tag-output
+_SRUN_PATTERN = r"^\d{1,6}: "  # srun -l
+_TAG = re.compile(_TAG_PATTERN)
+_SRUN = re.compile(r"^\s*\d+: ")
 _STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)? ")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+_RANK_PATTERN = r"^#+\s*Rank\s+(?P<rank>\d+)(?:\s|$)"  # "#  Rank  3 Group  0 Pid ..." device lines
+_NOTHING = r"^#+\s*(?:$|Using devices|\(B\)|out-of-place|Collective test)"  # comment lines that carry nothing
 _CONFIG = re.compile(r"(nThread|nGpus|minBytes|maxBytes|step|warmup iters|agg iters|iters|validation|graph)"
                      r":? (\S+)")
+_ERROR = re.compile(r"NCCL failure|Test NCCL failure|Test failure|CUDA failure|Segmentation fault|"
+                    r"Bus error|noticed that process rank|srun: error|# error:|ncclInternalError|"
+                    r"ncclSystemError|ncclRemoteError")
+_NETWORK = re.compile(r"NCCL INFO Using network (\S.*?)\s*$")
+_TRANSPORT_HINT = re.compile(r"NCCL INFO (?:NET/OFI Selected [Pp]rovider is \S+|NET/Socket :|NET/IB :|"
+                             r".* via (?:NET|P2P|SHM)/\S+|NET/OFI Using aws-ofi-nccl \S+)")
 _FALLBACK_LAYOUTS = {  # token count of a full row -> header columns
     13: "size count type redop root time algbw busbw #wrong time algbw busbw #wrong",
     12: "size count type redop time algbw busbw error time algbw busbw error",
@@ -48,9 +70,76 @@ class NcclRow(NamedTuple):
     error: float | None = None  # max error (before 2.13)
 
 
+class _Stats(NamedTuple):
+    """What status and the summary need from a block of rows, so that they need no row objects."""
+
+    rows: int
+    busbw_sum: float
+    busbw_max: float
+    algbw_max: float
+    wrong_sum: float
+
+    @classmethod
+    def of(cls, rows: list[NcclRow]) -> _Stats:
+        if not rows:
+            return cls(0, 0.0, -np.inf, -np.inf, 0.0)
+        return cls(len(rows), sum(r.busbw for r in rows), max(r.busbw for r in rows),
+                   max(r.algbw for r in rows), sum(r.wrong or 0 for r in rows))
+
+
+@dataclass
+class _Columns:
+    """Rows of one table, one array per field; rows are built from them only when asked for."""
+
+    size: np.ndarray
+    count: np.ndarray
+    text: dict[str, pa.Array]  # type, redop, root: where the table has them
+    values: tuple[np.ndarray, ...]  # per placement: time, algbw, busbw, wrong, error (NaN: none)
+    placements: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.size)
+
+    def cells(self, column: str, default: Any) -> list[Any]:
+        return self.text[column].to_pylist() if column in self.text else [default] * len(self)
+
+    def slice(self, a: int, b: int) -> _Columns:
+        return _Columns(self.size[a:b], self.count[a:b], {k: v.slice(a, b - a) for k, v in self.text.items()},
+                        tuple(v[a:b] for v in self.values), self.placements)
+
+    def rows(self) -> list[NcclRow]:
+        """NcclRows, out-of-place then in-place for each line, as the table prints them."""
+        fixed = (self.size.tolist(), self.count.tolist(), self.cells("type", "?"), self.cells("redop", None),
+                 self.cells("root", None))
+        per_placement = []
+        for k, placement in enumerate(self.placements):
+            time_us, algbw, busbw, wrong, error = self.values[5 * k:5 * k + 5]
+            per_placement.append(list(map(NcclRow._make, zip(
+                *fixed, repeat(placement), time_us.tolist(), algbw.tolist(), busbw.tolist(), _nullable(wrong),
+                _nullable(error)))))
+        return [row for rows in zip(*per_placement) for row in rows]
+
+
+def _nullable(values: np.ndarray) -> list[float | None]:
+    """NaN (no such cell, or N/A) as None."""
+    if np.isnan(values).all():
+        return [None] * len(values)
+    return [None if v != v else v for v in values.tolist()]
+
+
+class _Block(NamedTuple):
+    """Rows a:b of a bulk-converted column set: one table's share."""
+
+    columns: _Columns
+    a: int
+    b: int
+
+    def rows(self) -> list[NcclRow]:
+        return self.columns.slice(self.a, self.b).rows()
+
+
 @dataclass
 class NcclResult:
-    rows: list[NcclRow] = field(default_factory=list)
     avg_busbw_printed: float | None = None
     out_of_bounds: int | None = None
     ranks: int | None = None
@@ -60,35 +149,56 @@ class NcclResult:
     network: str | None = None  # NCCL's "Using network X"
     transport_evidence: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    _parts: list[tuple[_Stats, list[NcclRow] | _Block]] = field(default_factory=list, repr=False,
+                                                                   compare=False)
+    _rows: list[NcclRow] | None = field(default=None, repr=False, compare=False)
+
+    def add_rows(self, rows: list[NcclRow]) -> None:
+        if rows:
+            self._parts.append((_Stats.of(rows), rows))
+            self._rows = None
+
+    @property
+    def rows(self) -> list[NcclRow]:
+        """One row per message size and placement, in table order (built on first use)."""
+        if self._rows is None:
+            self._rows = [r for _, part in self._parts
+                          for r in (part if isinstance(part, list) else part.rows())]
+        return self._rows
+
+    @property
+    def _n(self) -> int:
+        return sum(s.rows for s, _ in self._parts)
 
     @property
     def avg_busbw(self) -> float | None:
         """Mean busbw over every size and placement: nccl-tests' definition of its Avg line."""
-        return sum(r.busbw for r in self.rows) / len(self.rows) if self.rows else None
+        n = self._n
+        return sum(s.busbw_sum for s, _ in self._parts) / n if n else None
 
     @property
     def busbw_max(self) -> float | None:
-        return max((r.busbw for r in self.rows), default=None)
+        return float(max(s.busbw_max for s, _ in self._parts)) if self._n else None
 
     @property
     def algbw_max(self) -> float | None:
-        return max((r.algbw for r in self.rows), default=None)
+        return float(max(s.algbw_max for s, _ in self._parts)) if self._n else None
 
     @property
     def wrong_total(self) -> float:
-        return sum(r.wrong or 0 for r in self.rows)
+        return sum(s.wrong_sum for s, _ in self._parts)
 
     @property
     def complete(self) -> bool:
         """The footer was printed and the rows reproduce its Avg (no rows missing from an excerpt)."""
-        if self.avg_busbw_printed is None or not self.rows:
+        if self.avg_busbw_printed is None or not self._n:
             return False
         diff = abs(self.avg_busbw - self.avg_busbw_printed)
         return diff <= _AVG_TOLERANCE_ABS + _AVG_TOLERANCE_REL * self.avg_busbw_printed
 
     @property
     def status(self) -> str:
-        if not self.rows:
+        if not self._n:
             return "failed"
         if self.wrong_total > 0 or (self.out_of_bounds or 0) > 0:
             return "wrong_results"
@@ -125,19 +235,23 @@ def strip_prefix(line: str) -> str:
 
 @dataclass(frozen=True)
 class _Layout:
-    """Column positions of a data row, computed once per table header."""
+    """Column positions of a data row, computed once per distinct table header."""
 
-    prefix: dict[str, int]
+    prefix: tuple[str, ...]  # the columns before the first time column, in order
     groups: tuple[tuple[int, int, int, int | None, int | None], ...]  # time, algbw, busbw, #wrong, error
     group_len: int
 
-    @classmethod
-    def from_columns(cls, columns: list[str]) -> _Layout | None:
+    @property
+    def width(self) -> int:
+        return len(self.prefix) + 2 * self.group_len
+
+    @staticmethod
+    @lru_cache(maxsize=64)
+    def from_columns(columns: tuple[str, ...]) -> _Layout | None:
         if "time" not in columns and "cputime" not in columns:
             return None
         first = next(i for i, c in enumerate(columns) if c in ("time", "cputime"))
-        rest = columns[first:]
-        half = len(rest) // 2
+        half = len(columns[first:]) // 2
         groups = []
         for offset in (first, first + half):
             cols = columns[offset:offset + half]
@@ -145,7 +259,7 @@ class _Layout:
                 return None
             pos = {c: offset + i for i, c in enumerate(cols)}
             groups.append((offset, pos["algbw"], pos["busbw"], pos.get("#wrong"), pos.get("error")))
-        return cls({c: i for i, c in enumerate(columns[:first])}, tuple(groups), half)
+        return _Layout(tuple(columns[:first]), tuple(groups), half)
 
 
 def _number(token: str) -> float | None:
@@ -153,6 +267,17 @@ def _number(token: str) -> float | None:
         return float(token)
     except ValueError:
         return None  # "N/A"
+
+
+def _value(line: str) -> str:
+    """The first token after the colon of a footer line ("" when a cut log lost it)."""
+    tokens = line.partition(":")[2].split()
+    return tokens[0] if tokens else ""
+
+
+def _root(token: str) -> int | None:
+    """The root column: a rank, or -1 for collectives without one; None for anything else."""
+    return int(token) if token.lstrip("-").isdigit() else None
 
 
 def _rows(tokens: list[str], layout: _Layout) -> list[NcclRow]:
@@ -164,42 +289,91 @@ def _rows(tokens: list[str], layout: _Layout) -> list[NcclRow]:
         groups = [("in-place", layout.groups[0])]
     else:
         return []
-    pre = layout.prefix
     size, count = int(tokens[0]), int(tokens[1])
-    dtype = tokens[pre["type"]] if "type" in pre else "?"
-    redop = tokens[pre["redop"]] if "redop" in pre else None
-    root = tokens[pre["root"]] if "root" in pre else None
-    root_value = int(root) if root is not None and root.lstrip("-").isdigit() else None
+    cell = {c: tokens[i] for i, c in enumerate(layout.prefix)}
+    root = _root(cell["root"]) if "root" in cell else None
     out = []
     for placement, (ti, ai, bi, wi, ei) in groups:
         try:
             time_us, algbw, busbw = float(tokens[ti]), float(tokens[ai]), float(tokens[bi])
         except ValueError:
             return []
-        out.append(NcclRow(size, count, dtype, redop, root_value, placement, time_us, algbw, busbw,
-                           _number(tokens[wi]) if wi is not None else None,
+        out.append(NcclRow(size, count, cell.get("type", "?"), cell.get("redop"), root, placement, time_us,
+                           algbw, busbw, _number(tokens[wi]) if wi is not None else None,
                            _number(tokens[ei]) if ei is not None else None))
     return out
 
 
-_ERROR = re.compile(r"NCCL failure|Test NCCL failure|Test failure|CUDA failure|Segmentation fault|"
-                    r"Bus error|noticed that process rank|srun: error|# error:|ncclInternalError|"
-                    r"ncclSystemError|ncclRemoteError")
-_NETWORK = re.compile(r"NCCL INFO Using network (\S.*?)\s*$")
-_TRANSPORT_HINT = re.compile(r"NCCL INFO (?:NET/OFI Selected [Pp]rovider is \S+|NET/Socket :|NET/IB :|"
-                             r".* via (?:NET|P2P|SHM)/\S+|NET/OFI Using aws-ofi-nccl \S+)")
+def _rows_one_by_one(lines: list[str], layout: _Layout) -> list[NcclRow]:
+    """The careful path for a table with cut-off, in-place-only or non-numeric lines."""
+    split = (line.split() for line in lines)
+    return [r for t in split if len(t) > 1 and t[0].isdigit() and t[1].isdigit() for r in _rows(t, layout)]
+
+
+# ---- whole-text passes (pyarrow kernels) -------------------------------------------------------------
+
+def _split_lines(text: str) -> pa.LargeStringArray:
+    """The text's lines, each with its "\\n" (the whitespace strip takes it), cut with one numpy search."""
+    data = text.encode("utf-8", "replace")  # a lone surrogate (from errors="surrogateescape") becomes "?"
+    ends = np.flatnonzero(np.frombuffer(data, np.uint8) == 10) + 1
+    offsets = np.concatenate([[0], ends, [len(data)] if len(ends) == 0 or ends[-1] < len(data) else []])
+    return pa.LargeStringArray.from_buffers(len(offsets) - 1, pa.py_buffer(offsets.astype(np.int64)),
+                                            pa.py_buffer(data))
+
+
+def _heads(lines: pa.LargeStringArray, width: int) -> np.ndarray:
+    """The first `width` bytes of every line (0 past its end), read straight from the Arrow buffers."""
+    _, offsets_buffer, data_buffer = lines.buffers()
+    offsets = np.frombuffer(offsets_buffer, np.int64)[lines.offset:lines.offset + len(lines) + 1]
+    data = np.frombuffer(data_buffer, np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
+    if not len(data):
+        return np.zeros((len(lines), width), np.uint8)
+    at = offsets[:-1, None] + np.arange(width)
+    out = data[np.minimum(at, len(data) - 1)]
+    out[at >= offsets[1:, None]] = 0
+    return out
+
+
+def _where(lines: pa.LargeStringArray, mask: np.ndarray,
+           fix: Callable[[pa.LargeStringArray], pa.Array]) -> pa.LargeStringArray:
+    """`lines` with the masked entries replaced by `fix` of them."""
+    if not mask.any():
+        return lines
+    mask_array = pa.array(mask)
+    return pc.replace_with_mask(lines, mask_array, fix(lines.filter(mask_array)).cast(lines.type))
+
+
+def _is_digit(byte: np.ndarray) -> np.ndarray:
+    return (byte >= 48) & (byte <= 57)
+
+
+def _clean_lines(text: str) -> tuple[pa.LargeStringArray, np.ndarray]:
+    """Every line stripped of whitespace and launcher prefixes (as `_unprefixed` does one line), and the
+    first byte of each (0 for an empty line)."""
+    lines = pc.utf8_trim_whitespace(_split_lines(text))
+    lines = _where(lines, _heads(lines, 1)[:, 0] == ord("["), lambda sub: pc.utf8_ltrim_whitespace(
+        pc.replace_substring_regex(sub, _TAG_PATTERN, "")))
+    head = _heads(lines, 8)
+    digit = _is_digit(head[:, 0])
+    odd = (head[:, 0] == 0x1B) | (digit & (head[:, 4] == ord("-")))  # ANSI colours, timestamps: rare
+    srun = digit & ~odd & (head[:, 1:7] == ord(":")).any(axis=1)
+    lines = _where(lines, odd, lambda sub: pa.array(list(map(_unprefixed, sub.to_pylist())), lines.type))
+    lines = _where(lines, srun, lambda sub: pc.utf8_ltrim_whitespace(
+        pc.replace_substring_regex(sub, _SRUN_PATTERN, "")))
+    first = head[:, 0] if not (odd.any() or srun.any()) else _heads(lines, 1)[:, 0]
+    return lines, first
 
 
 def _unprefixed(line: str) -> str:
-    """The line without launcher prefixes, stripped; cheap string tests before any regex."""
+    """One line without launcher prefixes, stripped (the rare prefixes the kernels leave to Python)."""
     s = line.strip()
     if not s:
         return s
     c = s[0]
     if c == "[":
-        j = s.find(">:")
-        if j > 0 and _TAG.match(s):
-            return s[j + 2:].strip()
+        m = _TAG.match(s)
+        if m:
+            return s[m.end():].strip()
     elif c.isdigit():
         if len(s) > 19 and s[4] == "-" and s[10] == "T":
             s = strip_prefix(s).strip()
@@ -211,98 +385,222 @@ def _unprefixed(line: str) -> str:
     return s
 
 
-def _table_rows(lines: list[str], layout: _Layout | None) -> list[NcclRow]:
-    """Convert the buffered data lines of one table in bulk: split, transpose, map(float)."""
-    if not lines:
-        return []
-    split = [line.split() for line in lines]
-    if layout is None:
-        fallback = _FALLBACK_LAYOUTS.get(max(len(t) for t in split))
-        layout = _Layout.from_columns(fallback.split()) if fallback else None
-        if layout is None:
-            return []
-    width = len(layout.prefix) + 2 * layout.group_len
-    full = [t for t in split if len(t) == width and t[0].isdigit() and t[1].isdigit()]
-    rows: list[NcclRow] = []
-    if len(full) != len(split):  # cut-off lines, in-place-only rows: one by one
-        return [r for t in split if t[0].isdigit() and len(t) > 1 and t[1].isdigit() for r in _rows(t, layout)]
-    columns = list(zip(*full))
-    pre = layout.prefix
-    size, count = list(map(int, columns[0])), list(map(int, columns[1]))
-    dtype = columns[pre["type"]] if "type" in pre else ["?"] * len(full)
-    redop = columns[pre["redop"]] if "redop" in pre else [None] * len(full)
-    root = ([int(r) if r.lstrip("-").isdigit() else None for r in columns[pre["root"]]] if "root" in pre
-            else [None] * len(full))
-    per_placement = []
-    for placement, (ti, ai, bi, wi, ei) in zip(PLACEMENTS, layout.groups):
+@dataclass
+class _Scan:
+    """The classified lines of a text: table data rows (tokenized), rank lines, and the rest."""
+
+    data_line: list[int]  # line number of each data row
+    data: pa.LargeStringArray
+    tokens: pa.Array  # all tokens of all data rows, flat
+    starts: np.ndarray  # first token of each data row
+    lengths: np.ndarray  # tokens per data row
+    rank_line: list[int]
+    rank: list[int]
+    other_line: list[int]
+    other: list[str]
+    n_lines: int
+
+    @classmethod
+    def of(cls, text: str) -> _Scan:
+        lines, first = _clean_lines(text)
+        is_data = _is_digit(first)
+        hash_line = np.flatnonzero(first == ord("#"))
+        hashed = lines.take(pa.array(hash_line))
+        rank = pc.struct_field(pc.extract_regex(hashed, _RANK_PATTERN), 0)
+        has_rank = rank.is_valid().to_numpy(zero_copy_only=False)
+        nothing = pc.match_substring_regex(hashed, _NOTHING).to_numpy(zero_copy_only=False)
+        is_other = ~is_data & (first != 0)
+        is_other[hash_line[has_rank | nothing]] = False
+        plain_line = np.flatnonzero(is_other & (first != ord("#")))
+        plain = lines.take(pa.array(plain_line))  # NCCL INFO lines matter only for the transport
+        telling = pc.or_(pc.match_substring(plain, "Using network"),
+                         pc.match_substring_regex(plain, _TRANSPORT_HINT.pattern))
+        idle = pc.and_(pc.match_substring(plain, "NCCL INFO"), pc.invert(telling))
+        is_other[plain_line[idle.to_numpy(zero_copy_only=False)]] = False
+        data = lines.filter(pa.array(is_data))
+        split = pc.ascii_split_whitespace(data)
+        offsets = split.offsets.to_numpy()
+        other_line = np.flatnonzero(is_other)
+        return cls(np.flatnonzero(is_data).tolist(), data, split.flatten(), offsets[:-1] - offsets[0],
+                   np.diff(offsets), hash_line[has_rank].tolist(),
+                   pc.cast(rank.drop_null(), pa.int64()).to_pylist(), other_line.tolist(),
+                   lines.take(pa.array(other_line)).to_pylist(), len(lines))
+
+
+# ---- table rows: from token columns to arrays ------------------------------------------------------
+
+@dataclass
+class _Table:
+    """Data rows [lo, hi) of the scan that belong to one table of `result`, read with `layout`."""
+
+    result: NcclResult
+    layout: _Layout | None
+    lo: int
+    hi: int
+
+
+def _column(tokens: pa.Array, starts: np.ndarray, i: int) -> pa.Array:
+    return pc.take(tokens, pa.array(starts + i))
+
+
+def _floats(cells: pa.Array, optional: bool) -> np.ndarray | None:
+    """Cells as float64; an optional column (#wrong, error) gives NaN for N/A, a required one None."""
+    try:
+        return pc.cast(cells, pa.float64()).to_numpy(zero_copy_only=False)
+    except pa.ArrowInvalid:
+        if not optional:
+            return None
+        return np.array([np.nan if v is None else v for v in map(_number, cells.to_pylist())], np.float64)
+
+
+def _to_columns(scan: _Scan, rows: np.ndarray, layout: _Layout) -> _Columns | None:
+    """Convert full-width rows column by column; None if a required cell is not a number."""
+    starts = scan.starts[rows]
+    try:
+        size = pc.cast(_column(scan.tokens, starts, 0), pa.int64()).to_numpy()
+        count = pc.cast(_column(scan.tokens, starts, 1), pa.int64()).to_numpy()
+    except pa.ArrowInvalid:
+        return None
+    n = len(rows)
+    text = {c: _column(scan.tokens, starts, layout.prefix.index(c)) for c in ("type", "redop", "root")
+            if c in layout.prefix}
+    if "root" in text:
         try:
-            values = (list(map(float, columns[ti])), list(map(float, columns[ai])), list(map(float, columns[bi])))
-        except ValueError:  # a non-numeric cell somewhere: fall back to the careful path
-            return [r for t in full for r in _rows(t, layout)]
-        wrong = list(map(_number, columns[wi])) if wi is not None else [None] * len(full)
-        error = list(map(_number, columns[ei])) if ei is not None else [None] * len(full)
-        per_placement.append(list(map(NcclRow._make, zip(size, count, dtype, redop, root, [placement] * len(full),
-                                                           *values, wrong, error))))
-    for out_row, in_row in zip(*per_placement):
-        rows += (out_row, in_row)
-    return rows
+            text["root"] = pc.cast(text["root"], pa.int64())
+        except pa.ArrowInvalid:
+            text["root"] = pa.array([_root(t) for t in text["root"].to_pylist()], pa.int64())
+    values = []
+    for ti, ai, bi, wi, ei in layout.groups:
+        required = [_floats(_column(scan.tokens, starts, i), optional=False) for i in (ti, ai, bi)]
+        if any(v is None for v in required):
+            return None
+        optional = [np.full(n, np.nan) if i is None else _floats(_column(scan.tokens, starts, i), True)
+                    for i in (wi, ei)]
+        values += required + optional
+    return _Columns(size, count, text, tuple(values), PLACEMENTS)
 
 
-def parse_all(text: str) -> list[NcclResult]:
-    """Every nccl-tests run in a text stream, in order."""
-    results: list[NcclResult] = []
-    current = NcclResult()
-    layout: _Layout | None = None
-    ranks_seen: set[int] = set()
-    pending: list[str] = []  # data lines of the current table, converted in bulk
+def _stats(columns: _Columns, bounds: np.ndarray) -> list[_Stats]:
+    """Per-table stats of consecutive tables in `columns` (table k is rows bounds[k]:bounds[k+1])."""
+    lines = np.diff(bounds)
+    at = bounds[:-1]
+    per = [columns.values[i:i + 5] for i in range(0, len(columns.values), 5)]
+    busbw_sum = sum(np.add.reduceat(v[2], at) for v in per)
+    busbw_max = np.maximum.reduce([np.maximum.reduceat(v[2], at) for v in per])
+    algbw_max = np.maximum.reduce([np.maximum.reduceat(v[1], at) for v in per])
+    wrong = sum(np.add.reduceat(np.nan_to_num(v[3]), at) for v in per)
+    return [_Stats(*s) for s in zip((lines * len(per)).tolist(), busbw_sum.tolist(), busbw_max.tolist(),
+                                     algbw_max.tolist(), wrong.tolist())]
 
-    def flush() -> None:
-        current.rows.extend(_table_rows(pending, layout))
-        pending.clear()
 
-    def close() -> None:
-        nonlocal current, ranks_seen
-        flush()
-        if current.rows or current.errors or current.config:
-            current.ranks = current.ranks or (max(ranks_seen) + 1 if ranks_seen else None)
-            results.append(current)
-        current, ranks_seen = NcclResult(), set()
-
-    append = pending.append
-    for raw in text.splitlines():
-        s = _unprefixed(raw)
-        if not s:
+def _fill(tables: list[_Table], scan: _Scan) -> None:
+    """Give every table its rows, in table order: full-width tables converted in bulk per layout, the
+    others (cut-off or in-place-only lines, non-numeric cells) line by line."""
+    if not tables:
+        return
+    lo = np.array([t.lo for t in tables])
+    shortest, longest = np.minimum.reduceat(scan.lengths, lo).tolist(), np.maximum.reduceat(scan.lengths, lo)
+    parts: list[tuple[_Stats, list[NcclRow] | _Block] | None] = [None] * len(tables)
+    bulk: dict[_Layout, list[int]] = {}
+    for k, t in enumerate(tables):
+        t.layout = t.layout or _fallback_layout(int(longest[k]))
+        if t.layout is not None and shortest[k] == longest[k] == t.layout.width:
+            bulk.setdefault(t.layout, []).append(k)
+        elif t.layout is not None:
+            parts[k] = _careful(t, scan)
+    group_of_table = np.full(len(tables), -1)
+    for g, members in enumerate(bulk.values()):
+        group_of_table[members] = g
+    owner = np.repeat(group_of_table, np.diff(np.append(lo, len(scan.lengths))))  # tables tile the data rows
+    for g, (layout, members) in enumerate(bulk.items()):
+        columns = _to_columns(scan, np.flatnonzero(owner == g), layout)
+        if columns is None:  # a non-numeric cell somewhere: these tables go the careful way
+            for k in members:
+                parts[k] = _careful(tables[k], scan)
             continue
-        c = s[0]
-        if c.isdigit():
-            append(s)
-            continue
-        if c == "#":
-            body = s.lstrip("#").strip()
-            if body.startswith("size") and " count" in body:
-                if current.rows or pending:  # a second table in the same stream
-                    close()
-                layout = _Layout.from_columns(body.split())
-            elif body.startswith("Avg bus bandwidth"):
-                flush()
-                current.avg_busbw_printed = _number(body.split(":", 1)[1].split()[0])
-            elif body.startswith("Out of bounds values"):
-                current.out_of_bounds = int(body.split(":", 1)[1].split()[0])
-            elif body.startswith("nThread"):
-                if current.rows or pending or current.config:
-                    close()
-                current.config = dict(_CONFIG.findall(body))
-            elif body.startswith("nccl-tests version"):
-                if current.rows or pending:
-                    close()
-                current.tests_version = body.split()[2]
-            elif body.startswith("Rank"):
-                parts = body.split()
-                if len(parts) > 1 and parts[1].isdigit():
-                    ranks_seen.add(int(parts[1]))
-            elif _ERROR.search(s):
-                current.errors.append(s[:300])
-            continue
+        bounds = np.concatenate([[0], np.cumsum([tables[k].hi - tables[k].lo for k in members])])
+        edges = bounds.tolist()
+        for k, stats, a, b in zip(members, _stats(columns, bounds), edges[:-1], edges[1:]):
+            parts[k] = (stats, _Block(columns, a, b))
+    for t, part in zip(tables, parts):
+        if part is not None and part[0].rows:
+            t.result._parts.append(part)
+
+
+def _careful(table: _Table, scan: _Scan) -> tuple[_Stats, list[NcclRow]]:
+    rows = _rows_one_by_one(scan.data.slice(table.lo, table.hi - table.lo).to_pylist(), table.layout)
+    return _Stats.of(rows), rows
+
+
+def _fallback_layout(tokens: int) -> _Layout | None:
+    header = _FALLBACK_LAYOUTS.get(tokens)
+    return _Layout.from_columns(tuple(header.split())) if header else None
+
+
+# ---- the state machine over the structural lines --------------------------------------------------
+
+class _Runs:
+    """Walks the structural lines in order; data rows between them are claimed by line number."""
+
+    def __init__(self, scan: _Scan) -> None:
+        self.scan = scan
+        self.results: list[NcclResult] = []
+        self.tables: list[_Table] = []
+        self.current = NcclResult()
+        self.layout: _Layout | None = None
+        self.run_start = 0  # line number where the current run began
+        self.taken = 0  # data rows claimed so far
+
+    def pending(self, line: int) -> bool:
+        """Data rows before `line` not yet claimed by a table."""
+        return bisect_left(self.scan.data_line, line) > self.taken
+
+    def has_rows(self, line: int) -> bool:
+        return bool(self.tables) and self.tables[-1].result is self.current or self.pending(line)
+
+    def flush(self, line: int) -> None:
+        hi = bisect_left(self.scan.data_line, line)
+        if hi > self.taken:
+            self.tables.append(_Table(self.current, self.layout, self.taken, hi))
+            self.taken = hi
+
+    def close(self, line: int) -> None:
+        self.flush(line)
+        current = self.current
+        lo, hi = bisect_left(self.scan.rank_line, self.run_start), bisect_left(self.scan.rank_line, line)
+        if hi > lo:
+            current.ranks = current.ranks or max(self.scan.rank[lo:hi]) + 1
+        if (self.tables and self.tables[-1].result is current) or current.errors or current.config:
+            self.results.append(current)
+        self.current, self.run_start = NcclResult(), line
+
+    def hash_line(self, line: int, s: str) -> None:
+        body = s.lstrip("#").strip()
+        current = self.current
+        if body.startswith("size") and " count" in body:
+            if self.has_rows(line):  # a second table in the same stream
+                self.close(line)
+            self.flush(line)
+            self.layout = _Layout.from_columns(tuple(body.split()))
+        elif body.startswith("Avg bus bandwidth"):
+            self.flush(line)
+            current.avg_busbw_printed = _number(_value(body))
+        elif body.startswith("Out of bounds values"):
+            value = _value(body)
+            current.out_of_bounds = int(value) if value.isdigit() else None
+        elif body.startswith("nThread"):
+            if self.has_rows(line) or current.config:
+                self.close(line)
+            self.current.config = dict(_CONFIG.findall(body))
+        elif body.startswith("nccl-tests version"):
+            if self.has_rows(line):
+                self.close(line)
+            self.current.tests_version = body.split()[2]
+        elif _ERROR.search(s):
+            current.errors.append(s[:300])
+
+    def other_line(self, s: str) -> None:
+        current = self.current
         if "NCCL INFO" in s:
             if "Using network" in s:
                 m = _NETWORK.search(s)
@@ -310,13 +608,25 @@ def parse_all(text: str) -> list[NcclResult]:
                     current.network = m.group(1)
             if len(current.transport_evidence) < 8 and _TRANSPORT_HINT.search(s):
                 current.transport_evidence.append(s[-200:])
-            continue
-        if s.startswith("NCCL version"):
+        elif s.startswith("NCCL version"):
             current.nccl_version = s.split()[2]
         elif _ERROR.search(s):
             current.errors.append(s[:300])
-    close()
-    return results
+
+    def run(self) -> list[NcclResult]:
+        for line, s in zip(self.scan.other_line, self.scan.other):
+            if s[0] == "#":
+                self.hash_line(line, s)
+            else:
+                self.other_line(s)
+        self.close(self.scan.n_lines)
+        _fill(self.tables, self.scan)
+        return [r for r in self.results if r._parts or r.errors or r.config]
+
+
+def parse_all(text: str) -> list[NcclResult]:
+    """Every nccl-tests run in a text stream, in order."""
+    return _Runs(_Scan.of(text)).run()
 
 
 def parse(text: str) -> NcclResult:
@@ -336,6 +646,7 @@ def parse_json(data: str | dict[str, Any]) -> NcclResult:
     version = doc.get("nccl_version")
     if isinstance(version, int):  # NCCL_VERSION_CODE: major*10000 + minor*100 + patch (2.9+)
         result.nccl_version = f"{version // 10000}.{version // 100 % 100}.{version % 100}"
+    rows = []
     for entry in doc.get("results") or []:
         for placement, key in zip(PLACEMENTS, ("out_of_place", "in_place")):
             body = entry.get(key)
@@ -343,11 +654,12 @@ def parse_json(data: str | dict[str, Any]) -> NcclResult:
                 continue
             time_us = body.get("time", body.get("cpu_time"))
             root = entry.get("root")
-            result.rows.append(NcclRow(
+            rows.append(NcclRow(
                 size=int(entry["size"]), count=int(entry["count"]), dtype=entry.get("type", "?"),
                 redop=entry.get("redop"), root=int(root) if str(root).strip().lstrip("-").isdigit() else None,
                 placement=placement, time_us=float(time_us), algbw=float(body["alg_bw"]),
                 busbw=float(body["bus_bw"]), wrong=body.get("nwrong")))
+    result.add_rows(rows)
     oob = doc.get("out_of_bounds") or {}
     result.out_of_bounds = oob.get("count")
     avg = doc.get("average_bus_bandwidth") or {}

@@ -6,6 +6,7 @@ bandwidth check recomputes nccl-tests' own definition from the parsed rows.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -150,3 +151,62 @@ def test_records_and_transport_check(shared_data) -> None:
     socket = RunSpec(kind="nccl", model="none", nodes=2, gpus_per_node=1, efa_per_node=0)
     flagged = check_transport(summary, socket, out)
     assert flagged["status"] == "nccl_error" and "Socket" in flagged["error"]
+
+
+def _same(a, b) -> None:
+    assert (a.rows, a.avg_busbw_printed, a.ranks, a.config, a.nccl_version, a.network, a.status) == (
+        b.rows, b.avg_busbw_printed, b.ranks, b.config, b.nccl_version, b.network, b.status)
+
+
+@pytest.mark.parametrize("prefix", ["{i}: ", " {i}: ", "10{i}: ", "[1,{i}]<stdout>:",
+                                    "2026-11-22T16:20:11.123Z ", "\x1b[32m"])
+def test_a_launcher_prefix_on_every_line_changes_nothing(shared_data, prefix: str) -> None:
+    clean = text(shared_data, "sample_06.txt")
+    prefixed = "\n".join(prefix.format(i=i % 3) + line for i, line in enumerate(clean.splitlines()))
+    _same(parse(prefixed), parse(clean))
+    _same(parse(clean.replace("\n", "\r\n")), parse(clean))
+
+
+def test_rows_converted_in_bulk_equal_rows_read_one_by_one(shared_data) -> None:
+    """A half-written line sends the whole table down the line-by-line path; the rest must not change."""
+    for name in COMPLETE:
+        clean = text(shared_data, name)
+        lines = clean.splitlines()
+        last = max(i for i, line in enumerate(lines) if strip_prefix(line).strip()[:1].isdigit())
+        lines.insert(last + 1, "   99   ")
+        one_by_one, bulk = parse("\n".join(lines)), parse(clean)
+        assert one_by_one.rows == bulk.rows and len(bulk.rows) >= 4
+
+
+def test_summary_figures_agree_with_the_rows(shared_data) -> None:
+    """status and the summary read per-table figures kept beside the columns: they must be the rows'."""
+    results = parse_all("".join(text(shared_data, n) + "\n" for n in sorted(COMPLETE + ["sample_10.txt"])))
+    assert len(results) == 7
+    for r in results:
+        assert r.avg_busbw == pytest.approx(sum(x.busbw for x in r.rows) / len(r.rows), rel=1e-12)
+        assert r.busbw_max == max(x.busbw for x in r.rows) and r.algbw_max == max(x.algbw for x in r.rows)
+        assert r.wrong_total == sum(x.wrong or 0 for x in r.rows)
+
+
+def test_tables_keep_their_order_when_one_is_read_line_by_line(shared_data) -> None:
+    lines = text(shared_data, "sample_08.txt").splitlines()  # no footer after the Avg line's table
+    avg = next(i for i, line in enumerate(lines) if "Avg bus bandwidth" in line)
+    rows = [line for line in lines if line.strip()[:1].isdigit()]
+    # rows, the Avg line, then the first rows again with one cut short: two blocks of one run
+    r = parse("\n".join(lines[:avg + 1] + rows[:3] + ["   4096"]))
+    assert [x.size for x in r.rows[-6:]] == [1048576, 1048576, 2097152, 2097152, 4194304, 4194304]
+    assert len(r.rows) == 2 * 13 + 6
+
+
+def test_cut_inside_a_footer_line_is_truncated_not_a_crash(shared_data) -> None:
+    full = text(shared_data, "sample_06.txt")
+    r = parse(full[: full.index("# Avg bus bandwidth") + len("# Avg bus bandwidth    :")])
+    assert r.avg_busbw_printed is None and r.status == "truncated" and len(r.rows) == 62
+
+
+def test_not_available_wrong_counts_are_none(shared_data) -> None:
+    table = text(shared_data, "sample_06.txt")
+    r = parse(re.sub(r"(?m)^(\s+\d+\s+\d+\s+\S+\s+\S+\s+-?\d+(?:\s+\S+){3})\s+0(\s+(?:\S+\s+){3})0$",
+                     r"\1    N/A\2N/A", table))
+    assert len(r.rows) == 62 and all(x.wrong is None for x in r.rows)
+    assert r.status == "ok" and r.wrong_total == 0
