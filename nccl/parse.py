@@ -95,7 +95,6 @@ class _Columns:
     count: np.ndarray
     text: dict[str, pa.Array]  # type, redop, root: where the table has them
     values: tuple[np.ndarray, ...]  # per placement: time, algbw, busbw, wrong, error (NaN: none)
-    placements: tuple[str, ...]
 
     def __len__(self) -> int:
         return len(self.size)
@@ -105,14 +104,14 @@ class _Columns:
 
     def slice(self, a: int, b: int) -> _Columns:
         return _Columns(self.size[a:b], self.count[a:b], {k: v.slice(a, b - a) for k, v in self.text.items()},
-                        tuple(v[a:b] for v in self.values), self.placements)
+                        tuple(v[a:b] for v in self.values))
 
     def rows(self) -> list[NcclRow]:
         """NcclRows, out-of-place then in-place for each line, as the table prints them."""
         fixed = (self.size.tolist(), self.count.tolist(), self.cells("type", "?"), self.cells("redop", None),
                  self.cells("root", None))
         per_placement = []
-        for k, placement in enumerate(self.placements):
+        for k, placement in enumerate(PLACEMENTS):
             time_us, algbw, busbw, wrong, error = self.values[5 * k:5 * k + 5]
             per_placement.append(list(map(NcclRow._make, zip(
                 *fixed, repeat(placement), time_us.tolist(), algbw.tolist(), busbw.tolist(), _nullable(wrong),
@@ -477,7 +476,7 @@ def _to_columns(scan: _Scan, rows: np.ndarray, layout: _Layout) -> _Columns | No
         optional = [np.full(n, np.nan) if i is None else _floats(_column(scan.tokens, starts, i), True)
                     for i in (wi, ei)]
         values += required + optional
-    return _Columns(size, count, text, tuple(values), PLACEMENTS)
+    return _Columns(size, count, text, tuple(values))
 
 
 def _stats(columns: _Columns, bounds: np.ndarray) -> list[_Stats]:
@@ -570,8 +569,7 @@ class _Runs:
         lo, hi = bisect_left(self.scan.rank_line, self.run_start), bisect_left(self.scan.rank_line, line)
         if hi > lo:
             current.ranks = current.ranks or max(self.scan.rank[lo:hi]) + 1
-        if (self.tables and self.tables[-1].result is current) or current.errors or current.config:
-            self.results.append(current)
+        self.results.append(current)  # run() keeps those that end up with rows, errors or a config
         self.current, self.run_start = NcclResult(), line
 
     def hash_line(self, line: int, s: str) -> None:
@@ -656,7 +654,7 @@ def parse_json(data: str | dict[str, Any]) -> NcclResult:
             root = entry.get("root")
             rows.append(NcclRow(
                 size=int(entry["size"]), count=int(entry["count"]), dtype=entry.get("type", "?"),
-                redop=entry.get("redop"), root=int(root) if str(root).strip().lstrip("-").isdigit() else None,
+                redop=entry.get("redop"), root=_root(str(root).strip()),
                 placement=placement, time_us=float(time_us), algbw=float(body["alg_bw"]),
                 busbw=float(body["bus_bw"]), wrong=body.get("nwrong")))
     result.add_rows(rows)
