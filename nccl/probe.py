@@ -13,7 +13,6 @@ import argparse
 import datetime as dt
 import os
 import socket
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ import torch.distributed as dist
 
 from bench.schema import add_spec_arguments, spec_from_namespace
 from nccl.command import busbw_factor, expected_network
-from trainer.emit import Emitter
+from trainer.emit import Emitter, exit_now
 
 WARMUP_ITERS = 5
 
@@ -126,4 +125,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -1,5 +1,4 @@
-import sys
-
+from trainer.emit import exit_now
 from trainer.main import main
 
-sys.exit(main())
+exit_now(main())
