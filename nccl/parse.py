@@ -11,14 +11,14 @@ may sit inside the table. A stream may hold several runs (concatenated logs): `p
 
 Why it is built the way it is: 100 MB of logs must parse in seconds. Cutting lines, stripping launcher
 prefixes, classifying lines and converting table cells are pyarrow compute kernels over all lines at once;
-only the lines that carry structure (headers, footers, config, versions, NCCL INFO, errors) pass through
-the Python state machine, and table rows become NcclRow objects only when someone reads `rows`.
+only the lines that carry structure (headers, footers, config, versions, NCCL INFO, errors) pass through the
+Python state machine, already classified by kernels, and table rows become NcclRow objects only when someone
+reads `rows`.
 """
 from __future__ import annotations
 
 import json
 import re
-from bisect import bisect_left
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import repeat
@@ -40,7 +40,6 @@ _SRUN = re.compile(r"^\s*\d+: ")
 _STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)? ")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _RANK_PATTERN = r"^#+\s*Rank\s+(?P<rank>\d+)(?:\s|$)"  # "#  Rank  3 Group  0 Pid ..." device lines
-_NOTHING = r"^#+\s*(?:$|Using devices|\(B\)|out-of-place|Collective test)"  # comment lines that carry nothing
 _CONFIG = re.compile(r"(nThread|nGpus|minBytes|maxBytes|step|warmup iters|agg iters|iters|validation|graph)"
                      r":? (\S+)")
 _ERROR = re.compile(r"NCCL failure|Test NCCL failure|Test failure|CUDA failure|Segmentation fault|"
@@ -274,6 +273,12 @@ def _value(line: str) -> str:
     return tokens[0] if tokens else ""
 
 
+def _word(line: str, i: int) -> str | None:
+    """The i-th word of a line (None when a cut log lost it)."""
+    words = line.split()
+    return words[i] if len(words) > i else None
+
+
 def _root(token: str) -> int | None:
     """The root column: a rank, or -1 for collectives without one; None for anything else."""
     return int(token) if token.lstrip("-").isdigit() else None
@@ -384,20 +389,54 @@ def _unprefixed(line: str) -> str:
     return s
 
 
+# What a structural line is, classified by kernels; the state machine dispatches on it. A line of no
+# kind (_NONE) is dropped before the machine sees it.
+HEADER, AVG, OUT_OF_BOUNDS, CONFIG, TESTS_VERSION, INFO, NCCL_VERSION, ERROR = range(8)
+_NONE = -1
+
+
+def _bools(array: pa.Array) -> np.ndarray:
+    return array.to_numpy(zero_copy_only=False)
+
+
+def _kinds(lines: pa.LargeStringArray) -> tuple[np.ndarray, pa.Array]:
+    """The kind of each candidate structural line, and its body (the text after its leading #s).
+    A comment line is tried as header, footer, config and version, then as an error; any other line as
+    a transport-telling NCCL INFO line, the NCCL version line, then an error."""
+    hashed = _bools(pc.starts_with(lines, "#"))
+    body = pc.utf8_ltrim_whitespace(pc.utf8_ltrim(lines, "#"))
+    info = _bools(pc.match_substring(lines, "NCCL INFO"))
+    telling = _bools(pc.or_(pc.match_substring(lines, "Using network"),
+                            pc.match_substring_regex(lines, _TRANSPORT_HINT.pattern)))
+    error = _bools(pc.match_substring_regex(lines, _ERROR.pattern))
+    conditions = [
+        hashed & _bools(pc.and_(pc.starts_with(body, "size"), pc.match_substring(body, " count"))),
+        hashed & _bools(pc.starts_with(body, "Avg bus bandwidth")),
+        hashed & _bools(pc.starts_with(body, "Out of bounds values")),
+        hashed & _bools(pc.starts_with(body, "nThread")),
+        hashed & _bools(pc.starts_with(body, "nccl-tests version")),
+        ~hashed & info & telling,
+        ~hashed & ~info & _bools(pc.starts_with(lines, "NCCL version")),
+        (hashed | ~info) & error,
+    ]
+    kinds = [HEADER, AVG, OUT_OF_BOUNDS, CONFIG, TESTS_VERSION, INFO, NCCL_VERSION, ERROR]
+    return np.select(conditions, kinds, _NONE), body
+
+
 @dataclass
 class _Scan:
-    """The classified lines of a text: table data rows (tokenized), rank lines, and the rest."""
+    """The classified lines of a text: table data rows (tokenized), rank lines, and the structural lines."""
 
-    data_line: list[int]  # line number of each data row
     data: pa.LargeStringArray
     tokens: pa.Array  # all tokens of all data rows, flat
     starts: np.ndarray  # first token of each data row
     lengths: np.ndarray  # tokens per data row
-    rank_line: list[int]
-    rank: list[int]
-    other_line: list[int]
-    other: list[str]
-    n_lines: int
+    rank: list[int]  # the ranks of the "Rank N" device lines, in order
+    kind: list[int]  # per structural line, in order
+    other: list[str]  # the structural lines
+    body: list[str]  # their text after the leading #s
+    rows_before: list[int]  # per structural line (and one past the last): data rows before it
+    ranks_before: list[int]  # the same for rank lines
 
     @classmethod
     def of(cls, text: str) -> _Scan:
@@ -406,24 +445,22 @@ class _Scan:
         hash_line = np.flatnonzero(first == ord("#"))
         hashed = lines.take(pa.array(hash_line))
         rank = pc.struct_field(pc.extract_regex(hashed, _RANK_PATTERN), 0)
-        has_rank = rank.is_valid().to_numpy(zero_copy_only=False)
-        nothing = pc.match_substring_regex(hashed, _NOTHING).to_numpy(zero_copy_only=False)
-        is_other = ~is_data & (first != 0)
-        is_other[hash_line[has_rank | nothing]] = False
-        plain_line = np.flatnonzero(is_other & (first != ord("#")))
-        plain = lines.take(pa.array(plain_line))  # NCCL INFO lines matter only for the transport
-        telling = pc.or_(pc.match_substring(plain, "Using network"),
-                         pc.match_substring_regex(plain, _TRANSPORT_HINT.pattern))
-        idle = pc.and_(pc.match_substring(plain, "NCCL INFO"), pc.invert(telling))
-        is_other[plain_line[idle.to_numpy(zero_copy_only=False)]] = False
+        has_rank = _bools(rank.is_valid())
+        candidate = ~is_data & (first != 0)
+        candidate[hash_line[has_rank]] = False
+        candidate_line = np.flatnonzero(candidate)
+        kind, body = _kinds(lines.take(pa.array(candidate_line)))
+        keep = kind != _NONE
+        other_line = np.append(candidate_line[keep], len(lines))
+        keep_array = pa.array(keep)
         data = lines.filter(pa.array(is_data))
         split = pc.ascii_split_whitespace(data)
         offsets = split.offsets.to_numpy()
-        other_line = np.flatnonzero(is_other)
-        return cls(np.flatnonzero(is_data).tolist(), data, split.flatten(), offsets[:-1] - offsets[0],
-                   np.diff(offsets), hash_line[has_rank].tolist(),
-                   pc.cast(rank.drop_null(), pa.int64()).to_pylist(), other_line.tolist(),
-                   lines.take(pa.array(other_line)).to_pylist(), len(lines))
+        return cls(data, split.flatten(), offsets[:-1] - offsets[0], np.diff(offsets),
+                   pc.cast(rank.drop_null(), pa.int64()).to_pylist(), kind[keep].tolist(),
+                   lines.take(pa.array(other_line[:-1])).to_pylist(), body.filter(keep_array).to_pylist(),
+                   np.searchsorted(np.flatnonzero(is_data), other_line).tolist(),
+                   np.searchsorted(hash_line[has_rank], other_line).tolist())
 
 
 # ---- table rows: from token columns to arrays ------------------------------------------------------
@@ -539,7 +576,8 @@ def _fallback_layout(tokens: int) -> _Layout | None:
 # ---- the state machine over the structural lines --------------------------------------------------
 
 class _Runs:
-    """Walks the structural lines in order; data rows between them are claimed by line number."""
+    """Walks the structural lines in order; the data rows between two of them are claimed by count.
+    `k` is a structural line's index in scan.other (len(scan.other): the end of the text)."""
 
     def __init__(self, scan: _Scan) -> None:
         self.scan = scan
@@ -547,78 +585,66 @@ class _Runs:
         self.tables: list[_Table] = []
         self.current = NcclResult()
         self.layout: _Layout | None = None
-        self.run_start = 0  # line number where the current run began
+        self.rank_start = 0  # rank lines before the current run
         self.taken = 0  # data rows claimed so far
 
-    def pending(self, line: int) -> bool:
-        """Data rows before `line` not yet claimed by a table."""
-        return bisect_left(self.scan.data_line, line) > self.taken
+    def has_rows(self, k: int) -> bool:
+        return bool(self.tables) and self.tables[-1].result is self.current or self.scan.rows_before[k] > self.taken
 
-    def has_rows(self, line: int) -> bool:
-        return bool(self.tables) and self.tables[-1].result is self.current or self.pending(line)
-
-    def flush(self, line: int) -> None:
-        hi = bisect_left(self.scan.data_line, line)
+    def flush(self, k: int) -> None:
+        hi = self.scan.rows_before[k]
         if hi > self.taken:
             self.tables.append(_Table(self.current, self.layout, self.taken, hi))
             self.taken = hi
 
-    def close(self, line: int) -> None:
-        self.flush(line)
+    def close(self, k: int) -> None:
+        self.flush(k)
         current = self.current
-        lo, hi = bisect_left(self.scan.rank_line, self.run_start), bisect_left(self.scan.rank_line, line)
+        lo, hi = self.rank_start, self.scan.ranks_before[k]
         if hi > lo:
             current.ranks = current.ranks or max(self.scan.rank[lo:hi]) + 1
         self.results.append(current)  # run() keeps those that end up with rows, errors or a config
-        self.current, self.run_start = NcclResult(), line
+        self.current, self.rank_start = NcclResult(), hi
 
-    def hash_line(self, line: int, s: str) -> None:
-        body = s.lstrip("#").strip()
+    def line(self, k: int, kind: int, s: str, body: str) -> None:
         current = self.current
-        if body.startswith("size") and " count" in body:
-            if self.has_rows(line):  # a second table in the same stream
-                self.close(line)
-            self.flush(line)
+        if kind == HEADER:
+            if self.has_rows(k):  # a second table in the same stream
+                self.close(k)
+            self.flush(k)
             self.layout = _Layout.from_columns(tuple(body.split()))
-        elif body.startswith("Avg bus bandwidth"):
-            self.flush(line)
+        elif kind == AVG:
+            self.flush(k)
             current.avg_busbw_printed = _number(_value(body))
-        elif body.startswith("Out of bounds values"):
+        elif kind == OUT_OF_BOUNDS:
             value = _value(body)
             current.out_of_bounds = int(value) if value.isdigit() else None
-        elif body.startswith("nThread"):
-            if self.has_rows(line) or current.config:
-                self.close(line)
+        elif kind == CONFIG:
+            if self.has_rows(k) or current.config:
+                self.close(k)
             self.current.config = dict(_CONFIG.findall(body))
-        elif body.startswith("nccl-tests version"):
-            if self.has_rows(line):
-                self.close(line)
-            self.current.tests_version = body.split()[2]
-        elif _ERROR.search(s):
-            current.errors.append(s[:300])
-
-    def other_line(self, s: str) -> None:
-        current = self.current
-        if "NCCL INFO" in s:
+        elif kind == TESTS_VERSION:
+            if self.has_rows(k):
+                self.close(k)
+            self.current.tests_version = _word(body, 2) or self.current.tests_version
+        elif kind == INFO:
             if "Using network" in s:
                 m = _NETWORK.search(s)
                 if m:
                     current.network = m.group(1)
             if len(current.transport_evidence) < 8 and _TRANSPORT_HINT.search(s):
                 current.transport_evidence.append(s[-200:])
-        elif s.startswith("NCCL version"):
-            current.nccl_version = s.split()[2]
-        elif _ERROR.search(s):
+        elif kind == NCCL_VERSION:
+            current.nccl_version = _word(s, 2) or current.nccl_version
+        else:
             current.errors.append(s[:300])
 
     def run(self) -> list[NcclResult]:
-        for line, s in zip(self.scan.other_line, self.scan.other):
-            if s[0] == "#":
-                self.hash_line(line, s)
-            else:
-                self.other_line(s)
-        self.close(self.scan.n_lines)
-        _fill(self.tables, self.scan)
+        scan = self.scan
+        for k, (kind, s, body) in enumerate(zip(scan.kind, scan.other, scan.body)):
+            self.line(k, kind, s, body)
+        self.close(len(scan.other))
+        _fill(self.tables, scan)
         return [r for r in self.results if r._parts or r.errors or r.config]
 
 

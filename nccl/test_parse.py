@@ -204,6 +204,14 @@ def test_cut_inside_a_footer_line_is_truncated_not_a_crash(shared_data) -> None:
     assert r.avg_busbw_printed is None and r.status == "truncated" and len(r.rows) == 62
 
 
+def test_version_lines_cut_short_are_not_a_crash(shared_data) -> None:
+    full = text(shared_data, "sample_09.txt")
+    assert parse(full).tests_version == "2.18.3"
+    first, rest = full.split("\n", 1)
+    r = parse("# nccl-tests version\n" + rest + "\nNCCL version")
+    assert r.tests_version is None and r.status == "ok" and len(r.rows) == 2 * 28
+
+
 def test_not_available_wrong_counts_are_none(shared_data) -> None:
     table = text(shared_data, "sample_06.txt")
     r = parse(re.sub(r"(?m)^(\s+\d+\s+\d+\s+\S+\s+\S+\s+-?\d+(?:\s+\S+){3})\s+0(\s+(?:\S+\s+){3})0$",
