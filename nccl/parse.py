@@ -18,11 +18,13 @@ reads `rows`.
 from __future__ import annotations
 
 import json
+import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import repeat
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -122,7 +124,7 @@ def _nullable(values: np.ndarray) -> list[float | None]:
     """NaN (no such cell, or N/A) as None."""
     if np.isnan(values).all():
         return [None] * len(values)
-    return [None if v != v else v for v in values.tolist()]
+    return [None if math.isnan(v) else v for v in values.tolist()]
 
 
 class _Block(NamedTuple):
@@ -269,8 +271,7 @@ def _number(token: str) -> float | None:
 
 def _value(line: str) -> str:
     """The first token after the colon of a footer line ("" when a cut log lost it)."""
-    tokens = line.partition(":")[2].split()
-    return tokens[0] if tokens else ""
+    return _word(line.partition(":")[2], 0) or ""
 
 
 def _word(line: str, i: int) -> str | None:
@@ -352,8 +353,8 @@ def _is_digit(byte: np.ndarray) -> np.ndarray:
 
 
 def _clean_lines(text: str) -> tuple[pa.LargeStringArray, np.ndarray]:
-    """Every line stripped of whitespace and launcher prefixes (as `_unprefixed` does one line), and the
-    first byte of each (0 for an empty line)."""
+    """Every line stripped of whitespace and launcher prefixes (mpirun tag and srun label by kernels, the
+    rare timestamps and ANSI codes by `_unprefixed`), and the first byte of each (0 for an empty line)."""
     lines = pc.utf8_trim_whitespace(_split_lines(text))
     lines = _where(lines, _heads(lines, 1)[:, 0] == ord("["), lambda sub: pc.utf8_ltrim_whitespace(
         pc.replace_substring_regex(sub, _TAG_PATTERN, "")))
@@ -373,12 +374,8 @@ def _unprefixed(line: str) -> str:
     s = line.strip()
     if not s:
         return s
-    c = s[0]
-    if c == "[":
-        m = _TAG.match(s)
-        if m:
-            return s[m.end():].strip()
-    elif c.isdigit():
+    c = s[0]  # the kernels stripped mpirun tags already: a line here starts with a digit or ESC
+    if c.isdigit():
         if len(s) > 19 and s[4] == "-" and s[10] == "T":
             s = strip_prefix(s).strip()
         j = s.find(": ", 0, 8)
