@@ -11,8 +11,8 @@ may sit inside the table. A stream may hold several runs (concatenated logs): `p
 
 Why it is built the way it is: 100 MB of logs must parse in seconds. Cutting lines, stripping launcher
 prefixes, classifying lines and converting table cells are pyarrow compute kernels over all lines at once;
-only the lines that carry structure (headers, footers, config, versions, NCCL INFO, errors) pass through the
-Python state machine, already classified by kernels, and table rows become NcclRow objects only when someone
+the lines that carry structure (headers, footers, config, versions, NCCL INFO, errors) are cut into runs
+with numpy, only their values are read in Python, and table rows become NcclRow objects only when someone
 reads `rows`.
 """
 from __future__ import annotations
@@ -87,6 +87,14 @@ class _Stats(NamedTuple):
         return cls(len(rows), sum(r.busbw for r in rows), max(r.busbw for r in rows),
                    max(r.algbw for r in rows), sum(r.wrong or 0 for r in rows))
 
+    def __add__(self, other: _Stats) -> _Stats:  # type: ignore[override]
+        return _Stats(self.rows + other.rows, self.busbw_sum + other.busbw_sum,
+                      max(self.busbw_max, other.busbw_max), max(self.algbw_max, other.algbw_max),
+                      self.wrong_sum + other.wrong_sum)
+
+
+_NO_ROWS = _Stats.of([])
+
 
 @dataclass
 class _Columns:
@@ -149,44 +157,46 @@ class NcclResult:
     network: str | None = None  # NCCL's "Using network X"
     transport_evidence: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-    _parts: list[tuple[_Stats, list[NcclRow] | _Block]] = field(default_factory=list, repr=False,
-                                                                   compare=False)
+    _parts: list[list[NcclRow] | _Block] = field(default_factory=list, repr=False, compare=False)
+    _stats: _Stats = field(default=_NO_ROWS, repr=False, compare=False)  # of all parts, for the summary
     _rows: list[NcclRow] | None = field(default=None, repr=False, compare=False)
 
     def add_rows(self, rows: list[NcclRow]) -> None:
         if rows:
-            self._parts.append((_Stats.of(rows), rows))
-            self._rows = None
+            self._add(_Stats.of(rows), rows)
+
+    def _add(self, stats: _Stats, part: list[NcclRow] | _Block) -> None:
+        self._parts.append(part)
+        self._stats = self._stats + stats
+        self._rows = None
 
     @property
     def rows(self) -> list[NcclRow]:
         """One row per message size and placement, in table order (built on first use)."""
         if self._rows is None:
-            self._rows = [r for _, part in self._parts
-                          for r in (part if isinstance(part, list) else part.rows())]
+            self._rows = [r for part in self._parts for r in (part if isinstance(part, list) else part.rows())]
         return self._rows
 
     @property
     def _n(self) -> int:
-        return sum(s.rows for s, _ in self._parts)
+        return self._stats.rows
 
     @property
     def avg_busbw(self) -> float | None:
         """Mean busbw over every size and placement: nccl-tests' definition of its Avg line."""
-        n = self._n
-        return sum(s.busbw_sum for s, _ in self._parts) / n if n else None
+        return self._stats.busbw_sum / self._n if self._n else None
 
     @property
     def busbw_max(self) -> float | None:
-        return float(max(s.busbw_max for s, _ in self._parts)) if self._n else None
+        return float(self._stats.busbw_max) if self._n else None
 
     @property
     def algbw_max(self) -> float | None:
-        return float(max(s.algbw_max for s, _ in self._parts)) if self._n else None
+        return float(self._stats.algbw_max) if self._n else None
 
     @property
     def wrong_total(self) -> float:
-        return sum(s.wrong_sum for s, _ in self._parts)
+        return self._stats.wrong_sum
 
     @property
     def complete(self) -> bool:
@@ -396,28 +406,40 @@ def _bools(array: pa.Array) -> np.ndarray:
     return array.to_numpy(zero_copy_only=False)
 
 
-def _kinds(lines: pa.LargeStringArray) -> tuple[np.ndarray, pa.Array]:
-    """The kind of each candidate structural line, and its body (the text after its leading #s).
+def _body(lines: pa.Array) -> pa.Array:
+    """The text after a line's leading #s (the whole line if it has none)."""
+    return pc.utf8_ltrim_whitespace(pc.utf8_ltrim(lines, "#"))
+
+
+def _kinds(lines: pa.LargeStringArray) -> np.ndarray:
+    """The kind of each candidate structural line.
     A comment line is tried as header, footer, config and version, then as an error; any other line as
-    a transport-telling NCCL INFO line, the NCCL version line, then an error."""
+    a transport-telling NCCL INFO line, the NCCL version line, then an error. Each kernel runs only over
+    the lines it can still decide, which is what keeps this cheap on INFO-heavy logs."""
+    kind = np.full(len(lines), _NONE)
     hashed = _bools(pc.starts_with(lines, "#"))
-    body = pc.utf8_ltrim_whitespace(pc.utf8_ltrim(lines, "#"))
-    info = _bools(pc.match_substring(lines, "NCCL INFO"))
-    telling = _bools(pc.or_(pc.match_substring(lines, "Using network"),
-                            pc.match_substring_regex(lines, _TRANSPORT_HINT.pattern)))
-    error = _bools(pc.match_substring_regex(lines, _ERROR.pattern))
-    conditions = [
-        hashed & _bools(pc.and_(pc.starts_with(body, "size"), pc.match_substring(body, " count"))),
-        hashed & _bools(pc.starts_with(body, "Avg bus bandwidth")),
-        hashed & _bools(pc.starts_with(body, "Out of bounds values")),
-        hashed & _bools(pc.starts_with(body, "nThread")),
-        hashed & _bools(pc.starts_with(body, "nccl-tests version")),
-        ~hashed & info & telling,
-        ~hashed & ~info & _bools(pc.starts_with(lines, "NCCL version")),
-        (hashed | ~info) & error,
-    ]
-    kinds = [HEADER, AVG, OUT_OF_BOUNDS, CONFIG, TESTS_VERSION, INFO, NCCL_VERSION, ERROR]
-    return np.select(conditions, kinds, _NONE), body
+    at = np.flatnonzero(hashed)
+    body = _body(lines.take(pa.array(at)))
+    for k, start in ((AVG, "Avg bus bandwidth"), (OUT_OF_BOUNDS, "Out of bounds values"), (CONFIG, "nThread"),
+                     (TESTS_VERSION, "nccl-tests version"), (HEADER, "size")):
+        hit = _bools(pc.starts_with(body, start)) & (kind[at] == _NONE)
+        kind[at[hit]] = k
+    size = np.flatnonzero(kind[at] == HEADER)
+    kind[at[size[~_bools(pc.match_substring(body.take(pa.array(size)), " count"))]]] = _NONE
+    plain = np.flatnonzero(~hashed)
+    info = _bools(pc.match_substring(lines.take(pa.array(plain)), "NCCL INFO"))
+    said = plain[info]
+    said_lines = lines.take(pa.array(said))
+    telling = _bools(pc.or_(pc.match_substring(said_lines, "Using network"),
+                            pc.match_substring_regex(said_lines, _TRANSPORT_HINT.pattern)))
+    kind[said[telling]] = INFO
+    quiet = plain[~info]
+    kind[quiet[_bools(pc.starts_with(lines.take(pa.array(quiet)), "NCCL version"))]] = NCCL_VERSION
+    may_fail = hashed.copy()
+    may_fail[quiet] = True
+    open_ = np.flatnonzero((kind == _NONE) & may_fail)
+    kind[open_[_bools(pc.match_substring_regex(lines.take(pa.array(open_)), _ERROR.pattern))]] = ERROR
+    return kind
 
 
 @dataclass
@@ -428,12 +450,12 @@ class _Scan:
     tokens: pa.Array  # all tokens of all data rows, flat
     starts: np.ndarray  # first token of each data row
     lengths: np.ndarray  # tokens per data row
-    rank: list[int]  # the ranks of the "Rank N" device lines, in order
-    kind: list[int]  # per structural line, in order
+    rank: np.ndarray  # the ranks of the "Rank N" device lines, in order
+    kind: np.ndarray  # per structural line, in order
     other: list[str]  # the structural lines
     body: list[str]  # their text after the leading #s
-    rows_before: list[int]  # per structural line (and one past the last): data rows before it
-    ranks_before: list[int]  # the same for rank lines
+    rows_before: np.ndarray  # per structural line (and one past the last): data rows before it
+    ranks_before: np.ndarray  # the same for rank lines
 
     @classmethod
     def of(cls, text: str) -> _Scan:
@@ -446,18 +468,18 @@ class _Scan:
         candidate = ~is_data & (first != 0)
         candidate[hash_line[has_rank]] = False
         candidate_line = np.flatnonzero(candidate)
-        kind, body = _kinds(lines.take(pa.array(candidate_line)))
+        kind = _kinds(lines.take(pa.array(candidate_line)))
         keep = kind != _NONE
         other_line = np.append(candidate_line[keep], len(lines))
-        keep_array = pa.array(keep)
+        other = lines.take(pa.array(other_line[:-1]))
         data = lines.filter(pa.array(is_data))
         split = pc.ascii_split_whitespace(data)
         offsets = split.offsets.to_numpy()
         return cls(data, split.flatten(), offsets[:-1] - offsets[0], np.diff(offsets),
-                   pc.cast(rank.drop_null(), pa.int64()).to_pylist(), kind[keep].tolist(),
-                   lines.take(pa.array(other_line[:-1])).to_pylist(), body.filter(keep_array).to_pylist(),
-                   np.searchsorted(np.flatnonzero(is_data), other_line).tolist(),
-                   np.searchsorted(hash_line[has_rank], other_line).tolist())
+                   pc.cast(rank.drop_null(), pa.int64()).to_numpy(), kind[keep],
+                   other.to_pylist(), _body(other).to_pylist(),
+                   np.searchsorted(np.flatnonzero(is_data), other_line),
+                   np.searchsorted(hash_line[has_rank], other_line))
 
 
 # ---- table rows: from token columns to arrays ------------------------------------------------------
@@ -557,7 +579,7 @@ def _fill(tables: list[_Table], scan: _Scan) -> None:
             parts[k] = (stats, _Block(columns, a, b))
     for t, part in zip(tables, parts):
         if part is not None and part[0].rows:
-            t.result._parts.append(part)
+            t.result._add(*part)
 
 
 def _careful(table: _Table, scan: _Scan) -> tuple[_Stats, list[NcclRow]]:
@@ -570,84 +592,87 @@ def _fallback_layout(tokens: int) -> _Layout | None:
     return _Layout.from_columns(tuple(header.split())) if header else None
 
 
-# ---- the state machine over the structural lines --------------------------------------------------
+# ---- runs: the structural lines cut into nccl-tests runs -------------------------------------------
 
-class _Runs:
-    """Walks the structural lines in order; the data rows between two of them are claimed by count.
-    `k` is a structural line's index in scan.other (len(scan.other): the end of the text)."""
+def _run_starts(scan: _Scan, configs: dict[int, dict[str, str]]) -> np.ndarray:
+    """The structural line each run starts at (run 0 at line 0, and it also owns the rows before it).
+    A table header, config or version line starts a new run once the current run has data rows; a config
+    line also does when the run already has a (non-empty) config."""
+    starts, base, configured = [0], 0, False
+    opening = np.flatnonzero(np.isin(scan.kind, (HEADER, CONFIG, TESTS_VERSION)))
+    for k, kind, rows in zip(opening.tolist(), scan.kind[opening].tolist(), scan.rows_before[opening].tolist()):
+        if rows > base or (kind == CONFIG and configured):
+            starts.append(k)
+            base, configured = rows, False
+        if kind == CONFIG:
+            configured = bool(configs[k])
+    return np.array(starts)
 
-    def __init__(self, scan: _Scan) -> None:
-        self.scan = scan
-        self.results: list[NcclResult] = []
-        self.tables: list[_Table] = []
-        self.current = NcclResult()
-        self.layout: _Layout | None = None
-        self.rank_start = 0  # rank lines before the current run
-        self.taken = 0  # data rows claimed so far
 
-    def has_rows(self, k: int) -> bool:
-        return bool(self.tables) and self.tables[-1].result is self.current or self.scan.rows_before[k] > self.taken
+def _ranks(scan: _Scan, starts: np.ndarray) -> list[int | None]:
+    """Per run: one more than the highest rank its device list names (None without a device list)."""
+    bounds = np.append(scan.ranks_before[starts], scan.ranks_before[-1])
+    bounds[0] = 0
+    ranks: list[int | None] = [None] * len(starts)
+    listed = np.flatnonzero(np.diff(bounds) > 0)
+    if len(listed):
+        for j, top in zip(listed.tolist(), np.maximum.reduceat(scan.rank, bounds[listed]).tolist()):
+            ranks[j] = top + 1
+    return ranks
 
-    def flush(self, k: int) -> None:
-        hi = self.scan.rows_before[k]
-        if hi > self.taken:
-            self.tables.append(_Table(self.current, self.layout, self.taken, hi))
-            self.taken = hi
 
-    def close(self, k: int) -> None:
-        self.flush(k)
-        current = self.current
-        lo, hi = self.rank_start, self.scan.ranks_before[k]
-        if hi > lo:
-            current.ranks = current.ranks or max(self.scan.rank[lo:hi]) + 1
-        self.results.append(current)  # run() keeps those that end up with rows, errors or a config
-        self.current, self.rank_start = NcclResult(), hi
+def _tables(scan: _Scan, starts: np.ndarray, run_of: np.ndarray, results: list[NcclResult]) -> list[_Table]:
+    """The data rows cut at every header, footer and run start: each piece is one table of the run it
+    falls in, read with the layout of the last header before it."""
+    kind = scan.kind
+    cuts = np.union1d(np.flatnonzero((kind == HEADER) | (kind == AVG)), starts[1:])
+    edges = np.concatenate([[0], scan.rows_before[cuts], scan.rows_before[-1:]]).tolist()
+    owners = [0] + run_of[cuts].tolist()
+    headers = np.flatnonzero(kind == HEADER)
+    layouts = [_Layout.from_columns(tuple(scan.body[k].split())) for k in headers.tolist()] + [None]
+    layout_of = [-1] + (np.searchsorted(headers, cuts, "right") - 1).tolist()  # -1: none yet
+    return [_Table(results[j], layouts[h], lo, hi)
+            for j, h, lo, hi in zip(owners, layout_of, edges[:-1], edges[1:]) if hi > lo]
 
-    def line(self, k: int, kind: int, s: str, body: str) -> None:
-        current = self.current
-        if kind == HEADER:
-            if self.has_rows(k):  # a second table in the same stream
-                self.close(k)
-            self.flush(k)
-            self.layout = _Layout.from_columns(tuple(body.split()))
-        elif kind == AVG:
-            self.flush(k)
-            current.avg_busbw_printed = _number(_value(body))
-        elif kind == OUT_OF_BOUNDS:
-            value = _value(body)
-            current.out_of_bounds = int(value) if value.isdigit() else None
-        elif kind == CONFIG:
-            if self.has_rows(k) or current.config:
-                self.close(k)
-            self.current.config = dict(_CONFIG.findall(body))
-        elif kind == TESTS_VERSION:
-            if self.has_rows(k):
-                self.close(k)
-            self.current.tests_version = _word(body, 2) or self.current.tests_version
-        elif kind == INFO:
-            if "Using network" in s:
-                m = _NETWORK.search(s)
-                if m:
-                    current.network = m.group(1)
-            if len(current.transport_evidence) < 8 and _TRANSPORT_HINT.search(s):
-                current.transport_evidence.append(s[-200:])
-        elif kind == NCCL_VERSION:
-            current.nccl_version = _word(s, 2) or current.nccl_version
-        else:
-            current.errors.append(s[:300])
 
-    def run(self) -> list[NcclResult]:
-        scan = self.scan
-        for k, (kind, s, body) in enumerate(zip(scan.kind, scan.other, scan.body)):
-            self.line(k, kind, s, body)
-        self.close(len(scan.other))
-        _fill(self.tables, scan)
-        return [r for r in self.results if r._parts or r.errors or r.config]
+def _assemble(scan: _Scan) -> list[NcclResult]:
+    """Every run with its fields, footer values and tables; the last of several lines of a kind wins."""
+    kind, body, other = scan.kind, scan.body, scan.other
+    configs = {k: dict(_CONFIG.findall(body[k])) for k in np.flatnonzero(kind == CONFIG).tolist()}
+    starts = _run_starts(scan, configs)
+    run_of = np.searchsorted(starts, np.arange(len(kind)), "right") - 1
+
+    def lines(k: int) -> zip[tuple[int, int]]:
+        at = np.flatnonzero(kind == k)
+        return zip(run_of[at].tolist(), at.tolist())
+
+    avg = {j: _number(_value(body[k])) for j, k in lines(AVG)}
+    out_of_bounds = {j: int(v) if v.isdigit() else None for j, k in lines(OUT_OF_BOUNDS) for v in [_value(body[k])]}
+    config = {j: configs[k] for j, k in lines(CONFIG)}
+    tests = {j: v for j, k in lines(TESTS_VERSION) if (v := _word(body[k], 2))}
+    nccl = {j: v for j, k in lines(NCCL_VERSION) if (v := _word(other[k], 2))}
+    network: dict[int, str] = {}
+    evidence: dict[int, list[str]] = {}
+    for j, k in lines(INFO):
+        s = other[k]
+        if "Using network" in s and (m := _NETWORK.search(s)):
+            network[j] = m.group(1)
+        told = evidence.setdefault(j, [])
+        if len(told) < 8 and _TRANSPORT_HINT.search(s):
+            told.append(s[-200:])
+    errors: dict[int, list[str]] = {}
+    for j, k in lines(ERROR):
+        errors.setdefault(j, []).append(other[k][:300])
+    results = [NcclResult(avg.get(j), out_of_bounds.get(j), n, tests.get(j), nccl.get(j), config.get(j, {}),
+                          network.get(j), evidence.get(j, []), errors.get(j, []))
+               for j, n in enumerate(_ranks(scan, starts))]
+    _fill(_tables(scan, starts, run_of, results), scan)
+    return [r for r in results if r._parts or r.errors or r.config]
 
 
 def parse_all(text: str) -> list[NcclResult]:
     """Every nccl-tests run in a text stream, in order."""
-    return _Runs(_Scan.of(text)).run()
+    return _assemble(_Scan.of(text))
 
 
 def parse(text: str) -> NcclResult:
