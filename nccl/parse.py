@@ -17,13 +17,17 @@ reads `rows`.
 """
 from __future__ import annotations
 
+import gc
 import json
 import math
+import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import repeat
+from itertools import pairwise, repeat
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -37,6 +41,7 @@ _AVG_TOLERANCE_REL = 0.002
 
 _TAG_PATTERN = r"^\[\d+,\d+\]<std(?:out|err)>:"  # mpirun --tag-output
 _SRUN_PATTERN = r"^\d{1,6}: "  # srun -l
+_PREFIX_PATTERN = rf"{_TAG_PATTERN}\s*(?:{_SRUN_PATTERN[1:]})?|{_SRUN_PATTERN}"  # either, or a tag then a label
 _TAG = re.compile(_TAG_PATTERN)
 _SRUN = re.compile(r"^\s*\d+: ")
 _STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)? ")
@@ -327,56 +332,63 @@ def _rows_one_by_one(lines: list[str], layout: _Layout) -> list[NcclRow]:
 
 # ---- whole-text passes (pyarrow kernels) -------------------------------------------------------------
 
-def _split_lines(text: str) -> pa.LargeStringArray:
-    """The text's lines, each with its "\\n" (the whitespace strip takes it), cut with one numpy search."""
-    data = text.encode("utf-8", "replace")  # a lone surrogate (from errors="surrogateescape") becomes "?"
+def _split_lines(data: bytes | memoryview) -> pa.LargeStringArray:
+    """The lines of UTF-8 text, each with its "\\n" (the whitespace strip takes it), cut with one numpy search."""
     ends = np.flatnonzero(np.frombuffer(data, np.uint8) == 10) + 1
     offsets = np.concatenate([[0], ends, [len(data)] if len(ends) == 0 or ends[-1] < len(data) else []])
     return pa.LargeStringArray.from_buffers(len(offsets) - 1, pa.py_buffer(offsets.astype(np.int64)),
                                             pa.py_buffer(data))
 
 
-def _heads(lines: pa.LargeStringArray, width: int) -> np.ndarray:
-    """The first `width` bytes of every line (0 past its end), read straight from the Arrow buffers."""
+def _heads(lines: pa.LargeStringArray) -> np.ndarray:
+    """The first 8 bytes of every line (0 past its end) as an (n, 8) byte matrix: one gather of 8-byte
+    words from an overlapping view of the Arrow data buffer, masked to each line's length."""
     _, offsets_buffer, data_buffer = lines.buffers()
     offsets = np.frombuffer(offsets_buffer, np.int64)[lines.offset:lines.offset + len(lines) + 1]
     data = np.frombuffer(data_buffer, np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
-    if not len(data):
-        return np.zeros((len(lines), width), np.uint8)
-    at = offsets[:-1, None] + np.arange(width)
-    out = data[np.minimum(at, len(data) - 1)]
-    out[at >= offsets[1:, None]] = 0
-    return out
+    if len(data) < 8:
+        data = np.concatenate([data, np.zeros(8, np.uint8)])
+    words = np.ndarray((len(data) - 7,), "<u8", data, strides=(1,))  # words[i]: the 8 bytes from byte i
+    starts = offsets[:-1]
+    at = np.minimum(starts, len(data) - 8)
+    head = words[at] >> (8 * (starts - at)).astype(np.uint64)  # the last lines read from a word before them
+    length = np.minimum(np.diff(offsets), 8).astype(np.uint64)
+    mask = np.where(length == 8, np.uint64(2**64 - 1), (np.uint64(1) << (8 * length)) - np.uint64(1))
+    return (head & mask).astype("<u8").view(np.uint8).reshape(len(starts), 8)
 
 
 def _where(lines: pa.LargeStringArray, mask: np.ndarray,
-           fix: Callable[[pa.LargeStringArray], pa.Array]) -> pa.LargeStringArray:
-    """`lines` with the masked entries replaced by `fix` of them."""
-    if not mask.any():
-        return lines
+           fix: Callable[[pa.LargeStringArray], pa.Array]) -> tuple[pa.LargeStringArray, pa.Array]:
+    """`lines` with the masked entries replaced by `fix` of them, and those fixed entries."""
     mask_array = pa.array(mask)
-    return pc.replace_with_mask(lines, mask_array, fix(lines.filter(mask_array)).cast(lines.type))
+    fixed = fix(lines.filter(mask_array)).cast(lines.type)
+    return pc.replace_with_mask(lines, mask_array, fixed), fixed
 
 
 def _is_digit(byte: np.ndarray) -> np.ndarray:
     return (byte >= 48) & (byte <= 57)
 
 
-def _clean_lines(text: str) -> tuple[pa.LargeStringArray, np.ndarray]:
-    """Every line stripped of whitespace and launcher prefixes (mpirun tag and srun label by kernels, the
-    rare timestamps and ANSI codes by `_unprefixed`), and the first byte of each (0 for an empty line)."""
-    lines = pc.utf8_trim_whitespace(_split_lines(text))
-    lines = _where(lines, _heads(lines, 1)[:, 0] == ord("["), lambda sub: pc.utf8_ltrim_whitespace(
-        pc.replace_substring_regex(sub, _TAG_PATTERN, "")))
-    head = _heads(lines, 8)
+def _clean_lines(data: bytes | memoryview) -> tuple[pa.LargeStringArray, np.ndarray]:
+    """Every line stripped of whitespace and launcher prefixes (mpirun tags and srun labels by one kernel,
+    the rare timestamps and ANSI codes by `_unprefixed`), and the first byte of each (0 for an empty line).
+    Lines are read by their first 8 bytes, so only the prefixed ones are copied."""
+    lines = pc.utf8_trim_whitespace(_split_lines(data))
+    head = _heads(lines)
     digit = _is_digit(head[:, 0])
-    odd = (head[:, 0] == 0x1B) | (digit & (head[:, 4] == ord("-")))  # ANSI colours, timestamps: rare
-    srun = digit & ~odd & (head[:, 1:7] == ord(":")).any(axis=1)
-    lines = _where(lines, odd, lambda sub: pa.array(list(map(_unprefixed, sub.to_pylist())), lines.type))
-    lines = _where(lines, srun, lambda sub: pc.utf8_ltrim_whitespace(
-        pc.replace_substring_regex(sub, _SRUN_PATTERN, "")))
-    first = head[:, 0] if not (odd.any() or srun.any()) else _heads(lines, 1)[:, 0]
-    return lines, first
+    stamp = digit & (head[:, 4] == ord("-"))
+    prefixed = (head[:, 0] == ord("[")) | (digit & ~stamp & (head[:, 1:7] == ord(":")).any(axis=1))
+    if prefixed.any():
+        lines, stripped = _where(lines, prefixed, lambda sub: pc.utf8_ltrim_whitespace(
+            pc.replace_substring_regex(sub, _PREFIX_PATTERN, "")))
+        head[prefixed] = _heads(stripped)
+        digit = _is_digit(head[:, 0])
+        stamp = digit & (head[:, 4] == ord("-"))
+    odd = (head[:, 0] == 0x1B) | stamp  # ANSI colours, timestamps: rare, left to Python
+    if odd.any():
+        lines, unprefixed = _where(lines, odd, lambda sub: pa.array(list(map(_unprefixed, sub.to_pylist()))))
+        head[odd] = _heads(unprefixed)
+    return lines, head[:, 0]
 
 
 def _unprefixed(line: str) -> str:
@@ -458,8 +470,8 @@ class _Scan:
     ranks_before: np.ndarray  # the same for rank lines
 
     @classmethod
-    def of(cls, text: str) -> _Scan:
-        lines, first = _clean_lines(text)
+    def of(cls, data: bytes | memoryview) -> _Scan:
+        lines, first = _clean_lines(data)
         is_data = _is_digit(first)
         hash_line = np.flatnonzero(first == ord("#"))
         hashed = lines.take(pa.array(hash_line))
@@ -482,10 +494,57 @@ class _Scan:
                    np.searchsorted(hash_line[has_rank], other_line))
 
 
+    @classmethod
+    def join(cls, parts: list[_Scan]) -> _Scan:
+        """One scan of consecutive pieces of a text: indices shifted past the pieces before."""
+        rows = np.cumsum([0] + [len(p.lengths) for p in parts])
+        tokens = np.cumsum([0] + [len(p.tokens) for p in parts])
+        ranks = np.cumsum([0] + [len(p.rank) for p in parts])
+        last = len(parts) - 1
+        return cls(pa.concat_arrays([p.data for p in parts]), pa.concat_arrays([p.tokens for p in parts]),
+                   np.concatenate([p.starts + t for p, t in zip(parts, tokens)]),
+                   np.concatenate([p.lengths for p in parts]), np.concatenate([p.rank for p in parts]),
+                   np.concatenate([p.kind for p in parts]), [s for p in parts for s in p.other],
+                   [s for p in parts for s in p.body],
+                   np.concatenate([p.rows_before[:None if i == last else -1] + r
+                                   for i, (p, r) in enumerate(zip(parts, rows))]),
+                   np.concatenate([p.ranks_before[:None if i == last else -1] + r
+                                   for i, (p, r) in enumerate(zip(parts, ranks))]))
+
+
+_PIECE_BYTES = 8 << 20  # below this a thread costs more than it saves
+
+
+def _pieces(data: bytes, pieces: int) -> list[memoryview]:
+    """`data` cut at line ends into `pieces` about equal parts (fewer where it has too few lines)."""
+    view, cuts = memoryview(data), [0]
+    for k in range(1, pieces):
+        end = data.find(b"\n", max(cuts[-1], len(data) * k // pieces))
+        if end < 0:
+            break
+        cuts.append(end + 1)
+    cuts.append(len(data))
+    return [view[a:b] for a, b in pairwise(cuts) if b > a] or [view]
+
+
+def _workers(size: int) -> int:
+    """One thread per core (up to 4) that has 8 MB of text to work on."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(4, cores, size // _PIECE_BYTES))
+
+
+def _scan(text: str, workers: int) -> _Scan:
+    """Scan a text in pieces, one thread each: the kernels release the GIL, so the pieces run side by side."""
+    data = text.encode("utf-8", "replace")  # a lone surrogate (from errors="surrogateescape") becomes "?"
+    parts = _pieces(data, workers)
+    if len(parts) == 1:
+        return _Scan.of(parts[0])
+    return _Scan.join(_map(_Scan.of, parts, workers))
+
+
 # ---- table rows: from token columns to arrays ------------------------------------------------------
 
-@dataclass
-class _Table:
+class _Table(NamedTuple):
     """Data rows [lo, hi) of the scan that belong to one table of `result`, read with `layout`."""
 
     result: NcclResult
@@ -508,31 +567,45 @@ def _floats(cells: pa.Array, optional: bool) -> np.ndarray | None:
         return np.array([np.nan if v is None else v for v in map(_number, cells.to_pylist())], np.float64)
 
 
-def _to_columns(scan: _Scan, rows: np.ndarray, layout: _Layout) -> _Columns | None:
-    """Convert full-width rows column by column; None if a required cell is not a number."""
-    starts = scan.starts[rows]
+def _convert(cells: pa.Array, how: str) -> Any:
+    """One column of cells as `how` says: "int" and "float" (None if a cell is not a number), "optional"
+    (float, NaN for N/A), "root" (int, None for a non-rank cell) or "text" (as it is)."""
+    if how == "text":
+        return cells
+    if how == "optional" or how == "float":
+        return _floats(cells, optional=how == "optional")
     try:
-        size = pc.cast(_column(scan.tokens, starts, 0), pa.int64()).to_numpy()
-        count = pc.cast(_column(scan.tokens, starts, 1), pa.int64()).to_numpy()
+        cast = pc.cast(cells, pa.int64())
     except pa.ArrowInvalid:
+        return None if how == "int" else pa.array([_root(t) for t in cells.to_pylist()], pa.int64())
+    return cast.to_numpy() if how == "int" else cast
+
+
+def _map(fn: Callable[[Any], Any], items: list[Any], workers: int) -> list[Any]:
+    """`fn` over `items`, on `workers` threads where there is more than one (for kernels, which release the
+    GIL)."""
+    if workers < 2 or len(items) < 2:
+        return list(map(fn, items))
+    with ThreadPoolExecutor(min(workers, len(items))) as pool:
+        return list(pool.map(fn, items))
+
+
+def _to_columns(scan: _Scan, rows: np.ndarray, layout: _Layout, workers: int) -> _Columns | None:
+    """Convert full-width rows column by column (the columns side by side on `workers` threads); None if a
+    required cell is not a number."""
+    starts = scan.starts[rows]
+    text = [(c, layout.prefix.index(c)) for c in ("type", "redop", "root") if c in layout.prefix]
+    jobs = [(0, "int"), (1, "int")] + [(i, "root" if c == "root" else "text") for c, i in text]
+    for group in layout.groups:
+        jobs += [(i, "float") for i in group[:3]] + [(i, "optional") for i in group[3:] if i is not None]
+    got = dict(zip(jobs, _map(lambda job: _convert(_column(scan.tokens, starts, job[0]), job[1]), jobs, workers)))
+    if any(v is None for v in got.values()):
         return None
-    n = len(rows)
-    text = {c: _column(scan.tokens, starts, layout.prefix.index(c)) for c in ("type", "redop", "root")
-            if c in layout.prefix}
-    if "root" in text:
-        try:
-            text["root"] = pc.cast(text["root"], pa.int64())
-        except pa.ArrowInvalid:
-            text["root"] = pa.array([_root(t) for t in text["root"].to_pylist()], pa.int64())
-    values = []
-    for ti, ai, bi, wi, ei in layout.groups:
-        required = [_floats(_column(scan.tokens, starts, i), optional=False) for i in (ti, ai, bi)]
-        if any(v is None for v in required):
-            return None
-        optional = [np.full(n, np.nan) if i is None else _floats(_column(scan.tokens, starts, i), True)
-                    for i in (wi, ei)]
-        values += required + optional
-    return _Columns(size, count, text, tuple(values))
+    none = np.full(len(rows), np.nan)
+    values = [got[(i, "float")] if k < 3 else none if i is None else got[(i, "optional")]
+              for group in layout.groups for k, i in enumerate(group)]
+    return _Columns(got[(0, "int")], got[(1, "int")], {c: got[(i, "root" if c == "root" else "text")]
+                                                        for c, i in text}, tuple(values))
 
 
 def _stats(columns: _Columns, bounds: np.ndarray) -> list[_Stats]:
@@ -548,7 +621,7 @@ def _stats(columns: _Columns, bounds: np.ndarray) -> list[_Stats]:
                                      algbw_max.tolist(), wrong.tolist())]
 
 
-def _fill(tables: list[_Table], scan: _Scan) -> None:
+def _fill(tables: list[_Table], scan: _Scan, workers: int) -> None:
     """Give every table its rows, in table order: full-width tables converted in bulk per layout, the
     others (cut-off or in-place-only lines, non-numeric cells) line by line."""
     if not tables:
@@ -557,9 +630,10 @@ def _fill(tables: list[_Table], scan: _Scan) -> None:
     shortest, longest = np.minimum.reduceat(scan.lengths, lo).tolist(), np.maximum.reduceat(scan.lengths, lo)
     parts: list[tuple[_Stats, list[NcclRow] | _Block] | None] = [None] * len(tables)
     bulk: dict[_Layout, list[int]] = {}
-    for k, t in enumerate(tables):
-        t.layout = t.layout or _fallback_layout(int(longest[k]))
-        if t.layout is not None and shortest[k] == longest[k] == t.layout.width:
+    for k, (t, short, long) in enumerate(zip(tables, shortest, longest.tolist())):
+        if t.layout is None:
+            t = tables[k] = t._replace(layout=_fallback_layout(long))
+        if t.layout is not None and short == long == t.layout.width:
             bulk.setdefault(t.layout, []).append(k)
         elif t.layout is not None:
             parts[k] = _careful(t, scan)
@@ -568,7 +642,7 @@ def _fill(tables: list[_Table], scan: _Scan) -> None:
         group_of_table[members] = g
     owner = np.repeat(group_of_table, np.diff(np.append(lo, len(scan.lengths))))  # tables tile the data rows
     for g, (layout, members) in enumerate(bulk.items()):
-        columns = _to_columns(scan, np.flatnonzero(owner == g), layout)
+        columns = _to_columns(scan, np.flatnonzero(owner == g), layout, workers)
         if columns is None:  # a non-numeric cell somewhere: these tables go the careful way
             for k in members:
                 parts[k] = _careful(tables[k], scan)
@@ -629,13 +703,14 @@ def _tables(scan: _Scan, starts: np.ndarray, run_of: np.ndarray, results: list[N
     edges = np.concatenate([[0], scan.rows_before[cuts], scan.rows_before[-1:]]).tolist()
     owners = [0] + run_of[cuts].tolist()
     headers = np.flatnonzero(kind == HEADER)
-    layouts = [_Layout.from_columns(tuple(scan.body[k].split())) for k in headers.tolist()] + [None]
+    distinct = {body: _Layout.from_columns(tuple(body.split())) for body in {scan.body[k] for k in headers.tolist()}}
+    layouts = [distinct[scan.body[k]] for k in headers.tolist()] + [None]
     layout_of = [-1] + (np.searchsorted(headers, cuts, "right") - 1).tolist()  # -1: none yet
     return [_Table(results[j], layouts[h], lo, hi)
             for j, h, lo, hi in zip(owners, layout_of, edges[:-1], edges[1:]) if hi > lo]
 
 
-def _assemble(scan: _Scan) -> list[NcclResult]:
+def _assemble(scan: _Scan, workers: int) -> list[NcclResult]:
     """Every run with its fields, footer values and tables; the last of several lines of a kind wins."""
     kind, body, other = scan.kind, scan.body, scan.other
     configs = {k: dict(_CONFIG.findall(body[k])) for k in np.flatnonzero(kind == CONFIG).tolist()}
@@ -666,13 +741,30 @@ def _assemble(scan: _Scan) -> list[NcclResult]:
     results = [NcclResult(avg.get(j), out_of_bounds.get(j), n, tests.get(j), nccl.get(j), config.get(j, {}),
                           network.get(j), evidence.get(j, []), errors.get(j, []))
                for j, n in enumerate(_ranks(scan, starts))]
-    _fill(_tables(scan, starts, run_of, results), scan)
+    _fill(_tables(scan, starts, run_of, results), scan, workers)
     return [r for r in results if r._parts or r.errors or r.config]
 
 
-def parse_all(text: str) -> list[NcclResult]:
-    """Every nccl-tests run in a text stream, in order."""
-    return _assemble(_Scan.of(text))
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Assembling runs allocates ~100k small containers per 100 MB and no cycles; with the cyclic collector
+    on, it walks the growing heap again and again (a fifth of the assembly time)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def parse_all(text: str, workers: int | None = None) -> list[NcclResult]:
+    """Every nccl-tests run in a text stream, in order. `workers`: threads for the kernels (default: one
+    per core, up to 4, with 8 MB of text each; the tests force several on small texts)."""
+    workers = workers or _workers(len(text))
+    scan = _scan(text, workers)
+    with _gc_paused():
+        return _assemble(scan, workers)
 
 
 def parse(text: str) -> NcclResult:
