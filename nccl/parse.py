@@ -172,7 +172,7 @@ class NcclResult:
 
     def _add(self, stats: _Stats, part: list[NcclRow] | _Block) -> None:
         self._parts.append(part)
-        self._stats = self._stats + stats
+        self._stats = stats if self._stats is _NO_ROWS else self._stats + stats
         self._rows = None
 
     @property
@@ -544,13 +544,15 @@ def _scan(text: str, workers: int) -> _Scan:
 
 # ---- table rows: from token columns to arrays ------------------------------------------------------
 
-class _Table(NamedTuple):
-    """Data rows [lo, hi) of the scan that belong to one table of `result`, read with `layout`."""
+@dataclass
+class _Tables:
+    """The tables of a scan, in order; they tile its data rows (table k is rows lo[k]:hi[k])."""
 
-    result: NcclResult
-    layout: _Layout | None
-    lo: int
-    hi: int
+    run: np.ndarray  # the run each table belongs to
+    layout: np.ndarray  # index into `layouts` (-1: no header before it, or one that could not be read)
+    layouts: list[_Layout | None]
+    lo: np.ndarray
+    hi: np.ndarray
 
 
 def _column(tokens: pa.Array, starts: np.ndarray, i: int) -> pa.Array:
@@ -621,43 +623,41 @@ def _stats(columns: _Columns, bounds: np.ndarray) -> list[_Stats]:
                                      algbw_max.tolist(), wrong.tolist())]
 
 
-def _fill(tables: list[_Table], scan: _Scan, workers: int) -> None:
+def _fill(tables: _Tables, scan: _Scan, results: list[NcclResult], workers: int) -> None:
     """Give every table its rows, in table order: full-width tables converted in bulk per layout, the
     others (cut-off or in-place-only lines, non-numeric cells) line by line."""
-    if not tables:
+    if not len(tables.lo):
         return
-    lo = np.array([t.lo for t in tables])
-    shortest, longest = np.minimum.reduceat(scan.lengths, lo).tolist(), np.maximum.reduceat(scan.lengths, lo)
-    parts: list[tuple[_Stats, list[NcclRow] | _Block] | None] = [None] * len(tables)
-    bulk: dict[_Layout, list[int]] = {}
-    for k, (t, short, long) in enumerate(zip(tables, shortest, longest.tolist())):
-        if t.layout is None:
-            t = tables[k] = t._replace(layout=_fallback_layout(long))
-        if t.layout is not None and short == long == t.layout.width:
-            bulk.setdefault(t.layout, []).append(k)
-        elif t.layout is not None:
-            parts[k] = _careful(t, scan)
-    group_of_table = np.full(len(tables), -1)
-    for g, members in enumerate(bulk.values()):
-        group_of_table[members] = g
-    owner = np.repeat(group_of_table, np.diff(np.append(lo, len(scan.lengths))))  # tables tile the data rows
-    for g, (layout, members) in enumerate(bulk.items()):
-        columns = _to_columns(scan, np.flatnonzero(owner == g), layout, workers)
+    shortest = np.minimum.reduceat(scan.lengths, tables.lo)
+    longest = np.maximum.reduceat(scan.lengths, tables.lo)
+    layouts, layout = list(tables.layouts), tables.layout.copy()
+    for tokens in np.unique(longest[layout < 0]).tolist():  # no header: the layout a row's width implies
+        layout[(layout < 0) & (longest == tokens)] = len(layouts)
+        layouts.append(_fallback_layout(tokens))
+    width = np.array([-1 if lay is None else lay.width for lay in layouts])[layout]
+    bulk = (shortest == longest) & (longest == width)
+    parts: list[tuple[_Stats, list[NcclRow] | _Block] | None] = [None] * len(layout)
+    careful = np.flatnonzero(~bulk & (width > 0)).tolist()
+    row_layout = np.repeat(np.where(bulk, layout, -1), tables.hi - tables.lo)
+    for g in np.unique(layout[bulk]).tolist():
+        members = np.flatnonzero(bulk & (layout == g))
+        columns = _to_columns(scan, np.flatnonzero(row_layout == g), layouts[g], workers)
         if columns is None:  # a non-numeric cell somewhere: these tables go the careful way
-            for k in members:
-                parts[k] = _careful(tables[k], scan)
+            careful += members.tolist()
             continue
-        bounds = np.concatenate([[0], np.cumsum([tables[k].hi - tables[k].lo for k in members])])
+        bounds = np.concatenate([[0], np.cumsum(tables.hi[members] - tables.lo[members])])
         edges = bounds.tolist()
-        for k, stats, a, b in zip(members, _stats(columns, bounds), edges[:-1], edges[1:]):
+        for k, stats, a, b in zip(members.tolist(), _stats(columns, bounds), edges[:-1], edges[1:]):
             parts[k] = (stats, _Block(columns, a, b))
-    for t, part in zip(tables, parts):
+    for k in careful:
+        parts[k] = _careful(layouts[layout[k]], scan.data.slice(tables.lo[k], tables.hi[k] - tables.lo[k]))
+    for j, part in zip(tables.run.tolist(), parts):
         if part is not None and part[0].rows:
-            t.result._add(*part)
+            results[j]._add(*part)
 
 
-def _careful(table: _Table, scan: _Scan) -> tuple[_Stats, list[NcclRow]]:
-    rows = _rows_one_by_one(scan.data.slice(table.lo, table.hi - table.lo).to_pylist(), table.layout)
+def _careful(layout: _Layout, lines: pa.Array) -> tuple[_Stats, list[NcclRow]]:
+    rows = _rows_one_by_one(lines.to_pylist(), layout)
     return _Stats.of(rows), rows
 
 
@@ -695,19 +695,21 @@ def _ranks(scan: _Scan, starts: np.ndarray) -> list[int | None]:
     return ranks
 
 
-def _tables(scan: _Scan, starts: np.ndarray, run_of: np.ndarray, results: list[NcclResult]) -> list[_Table]:
+def _tables(scan: _Scan, starts: np.ndarray, run_of: np.ndarray) -> _Tables:
     """The data rows cut at every header, footer and run start: each piece is one table of the run it
     falls in, read with the layout of the last header before it."""
     kind = scan.kind
     cuts = np.union1d(np.flatnonzero((kind == HEADER) | (kind == AVG)), starts[1:])
-    edges = np.concatenate([[0], scan.rows_before[cuts], scan.rows_before[-1:]]).tolist()
-    owners = [0] + run_of[cuts].tolist()
-    headers = np.flatnonzero(kind == HEADER)
-    distinct = {body: _Layout.from_columns(tuple(body.split())) for body in {scan.body[k] for k in headers.tolist()}}
-    layouts = [distinct[scan.body[k]] for k in headers.tolist()] + [None]
-    layout_of = [-1] + (np.searchsorted(headers, cuts, "right") - 1).tolist()  # -1: none yet
-    return [_Table(results[j], layouts[h], lo, hi)
-            for j, h, lo, hi in zip(owners, layout_of, edges[:-1], edges[1:]) if hi > lo]
+    edges = np.concatenate([[0], scan.rows_before[cuts], scan.rows_before[-1:]])
+    headers = np.flatnonzero(kind == HEADER).tolist()
+    read = {text: _Layout.from_columns(tuple(text.split())) for text in {scan.body[k] for k in headers}}
+    layouts = list({lay: None for lay in read.values() if lay is not None})
+    number = {lay: i for i, lay in enumerate(layouts)}
+    header_layout = np.array([number.get(read[scan.body[k]], -1) for k in headers] + [-1], dtype=np.int64)
+    layout = header_layout[np.concatenate([[-1], np.searchsorted(headers, cuts, "right") - 1])]
+    some = np.diff(edges) > 0
+    return _Tables(np.concatenate([[0], run_of[cuts]])[some], layout[some], layouts, edges[:-1][some],
+                   edges[1:][some])
 
 
 def _assemble(scan: _Scan, workers: int) -> list[NcclResult]:
@@ -741,7 +743,7 @@ def _assemble(scan: _Scan, workers: int) -> list[NcclResult]:
     results = [NcclResult(avg.get(j), out_of_bounds.get(j), n, tests.get(j), nccl.get(j), config.get(j, {}),
                           network.get(j), evidence.get(j, []), errors.get(j, []))
                for j, n in enumerate(_ranks(scan, starts))]
-    _fill(_tables(scan, starts, run_of, results), scan, workers)
+    _fill(_tables(scan, starts, run_of), scan, results, workers)
     return [r for r in results if r._parts or r.errors or r.config]
 
 
