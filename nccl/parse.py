@@ -454,23 +454,47 @@ def _kinds(lines: pa.LargeStringArray) -> np.ndarray:
     return kind
 
 
+def _said(kind: int, line: str, body: str) -> Any:
+    """What one structural line says, read once: the footer's number, the config, a version, an INFO
+    line's network and transport evidence, an error's text, a header's columns."""
+    if kind == AVG:
+        return _number(_value(body))
+    if kind == OUT_OF_BOUNDS:
+        value = _value(body)
+        return int(value) if value.isdigit() else None
+    if kind == CONFIG:
+        return dict(_CONFIG.findall(body))
+    if kind == TESTS_VERSION:
+        return _word(body, 2)
+    if kind == NCCL_VERSION:
+        return _word(line, 2)
+    if kind == INFO:
+        network = _NETWORK.search(line) if "Using network" in line else None
+        return network and network.group(1), line[-200:] if _TRANSPORT_HINT.search(line) else None
+    if kind == ERROR:
+        return line[:300]
+    return body  # HEADER
+
+
 @dataclass
 class _Scan:
     """The classified lines of a text: table data rows (tokenized), rank lines, and the structural lines."""
 
-    data: pa.LargeStringArray
-    tokens: pa.Array  # all tokens of all data rows, flat
-    starts: np.ndarray  # first token of each data row
+    data: pa.LargeStringArray | pa.ChunkedArray  # the table data rows
+    tokens: list[pa.Array]  # per piece of the text: all tokens of its data rows, flat
+    token_bases: np.ndarray  # per piece: the tokens in the pieces before it
+    starts: np.ndarray  # first token of each data row (counted over all pieces)
     lengths: np.ndarray  # tokens per data row
     rank: np.ndarray  # the ranks of the "Rank N" device lines, in order
     kind: np.ndarray  # per structural line, in order
-    other: list[str]  # the structural lines
-    body: list[str]  # their text after the leading #s
+    value: list[Any]  # what each says (_said)
     rows_before: np.ndarray  # per structural line (and one past the last): data rows before it
     ranks_before: np.ndarray  # the same for rank lines
 
     @classmethod
     def of(cls, data: bytes | memoryview) -> _Scan:
+        """Scan one piece. Its structural lines are read last: Python work in one thread slows the many
+        short kernel calls of another (each waits for the GIL), so it comes after this piece's kernels."""
         lines, first = _clean_lines(data)
         is_data = _is_digit(first)
         hash_line = np.flatnonzero(first == ord("#"))
@@ -484,28 +508,27 @@ class _Scan:
         keep = kind != _NONE
         other_line = np.append(candidate_line[keep], len(lines))
         other = lines.take(pa.array(other_line[:-1]))
-        data = lines.filter(pa.array(is_data))
-        split = pc.ascii_split_whitespace(data)
+        rows = lines.filter(pa.array(is_data))
+        split = pc.ascii_split_whitespace(rows)
         offsets = split.offsets.to_numpy()
-        return cls(data, split.flatten(), offsets[:-1] - offsets[0], np.diff(offsets),
-                   pc.cast(rank.drop_null(), pa.int64()).to_numpy(), kind[keep],
-                   other.to_pylist(), _body(other).to_pylist(),
+        value = list(map(_said, kind[keep].tolist(), other.to_pylist(), _body(other).to_pylist()))
+        return cls(rows, [split.flatten()], np.zeros(1, np.int64), offsets[:-1] - offsets[0], np.diff(offsets),
+                   pc.cast(rank.drop_null(), pa.int64()).to_numpy(), kind[keep], value,
                    np.searchsorted(np.flatnonzero(is_data), other_line),
                    np.searchsorted(hash_line[has_rank], other_line))
 
-
     @classmethod
     def join(cls, parts: list[_Scan]) -> _Scan:
-        """One scan of consecutive pieces of a text: indices shifted past the pieces before."""
+        """One scan of consecutive pieces of a text: indices shifted past the pieces before, arrays kept
+        as they are (copying them would cost more than taking from each)."""
         rows = np.cumsum([0] + [len(p.lengths) for p in parts])
-        tokens = np.cumsum([0] + [len(p.tokens) for p in parts])
+        tokens = np.cumsum([0] + [len(p.tokens[0]) for p in parts])
         ranks = np.cumsum([0] + [len(p.rank) for p in parts])
         last = len(parts) - 1
-        return cls(pa.concat_arrays([p.data for p in parts]), pa.concat_arrays([p.tokens for p in parts]),
+        return cls(pa.chunked_array([p.data for p in parts]), [p.tokens[0] for p in parts], tokens[:-1],
                    np.concatenate([p.starts + t for p, t in zip(parts, tokens)]),
                    np.concatenate([p.lengths for p in parts]), np.concatenate([p.rank for p in parts]),
-                   np.concatenate([p.kind for p in parts]), [s for p in parts for s in p.other],
-                   [s for p in parts for s in p.body],
+                   np.concatenate([p.kind for p in parts]), [v for p in parts for v in p.value],
                    np.concatenate([p.rows_before[:None if i == last else -1] + r
                                    for i, (p, r) in enumerate(zip(parts, rows))]),
                    np.concatenate([p.ranks_before[:None if i == last else -1] + r
@@ -555,8 +578,13 @@ class _Tables:
     hi: np.ndarray
 
 
-def _column(tokens: pa.Array, starts: np.ndarray, i: int) -> pa.Array:
-    return pc.take(tokens, pa.array(starts + i))
+def _column(scan: _Scan, starts: np.ndarray, i: int) -> pa.Array:
+    """Token i of the rows whose first tokens are `starts` (ascending), taken piece by piece."""
+    at = starts + i
+    taken = [pc.take(tokens, pa.array(idx - base)) for tokens, base, idx
+             in zip(scan.tokens, scan.token_bases, np.split(at, np.searchsorted(at, scan.token_bases[1:])))
+             if len(idx)]
+    return taken[0] if len(taken) == 1 else pa.concat_arrays(taken)
 
 
 def _floats(cells: pa.Array, optional: bool) -> np.ndarray | None:
@@ -600,7 +628,7 @@ def _to_columns(scan: _Scan, rows: np.ndarray, layout: _Layout, workers: int) ->
     jobs = [(0, "int"), (1, "int")] + [(i, "root" if c == "root" else "text") for c, i in text]
     for group in layout.groups:
         jobs += [(i, "float") for i in group[:3]] + [(i, "optional") for i in group[3:] if i is not None]
-    got = dict(zip(jobs, _map(lambda job: _convert(_column(scan.tokens, starts, job[0]), job[1]), jobs, workers)))
+    got = dict(zip(jobs, _map(lambda job: _convert(_column(scan, starts, job[0]), job[1]), jobs, workers)))
     if any(v is None for v in got.values()):
         return None
     none = np.full(len(rows), np.nan)
@@ -668,7 +696,7 @@ def _fallback_layout(tokens: int) -> _Layout | None:
 
 # ---- runs: the structural lines cut into nccl-tests runs -------------------------------------------
 
-def _run_starts(scan: _Scan, configs: dict[int, dict[str, str]]) -> np.ndarray:
+def _run_starts(scan: _Scan) -> np.ndarray:
     """The structural line each run starts at (run 0 at line 0, and it also owns the rows before it).
     A table header, config or version line starts a new run once the current run has data rows; a config
     line also does when the run already has a (non-empty) config."""
@@ -679,7 +707,7 @@ def _run_starts(scan: _Scan, configs: dict[int, dict[str, str]]) -> np.ndarray:
             starts.append(k)
             base, configured = rows, False
         if kind == CONFIG:
-            configured = bool(configs[k])
+            configured = bool(scan.value[k])
     return np.array(starts)
 
 
@@ -702,10 +730,10 @@ def _tables(scan: _Scan, starts: np.ndarray, run_of: np.ndarray) -> _Tables:
     cuts = np.union1d(np.flatnonzero((kind == HEADER) | (kind == AVG)), starts[1:])
     edges = np.concatenate([[0], scan.rows_before[cuts], scan.rows_before[-1:]])
     headers = np.flatnonzero(kind == HEADER).tolist()
-    read = {text: _Layout.from_columns(tuple(text.split())) for text in {scan.body[k] for k in headers}}
+    read = {text: _Layout.from_columns(tuple(text.split())) for text in {scan.value[k] for k in headers}}
     layouts = list({lay: None for lay in read.values() if lay is not None})
     number = {lay: i for i, lay in enumerate(layouts)}
-    header_layout = np.array([number.get(read[scan.body[k]], -1) for k in headers] + [-1], dtype=np.int64)
+    header_layout = np.array([number.get(read[scan.value[k]], -1) for k in headers] + [-1], dtype=np.int64)
     layout = header_layout[np.concatenate([[-1], np.searchsorted(headers, cuts, "right") - 1])]
     some = np.diff(edges) > 0
     return _Tables(np.concatenate([[0], run_of[cuts]])[some], layout[some], layouts, edges[:-1][some],
@@ -714,32 +742,27 @@ def _tables(scan: _Scan, starts: np.ndarray, run_of: np.ndarray) -> _Tables:
 
 def _assemble(scan: _Scan, workers: int) -> list[NcclResult]:
     """Every run with its fields, footer values and tables; the last of several lines of a kind wins."""
-    kind, body, other = scan.kind, scan.body, scan.other
-    configs = {k: dict(_CONFIG.findall(body[k])) for k in np.flatnonzero(kind == CONFIG).tolist()}
-    starts = _run_starts(scan, configs)
+    kind, value = scan.kind, scan.value
+    starts = _run_starts(scan)
     run_of = np.searchsorted(starts, np.arange(len(kind)), "right") - 1
 
-    def lines(k: int) -> zip[tuple[int, int]]:
-        at = np.flatnonzero(kind == k)
-        return zip(run_of[at].tolist(), at.tolist())
+    def said(k: int) -> zip[tuple[int, Any]]:
+        at = np.flatnonzero(kind == k).tolist()
+        return zip(run_of[at].tolist(), [value[i] for i in at])
 
-    avg = {j: _number(_value(body[k])) for j, k in lines(AVG)}
-    out_of_bounds = {j: int(v) if v.isdigit() else None for j, k in lines(OUT_OF_BOUNDS) for v in [_value(body[k])]}
-    config = {j: configs[k] for j, k in lines(CONFIG)}
-    tests = {j: v for j, k in lines(TESTS_VERSION) if (v := _word(body[k], 2))}
-    nccl = {j: v for j, k in lines(NCCL_VERSION) if (v := _word(other[k], 2))}
+    avg, out_of_bounds, config = dict(said(AVG)), dict(said(OUT_OF_BOUNDS)), dict(said(CONFIG))
+    tests = {j: v for j, v in said(TESTS_VERSION) if v}
+    nccl = {j: v for j, v in said(NCCL_VERSION) if v}
     network: dict[int, str] = {}
     evidence: dict[int, list[str]] = {}
-    for j, k in lines(INFO):
-        s = other[k]
-        if "Using network" in s and (m := _NETWORK.search(s)):
-            network[j] = m.group(1)
-        told = evidence.setdefault(j, [])
-        if len(told) < 8 and _TRANSPORT_HINT.search(s):
-            told.append(s[-200:])
+    for j, (net, told) in said(INFO):
+        if net:
+            network[j] = net
+        if told and len(shown := evidence.setdefault(j, [])) < 8:
+            shown.append(told)
     errors: dict[int, list[str]] = {}
-    for j, k in lines(ERROR):
-        errors.setdefault(j, []).append(other[k][:300])
+    for j, error in said(ERROR):
+        errors.setdefault(j, []).append(error)
     results = [NcclResult(avg.get(j), out_of_bounds.get(j), n, tests.get(j), nccl.get(j), config.get(j, {}),
                           network.get(j), evidence.get(j, []), errors.get(j, []))
                for j, n in enumerate(_ranks(scan, starts))]
