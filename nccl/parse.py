@@ -13,7 +13,8 @@ Why it is built the way it is: 100 MB of logs must parse in seconds. Cutting lin
 prefixes, classifying lines and converting table cells are pyarrow compute kernels over all lines at once;
 the lines that carry structure (headers, footers, config, versions, NCCL INFO, errors) are cut into runs
 with numpy, only their values are read in Python, and table rows become NcclRow objects only when someone
-reads `rows`.
+reads `rows`. A large text is scanned in pieces on threads (one per core, up to 4): the kernels release
+the GIL.
 """
 from __future__ import annotations
 

@@ -5,13 +5,14 @@ bandwidth check recomputes nccl-tests' own definition from the parsed rows.
 """
 from __future__ import annotations
 
+import gc
 import json
 import re
 
 import pytest
 
 from bench.schema import RunSpec
-from nccl.parse import parse, parse_all, parse_json, strip_prefix
+from nccl.parse import _heads, _pieces, _split_lines, parse, parse_all, parse_json, strip_prefix
 from nccl.records import check_transport, records_from_output
 
 COMPLETE = ["sample_01.txt", "sample_05.txt", "sample_06.txt", "sample_07.txt", "sample_08.txt",
@@ -218,3 +219,63 @@ def test_not_available_wrong_counts_are_none(shared_data) -> None:
                      r"\1    N/A\2N/A", table))
     assert len(r.rows) == 62 and all(x.wrong is None for x in r.rows)
     assert r.status == "ok" and r.wrong_total == 0
+
+
+def _fields(r) -> tuple:
+    return (r.rows, r.avg_busbw_printed, r.out_of_bounds, r.ranks, r.tests_version, r.nccl_version, r.config,
+            r.network, r.transport_evidence, r.errors, r.status)
+
+
+@pytest.mark.parametrize("workers", [2, 3, 7])
+def test_a_text_scanned_in_pieces_on_threads_parses_as_in_one(shared_data, workers: int) -> None:
+    """Pieces are cut at line ends wherever the size says, so runs, tables and device lists straddle them."""
+    names = sorted(p.name for p in (shared_data / "nccl-tests").glob("sample_*.txt"))
+    plain = "".join(text(shared_data, n) + "\n" for n in names)
+    tagged = "\n".join(f"[1,{i % 2}]<stdout>:{i % 3}: {line}" for i, line in enumerate(plain.splitlines()))
+    for stream in (plain, tagged, plain[:len(plain) // 3]):
+        whole = [_fields(r) for r in parse_all(stream, workers=1)]
+        assert len(whole) >= 3
+        assert [_fields(r) for r in parse_all(stream, workers=workers)] == whole
+
+
+def test_pieces_end_at_line_ends_and_cover_the_text() -> None:
+    data = b"".join(b"line %d %s\n" % (i, b"x" * (i % 17)) for i in range(500)) + b"no newline at the end"
+    for n in (1, 2, 5, 64, 10_000):
+        parts = [bytes(p) for p in _pieces(data, n)]
+        assert b"".join(parts) == data and len(parts) <= n and all(parts)
+        assert all(p.endswith(b"\n") for p in parts[:-1])
+    assert len(_pieces(data, 5)) == 5
+
+
+def test_line_heads_are_the_first_eight_bytes_of_each_line() -> None:
+    for text_ in ["", "a", "\n", "12345678", "x\n\n123456789\nab\n[1,0]<stdout>:  0: 8\n", "é日本語テキスト\nz"]:
+        lines = _split_lines(text_.encode())
+        expected = [line.encode()[:8].ljust(8, b"\0") for line in lines.to_pylist()]
+        assert [bytes(row) for row in _heads(lines)] == expected
+
+
+def test_the_cyclic_collector_is_left_as_it_was(shared_data) -> None:
+    stream = text(shared_data, "sample_06.txt")
+    assert gc.isenabled()
+    parse_all(stream)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        parse_all(stream)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_runs_are_cut_at_config_and_version_lines_once_rows_are_seen(shared_data) -> None:
+    """A config or version line with no rows since the run began belongs to that run; one after rows
+    starts the next. A second config line starts a run even with no rows between."""
+    one = text(shared_data, "sample_09.txt")  # version line, config line, table, footer
+    config = next(line for line in one.splitlines() if "nThread" in line)
+    results = parse_all(one + "\n" + one)
+    assert [r.tests_version for r in results] == ["2.18.3", "2.18.3"]
+    assert [len(r.rows) for r in results] == [56, 56]
+    assert [r.status for r in results] == ["ok", "ok"]
+    configs_only = parse_all(config + "\n" + config.replace("iters: 20", "iters: 7") + "\n")
+    assert [r.config["iters"] for r in configs_only] == ["20", "7"]
+    assert all(r.status == "failed" for r in configs_only)
