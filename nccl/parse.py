@@ -18,7 +18,9 @@ the GIL.
 """
 from __future__ import annotations
 
+import ctypes
 import gc
+import importlib.machinery
 import json
 import math
 import os
@@ -29,6 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import pairwise, repeat
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -47,7 +50,7 @@ _TAG = re.compile(_TAG_PATTERN)
 _SRUN = re.compile(r"^\s*\d+: ")
 _STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)? ")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-_RANK_PATTERN = r"^#+\s*Rank\s+(?P<rank>\d+)(?:\s|$)"  # "#  Rank  3 Group  0 Pid ..." device lines
+_RANK_PATTERN = r"^#+\s*Rank\s+(?P<rank>\d{1,18})(?:\s|$)"  # "#  Rank  3 Group  0 Pid ..." device lines
 _CONFIG = re.compile(r"(nThread|nGpus|minBytes|maxBytes|step|warmup iters|agg iters|iters|validation|graph)"
                      r":? (\S+)")
 _ERROR = re.compile(r"NCCL failure|Test NCCL failure|Test failure|CUDA failure|Segmentation fault|"
@@ -477,15 +480,9 @@ def _said(kind: int, line: str, body: str) -> Any:
     return body  # HEADER
 
 
-@dataclass
-class _Scan:
-    """The classified lines of a text: table data rows (tokenized), rank lines, and the structural lines."""
+class _Structure(NamedTuple):
+    """The lines around the table rows of a text: device-list ranks and the structural lines."""
 
-    data: pa.LargeStringArray | pa.ChunkedArray  # the table data rows
-    tokens: list[pa.Array]  # per piece of the text: all tokens of its data rows, flat
-    token_bases: np.ndarray  # per piece: the tokens in the pieces before it
-    starts: np.ndarray  # first token of each data row (counted over all pieces)
-    lengths: np.ndarray  # tokens per data row
     rank: np.ndarray  # the ranks of the "Rank N" device lines, in order
     kind: np.ndarray  # per structural line, in order
     value: list[Any]  # what each says (_said)
@@ -493,62 +490,228 @@ class _Scan:
     ranks_before: np.ndarray  # the same for rank lines
 
     @classmethod
+    def read(cls, lines: pa.LargeStringArray, kind: np.ndarray, rows_before: np.ndarray, rank: np.ndarray,
+             ranks_before: np.ndarray) -> _Structure:
+        """The structure from its lines, classified (`rows_before`, `ranks_before`: the rows and device
+        lines before each line and, last, all of them), with what each line says. Read last in a piece's
+        scan: Python work in one thread slows the many short kernel calls of another (each waits for the
+        GIL)."""
+        value = list(map(_said, kind.tolist(), lines.to_pylist(), _body(lines).to_pylist()))
+        return cls(rank, kind, value, rows_before, ranks_before)
+
+    @classmethod
+    def join(cls, parts: list[_Structure], rows: list[int]) -> _Structure:
+        """Consecutive pieces' structures as one (`rows`: each piece's table rows): indices shifted past
+        the pieces before."""
+        row_base = np.cumsum([0] + rows)
+        rank_base = np.cumsum([0] + [len(p.rank) for p in parts])
+        last = len(parts) - 1
+        return cls(np.concatenate([p.rank for p in parts]), np.concatenate([p.kind for p in parts]),
+                   [v for p in parts for v in p.value],
+                   np.concatenate([p.rows_before[:None if i == last else -1] + r
+                                   for i, (p, r) in enumerate(zip(parts, row_base))]),
+                   np.concatenate([p.ranks_before[:None if i == last else -1] + r
+                                   for i, (p, r) in enumerate(zip(parts, rank_base))]))
+
+
+@dataclass
+class _ArrowRows:
+    """Table rows tokenized by pyarrow kernels: every token kept as text, converted per column later."""
+
+    data: pa.LargeStringArray | pa.ChunkedArray  # the table rows
+    tokens: list[pa.Array]  # per piece of the text: all tokens of its rows, flat
+    token_bases: np.ndarray  # per piece: the tokens in the pieces before it
+    starts: np.ndarray  # first token of each row (counted over all pieces)
+    lengths: np.ndarray  # tokens per row
+
+    @classmethod
+    def join(cls, parts: list[_ArrowRows]) -> _ArrowRows:
+        """Consecutive pieces' rows; their token arrays are kept apart (copying them would cost more than
+        taking from each)."""
+        tokens = np.cumsum([0] + [len(p.tokens[0]) for p in parts])
+        return cls(pa.chunked_array([p.data for p in parts]), [p.tokens[0] for p in parts], tokens[:-1],
+                   np.concatenate([p.starts + t for p, t in zip(parts, tokens)]),
+                   np.concatenate([p.lengths for p in parts]))
+
+    def lines(self, lo: int, hi: int) -> list[str]:
+        return self.data.slice(lo, hi - lo).to_pylist()
+
+    def column(self, rows: np.ndarray, i: int) -> pa.Array:
+        """Token i of the given rows (ascending), taken piece by piece."""
+        at = self.starts[rows] + i
+        taken = [pc.take(tokens, pa.array(idx - base)) for tokens, base, idx
+                 in zip(self.tokens, self.token_bases, np.split(at, np.searchsorted(at, self.token_bases[1:])))
+                 if len(idx)]
+        return taken[0] if len(taken) == 1 else pa.concat_arrays(taken)
+
+    def convert(self, rows: np.ndarray, jobs: list[tuple[int, str]], workers: int) -> list[Any]:
+        """Each (token, how) column of the given rows, as _convert makes it (side by side on threads)."""
+        return _map(lambda job: _convert(self.column(rows, job[0]), job[1]), jobs, workers)
+
+
+@dataclass
+class _NativeRows:
+    """Table rows found by the C scanner: their bounds in the text, read column by column in C later."""
+
+    data: bytes  # the whole text
+    start: np.ndarray  # byte offset of each row
+    end: np.ndarray
+    lengths: np.ndarray  # tokens per row
+
+    @classmethod
+    def join(cls, parts: list[_NativeRows]) -> _NativeRows:
+        return cls(parts[0].data, *(np.concatenate([getattr(p, f) for p in parts])
+                                    for f in ("start", "end", "lengths")))
+
+    def lines(self, lo: int, hi: int) -> list[str]:
+        return [self.data[a:b].decode() for a, b in zip(self.start[lo:hi].tolist(), self.end[lo:hi].tolist())]
+
+    def _take(self, rows: np.ndarray, jobs: list[tuple[int, int, np.ndarray]], workers: int) -> list[bool]:
+        """Tokens of the given rows into arrays, one (token, kind, out) per column, in one C pass over the
+        rows (split among `workers` threads); for each column, whether all its tokens had the kind's form."""
+        start, end = self.start[rows], self.end[rows]
+        col, kind = (np.array([job[k] for job in jobs], np.int64) for k in (0, 1))
+        per = [len(out) // len(rows) if len(rows) else 1 for _, _, out in jobs]
+        chunks = _pieces_of(len(rows), workers)
+
+        def run(chunk: tuple[int, int]) -> np.ndarray:
+            a, b = chunk
+            outs = np.array([_ptr(out) + a * n * out.itemsize for (_, _, out), n in zip(jobs, per)], np.uint64)
+            ok = np.ones(len(jobs), np.int64)
+            _NATIVE.take_columns(self.data, _ptr(start) + 8 * a, _ptr(end) + 8 * a, b - a, len(jobs), _ptr(col),
+                                 _ptr(kind), _ptr(outs), _ptr(ok))
+            return ok
+
+        return np.logical_and.reduce([np.ones(len(jobs), bool)] + _map(run, chunks, workers)).tolist()
+
+    def _text(self, rows: np.ndarray, bounds: np.ndarray) -> pa.LargeStringArray:
+        """The tokens with these bounds (start/end pairs) as a string array."""
+        offsets = np.empty(len(rows) + 1, np.int64)
+        buf = np.empty(int((bounds[1::2] - bounds[::2]).sum()), np.uint8)
+        _NATIVE.gather(self.data, _ptr(bounds), len(rows), _ptr(offsets), _ptr(buf))
+        return pa.LargeStringArray.from_buffers(len(rows), pa.py_buffer(offsets), pa.py_buffer(buf))
+
+    def convert(self, rows: np.ndarray, jobs: list[tuple[int, str]], workers: int) -> list[Any]:
+        """As _convert of each (token, how) column's text: numbers of the plain form are read in C, and a
+        column with any other form (N/A, nan, +1) goes through _convert itself."""
+        rows = np.ascontiguousarray(rows)
+        kinds = [2 if how == "text" else 1 if how in ("int", "root") else 0 for _, how in jobs]
+        outs = [np.empty(len(rows), (np.float64, np.int64)[k]) if k < 2 else np.empty(2 * len(rows), np.int64)
+                for k in kinds]
+        ok = self._take(rows, [(i, k, out) for (i, _), k, out in zip(jobs, kinds, outs)], workers)
+        got = []
+        for (i, how), k, out, fine in zip(jobs, kinds, outs, ok):
+            if k == 2:
+                got.append(self._text(rows, out))
+            elif fine:
+                got.append(pa.array(out) if how == "root" else out)
+            else:
+                bounds = np.empty(2 * len(rows), np.int64)
+                self._take(rows, [(i, 2, bounds)], workers)
+                got.append(_convert(self._text(rows, bounds), how))
+        return got
+
+
+def _pieces_of(n: int, pieces: int) -> list[tuple[int, int]]:
+    """0..n cut into `pieces` about equal, non-empty ranges."""
+    cuts = sorted({n * k // max(1, pieces) for k in range(pieces)} | {n})
+    return list(pairwise(cuts)) or [(0, 0)]
+
+
+@dataclass
+class _Scan:
+    """The classified lines of a text: table rows (tokenized) and the structure around them."""
+
+    rows: _ArrowRows | _NativeRows
+    structure: _Structure
+
+    @classmethod
     def of(cls, data: bytes | memoryview) -> _Scan:
-        """Scan one piece. Its structural lines are read last: Python work in one thread slows the many
-        short kernel calls of another (each waits for the GIL), so it comes after this piece's kernels."""
+        """Scan one piece with pyarrow kernels."""
         lines, first = _clean_lines(data)
         is_data = _is_digit(first)
-        hash_line = np.flatnonzero(first == ord("#"))
-        hashed = lines.take(pa.array(hash_line))
-        rank = pc.struct_field(pc.extract_regex(hashed, _RANK_PATTERN), 0)
-        has_rank = _bools(rank.is_valid())
-        candidate = ~is_data & (first != 0)
-        candidate[hash_line[has_rank]] = False
-        candidate_line = np.flatnonzero(candidate)
-        kind = _kinds(lines.take(pa.array(candidate_line)))
-        keep = kind != _NONE
-        other_line = np.append(candidate_line[keep], len(lines))
-        other = lines.take(pa.array(other_line[:-1]))
+        other = np.flatnonzero(~is_data & (first != 0))
         rows = lines.filter(pa.array(is_data))
         split = pc.ascii_split_whitespace(rows)
         offsets = split.offsets.to_numpy()
-        value = list(map(_said, kind[keep].tolist(), other.to_pylist(), _body(other).to_pylist()))
-        return cls(rows, [split.flatten()], np.zeros(1, np.int64), offsets[:-1] - offsets[0], np.diff(offsets),
-                   pc.cast(rank.drop_null(), pa.int64()).to_numpy(), kind[keep], value,
-                   np.searchsorted(np.flatnonzero(is_data), other_line),
-                   np.searchsorted(hash_line[has_rank], other_line))
+        hashed = np.flatnonzero(first[other] == ord("#"))
+        rank = pc.struct_field(pc.extract_regex(lines.take(pa.array(other[hashed])), _RANK_PATTERN), 0)
+        is_rank = np.zeros(len(other), bool)
+        is_rank[hashed[_bools(rank.is_valid())]] = True
+        kind = _kinds(lines.take(pa.array(other[~is_rank])))
+        kept = other[~is_rank][kind != _NONE]
+        before = np.cumsum(is_data)
+        structure = _Structure.read(lines.take(pa.array(kept)), kind[kind != _NONE],
+                                    np.append(before[kept], before[-1] if len(before) else 0),
+                                    pc.cast(rank.drop_null(), pa.int64()).to_numpy(),
+                                    np.searchsorted(other[is_rank], np.append(kept, len(lines))))
+        return cls(_ArrowRows(rows, [split.flatten()], np.zeros(1, np.int64), offsets[:-1] - offsets[0],
+                              np.diff(offsets)), structure)
+
+    @classmethod
+    def native(cls, data: bytes, a: int, b: int) -> _Scan | None:
+        """Scan data[a:b] with the C scanner (None where the text is not plain ASCII, or has timestamps)."""
+        most = _NATIVE.count_lines(data, a, b) + 1
+        other_off = np.empty(most + 1, np.int64)
+        other_buf = np.empty(b - a, np.uint8)
+        kind, rows, ranks, start, end, lengths, rank = (np.empty(most, np.int64) for _ in range(7))
+        counts = np.empty(3, np.int64)
+        if _NATIVE.scan_lines(data, a, b, *map(_ptr, (other_off, other_buf, kind, rows, ranks, start, end,
+                                                     lengths, rank, counts))) < 0:
+            return None
+        n, n_rows, n_ranks = counts.tolist()
+        offsets = other_off[:n + 1]
+        lines = pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(other_buf[:offsets[-1]]))
+        structure = _Structure.read(lines, kind[:n], np.append(rows[:n], n_rows), rank[:n_ranks],
+                                    np.append(ranks[:n], n_ranks))
+        return cls(_NativeRows(data, start[:n_rows], end[:n_rows], lengths[:n_rows]), structure)
 
     @classmethod
     def join(cls, parts: list[_Scan]) -> _Scan:
-        """One scan of consecutive pieces of a text: indices shifted past the pieces before, arrays kept
-        as they are (copying them would cost more than taking from each)."""
-        rows = np.cumsum([0] + [len(p.lengths) for p in parts])
-        tokens = np.cumsum([0] + [len(p.tokens[0]) for p in parts])
-        ranks = np.cumsum([0] + [len(p.rank) for p in parts])
-        last = len(parts) - 1
-        return cls(pa.chunked_array([p.data for p in parts]), [p.tokens[0] for p in parts], tokens[:-1],
-                   np.concatenate([p.starts + t for p, t in zip(parts, tokens)]),
-                   np.concatenate([p.lengths for p in parts]), np.concatenate([p.rank for p in parts]),
-                   np.concatenate([p.kind for p in parts]), [v for p in parts for v in p.value],
-                   np.concatenate([p.rows_before[:None if i == last else -1] + r
-                                   for i, (p, r) in enumerate(zip(parts, rows))]),
-                   np.concatenate([p.ranks_before[:None if i == last else -1] + r
-                                   for i, (p, r) in enumerate(zip(parts, ranks))]))
+        """One scan of consecutive pieces of a text."""
+        rows = type(parts[0].rows).join([p.rows for p in parts])  # type: ignore[arg-type]
+        return cls(rows, _Structure.join([p.structure for p in parts], [len(p.rows.lengths) for p in parts]))
 
 
+def _ptr(array: np.ndarray) -> int:
+    return array.ctypes.data
+
+
+def _load_native() -> ctypes.CDLL | None:
+    """The C scanner (_fastscan.c) that `pip install` builds beside this file; None where it was not built
+    (no compiler): the pyarrow scan then does all the work."""
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = Path(__file__).with_name("_fastscan" + suffix)
+        if path.exists():
+            lib = ctypes.CDLL(str(path))
+            i64, ptr = ctypes.c_int64, ctypes.c_void_p
+            lib.count_lines.argtypes = [ctypes.c_char_p, i64, i64]
+            lib.count_lines.restype = i64
+            lib.scan_lines.argtypes = [ctypes.c_char_p, i64, i64] + [ptr] * 10
+            lib.scan_lines.restype = i64
+            lib.take_columns.argtypes = [ctypes.c_char_p, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr]
+            lib.take_columns.restype = None
+            lib.gather.argtypes = [ctypes.c_char_p, ptr, i64, ptr, ptr]
+            lib.gather.restype = None
+            return lib
+    return None
+
+
+_NATIVE = _load_native()
 _PIECE_BYTES = 8 << 20  # below this a thread costs more than it saves
 
 
-def _pieces(data: bytes, pieces: int) -> list[memoryview]:
-    """`data` cut at line ends into `pieces` about equal parts (fewer where it has too few lines)."""
-    view, cuts = memoryview(data), [0]
+def _pieces(data: bytes, pieces: int) -> list[tuple[int, int]]:
+    """The bounds of `data` cut at line ends into `pieces` about equal parts (fewer where it has too few
+    lines)."""
+    cuts = [0]
     for k in range(1, pieces):
         end = data.find(b"\n", max(cuts[-1], len(data) * k // pieces))
         if end < 0:
             break
         cuts.append(end + 1)
     cuts.append(len(data))
-    return [view[a:b] for a, b in pairwise(cuts) if b > a] or [view]
+    return [(a, b) for a, b in pairwise(cuts) if b > a] or [(0, len(data))]
 
 
 def _workers(size: int) -> int:
@@ -558,12 +721,17 @@ def _workers(size: int) -> int:
 
 
 def _scan(text: str, workers: int) -> _Scan:
-    """Scan a text in pieces, one thread each: the kernels release the GIL, so the pieces run side by side."""
+    """Scan a text in pieces, one thread each (the C scanner and the kernels release the GIL, so the
+    pieces run side by side): with the C scanner where it is built and takes the text, else pyarrow's."""
     data = text.encode("utf-8", "replace")  # a lone surrogate (from errors="surrogateescape") becomes "?"
     parts = _pieces(data, workers)
-    if len(parts) == 1:
-        return _Scan.of(parts[0])
-    return _Scan.join(_map(_Scan.of, parts, workers))
+    scans: list[_Scan | None] = [None]
+    if _NATIVE is not None:
+        scans = _map(lambda bounds: _Scan.native(data, *bounds), parts, workers)
+    if any(s is None for s in scans):
+        view = memoryview(data)
+        scans = _map(lambda bounds: _Scan.of(view[bounds[0]:bounds[1]]), parts, workers)
+    return scans[0] if len(scans) == 1 else _Scan.join(scans)  # type: ignore[arg-type]
 
 
 # ---- table rows: from token columns to arrays ------------------------------------------------------
@@ -577,15 +745,6 @@ class _Tables:
     layouts: list[_Layout | None]
     lo: np.ndarray
     hi: np.ndarray
-
-
-def _column(scan: _Scan, starts: np.ndarray, i: int) -> pa.Array:
-    """Token i of the rows whose first tokens are `starts` (ascending), taken piece by piece."""
-    at = starts + i
-    taken = [pc.take(tokens, pa.array(idx - base)) for tokens, base, idx
-             in zip(scan.tokens, scan.token_bases, np.split(at, np.searchsorted(at, scan.token_bases[1:])))
-             if len(idx)]
-    return taken[0] if len(taken) == 1 else pa.concat_arrays(taken)
 
 
 def _floats(cells: pa.Array, optional: bool) -> np.ndarray | None:
@@ -624,12 +783,11 @@ def _map(fn: Callable[[Any], Any], items: list[Any], workers: int) -> list[Any]:
 def _to_columns(scan: _Scan, rows: np.ndarray, layout: _Layout, workers: int) -> _Columns | None:
     """Convert full-width rows column by column (the columns side by side on `workers` threads); None if a
     required cell is not a number."""
-    starts = scan.starts[rows]
     text = [(c, layout.prefix.index(c)) for c in ("type", "redop", "root") if c in layout.prefix]
     jobs = [(0, "int"), (1, "int")] + [(i, "root" if c == "root" else "text") for c, i in text]
     for group in layout.groups:
         jobs += [(i, "float") for i in group[:3]] + [(i, "optional") for i in group[3:] if i is not None]
-    got = dict(zip(jobs, _map(lambda job: _convert(_column(scan, starts, job[0]), job[1]), jobs, workers)))
+    got = dict(zip(jobs, scan.rows.convert(rows, jobs, workers)))
     if any(v is None for v in got.values()):
         return None
     none = np.full(len(rows), np.nan)
@@ -657,8 +815,8 @@ def _fill(tables: _Tables, scan: _Scan, results: list[NcclResult], workers: int)
     others (cut-off or in-place-only lines, non-numeric cells) line by line."""
     if not len(tables.lo):
         return
-    shortest = np.minimum.reduceat(scan.lengths, tables.lo)
-    longest = np.maximum.reduceat(scan.lengths, tables.lo)
+    shortest = np.minimum.reduceat(scan.rows.lengths, tables.lo)
+    longest = np.maximum.reduceat(scan.rows.lengths, tables.lo)
     layouts, layout = list(tables.layouts), tables.layout.copy()
     for tokens in np.unique(longest[layout < 0]).tolist():  # no header: the layout a row's width implies
         layout[(layout < 0) & (longest == tokens)] = len(layouts)
@@ -679,14 +837,14 @@ def _fill(tables: _Tables, scan: _Scan, results: list[NcclResult], workers: int)
         for k, stats, a, b in zip(members.tolist(), _stats(columns, bounds), edges[:-1], edges[1:]):
             parts[k] = (stats, _Block(columns, a, b))
     for k in careful:
-        parts[k] = _careful(layouts[layout[k]], scan.data.slice(tables.lo[k], tables.hi[k] - tables.lo[k]))
+        parts[k] = _careful(layouts[layout[k]], scan.rows.lines(tables.lo[k], tables.hi[k]))
     for j, part in zip(tables.run.tolist(), parts):
         if part is not None and part[0].rows:
             results[j]._add(*part)
 
 
-def _careful(layout: _Layout, lines: pa.Array) -> tuple[_Stats, list[NcclRow]]:
-    rows = _rows_one_by_one(lines.to_pylist(), layout)
+def _careful(layout: _Layout, lines: list[str]) -> tuple[_Stats, list[NcclRow]]:
+    rows = _rows_one_by_one(lines, layout)
     return _Stats.of(rows), rows
 
 
@@ -697,7 +855,7 @@ def _fallback_layout(tokens: int) -> _Layout | None:
 
 # ---- runs: the structural lines cut into nccl-tests runs -------------------------------------------
 
-def _run_starts(scan: _Scan) -> np.ndarray:
+def _run_starts(scan: _Structure) -> np.ndarray:
     """The structural line each run starts at (run 0 at line 0, and it also owns the rows before it).
     A table header, config or version line starts a new run once the current run has data rows; a config
     line also does when the run already has a (non-empty) config."""
@@ -712,7 +870,7 @@ def _run_starts(scan: _Scan) -> np.ndarray:
     return np.array(starts)
 
 
-def _ranks(scan: _Scan, starts: np.ndarray) -> list[int | None]:
+def _ranks(scan: _Structure, starts: np.ndarray) -> list[int | None]:
     """Per run: one more than the highest rank its device list names (None without a device list)."""
     bounds = np.append(scan.ranks_before[starts], scan.ranks_before[-1])
     bounds[0] = 0
@@ -724,7 +882,7 @@ def _ranks(scan: _Scan, starts: np.ndarray) -> list[int | None]:
     return ranks
 
 
-def _tables(scan: _Scan, starts: np.ndarray, run_of: np.ndarray) -> _Tables:
+def _tables(scan: _Structure, starts: np.ndarray, run_of: np.ndarray) -> _Tables:
     """The data rows cut at every header, footer and run start: each piece is one table of the run it
     falls in, read with the layout of the last header before it."""
     kind = scan.kind
@@ -743,8 +901,9 @@ def _tables(scan: _Scan, starts: np.ndarray, run_of: np.ndarray) -> _Tables:
 
 def _assemble(scan: _Scan, workers: int) -> list[NcclResult]:
     """Every run with its fields, footer values and tables; the last of several lines of a kind wins."""
-    kind, value = scan.kind, scan.value
-    starts = _run_starts(scan)
+    structure = scan.structure
+    kind, value = structure.kind, structure.value
+    starts = _run_starts(structure)
     run_of = np.searchsorted(starts, np.arange(len(kind)), "right") - 1
 
     def said(k: int) -> zip[tuple[int, Any]]:
@@ -766,8 +925,8 @@ def _assemble(scan: _Scan, workers: int) -> list[NcclResult]:
         errors.setdefault(j, []).append(error)
     results = [NcclResult(avg.get(j), out_of_bounds.get(j), n, tests.get(j), nccl.get(j), config.get(j, {}),
                           network.get(j), evidence.get(j, []), errors.get(j, []))
-               for j, n in enumerate(_ranks(scan, starts))]
-    _fill(_tables(scan, starts, run_of), scan, results, workers)
+               for j, n in enumerate(_ranks(structure, starts))]
+    _fill(_tables(structure, starts, run_of), scan, results, workers)
     return [r for r in results if r._parts or r.errors or r.config]
 
 

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import gc
 import json
+import random
 import re
+import shutil
 
 import pytest
 
 from bench.schema import RunSpec
+from nccl import parse as parse_module
 from nccl.parse import _heads, _pieces, _split_lines, parse, parse_all, parse_json, strip_prefix
 from nccl.records import check_transport, records_from_output
 
@@ -241,7 +244,7 @@ def test_a_text_scanned_in_pieces_on_threads_parses_as_in_one(shared_data, worke
 def test_pieces_end_at_line_ends_and_cover_the_text() -> None:
     data = b"".join(b"line %d %s\n" % (i, b"x" * (i % 17)) for i in range(500)) + b"no newline at the end"
     for n in (1, 2, 5, 64, 10_000):
-        parts = [bytes(p) for p in _pieces(data, n)]
+        parts = [data[a:b] for a, b in _pieces(data, n)]
         assert b"".join(parts) == data and len(parts) <= n and all(parts)
         assert all(p.endswith(b"\n") for p in parts[:-1])
     assert len(_pieces(data, 5)) == 5
@@ -279,3 +282,96 @@ def test_runs_are_cut_at_config_and_version_lines_once_rows_are_seen(shared_data
     configs_only = parse_all(config + "\n" + config.replace("iters: 20", "iters: 7") + "\n")
     assert [r.config["iters"] for r in configs_only] == ["20", "7"]
     assert all(r.status == "failed" for r in configs_only)
+
+
+# ---- the C scanner (_fastscan.c) against the pyarrow scan it stands in for --------------------------
+
+needs_c = pytest.mark.skipif(parse_module._NATIVE is None, reason="C scanner not built (no C compiler at install)")
+
+
+def test_the_c_scanner_is_built_where_a_compiler_is() -> None:
+    if shutil.which("cc") or shutil.which("gcc"):
+        assert parse_module._NATIVE is not None, "pip install -e . should have built nccl/_fastscan.c"
+
+
+def _variants(shared_data) -> dict[str, str]:
+    """Every fixture under the launchers' prefixes, cut short, with odd cells; and random mixes of their
+    lines with tricky structural ones."""
+    texts = {p.name: p.read_text() for p in sorted((shared_data / "nccl-tests").glob("sample_*.txt"))}
+    out = dict(texts)
+    for name, t in texts.items():
+        lines = t.splitlines()
+        out[name + ":srun"] = "\n".join(f"{i % 3}: {line}" for i, line in enumerate(lines))
+        out[name + ":tag+srun"] = "\n".join(f"[1,{i % 2}]<stdout>:{i % 3}: {line}" for i, line in enumerate(lines))
+        out[name + ":tabs+crlf"] = "\r\n".join(f"\t {line} \t" for line in lines)
+        out[name + ":cut"] = t[:random.Random(name).randrange(len(t))]
+        out[name + ":N/A"] = t.replace("      0    ", "    N/A    ")
+        out[name + ":bad cell"] = t.replace(" 0.00 ", " x.00 ", 1)
+        out[name + ":odd numbers"] = t.replace(" 0.00 ", " +0.5 ", 1).replace(" 1.00 ", " 1e+00 ").replace(
+            " 0.01 ", " .01 ").replace("    0    ", " -0 ")
+    tricky = ["# nThread", "# nccl-tests version", "NCCL version", "# Avg bus bandwidth    :",
+              "# Avg bus bandwidth    : N/A", "# Out of bounds values : 3 FAILED", "# error: something", "#  Rank  x",
+              "#  Rank 12 Group 0", "#Rank 3", "##  Rank 4", "#  Rank 12345678901234567890 Group 0", "#  size  time algbw busbw", "#  size count",
+              "host:1:2 [0] NCCL INFO Using network Socket", "h:1:1 [0] NCCL INFO NET/IB : No device found.",
+              "h:1:1 [0] NCCL INFO Channel 00 : 0[0] -> 1[1] via P2P/IPC", "h NCCL INFO x via SHM/ ",
+              "h NCCL INFO NET/OFI Selected provider is efa", "h NCCL INFO NET/OFI Selected Provider is ",
+              "Test NCCL failure common.cu:1 'internal error'", "x: Segmentation fault", "# srun: error: node down",
+              "   8  2  float  sum  -1  1.0  0.0  0.0  0", "  12:34 not a label", "1234567: not a label either"]
+    pool = [line for t in texts.values() for line in t.splitlines()] + tricky * 20
+    for k in range(20):
+        rnd = random.Random(k)
+        mix: list[str] = []
+        while len(mix) < 300:
+            i = rnd.randrange(len(pool))
+            mix += pool[i:i + rnd.randrange(1, 60)] if rnd.random() < 0.5 else [rnd.choice(pool)]
+        prefix = ["", "[1,0]<stdout>:", "0: ", "  3: ", "[1,2]<stderr>:1: "][k % 5]
+        out[f"mix {k}"] = "\n".join(prefix + line for line in mix)
+    return out
+
+
+def _everything(r) -> tuple:
+    return _fields(r) + (r.busbw_max, r.algbw_max, r.wrong_total, r.avg_busbw, r.inferred_ranks())
+
+
+@needs_c
+def test_the_c_scanner_parses_as_the_pyarrow_scan(shared_data, monkeypatch) -> None:
+    for name, stream in _variants(shared_data).items():
+        assert isinstance(parse_module._scan(stream, 1).rows, parse_module._NativeRows), name
+        native = [_everything(r) for r in parse_all(stream)]
+        with monkeypatch.context() as m:
+            m.setattr(parse_module, "_NATIVE", None)
+            assert [_everything(r) for r in parse_all(stream)] == native, name
+
+
+@needs_c
+def test_text_the_c_scanner_does_not_take_goes_to_pyarrow(shared_data) -> None:
+    plain = text(shared_data, "sample_06.txt")
+    expected = [_everything(r) for r in parse_all(plain)]
+    for odd in ("\x1b[32m{}\x1b[0m", "2026-11-22T16:20:11Z {}", "{}\n# café"):
+        stream = "\n".join(odd.format(line) for line in plain.splitlines())
+        assert isinstance(parse_module._scan(stream, 1).rows, parse_module._ArrowRows)
+        got = [_everything(r) for r in parse_all(stream)]
+        assert [g[0] for g in got] == [e[0] for e in expected]  # the same rows
+
+
+@pytest.mark.parametrize("c_scanner", [True, False])
+def test_cells_are_read_as_python_reads_them(monkeypatch, c_scanner: bool) -> None:
+    """Decimal cells of every length and exponent (the C scanner's exact fast path and its strtod path)."""
+    if c_scanner and parse_module._NATIVE is None:
+        pytest.skip("C scanner not built")
+    if not c_scanner:
+        monkeypatch.setattr(parse_module, "_NATIVE", None)
+    rnd = random.Random(3)
+    cells = ["0.00", "-0.00", "1e-30", "123456789012345678901234.5", "0.1", "9007199254740993", "1e22", "1e23",
+             "2.2250738585072014e-308", "0.30000000000000004"]
+    while len(cells) < 3000:
+        x = rnd.uniform(0, 10 ** rnd.randint(0, 14))
+        cells.append(f"{x:.{rnd.randint(0, 19)}f}" if rnd.random() < 0.7 else f"{x:.{rnd.randint(0, 19)}e}")
+    header = "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong"
+    rows = [f"{8 * (i + 1)} {2 * (i + 1)} float sum -1 {cells[i]} {cells[i - 1]} {cells[i - 2]} 0 1.0 2.0 3.0 0"
+            for i in range(len(cells))]
+    r = parse("\n".join([header] + rows))
+    out_of_place = r.rows[::2]
+    assert [(x.time_us, x.algbw, x.busbw) for x in out_of_place] == [
+        (float(cells[i]), float(cells[i - 1]), float(cells[i - 2])) for i in range(len(cells))]
+    assert [x.size for x in out_of_place] == [8 * (i + 1) for i in range(len(cells))]
