@@ -11,8 +11,46 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int is_space(uint8_t c) { return c == ' ' || c == '\t' || c == '\r'; }
+/* Whitespace within a line: scan_lines takes only text whose bytes below ' ' are tab, CR and LF, and a
+ * line holds no LF, so this is ' ', '\t' or '\r'. */
+static int is_space(uint8_t c) { return c <= ' '; }
+
+static uint64_t load8(const uint8_t *p) {
+    uint64_t w;
+    memcpy(&w, p, 8);
+    return w;
+}
+
+/* Past the spaces at q (table rows are padded with runs of them): 8 at a time, then one by one. */
+static const uint8_t *skip_spaces(const uint8_t *q, const uint8_t *b) {
+    while (b - q >= 8 && load8(q) == 0x2020202020202020ULL) q += 8;
+    while (q < b && is_space(*q)) q++;
+    return q;
+}
 static int is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
+
+/* The whitespace-separated tokens of a..b. A token starts at a byte that is not a space after one that is
+ * (or at a): counted 8 bytes at a time, where a byte's high bit after adding 0x5F says it is above ' '
+ * (no carry between bytes: they are all below 0x80). */
+static int64_t count_tokens(const uint8_t *a, const uint8_t *b) {
+    int64_t n = 0;
+    int after_space = 1;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    const uint64_t high = 0x8080808080808080ULL, lift = 0x5F5F5F5F5F5F5F5FULL;
+    uint64_t carried = 0;  /* the last byte's "not a space" bit, at byte 0's place */
+    for (; b - a >= 8; a += 8) {
+        uint64_t word = (load8(a) + lift) & high;
+        n += (int64_t)((((word & ~((word << 8) | carried)) >> 7) * 0x0101010101010101ULL) >> 56);  /* bits set */
+        carried = word >> 56;
+    }
+    after_space = !carried;
+#endif
+    for (; a < b; a++) {
+        n += !is_space(*a) && after_space;
+        after_space = is_space(*a);
+    }
+    return n;
+}
 
 /* 1 if every byte is printable ASCII, tab, CR or LF: the text the scan below handles exactly. */
 static int plain_ascii(const uint8_t *p, int64_t n) {
@@ -180,16 +218,9 @@ int64_t scan_lines(const uint8_t *data, int64_t begin, int64_t end, int64_t *oth
             if (stamp(a, b)) return -1;
         }
         if (is_digit(*a)) {
-            int64_t tokens = 0;
-            for (const uint8_t *q = a; q < b;) {
-                while (q < b && is_space(*q)) q++;
-                if (q == b) break;
-                tokens++;
-                while (q < b && !is_space(*q)) q++;
-            }
             row_start[n_rows] = a - data;
             row_end[n_rows] = b - data;
-            row_tokens[n_rows++] = tokens;
+            row_tokens[n_rows++] = count_tokens(a, b);
         } else if (rank_line(a, b, ranks + n_ranks)) {
             n_ranks++;
         } else {
@@ -294,7 +325,7 @@ void take_columns(const uint8_t *data, const int64_t *start, const int64_t *end,
         const uint8_t *q = data + start[k], *b = data + end[k];
         int64_t i = 0;
         for (; q < b && i <= last; i++) {
-            while (q < b && is_space(*q)) q++;
+            q = skip_spaces(q, b);
             const uint8_t *t = q;
             while (q < b && !is_space(*q)) q++;
             int64_t j = want[i];

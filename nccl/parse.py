@@ -604,12 +604,18 @@ class _NativeRows:
             if k == 2:
                 got.append(self._text(rows, out))
             elif fine:
-                got.append(pa.array(out) if how == "root" else out)
+                got.append(_int64_array(out) if how == "root" else out)
             else:
                 bounds = np.empty(2 * len(rows), np.int64)
                 self._take(rows, [(i, 2, bounds)], workers)
                 got.append(_convert(self._text(rows, bounds), how))
         return got
+
+
+def _int64_array(values: np.ndarray) -> pa.Array:
+    """An int64 numpy array as an Arrow one, zero-copy (pa.array would first import pandas to check for
+    its types: half a second on a first parse)."""
+    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
 
 
 def _pieces_of(n: int, pieces: int) -> list[tuple[int, int]]:
@@ -857,17 +863,17 @@ def _fallback_layout(tokens: int) -> _Layout | None:
 
 def _run_starts(scan: _Structure) -> np.ndarray:
     """The structural line each run starts at (run 0 at line 0, and it also owns the rows before it).
-    A table header, config or version line starts a new run once the current run has data rows; a config
-    line also does when the run already has a (non-empty) config."""
-    starts, base, configured = [0], 0, False
+    A table header, config or version line starts a new run once the current run has data rows (that is,
+    rows came after the opening line before it); a config line also does when the run already has a
+    (non-empty) config: the config line before it had values and no run started in between."""
     opening = np.flatnonzero(np.isin(scan.kind, (HEADER, CONFIG, TESTS_VERSION)))
-    for k, kind, rows in zip(opening.tolist(), scan.kind[opening].tolist(), scan.rows_before[opening].tolist()):
-        if rows > base or (kind == CONFIG and configured):
-            starts.append(k)
-            base, configured = rows, False
-        if kind == CONFIG:
-            configured = bool(scan.value[k])
-    return np.array(starts)
+    by_rows = np.diff(scan.rows_before[opening], prepend=0) > 0
+    config = np.flatnonzero(scan.kind[opening] == CONFIG)
+    started = np.cumsum(by_rows)
+    had_values = np.array([bool(scan.value[k]) for k in opening[config[:-1]].tolist()], bool)
+    by_config = np.zeros(len(opening), bool)
+    by_config[config[1:]] = had_values & (started[config[1:] - 1] == started[config[:-1]])
+    return np.concatenate([[0], opening[by_rows | by_config]])
 
 
 def _ranks(scan: _Structure, starts: np.ndarray) -> list[int | None]:
@@ -892,7 +898,8 @@ def _tables(scan: _Structure, starts: np.ndarray, run_of: np.ndarray) -> _Tables
     read = {text: _Layout.from_columns(tuple(text.split())) for text in {scan.value[k] for k in headers}}
     layouts = list({lay: None for lay in read.values() if lay is not None})
     number = {lay: i for i, lay in enumerate(layouts)}
-    header_layout = np.array([number.get(read[scan.value[k]], -1) for k in headers] + [-1], dtype=np.int64)
+    index = {text: number.get(lay, -1) for text, lay in read.items()}  # header text -> layout (hashed once)
+    header_layout = np.array([index[scan.value[k]] for k in headers] + [-1], dtype=np.int64)
     layout = header_layout[np.concatenate([[-1], np.searchsorted(headers, cuts, "right") - 1])]
     some = np.diff(edges) > 0
     return _Tables(np.concatenate([[0], run_of[cuts]])[some], layout[some], layouts, edges[:-1][some],
@@ -906,26 +913,33 @@ def _assemble(scan: _Scan, workers: int) -> list[NcclResult]:
     starts = _run_starts(structure)
     run_of = np.searchsorted(starts, np.arange(len(kind)), "right") - 1
 
+    runs = len(starts)
+
     def said(k: int) -> zip[tuple[int, Any]]:
         at = np.flatnonzero(kind == k).tolist()
         return zip(run_of[at].tolist(), [value[i] for i in at])
 
-    avg, out_of_bounds, config = dict(said(AVG)), dict(said(OUT_OF_BOUNDS)), dict(said(CONFIG))
-    tests = {j: v for j, v in said(TESTS_VERSION) if v}
-    nccl = {j: v for j, v in said(NCCL_VERSION) if v}
-    network: dict[int, str] = {}
-    evidence: dict[int, list[str]] = {}
+    def last(k: int, keep: Callable[[Any], bool] = lambda v: True) -> list[Any]:
+        """Per run, what its last line of kind k that `keep`s says (None if none)."""
+        out = [None] * runs
+        for j, v in said(k):
+            if keep(v):
+                out[j] = v
+        return out
+
+    config = [c if c is not None else {} for c in last(CONFIG)]
+    network: list[str | None] = [None] * runs
+    evidence: list[list[str]] = [[] for _ in range(runs)]
     for j, (net, told) in said(INFO):
         if net:
             network[j] = net
-        if told and len(shown := evidence.setdefault(j, [])) < 8:
-            shown.append(told)
-    errors: dict[int, list[str]] = {}
+        if told and len(evidence[j]) < 8:
+            evidence[j].append(told)
+    errors: list[list[str]] = [[] for _ in range(runs)]
     for j, error in said(ERROR):
-        errors.setdefault(j, []).append(error)
-    results = [NcclResult(avg.get(j), out_of_bounds.get(j), n, tests.get(j), nccl.get(j), config.get(j, {}),
-                          network.get(j), evidence.get(j, []), errors.get(j, []))
-               for j, n in enumerate(_ranks(structure, starts))]
+        errors[j].append(error)
+    results = list(map(NcclResult, last(AVG), last(OUT_OF_BOUNDS), _ranks(structure, starts),
+                       last(TESTS_VERSION, bool), last(NCCL_VERSION, bool), config, network, evidence, errors))
     _fill(_tables(structure, starts, run_of), scan, results, workers)
     return [r for r in results if r._parts or r.errors or r.config]
 

@@ -83,14 +83,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         parser.error(str(e))
     cuda = torch.cuda.is_available()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    emit = Emitter(int(os.environ.get("RANK", 0)), spec.run_id, ns.run_dir)
+    emit = Emitter(int(os.environ.get("RANK", "0")), spec.run_id, ns.run_dir)
     backend = "nccl" if cuda else "gloo"
     try:
         dist.init_process_group(backend, timeout=dt.timedelta(minutes=5))
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - any failure to rendezvous is recorded as such, not raised
         emit("summary", status="rendezvous_error", error=f"{type(e).__name__}: {e}")
         return 5
     rank, n = dist.get_rank(), dist.get_world_size()

@@ -375,3 +375,17 @@ def test_cells_are_read_as_python_reads_them(monkeypatch, c_scanner: bool) -> No
     assert [(x.time_us, x.algbw, x.busbw) for x in out_of_place] == [
         (float(cells[i]), float(cells[i - 1]), float(cells[i - 2])) for i in range(len(cells))]
     assert [x.size for x in out_of_place] == [8 * (i + 1) for i in range(len(cells))]
+
+
+def test_a_config_line_after_a_new_table_stays_in_that_tables_run(shared_data) -> None:
+    """The header after rows starts a run; the config line that follows belongs to it (a run began since
+    the last config), while a config line right after another one starts its own."""
+    one = text(shared_data, "sample_09.txt")
+    lines = one.splitlines()
+    config = next(i for i, line in enumerate(lines) if "nThread" in line)
+    header = next(i for i, line in enumerate(lines) if line.lstrip("#").split()[:1] == ["size"])
+    table = lines[header:]
+    second = "\n".join(table[:2] + [lines[config].replace("iters: 20", "iters: 7")] + table[2:])
+    results = parse_all("\n".join(lines[:header] + table[:5]) + "\n" + second)
+    assert [r.config.get("iters") for r in results] == ["20", "7"]
+    assert [len(r.rows) for r in results] == [2 * (5 - 2), 56]
