@@ -25,6 +25,7 @@ import json
 import math
 import os
 import re
+import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -553,18 +554,19 @@ class _ArrowRows:
 class _NativeRows:
     """Table rows found by the C scanner: their bounds in the text, read column by column in C later."""
 
-    data: bytes  # the whole text
+    text: str  # the whole text (ASCII: byte offsets are character offsets)
+    address: int  # where its bytes are (_address)
     start: np.ndarray  # byte offset of each row
     end: np.ndarray
     lengths: np.ndarray  # tokens per row
 
     @classmethod
     def join(cls, parts: list[_NativeRows]) -> _NativeRows:
-        return cls(parts[0].data, *(np.concatenate([getattr(p, f) for p in parts])
-                                    for f in ("start", "end", "lengths")))
+        return cls(parts[0].text, parts[0].address, *(np.concatenate([getattr(p, f) for p in parts])
+                                                       for f in ("start", "end", "lengths")))
 
     def lines(self, lo: int, hi: int) -> list[str]:
-        return [self.data[a:b].decode() for a, b in zip(self.start[lo:hi].tolist(), self.end[lo:hi].tolist())]
+        return [self.text[a:b] for a, b in zip(self.start[lo:hi].tolist(), self.end[lo:hi].tolist())]
 
     def _take(self, rows: np.ndarray, jobs: list[tuple[int, int, np.ndarray]], workers: int) -> list[bool]:
         """Tokens of the given rows into arrays, one (token, kind, out) per column, in one C pass over the
@@ -578,7 +580,7 @@ class _NativeRows:
             a, b = chunk
             outs = np.array([_ptr(out) + a * n * out.itemsize for (_, _, out), n in zip(jobs, per)], np.uint64)
             ok = np.ones(len(jobs), np.int64)
-            _NATIVE.take_columns(self.data, _ptr(start) + 8 * a, _ptr(end) + 8 * a, b - a, len(jobs), _ptr(col),
+            _NATIVE.take_columns(self.address, _ptr(start) + 8 * a, _ptr(end) + 8 * a, b - a, len(jobs), _ptr(col),
                                  _ptr(kind), _ptr(outs), _ptr(ok))
             return ok
 
@@ -588,7 +590,7 @@ class _NativeRows:
         """The tokens with these bounds (start/end pairs) as a string array."""
         offsets = np.empty(len(rows) + 1, np.int64)
         buf = np.empty(int((bounds[1::2] - bounds[::2]).sum()), np.uint8)
-        _NATIVE.gather(self.data, _ptr(bounds), len(rows), _ptr(offsets), _ptr(buf))
+        _NATIVE.gather(self.address, _ptr(bounds), len(rows), _ptr(offsets), _ptr(buf))
         return pa.LargeStringArray.from_buffers(len(rows), pa.py_buffer(offsets), pa.py_buffer(buf))
 
     def convert(self, rows: np.ndarray, jobs: list[tuple[int, str]], workers: int) -> list[Any]:
@@ -655,14 +657,15 @@ class _Scan:
                               np.diff(offsets)), structure)
 
     @classmethod
-    def native(cls, data: bytes, a: int, b: int) -> _Scan | None:
-        """Scan data[a:b] with the C scanner (None where the text is not plain ASCII, or has timestamps)."""
-        most = _NATIVE.count_lines(data, a, b) + 1
+    def native(cls, text: str, address: int, a: int, b: int) -> _Scan | None:
+        """Scan text[a:b] with the C scanner (None where the text is not plain ASCII, or has timestamps).
+        `address`: where the ASCII text's bytes are."""
+        most = _NATIVE.count_lines(address, a, b) + 1
         other_off = np.empty(most + 1, np.int64)
         other_buf = np.empty(b - a, np.uint8)
         kind, rows, ranks, start, end, lengths, rank = (np.empty(most, np.int64) for _ in range(7))
         counts = np.empty(3, np.int64)
-        if _NATIVE.scan_lines(data, a, b, *map(_ptr, (other_off, other_buf, kind, rows, ranks, start, end,
+        if _NATIVE.scan_lines(address, a, b, *map(_ptr, (other_off, other_buf, kind, rows, ranks, start, end,
                                                      lengths, rank, counts))) < 0:
             return None
         n, n_rows, n_ranks = counts.tolist()
@@ -670,7 +673,7 @@ class _Scan:
         lines = pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(other_buf[:offsets[-1]]))
         structure = _Structure.read(lines, kind[:n], np.append(rows[:n], n_rows), rank[:n_ranks],
                                     np.append(ranks[:n], n_ranks))
-        return cls(_NativeRows(data, start[:n_rows], end[:n_rows], lengths[:n_rows]), structure)
+        return cls(_NativeRows(text, address, start[:n_rows], end[:n_rows], lengths[:n_rows]), structure)
 
     @classmethod
     def join(cls, parts: list[_Scan]) -> _Scan:
@@ -691,28 +694,33 @@ def _load_native() -> ctypes.CDLL | None:
         if path.exists():
             lib = ctypes.CDLL(str(path))
             i64, ptr = ctypes.c_int64, ctypes.c_void_p
-            lib.count_lines.argtypes = [ctypes.c_char_p, i64, i64]
+            lib.count_lines.argtypes = [ptr, i64, i64]
             lib.count_lines.restype = i64
-            lib.scan_lines.argtypes = [ctypes.c_char_p, i64, i64] + [ptr] * 10
+            lib.scan_lines.argtypes = [ptr, i64, i64] + [ptr] * 10
             lib.scan_lines.restype = i64
-            lib.take_columns.argtypes = [ctypes.c_char_p, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr]
+            lib.take_columns.argtypes = [ptr, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr]
             lib.take_columns.restype = None
-            lib.gather.argtypes = [ctypes.c_char_p, ptr, i64, ptr, ptr]
+            lib.gather.argtypes = [ptr, ptr, i64, ptr, ptr]
             lib.gather.restype = None
             return lib
     return None
 
 
 _NATIVE = _load_native()
+if sys.implementation.name == "cpython":
+    _AS_UTF8 = ctypes.pythonapi.PyUnicode_AsUTF8AndSize
+    _AS_UTF8.argtypes = [ctypes.py_object, ctypes.POINTER(ctypes.c_ssize_t)]
+    _AS_UTF8.restype = ctypes.c_void_p
 _PIECE_BYTES = 8 << 20  # below this a thread costs more than it saves
 
 
-def _pieces(data: bytes, pieces: int) -> list[tuple[int, int]]:
+def _pieces(data: str | bytes, pieces: int) -> list[tuple[int, int]]:
     """The bounds of `data` cut at line ends into `pieces` about equal parts (fewer where it has too few
     lines)."""
+    newline = "\n" if isinstance(data, str) else b"\n"
     cuts = [0]
     for k in range(1, pieces):
-        end = data.find(b"\n", max(cuts[-1], len(data) * k // pieces))
+        end = data.find(newline, max(cuts[-1], len(data) * k // pieces))  # type: ignore[arg-type]
         if end < 0:
             break
         cuts.append(end + 1)
@@ -728,16 +736,25 @@ def _workers(size: int) -> int:
 
 def _scan(text: str, workers: int) -> _Scan:
     """Scan a text in pieces, one thread each (the C scanner and the kernels release the GIL, so the
-    pieces run side by side): with the C scanner where it is built and takes the text, else pyarrow's."""
+    pieces run side by side): ASCII text with the C scanner where it is built and takes the text, in place;
+    anything else encoded and scanned with pyarrow's kernels."""
+    if _NATIVE is not None and text.isascii() and (address := _address(text)):
+        scans = _map(lambda bounds: _Scan.native(text, address, *bounds), _pieces(text, workers), workers)
+        if all(s is not None for s in scans):
+            return scans[0] if len(scans) == 1 else _Scan.join(scans)  # type: ignore[arg-type]
     data = text.encode("utf-8", "replace")  # a lone surrogate (from errors="surrogateescape") becomes "?"
-    parts = _pieces(data, workers)
-    scans: list[_Scan | None] = [None]
-    if _NATIVE is not None:
-        scans = _map(lambda bounds: _Scan.native(data, *bounds), parts, workers)
-    if any(s is None for s in scans):
-        view = memoryview(data)
-        scans = _map(lambda bounds: _Scan.of(view[bounds[0]:bounds[1]]), parts, workers)
-    return scans[0] if len(scans) == 1 else _Scan.join(scans)  # type: ignore[arg-type]
+    view = memoryview(data)
+    parsed = _map(lambda bounds: _Scan.of(view[bounds[0]:bounds[1]]), _pieces(data, workers), workers)
+    return parsed[0] if len(parsed) == 1 else _Scan.join(parsed)
+
+
+def _address(text: str) -> int | None:
+    """Where an ASCII str keeps its bytes, read in place (CPython: the UTF-8 form of a compact ASCII str
+    is its own buffer, so nothing is copied; encoding 100 MB would take a tenth of the parse). None
+    elsewhere."""
+    if sys.implementation.name != "cpython":
+        return None
+    return _AS_UTF8(text, ctypes.byref(ctypes.c_ssize_t()))
 
 
 # ---- table rows: from token columns to arrays ------------------------------------------------------
@@ -946,8 +963,9 @@ def _assemble(scan: _Scan, workers: int) -> list[NcclResult]:
 
 @contextmanager
 def _gc_paused() -> Iterator[None]:
-    """Assembling runs allocates ~100k small containers per 100 MB and no cycles; with the cyclic collector
-    on, it walks the growing heap again and again (a fifth of the assembly time)."""
+    """Parsing allocates ~300k small containers per 100 MB (what the structural lines say, the results)
+    and no cycles; with the cyclic collector on, it walks the growing heap again and again (~60 passes,
+    a tenth of the parse)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -961,9 +979,8 @@ def parse_all(text: str, workers: int | None = None) -> list[NcclResult]:
     """Every nccl-tests run in a text stream, in order. `workers`: threads for the kernels (default: one
     per core, up to 4, with 8 MB of text each; the tests force several on small texts)."""
     workers = workers or _workers(len(text))
-    scan = _scan(text, workers)
     with _gc_paused():
-        return _assemble(scan, workers)
+        return _assemble(_scan(text, workers), workers)
 
 
 def parse(text: str) -> NcclResult:
