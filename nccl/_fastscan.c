@@ -40,7 +40,8 @@ static int64_t count_tokens(const uint8_t *a, const uint8_t *b) {
     uint64_t carried = 0;  /* the last byte's "not a space" bit, at byte 0's place */
     for (; b - a >= 8; a += 8) {
         uint64_t word = (load8(a) + lift) & high;
-        n += (int64_t)((((word & ~((word << 8) | carried)) >> 7) * 0x0101010101010101ULL) >> 56);  /* bits set */
+        uint64_t first = (word & ~((word << 8) | carried)) >> 7;  /* bit 0 of each byte starting a token */
+        n += (int64_t)((first * 0x0101010101010101ULL) >> 56);       /* their sum, in the top byte */
         carried = word >> 56;
     }
     after_space = !carried;
@@ -143,7 +144,8 @@ static int transport_hint(const uint8_t *a, const uint8_t *b) {
     const uint8_t *first = find(a, b, "NCCL INFO ");
     for (const uint8_t *p = first; p; p = find(p + 1, b, "NCCL INFO ")) {
         const uint8_t *q = p + 10;
-        if (starts_word(q, b, "NET/OFI Selected Provider is ") || starts_word(q, b, "NET/OFI Selected provider is ")
+        if (starts_word(q, b, "NET/OFI Selected Provider is ")
+            || starts_word(q, b, "NET/OFI Selected provider is ")
             || starts(q, b, "NET/Socket :") || starts(q, b, "NET/IB :")
             || starts_word(q, b, "NET/OFI Using aws-ofi-nccl ")) {
             return 1;
@@ -151,13 +153,16 @@ static int transport_hint(const uint8_t *a, const uint8_t *b) {
     }
     if (!first) return 0;
     for (const uint8_t *v = find(first + 10, b, " via "); v; v = find(v + 1, b, " via ")) {
-        if (starts_word(v + 5, b, "NET/") || starts_word(v + 5, b, "P2P/") || starts_word(v + 5, b, "SHM/")) return 1;
+        const uint8_t *to = v + 5;
+        if (starts_word(to, b, "NET/") || starts_word(to, b, "P2P/") || starts_word(to, b, "SHM/")) return 1;
     }
     return 0;
 }
 
-/* parse.py's _kinds for one stripped line that is neither a table row nor a device line. */
-static int line_kind(const uint8_t *a, const uint8_t *b) {
+/* parse.py's _kinds for one stripped line that is neither a table row nor a device line; *told: it is
+ * an INFO line that matches _TRANSPORT_HINT. */
+static int line_kind(const uint8_t *a, const uint8_t *b, int *told) {
+    *told = 0;
     if (*a == '#') {
         const uint8_t *body = a;
         while (body < b && *body == '#') body++;
@@ -170,7 +175,10 @@ static int line_kind(const uint8_t *a, const uint8_t *b) {
                                                                         : NONE;
         return kind != NONE ? kind : error_line(a, b) ? ERROR : NONE;
     }
-    if (has(a, b, "NCCL INFO")) return has(a, b, "Using network") || transport_hint(a, b) ? INFO : NONE;
+    if (has(a, b, "NCCL INFO")) {
+        *told = transport_hint(a, b);
+        return *told || has(a, b, "Using network") ? INFO : NONE;
+    }
     if (starts(a, b, "NCCL version")) return NCCL_VERSION;
     return error_line(a, b) ? ERROR : NONE;
 }
@@ -185,13 +193,14 @@ int64_t count_lines(const uint8_t *data, int64_t begin, int64_t end) {
 /* Scan the lines of data[begin:end] (cut at '\n', stripped of whitespace, mpirun tags and srun labels).
  * A line starting with a digit is a table row: its bounds and token count go to row_*. Any other
  * "Rank N" device line gives its rank to ranks. Any other line that line_kind finds structural is
- * copied to other_buf (other_off: offsets; other_kind; other_rows and other_ranks: the table rows and
- * device lines before it). Outputs hold one entry per line at most (other_off one more); counts gets
- * [structural lines, rows, ranks].
+ * copied to other_buf (other_off: offsets; other_kind and other_told, as line_kind says; other_rows and
+ * other_ranks: the table rows and device lines before it). Outputs hold one entry per line at most
+ * (other_off one more); counts gets [structural lines, rows, ranks].
  * Returns 0, or -1 where the text is not plain ASCII or a line has a timestamp (nothing is then valid). */
 int64_t scan_lines(const uint8_t *data, int64_t begin, int64_t end, int64_t *other_off, uint8_t *other_buf,
-                   int64_t *other_kind, int64_t *other_rows, int64_t *other_ranks, int64_t *row_start,
-                   int64_t *row_end, int64_t *row_tokens, int64_t *ranks, int64_t *counts) {
+                   int64_t *other_kind, int64_t *other_told, int64_t *other_rows, int64_t *other_ranks,
+                   int64_t *row_start, int64_t *row_end, int64_t *row_tokens, int64_t *ranks,
+                   int64_t *counts) {
     if (!plain_ascii(data + begin, end - begin)) return -1;
     int64_t n_other = 0, n_rows = 0, n_ranks = 0, used = 0;
     other_off[0] = 0;
@@ -224,11 +233,12 @@ int64_t scan_lines(const uint8_t *data, int64_t begin, int64_t end, int64_t *oth
         } else if (rank_line(a, b, ranks + n_ranks)) {
             n_ranks++;
         } else {
-            int kind = line_kind(a, b);
+            int told, kind = line_kind(a, b, &told);
             if (kind == NONE) continue;
             memcpy(other_buf + used, a, b - a);
             used += b - a;
             other_kind[n_other] = kind;
+            other_told[n_other] = told;
             other_rows[n_other] = n_rows;
             other_ranks[n_other] = n_ranks;
             other_off[++n_other] = used;

@@ -428,8 +428,8 @@ def _body(lines: pa.Array) -> pa.Array:
     return pc.utf8_ltrim_whitespace(pc.utf8_ltrim(lines, "#"))
 
 
-def _kinds(lines: pa.LargeStringArray) -> np.ndarray:
-    """The kind of each candidate structural line.
+def _kinds(lines: pa.LargeStringArray) -> tuple[np.ndarray, np.ndarray]:
+    """The kind of each candidate structural line, and whether it tells the transport (_TRANSPORT_HINT).
     A comment line is tried as header, footer, config and version, then as an error; any other line as
     a transport-telling NCCL INFO line, the NCCL version line, then an error. Each kernel runs only over
     the lines it can still decide, which is what keeps this cheap on INFO-heavy logs."""
@@ -447,21 +447,23 @@ def _kinds(lines: pa.LargeStringArray) -> np.ndarray:
     info = _bools(pc.match_substring(lines.take(pa.array(plain)), "NCCL INFO"))
     said = plain[info]
     said_lines = lines.take(pa.array(said))
-    telling = _bools(pc.or_(pc.match_substring(said_lines, "Using network"),
-                            pc.match_substring_regex(said_lines, _TRANSPORT_HINT.pattern)))
-    kind[said[telling]] = INFO
+    hint = _bools(pc.match_substring_regex(said_lines, _TRANSPORT_HINT.pattern))
+    kind[said[hint | _bools(pc.match_substring(said_lines, "Using network"))]] = INFO
+    told = np.zeros(len(lines), bool)
+    told[said[hint]] = True
     quiet = plain[~info]
     kind[quiet[_bools(pc.starts_with(lines.take(pa.array(quiet)), "NCCL version"))]] = NCCL_VERSION
     may_fail = hashed.copy()
     may_fail[quiet] = True
     open_ = np.flatnonzero((kind == _NONE) & may_fail)
     kind[open_[_bools(pc.match_substring_regex(lines.take(pa.array(open_)), _ERROR.pattern))]] = ERROR
-    return kind
+    return kind, told
 
 
-def _said(kind: int, line: str, body: str) -> Any:
+def _said(kind: int, line: str, body: str, told: bool) -> Any:
     """What one structural line says, read once: the footer's number, the config, a version, an INFO
-    line's network and transport evidence, an error's text, a header's columns."""
+    line's network and transport evidence (`told`: it matched _TRANSPORT_HINT), an error's text, a
+    header's columns."""
     if kind == AVG:
         return _number(_value(body))
     if kind == OUT_OF_BOUNDS:
@@ -475,7 +477,7 @@ def _said(kind: int, line: str, body: str) -> Any:
         return _word(line, 2)
     if kind == INFO:
         network = _NETWORK.search(line) if "Using network" in line else None
-        return network and network.group(1), line[-200:] if _TRANSPORT_HINT.search(line) else None
+        return network and network.group(1), line[-200:] if told else None
     if kind == ERROR:
         return line[:300]
     return body  # HEADER
@@ -491,13 +493,14 @@ class _Structure(NamedTuple):
     ranks_before: np.ndarray  # the same for rank lines
 
     @classmethod
-    def read(cls, lines: pa.LargeStringArray, kind: np.ndarray, rows_before: np.ndarray, rank: np.ndarray,
-             ranks_before: np.ndarray) -> _Structure:
-        """The structure from its lines, classified (`rows_before`, `ranks_before`: the rows and device
-        lines before each line and, last, all of them), with what each line says. Read last in a piece's
+    def read(cls, lines: pa.LargeStringArray, kind: np.ndarray, told: np.ndarray, rows_before: np.ndarray,
+             rank: np.ndarray, ranks_before: np.ndarray) -> _Structure:
+        """The structure from its lines, classified (`told`: an INFO line tells the transport;
+        `rows_before`, `ranks_before`: the rows and device lines before each line and, last, all of them),
+        with what each line says. Read last in a piece's
         scan: Python work in one thread slows the many short kernel calls of another (each waits for the
         GIL)."""
-        value = list(map(_said, kind.tolist(), lines.to_pylist(), _body(lines).to_pylist()))
+        value = list(map(_said, kind.tolist(), lines.to_pylist(), _body(lines).to_pylist(), told.tolist()))
         return cls(rank, kind, value, rows_before, ranks_before)
 
     @classmethod
@@ -646,10 +649,10 @@ class _Scan:
         rank = pc.struct_field(pc.extract_regex(lines.take(pa.array(other[hashed])), _RANK_PATTERN), 0)
         is_rank = np.zeros(len(other), bool)
         is_rank[hashed[_bools(rank.is_valid())]] = True
-        kind = _kinds(lines.take(pa.array(other[~is_rank])))
+        kind, told = _kinds(lines.take(pa.array(other[~is_rank])))
         kept = other[~is_rank][kind != _NONE]
         before = np.cumsum(is_data)
-        structure = _Structure.read(lines.take(pa.array(kept)), kind[kind != _NONE],
+        structure = _Structure.read(lines.take(pa.array(kept)), kind[kind != _NONE], told[kind != _NONE],
                                     np.append(before[kept], before[-1] if len(before) else 0),
                                     pc.cast(rank.drop_null(), pa.int64()).to_numpy(),
                                     np.searchsorted(other[is_rank], np.append(kept, len(lines))))
@@ -663,16 +666,16 @@ class _Scan:
         most = _NATIVE.count_lines(address, a, b) + 1
         other_off = np.empty(most + 1, np.int64)
         other_buf = np.empty(b - a, np.uint8)
-        kind, rows, ranks, start, end, lengths, rank = (np.empty(most, np.int64) for _ in range(7))
+        kind, told, rows, ranks, start, end, lengths, rank = (np.empty(most, np.int64) for _ in range(8))
         counts = np.empty(3, np.int64)
-        if _NATIVE.scan_lines(address, a, b, *map(_ptr, (other_off, other_buf, kind, rows, ranks, start, end,
-                                                     lengths, rank, counts))) < 0:
+        if _NATIVE.scan_lines(address, a, b, *map(_ptr, (other_off, other_buf, kind, told, rows, ranks, start,
+                                                        end, lengths, rank, counts))) < 0:
             return None
         n, n_rows, n_ranks = counts.tolist()
         offsets = other_off[:n + 1]
         lines = pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(other_buf[:offsets[-1]]))
-        structure = _Structure.read(lines, kind[:n], np.append(rows[:n], n_rows), rank[:n_ranks],
-                                    np.append(ranks[:n], n_ranks))
+        structure = _Structure.read(lines, kind[:n], told[:n] != 0, np.append(rows[:n], n_rows),
+                                    rank[:n_ranks], np.append(ranks[:n], n_ranks))
         return cls(_NativeRows(text, address, start[:n_rows], end[:n_rows], lengths[:n_rows]), structure)
 
     @classmethod
@@ -696,7 +699,7 @@ def _load_native() -> ctypes.CDLL | None:
             i64, ptr = ctypes.c_int64, ctypes.c_void_p
             lib.count_lines.argtypes = [ptr, i64, i64]
             lib.count_lines.restype = i64
-            lib.scan_lines.argtypes = [ptr, i64, i64] + [ptr] * 10
+            lib.scan_lines.argtypes = [ptr, i64, i64] + [ptr] * 11
             lib.scan_lines.restype = i64
             lib.take_columns.argtypes = [ptr, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr]
             lib.take_columns.restype = None
