@@ -218,9 +218,9 @@ class NcclResult:
 
     @property
     def status(self) -> str:
-        if not self._n:
+        if not self._stats.rows:
             return "failed"
-        if self.wrong_total > 0 or (self.out_of_bounds or 0) > 0:
+        if self._stats.wrong_sum > 0 or (self.out_of_bounds or 0) > 0:
             return "wrong_results"
         if self.errors and self.avg_busbw_printed is None:
             return "failed"
@@ -289,11 +289,6 @@ def _number(token: str) -> float | None:
         return None  # "N/A"
 
 
-def _value(line: str) -> str:
-    """The first token after the colon of a footer line ("" when a cut log lost it)."""
-    return _word(line.partition(":")[2], 0) or ""
-
-
 def _word(line: str, i: int) -> str | None:
     """The i-th word of a line (None when a cut log lost it)."""
     words = line.split()
@@ -302,7 +297,7 @@ def _word(line: str, i: int) -> str | None:
 
 def _root(token: str) -> int | None:
     """The root column: a rank, or -1 for collectives without one; None for anything else."""
-    return int(token) if token.lstrip("-").isdigit() else None
+    return int(token) if token.lstrip("-").isdecimal() else None  # isdigit() takes "²", which int() does not
 
 
 def _rows(tokens: list[str], layout: _Layout) -> list[NcclRow]:
@@ -332,7 +327,7 @@ def _rows(tokens: list[str], layout: _Layout) -> list[NcclRow]:
 def _rows_one_by_one(lines: list[str], layout: _Layout) -> list[NcclRow]:
     """The careful path for a table with cut-off, in-place-only or non-numeric lines."""
     split = (line.split() for line in lines)
-    return [r for t in split if len(t) > 1 and t[0].isdigit() and t[1].isdigit() for r in _rows(t, layout)]
+    return [r for t in split if len(t) > 1 and t[0].isdecimal() and t[1].isdecimal() for r in _rows(t, layout)]
 
 
 # ---- whole-text passes (pyarrow kernels) -------------------------------------------------------------
@@ -460,27 +455,48 @@ def _kinds(lines: pa.LargeStringArray) -> tuple[np.ndarray, np.ndarray]:
     return kind, told
 
 
-def _said(kind: int, line: str, body: str, told: bool) -> Any:
-    """What one structural line says, read once: the footer's number, the config, a version, an INFO
-    line's network and transport evidence (`told`: it matched _TRANSPORT_HINT), an error's text, a
-    header's columns."""
-    if kind == AVG:
-        return _number(_value(body))
-    if kind == OUT_OF_BOUNDS:
-        value = _value(body)
-        return int(value) if value.isdigit() else None
-    if kind == CONFIG:
-        return dict(_CONFIG.findall(body))
-    if kind == TESTS_VERSION:
-        return _word(body, 2)
-    if kind == NCCL_VERSION:
-        return _word(line, 2)
-    if kind == INFO:
-        network = _NETWORK.search(line) if "Using network" in line else None
-        return network and network.group(1), line[-200:] if told else None
-    if kind == ERROR:
-        return line[:300]
-    return body  # HEADER
+def _first_word_after_colon(body: str) -> str:
+    """The first word after the colon of a footer line ("" when a cut log lost it)."""
+    words = body.partition(":")[2].split(None, 1)
+    return words[0] if words else ""
+
+
+def _info(line: str, told: bool) -> tuple[str | None, str | None]:
+    """An INFO line's network ("Using network X") and transport evidence (`told`: it matched
+    _TRANSPORT_HINT)."""
+    network = _NETWORK.search(line) if "Using network" in line else None
+    return network and network.group(1), line[-200:] if told else None
+
+
+# What a structural line says, per kind: read from its body (the text after its #s) or its whole line,
+# all lines of a kind at once. `told` is for INFO lines.
+_READ_BODY = {
+    HEADER: lambda bodies, told: bodies,  # the columns, split when the layout is read
+    AVG: lambda bodies, told: [_number(_first_word_after_colon(b)) for b in bodies],
+    OUT_OF_BOUNDS: lambda bodies, told: [int(v) if (v := _first_word_after_colon(b)).isdecimal() else None
+                                         for b in bodies],
+    CONFIG: lambda bodies, told: [dict(_CONFIG.findall(b)) for b in bodies],
+    TESTS_VERSION: lambda bodies, told: [_word(b, 2) for b in bodies],
+}
+_READ_LINE = {
+    NCCL_VERSION: lambda lines, told: [_word(line, 2) for line in lines],
+    INFO: lambda lines, told: list(map(_info, lines, told)),
+    ERROR: lambda lines, told: [line[:300] for line in lines],
+}
+
+
+def _values(lines: pa.LargeStringArray, kind: np.ndarray, told: np.ndarray) -> list[Any]:
+    """What each structural line says, read once, kind by kind: the footer's number, the config, a version,
+    an INFO line's network and transport evidence, an error's text, a header's columns."""
+    value: list[Any] = [None] * len(kind)
+    for k in np.unique(kind).tolist():
+        at = np.flatnonzero(kind == k)
+        some = lines.take(_int64_array(at))
+        read = _READ_BODY.get(k) or _READ_LINE[k]
+        texts = (_body(some) if k in _READ_BODY else some).to_pylist()
+        for i, v in zip(at.tolist(), read(texts, told[at].tolist())):
+            value[i] = v
+    return value
 
 
 class _Structure(NamedTuple):
@@ -488,7 +504,7 @@ class _Structure(NamedTuple):
 
     rank: np.ndarray  # the ranks of the "Rank N" device lines, in order
     kind: np.ndarray  # per structural line, in order
-    value: list[Any]  # what each says (_said)
+    value: list[Any]  # what each says (_values)
     rows_before: np.ndarray  # per structural line (and one past the last): data rows before it
     ranks_before: np.ndarray  # the same for rank lines
 
@@ -500,8 +516,7 @@ class _Structure(NamedTuple):
         with what each line says. Read last in a piece's
         scan: Python work in one thread slows the many short kernel calls of another (each waits for the
         GIL)."""
-        value = list(map(_said, kind.tolist(), lines.to_pylist(), _body(lines).to_pylist(), told.tolist()))
-        return cls(rank, kind, value, rows_before, ranks_before)
+        return cls(rank, kind, _values(lines, kind, told), rows_before, ranks_before)
 
     @classmethod
     def join(cls, parts: list[_Structure], rows: list[int]) -> _Structure:
