@@ -389,3 +389,15 @@ def test_a_config_line_after_a_new_table_stays_in_that_tables_run(shared_data) -
     results = parse_all("\n".join(lines[:header] + table[:5]) + "\n" + second)
     assert [r.config.get("iters") for r in results] == ["20", "7"]
     assert [len(r.rows) for r in results] == [2 * (5 - 2), 56]
+
+
+def test_unicode_digits_that_int_cannot_read_do_not_crash_the_parser(shared_data) -> None:
+    """str.isdigit() is true for "²", which int() rejects: such cells are not numbers, not a crash."""
+    plain = text(shared_data, "sample_06.txt")
+    footer = next(line for line in plain.splitlines() if "Out of bounds values" in line)
+    odd = plain.replace(footer, "# Out of bounds values : ² OK")
+    row = next(line for line in plain.splitlines() if line.split()[:1] == ["8"])
+    odd = odd.replace(row, row.replace("8", "8²", 1))
+    r = parse(odd)
+    assert r.out_of_bounds is None
+    assert len(r.rows) == len(parse(plain).rows) - 2  # the 8² line is dropped, not read
