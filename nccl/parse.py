@@ -211,10 +211,10 @@ class NcclResult:
     @property
     def complete(self) -> bool:
         """The footer was printed and the rows reproduce its Avg (no rows missing from an excerpt)."""
-        if self.avg_busbw_printed is None or not self._n:
+        printed, stats = self.avg_busbw_printed, self._stats
+        if printed is None or not stats.rows:
             return False
-        diff = abs(self.avg_busbw - self.avg_busbw_printed)
-        return diff <= _AVG_TOLERANCE_ABS + _AVG_TOLERANCE_REL * self.avg_busbw_printed
+        return abs(stats.busbw_sum / stats.rows - printed) <= _AVG_TOLERANCE_ABS + _AVG_TOLERANCE_REL * printed
 
     @property
     def status(self) -> str:
