@@ -27,6 +27,7 @@ static const uint8_t *skip_spaces(const uint8_t *q, const uint8_t *b) {
     while (q < b && is_space(*q)) q++;
     return q;
 }
+
 static int is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
 
 /* The whitespace-separated tokens of a..b. A token starts at a byte that is not a space after one that is
@@ -102,8 +103,9 @@ static int rank_line(const uint8_t *a, const uint8_t *b, int64_t *rank) {
     a += 4;
     while (a < b && is_space(*a)) a++;
     int64_t n = 0, v = 0;
-    for (; a + n < b && is_digit(a[n]); n++) v = v * 10 + (a[n] - '0');
+    while (a + n < b && is_digit(a[n])) n++;
     if (!n || n > 18 || (a + n < b && !is_space(a[n]))) return 0;
+    for (int64_t i = 0; i < n; i++) v = v * 10 + (a[i] - '0');  /* 18 digits: no overflow */
     *rank = v;
     return 1;
 }
@@ -191,8 +193,8 @@ int64_t count_lines(const uint8_t *data, int64_t begin, int64_t end) {
 }
 
 /* Scan the lines of data[begin:end] (cut at '\n', stripped of whitespace, mpirun tags and srun labels).
- * A line starting with a digit is a table row: its bounds and token count go to row_*. Any other
- * "Rank N" device line gives its rank to ranks. Any other line that line_kind finds structural is
+ * A line starting with a digit is a table row: its bounds and token count go to row_*. A "Rank N"
+ * device line gives its rank to ranks. Any other line that line_kind finds structural is
  * copied to other_buf (other_off: offsets; other_kind and other_told, as line_kind says; other_rows and
  * other_ranks: the table rows and device lines before it). Outputs hold one entry per line at most
  * (other_off one more); counts gets [structural lines, rows, ranks].

@@ -10,11 +10,13 @@ an excerpt without a header falls back to the layout its token count implies. Li
 may sit inside the table. A stream may hold several runs (concatenated logs): `parse_all` splits them.
 
 Why it is built the way it is: 100 MB of logs must parse in seconds. Cutting lines, stripping launcher
-prefixes, classifying lines and converting table cells are pyarrow compute kernels over all lines at once;
-the lines that carry structure (headers, footers, config, versions, NCCL INFO, errors) are cut into runs
-with numpy, only their values are read in Python, and table rows become NcclRow objects only when someone
-reads `rows`. A large text is scanned in pieces on threads (one per core, up to 4): the kernels release
-the GIL.
+prefixes, classifying lines and reading table cells are done over all lines at once: by the C scanner
+(_fastscan.c, loaded with ctypes) where `pip install` built it and the text is plain ASCII, else by
+pyarrow compute kernels, which define what the C scanner must do (the tests hold the two to the same
+results). The lines that carry structure (headers, footers, config, versions, NCCL INFO, errors) are cut
+into runs with numpy, only their values are read in Python, and table rows become NcclRow objects only
+when someone reads `rows`. A large text is scanned in pieces on threads (one per core, up to 4): the C
+scanner and the kernels release the GIL.
 """
 from __future__ import annotations
 
@@ -513,9 +515,8 @@ class _Structure(NamedTuple):
              rank: np.ndarray, ranks_before: np.ndarray) -> _Structure:
         """The structure from its lines, classified (`told`: an INFO line tells the transport;
         `rows_before`, `ranks_before`: the rows and device lines before each line and, last, all of them),
-        with what each line says. Read last in a piece's
-        scan: Python work in one thread slows the many short kernel calls of another (each waits for the
-        GIL)."""
+        with what each line says. Read last in a piece's scan: Python work in one thread slows the many
+        short kernel calls of another (each waits for the GIL)."""
         return cls(rank, kind, _values(lines, kind, told), rows_before, ranks_before)
 
     @classmethod
@@ -591,18 +592,19 @@ class _NativeRows:
         rows (split among `workers` threads); for each column, whether all its tokens had the kind's form."""
         start, end = self.start[rows], self.end[rows]
         col, kind = (np.array([job[k] for job in jobs], np.int64) for k in (0, 1))
-        per = [len(out) // len(rows) if len(rows) else 1 for _, _, out in jobs]
-        chunks = _pieces_of(len(rows), workers)
+        per_row = [2 if k == 2 else 1 for _, k, _ in jobs]  # kind 2 writes a (start, end) pair per row
 
         def run(chunk: tuple[int, int]) -> np.ndarray:
             a, b = chunk
-            outs = np.array([_ptr(out) + a * n * out.itemsize for (_, _, out), n in zip(jobs, per)], np.uint64)
+            outs = np.array([_ptr(out) + a * n * out.itemsize for (_, _, out), n in zip(jobs, per_row)],
+                            np.uint64)
             ok = np.ones(len(jobs), np.int64)
-            _NATIVE.take_columns(self.address, _ptr(start) + 8 * a, _ptr(end) + 8 * a, b - a, len(jobs), _ptr(col),
-                                 _ptr(kind), _ptr(outs), _ptr(ok))
+            _NATIVE.take_columns(self.address, _ptr(start) + a * start.itemsize, _ptr(end) + a * end.itemsize,
+                                 b - a, len(jobs), _ptr(col), _ptr(kind), _ptr(outs), _ptr(ok))
             return ok
 
-        return np.logical_and.reduce([np.ones(len(jobs), bool)] + _map(run, chunks, workers)).tolist()
+        oks = _map(run, _pieces_of(len(rows), workers), workers)
+        return np.logical_and.reduce([np.ones(len(jobs), bool)] + oks).tolist()
 
     def _text(self, rows: np.ndarray, bounds: np.ndarray) -> pa.LargeStringArray:
         """The tokens with these bounds (start/end pairs) as a string array."""
