@@ -213,16 +213,16 @@ class NcclResult:
     @property
     def complete(self) -> bool:
         """The footer was printed and the rows reproduce its Avg (no rows missing from an excerpt)."""
-        printed, stats = self.avg_busbw_printed, self._stats
-        if printed is None or not stats.rows:
+        printed, mean = self.avg_busbw_printed, self.avg_busbw
+        if printed is None or mean is None:
             return False
-        return abs(stats.busbw_sum / stats.rows - printed) <= _AVG_TOLERANCE_ABS + _AVG_TOLERANCE_REL * printed
+        return abs(mean - printed) <= _AVG_TOLERANCE_ABS + _AVG_TOLERANCE_REL * printed
 
     @property
     def status(self) -> str:
-        if not self._stats.rows:
+        if not self._n:
             return "failed"
-        if self._stats.wrong_sum > 0 or (self.out_of_bounds or 0) > 0:
+        if self.wrong_total > 0 or (self.out_of_bounds or 0) > 0:
             return "wrong_results"
         if self.errors and self.avg_busbw_printed is None:
             return "failed"
@@ -520,10 +520,10 @@ class _Structure(NamedTuple):
         return cls(rank, kind, _values(lines, kind, told), rows_before, ranks_before)
 
     @classmethod
-    def join(cls, parts: list[_Structure], rows: list[int]) -> _Structure:
-        """Consecutive pieces' structures as one (`rows`: each piece's table rows): indices shifted past
-        the pieces before."""
-        row_base = np.cumsum([0] + rows)
+    def join(cls, parts: list[_Structure]) -> _Structure:
+        """Consecutive pieces' structures as one: indices shifted past the pieces before (a piece's last
+        rows_before is all its rows)."""
+        row_base = np.cumsum([0] + [p.rows_before[-1] for p in parts])
         rank_base = np.cumsum([0] + [len(p.rank) for p in parts])
         last = len(parts) - 1
         return cls(np.concatenate([p.rank for p in parts]), np.concatenate([p.kind for p in parts]),
@@ -666,10 +666,12 @@ class _Scan:
         rank = pc.struct_field(pc.extract_regex(lines.take(pa.array(other[hashed])), _RANK_PATTERN), 0)
         is_rank = np.zeros(len(other), bool)
         is_rank[hashed[_bools(rank.is_valid())]] = True
-        kind, told = _kinds(lines.take(pa.array(other[~is_rank])))
-        kept = other[~is_rank][kind != _NONE]
+        candidates = other[~is_rank]
+        kind, told = _kinds(lines.take(pa.array(candidates)))
+        keep = kind != _NONE
+        kept = candidates[keep]
         before = np.cumsum(is_data)
-        structure = _Structure.read(lines.take(pa.array(kept)), kind[kind != _NONE], told[kind != _NONE],
+        structure = _Structure.read(lines.take(pa.array(kept)), kind[keep], told[keep],
                                     np.append(before[kept], before[-1] if len(before) else 0),
                                     pc.cast(rank.drop_null(), pa.int64()).to_numpy(),
                                     np.searchsorted(other[is_rank], np.append(kept, len(lines))))
@@ -699,7 +701,7 @@ class _Scan:
     def join(cls, parts: list[_Scan]) -> _Scan:
         """One scan of consecutive pieces of a text."""
         rows = type(parts[0].rows).join([p.rows for p in parts])  # type: ignore[arg-type]
-        return cls(rows, _Structure.join([p.structure for p in parts], [len(p.rows.lengths) for p in parts]))
+        return cls(rows, _Structure.join([p.structure for p in parts]))
 
 
 def _ptr(array: np.ndarray) -> int:
@@ -727,8 +729,8 @@ def _load_native() -> ctypes.CDLL | None:
 
 
 _NATIVE = _load_native()
-if sys.implementation.name == "cpython":
-    _AS_UTF8 = ctypes.pythonapi.PyUnicode_AsUTF8AndSize
+_AS_UTF8 = ctypes.pythonapi.PyUnicode_AsUTF8AndSize if sys.implementation.name == "cpython" else None
+if _AS_UTF8 is not None:
     _AS_UTF8.argtypes = [ctypes.py_object, ctypes.POINTER(ctypes.c_ssize_t)]
     _AS_UTF8.restype = ctypes.c_void_p
 _PIECE_BYTES = 8 << 20  # below this a thread costs more than it saves
@@ -772,9 +774,7 @@ def _address(text: str) -> int | None:
     """Where an ASCII str keeps its bytes, read in place (CPython: the UTF-8 form of a compact ASCII str
     is its own buffer, so nothing is copied; encoding 100 MB would take a tenth of the parse). None
     elsewhere."""
-    if sys.implementation.name != "cpython":
-        return None
-    return _AS_UTF8(text, ctypes.byref(ctypes.c_ssize_t()))
+    return _AS_UTF8(text, ctypes.byref(ctypes.c_ssize_t())) if _AS_UTF8 is not None else None
 
 
 # ---- table rows: from token columns to arrays ------------------------------------------------------
