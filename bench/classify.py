@@ -83,6 +83,8 @@ def classify(outcome: Outcome, summaries: list[dict[str, Any]], log_text: str) -
         return "timeout", f"no result within the run's time limit ({outcome.wall_s or 0:.0f} s); killed"
     if outcome.launch_error:
         return "launch_error", outcome.launch_error
+    if outcome.error:
+        return "failed", outcome.error
     if outcome.scheduler_state and outcome.scheduler_state in SCHEDULER_STATES:
         mapped = SCHEDULER_STATES[outcome.scheduler_state]
         return mapped, outcome.detail or f"scheduler state {outcome.scheduler_state}"

@@ -43,7 +43,7 @@ def summarize_run(spec: RunSpec, sweep: str, run_dir_: Path, outcome: Outcome, *
     status, error = classify(outcome, summaries, text)
     summary = RunSummary(run_id=spec.run_id, sweep=sweep, status=status, spec=spec, error=error,
                          run_dir=str(run_dir_), est_mem_gib=est_mem_gib, git_rev=git_rev,
-                         started_at=started_at, wall_s=outcome.wall_s)
+                         started_at=started_at, wall_s=outcome.wall_s, queue_s=outcome.queue_s)
     metas = sorted((r for r in records if r["kind"] == "meta"), key=lambda r: r.get("rank", 0))
     source = next((s for s in summaries if s.get("status") == status), summaries[0] if summaries else {})
     for key in ("device_name", "host"):

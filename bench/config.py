@@ -13,7 +13,7 @@ from bench.schema import AC_MODES, PRECISIONS, SHARDINGS, WRAP_POLICIES
 
 AXES = ("model", "nodes", "sharding", "precision", "activation_checkpointing", "wrap_policy",
         "micro_batch", "seq_len", "efa_per_node")
-FAULT_KINDS = ("oom", "nan", "hang", "crash")
+FAULT_KINDS = ("oom", "nan", "hang", "crash", "sleep")  # sleep: the worker sleeps `seconds`, does no work
 AUTO = "auto"  # axes.micro_batch value: search the largest micro batch that fits
 LAUNCHERS = ("local", "dryrun", "slurm", "kubernetes")
 
@@ -65,9 +65,12 @@ class ClusterConfig:
 @dataclass(frozen=True)
 class LauncherConfig:
     name: str
-    timeout_s: float = 900
+    timeout_s: float = 900  # run time, counted from when the job really runs
+    queue_timeout_s: float = 6 * 3600  # time a job may wait in the scheduler's queue before it is given up
     grace_s: float = 10
     poll_s: float = 0.2
+    max_nodes: int | None = None  # node budget of runs in flight; None: the cluster's (local: one run at a time)
+    probes_alone: bool = True  # nccl probes run with nothing else in flight (shared fabric distorts bandwidth)
     python: str | None = None
     workdir: str | None = None
     kubeconfig: str | None = None
@@ -99,6 +102,7 @@ class FaultRule:
     match: dict[str, Any]
     fault: str
     step: int = 1
+    seconds: float = 0.0  # fault sleep: how long the worker sleeps instead of working
 
 
 @dataclass(frozen=True)
@@ -181,9 +185,14 @@ def from_dict(raw: dict[str, Any]) -> SweepConfig:
         "gpus_per_node": _positive_int, "max_nodes": _positive_int})
     if cluster.gpu is not None and cluster.gpu not in GPUS:
         raise ConfigError(f"cluster.gpu: unknown GPU {cluster.gpu!r}; known: {', '.join(GPUS)}")
-    launcher = _build(LauncherConfig, dict(raw.get("launcher") or {}), "launcher")
+    launcher = _build(LauncherConfig, dict(raw.get("launcher") or {}), "launcher",
+                      {"max_nodes": _positive_int})
     if launcher.name not in LAUNCHERS:
         raise ConfigError(f"launcher.name: {launcher.name!r}; known: {', '.join(LAUNCHERS)}")
+    for key in ("timeout_s", "queue_timeout_s", "grace_s", "poll_s"):
+        value = getattr(launcher, key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ConfigError(f"launcher.{key} must be a positive number of seconds, got {value!r}")
     axes_raw = dict(raw.get("axes") or {})
     unknown = sorted(set(axes_raw) - set(AXES))
     if unknown:

@@ -1,4 +1,4 @@
-"""Live progress of a sweep: runs done, failed, running, time per run, ETA.
+"""Live progress of a sweep: runs done, failed, every run in flight (nodes, elapsed), nodes busy, ETA.
 
 A rich progress bar on a terminal; one plain line per event otherwise (CI logs, `| tee`).
 """
@@ -19,14 +19,15 @@ def _fmt_s(seconds: float) -> str:
 
 
 class Progress:
-    def __init__(self, total: int, enabled: bool = True, stream: TextIO = sys.stdout) -> None:
+    def __init__(self, total: int, enabled: bool = True, budget: int | None = None,
+                 stream: TextIO = sys.stdout) -> None:
         self.total = total
+        self.budget = budget  # node budget of runs in flight (None: one run at a time)
         self.enabled = enabled
         self.stream = stream
         self.counts: Counter[str] = Counter()
         self.durations: list[float] = []
-        self.current: str | None = None
-        self.current_started = 0.0
+        self.running: dict[str, tuple[int, float]] = {}  # label -> (nodes, start time)
         self._rich: Any = None
         self._task: Any = None
         self._closed = threading.Event()
@@ -57,14 +58,19 @@ class Progress:
         return sum(self.counts.values())
 
     def eta_s(self) -> float | None:
+        """Median run time x runs left, divided by how many run side by side now."""
         if not self.durations:
             return None
-        return statistics.median(self.durations) * (self.total - self.done)
+        return statistics.median(self.durations) * (self.total - self.done) / max(1, len(self.running))
 
     def status_line(self) -> str:
         parts = [f"{k} {v}" for k, v in sorted(self.counts.items())]
-        if self.current:
-            parts.append(f"running {self.current} {_fmt_s(time.monotonic() - self.current_started)}")
+        now = time.monotonic()
+        if self.running:
+            busy = sum(n for n, _ in self.running.values())
+            parts.append(f"nodes {busy}/{self.budget if self.budget is not None else busy} busy")
+            parts.append("running " + ", ".join(f"{label} ({n}n {_fmt_s(now - t)})"
+                                                for label, (n, t) in self.running.items()))
         if self.durations:
             parts.append(f"{_fmt_s(statistics.median(self.durations))}/run")
         eta = self.eta_s()
@@ -72,9 +78,10 @@ class Progress:
             parts.append(f"ETA {_fmt_s(eta)}")
         return " · ".join(parts)
 
-    def start(self, label: str) -> None:
-        self.current, self.current_started = label, time.monotonic()
-        self._refresh(f"[{self.done + 1}/{self.total}] start {label}")
+    def start(self, label: str, nodes: int = 1) -> None:
+        self.running[label] = (nodes, time.monotonic())
+        self._refresh(f"[{self.done + len(self.running)}/{self.total}] start {label} ({nodes} node"
+                      f"{'s' if nodes != 1 else ''})")
 
     def tick(self) -> None:
         if self._rich:
@@ -84,7 +91,7 @@ class Progress:
         self.counts[status] += 1
         if duration_s is not None:
             self.durations.append(duration_s)
-        self.current = None
+        self.running.pop(label, None)
         line = f"[{self.done}/{self.total}] {status:<16} {label}"
         if duration_s is not None:
             line += f" ({duration_s:.1f}s)"

@@ -3,17 +3,26 @@
     <root>/<sweep>/sweep.yaml            resolved sweep config
     <root>/<sweep>/plan.csv              every planned run with its estimate
     <root>/<sweep>/results.{parquet,csv} one row per run
-    <root>/<sweep>/runs/<label>-<id>/    spec.json, submission/, logs/, records/, summary.json
+    <root>/<sweep>/.lock                 held by the one sweep working on this dir (flock; freed when it dies)
+    <root>/<sweep>/runs/<label>-<id>/    spec.json, ledger.json, summary.json
+        attempt-<n>/                     one per submission: submission/, logs/, records/
+
+The ledger lists a run's attempts and how to find each one's job again (local process groups, Slurm job
+id, Kubernetes namespace/name/uid); it is written before and right after the submission, so a sweep that
+died can re-attach to a job that is still running instead of starting a second one. The summary comes
+from the newest attempt only.
 
 Writes that other processes may read are atomic (temp file + rename), so a crash or Ctrl-C never
-leaves a half-written summary behind.
+leaves a half-written summary behind; files honour the umask (a team can share a results dir).
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +38,72 @@ SUMMARY_JSON = "summary.json"
 SUBMISSION_DIR = "submission"
 LOGS_DIR = "logs"
 RECORDS_DIR = "records"
+LEDGER_JSON = "ledger.json"
+LOCK_FILE = ".lock"
+ATTEMPT_PREFIX = "attempt-"
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
+
+class SweepDirBusy(RuntimeError):
+    """Another live sweep holds this sweep dir."""
 
 
 def run_dir(sweep_dir: Path, spec: RunSpec) -> Path:
     return sweep_dir / RUNS_DIR / f"{spec.label}-{spec.run_id}"
+
+
+def attempt_dir(run_dir_: Path, attempt: int) -> Path:
+    return run_dir_ / f"{ATTEMPT_PREFIX}{attempt}"
+
+
+def read_ledger(run_dir_: Path) -> list[dict[str, Any]]:
+    """The run's attempts, oldest first ([] before the first submission)."""
+    try:
+        return json.loads((run_dir_ / LEDGER_JSON).read_text())["attempts"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def record_attempt(run_dir_: Path, **entry: Any) -> None:
+    """Add or update (by its `attempt` number) one attempt of the ledger."""
+    ledger = read_ledger(run_dir_)
+    old = next((a for a in ledger if a.get("attempt") == entry["attempt"]), {})
+    others = [a for a in ledger if a is not old]
+    write_json(run_dir_ / LEDGER_JSON, {"attempts": sorted([*others, {**old, **entry}], key=lambda a: a["attempt"])})
+
+
+def current_attempt_dir(run_dir_: Path) -> Path:
+    """Where the newest attempt's logs and records are (the run dir itself for runs never submitted)."""
+    ledger = read_ledger(run_dir_)
+    return attempt_dir(run_dir_, ledger[-1]["attempt"]) if ledger else run_dir_
+
+
+def write_submission(dir_: Path, submission: Any) -> None:
+    """A rendered submission as files: the same for --dry-run and for a launch."""
+    write_json(dir_ / SUBMISSION_DIR / "submission.json", submission.describe())
+    for name, content in submission.files.items():
+        atomic_write_text(dir_ / SUBMISSION_DIR / name, content)
+
+
+@contextmanager
+def locked(sweep_dir: Path) -> Iterator[None]:
+    """Hold the sweep dir for this process: a second sweep on it gets SweepDirBusy naming the holder. The
+    kernel drops the lock when its holder dies, `kill -9` included, so a stale lock is taken over."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(sweep_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            raise SweepDirBusy(f"{sweep_dir} is in use by another sweep (pid {holder}); wait for it to end or "
+                               f"stop it, or choose another results_root") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
 
 
 def records_path(run_dir_: Path, rank: int) -> Path:
@@ -47,6 +118,7 @@ def log_path(run_dir_: Path, name: str) -> Path:
 def atomic_write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp creates 0600
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
@@ -61,6 +133,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.fchmod(fd, 0o666 & ~_UMASK)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -105,8 +178,10 @@ def read_records(run_dir_: Path) -> list[dict[str, Any]]:
     """All metric records of a run: from the worker's record files, else from its logs.
 
     The worker writes records/ when it can reach the run dir (local, shared file system); otherwise
-    (Kubernetes, no shared FS) the records are recovered from the collected logs.
+    (Kubernetes, no shared FS) the records are recovered from the collected logs. Given a run dir, the
+    newest attempt's; given an attempt dir, that attempt's.
     """
+    run_dir_ = current_attempt_dir(run_dir_)
     files = sorted((run_dir_ / RECORDS_DIR).glob("*.jsonl"))
     if not files:
         files = sorted((run_dir_ / LOGS_DIR).glob("*.log"))

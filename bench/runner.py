@@ -1,7 +1,14 @@
-"""Execute a plan: skip what is finished, prune what cannot fit, launch the rest one by one.
+"""Execute a plan: skip what is finished, record what cannot fit, keep the rest in flight within a node budget.
 
-Ctrl-C or SIGTERM sets a stop event: the running run is cancelled and recorded as `cancelled`, the
-results table is rewritten, and everything that finished stays. A second Ctrl-C exits at once.
+Each run follows one path, written as a generator so that many runs can be in flight on the main thread
+(no threads: a child's PR_SET_PDEATHSIG belongs to the thread that started it, and the main thread lives
+as long as the sweep): render -> write the submission -> ledger -> submit -> ledger -> watch (queue
+timeout, run timeout, stop) -> logs -> cleanup (always, in `finally`) -> summary. Any exception of a
+launcher becomes that run's outcome and the sweep goes on. The results table is rewritten after every run
+that ends.
+
+Ctrl-C, SIGTERM or SIGHUP set a stop event: nothing new starts, runs in flight are cancelled and recorded
+as `cancelled`, the table is written. A second signal cleans up at once and still writes the table.
 """
 from __future__ import annotations
 
@@ -9,21 +16,26 @@ import datetime as dt
 import signal
 import subprocess
 import threading
-from collections.abc import Iterator
+import time
+from collections import Counter
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench import rundir
+from bench import rundir, schedule
 from bench.collect import infeasible_summary, summarize_run, write_results
 from bench.config import SweepConfig
-from bench.launchers.base import PROJECT_ROOT, Launcher, Outcome
+from bench.cost import estimated_seconds
+from bench.launchers.base import DONE, PROJECT_ROOT, RUNNING, Launcher, Outcome
 from bench.plan import PlannedRun, feasibility
 from bench.progress import Progress
 from bench.schema import RETRYABLE_STATUSES, RunSummary
 
 SEARCH_DIR = "search"  # an auto micro batch run's trials: <run dir>/search/mb<N>/
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+RunSteps = Generator[None, None, RunSummary]  # yields while waiting on its job, returns the summary
 
 
 def git_revision() -> str | None:
@@ -45,11 +57,23 @@ def should_run(previous: RunSummary | None, cfg: SweepConfig) -> bool:
     return cfg.rerun_failed and previous.status in RETRYABLE_STATUSES
 
 
+def node_budget(cfg: SweepConfig) -> int | None:
+    """Nodes that runs in flight may hold together; None: one run at a time (the local default)."""
+    if cfg.launcher.max_nodes is not None:
+        return cfg.launcher.max_nodes
+    return cfg.cluster.max_nodes if cfg.launcher.name in ("slurm", "kubernetes") else None
+
+
+def as_job(cfg: SweepConfig, planned: PlannedRun) -> schedule.Job:
+    spec = planned.spec
+    return schedule.Job(spec.run_id, spec.nodes, spec.kind == "nccl", estimated_seconds(spec, cfg.cluster.gpu))
+
+
 @contextmanager
 def stop_on_signals() -> Iterator[threading.Event]:
-    """SIGINT/SIGTERM set the event (first time) and raise KeyboardInterrupt (second time)."""
+    """SIGINT/SIGTERM/SIGHUP set the event (first time) and raise KeyboardInterrupt (second time)."""
     stop = threading.Event()
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
 
     def handler(signum: int, frame: object) -> None:
         if stop.is_set():
@@ -69,69 +93,210 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
+class _Sweep:
+    """What the runs of one invocation share: config, launcher, sweep dir, stop event, progress."""
+
+    def __init__(self, cfg: SweepConfig, launcher: Launcher, sweep_dir: Path, stop: threading.Event,
+                 progress: Progress) -> None:
+        self.cfg, self.launcher, self.sweep_dir, self.stop, self.progress = cfg, launcher, sweep_dir, stop, progress
+        self.rev = git_revision()
+        self.counts: Counter[str] = Counter()
+
+    def end(self, planned: PlannedRun, summary: RunSummary) -> None:
+        rd = rundir.run_dir(self.sweep_dir, planned.spec)
+        rundir.write_summary(rd, summary)
+        write_results(self.sweep_dir)
+        self.counts[summary.status] += 1
+        self.progress.finish(planned.spec.label, summary.status, summary.wall_s,
+                             summary.error if summary.status != "ok" else None)
+
+
 def execute(cfg: SweepConfig, plan: list[PlannedRun], launcher: Launcher, sweep_dir: Path) -> dict[str, int]:
     """Run the plan; returns counts by status of this invocation (skipped runs under 'skipped')."""
-    rev = git_revision()
-    counts: dict[str, int] = {}
-    with stop_on_signals() as stop, Progress(len(plan), cfg.progress) as progress:
-        for planned in plan:
-            spec = planned.spec
-            rd = rundir.run_dir(sweep_dir, spec)
-            previous = rundir.read_summary(rd)
-            if not should_run(previous, cfg):
-                progress.finish(spec.label, f"skip ({previous.status})", None)
-                counts["skipped"] = counts.get("skipped", 0) + 1
+    budget = node_budget(cfg)
+    with stop_on_signals() as stop, Progress(len(plan), cfg.progress, budget) as progress:
+        sweep = _Sweep(cfg, launcher, sweep_dir, stop, progress)
+        active: dict[str, tuple[PlannedRun, RunSteps]] = {}
+        try:
+            write_results(sweep_dir)  # a table from the start, so a crash never leaves none
+            waiting = _admit(sweep, plan)
+            _drive(sweep, waiting, active, budget)
+        except KeyboardInterrupt:  # a second signal: clean up now (each run's `finally`), keep the rest
+            stop.set()
+            for planned, steps in active.values():
+                steps.close()
+                sweep.end(planned, RunSummary(run_id=planned.spec.run_id, sweep=cfg.name, status="cancelled",
+                                              spec=planned.spec, error="cancelled by a second interrupt",
+                                              run_dir=str(rundir.run_dir(sweep_dir, planned.spec))))
+        finally:
+            write_results(sweep_dir)
+    return {**sweep.counts, "interrupted": int(stop.is_set())}
+
+
+def _admit(sweep: _Sweep, plan: list[PlannedRun]) -> list[PlannedRun]:
+    """Skip finished runs, record infeasible ones; the rest, in submission order, to be launched."""
+    todo: list[PlannedRun] = []
+    for planned in plan:
+        rd = rundir.run_dir(sweep.sweep_dir, planned.spec)
+        previous = rundir.read_summary(rd)
+        if not should_run(previous, sweep.cfg):
+            sweep.progress.finish(planned.spec.label, f"skip ({previous.status})", None)
+            sweep.counts["skipped"] += 1
+            continue
+        rundir.write_spec(rd, planned.spec)
+        if planned.feasible:
+            todo.append(planned)
+        else:
+            sweep.end(planned, infeasible_summary(planned.spec, sweep.cfg.name, rd, planned.est_mem_gib,
+                                                  planned.reason))
+    by_id = {p.spec.run_id: p for p in todo}
+    return [by_id[job.key] for job in schedule.order([as_job(sweep.cfg, p) for p in todo])]
+
+
+def _drive(sweep: _Sweep, waiting: list[PlannedRun], active: dict[str, tuple[PlannedRun, RunSteps]],
+           budget: int | None) -> None:
+    """Start what fits, step every run in flight, end what finished; until nothing waits or runs."""
+    cfg = sweep.cfg
+    jobs = {p.spec.run_id: as_job(cfg, p) for p in waiting}
+    while waiting or active:
+        if sweep.stop.is_set():
+            waiting.clear()
+        in_flight = [jobs[key] for key in active]
+        for job in schedule.pick([jobs[p.spec.run_id] for p in waiting], in_flight, budget,
+                                 cfg.launcher.probes_alone):
+            planned = next(p for p in waiting if p.spec.run_id == job.key)
+            waiting.remove(planned)
+            active[job.key] = (planned, _run(sweep, planned))
+            sweep.progress.start(planned.spec.label, planned.spec.nodes)
+        for key, (planned, steps) in list(active.items()):
+            try:
+                next(steps)
                 continue
-            if stop.is_set():
-                break
-            rundir.write_spec(rd, spec)
-            if not planned.feasible:
-                summary = infeasible_summary(spec, cfg.name, rd, planned.est_mem_gib, planned.reason)
-            elif spec.auto_micro_batch:
-                summary = _search_micro_batch(cfg, planned, launcher, rd, rev, stop, progress)
-            else:
-                summary = _launch(cfg, planned, launcher, rd, rev, stop, progress)
-            rundir.write_summary(rd, summary)
-            counts[summary.status] = counts.get(summary.status, 0) + 1
-            progress.finish(spec.label, summary.status, summary.wall_s,
-                            summary.error if summary.status != "ok" else None)
-        write_results(sweep_dir)
-    counts["interrupted"] = int(stop.is_set())
-    return counts
+            except StopIteration as done:
+                summary = done.value
+            except Exception as e:  # a defect outside the launcher calls: the run fails, the sweep goes on
+                summary = RunSummary(run_id=planned.spec.run_id, sweep=cfg.name, status="failed",
+                                     spec=planned.spec, error=f"harness error: {type(e).__name__}: {e}",
+                                     run_dir=str(rundir.run_dir(sweep.sweep_dir, planned.spec)))
+            del active[key]
+            sweep.end(planned, summary)
+        if active:
+            sweep.stop.wait(cfg.launcher.poll_s)
 
 
-def _launch(cfg: SweepConfig, planned: PlannedRun, launcher: Launcher, rd: Path, rev: str | None,
-            stop: threading.Event, progress: Progress) -> RunSummary:
-    spec = planned.spec
-    progress.start(spec.label)
+def _run(sweep: _Sweep, planned: PlannedRun) -> RunSteps:
+    rd = rundir.run_dir(sweep.sweep_dir, planned.spec)
+    if planned.spec.auto_micro_batch:
+        return (yield from _search_micro_batch(sweep, planned, rd))
+    return (yield from _attempt(sweep, planned, rd))
+
+
+def _attempt(sweep: _Sweep, planned: PlannedRun, rd: Path) -> RunSteps:
+    """One submission of a run (or the re-attached job of an earlier sweep), watched to its end."""
+    cfg, launcher, spec = sweep.cfg, sweep.launcher, planned.spec
     started = _now()
-    _clear_previous_attempt(rd)
+    handle, attempt, outcome = _reattach(sweep, rd)
+    if handle is None:
+        attempt += 1
+        ad = rundir.attempt_dir(rd, attempt)
+        try:
+            submission = launcher.render(spec, ad)
+            rundir.write_submission(ad, submission)
+            rundir.record_attempt(rd, attempt=attempt, launcher=launcher.name, submitted_at=started, job=None)
+            handle = launcher.submit(submission, ad)
+            rundir.record_attempt(rd, attempt=attempt, job=launcher.locate(handle))
+        except Exception as e:  # invalid manifest, sbatch refused, API rejected the job, binary missing ...
+            outcome = Outcome(returncodes=[], launch_error=f"{type(e).__name__}: {e}")
+    ad = rundir.attempt_dir(rd, attempt)
     try:
-        submission = launcher.render(spec, rd)
-        rundir.write_json(rd / rundir.SUBMISSION_DIR / "submission.json", submission.describe())
-        for name, content in submission.files.items():
-            rundir.atomic_write_text(rd / rundir.SUBMISSION_DIR / name, content)
-        handle = launcher.submit(submission, rd)
-    except Exception as e:  # invalid manifest, sbatch refused, API rejected the job, binary missing ...
-        outcome = Outcome(returncodes=[], launch_error=f"{type(e).__name__}: {e}")
+        if handle is not None:
+            outcome = yield from _watch(cfg, launcher, handle, sweep.stop)
+            launcher.logs(handle, ad)
+    except Exception as e:  # the launcher failed while the job ran: API error, command timeout ...
+        outcome = Outcome(returncodes=[], error=f"launcher {launcher.name}: {type(e).__name__}: {e}")
+    finally:
+        if handle is not None:
+            _cleanup(launcher, handle, rd, attempt)
+    rundir.record_attempt(rd, attempt=attempt, ended_at=_now())
+    summary = summarize_run(spec, cfg.name, ad, outcome, est_mem_gib=planned.est_mem_gib, git_rev=sweep.rev,
+                            started_at=started)
+    summary.run_dir, summary.attempt = str(rd), attempt
+    return summary
+
+
+def _reattach(sweep: _Sweep, rd: Path) -> tuple[Any, int, Outcome]:
+    """(handle on the job an earlier sweep left unfinished, or None; its attempt number; outcome so far).
+
+    A job still known to the scheduler is waited on again, never submitted twice; under --force or
+    --rerun-failed it is cancelled first and a new attempt starts."""
+    ledger = rundir.read_ledger(rd)
+    last = ledger[-1] if ledger else None
+    attempt = last["attempt"] if last else 0
+    if not last or last.get("ended_at") or not last.get("job"):
+        return None, attempt, Outcome(returncodes=[])
+    try:
+        handle = sweep.launcher.attach(last["job"], rundir.attempt_dir(rd, attempt))
+    except Exception:  # noqa: BLE001 - cannot tell: treat as gone, a new attempt starts
+        handle = None
+    if handle is not None and (sweep.cfg.force or sweep.cfg.rerun_failed):
+        _cleanup(sweep.launcher, handle, rd, attempt)
+        handle = None
+    if handle is None:
+        rundir.record_attempt(rd, attempt=attempt, ended_at=_now(), note="job gone or cancelled on resume")
     else:
-        outcome = launcher.wait(handle, cfg.launcher.timeout_s, stop)
-        launcher.logs(handle, rd)
-    return summarize_run(spec, cfg.name, rd, outcome, est_mem_gib=planned.est_mem_gib, git_rev=rev,
-                         started_at=started)
+        rundir.record_attempt(rd, attempt=attempt, reattached_at=_now())
+    return handle, attempt, Outcome(returncodes=[])
 
 
-def _search_micro_batch(cfg: SweepConfig, planned: PlannedRun, launcher: Launcher, rd: Path, rev: str | None,
-                        stop: threading.Event, progress: Progress) -> RunSummary:
+def _cleanup(launcher: Launcher, handle: Any, rd: Path, attempt: int) -> None:
+    """cleanup() may fail too (API down); the failure is kept in the ledger, never raised past the run."""
+    try:
+        launcher.cleanup(handle)
+    except Exception as e:  # noqa: BLE001
+        rundir.record_attempt(rd, attempt=attempt, cleanup_error=f"{type(e).__name__}: {e}")
+
+
+def _watch(cfg: SweepConfig, launcher: Launcher, handle: Any, stop: threading.Event,
+           ) -> Generator[None, None, Outcome]:
+    """Poll until the job is done, the stop event, the queue timeout (while pending) or the run timeout
+    (counted from when the job runs). Deciding to stop a job is the runner's; cleanup() acts on it."""
+    submitted = time.monotonic()
+    running_since: float | None = None
+    while True:
+        poll = launcher.poll(handle)
+        now = time.monotonic()
+        if poll.state in (RUNNING, DONE) and running_since is None:
+            running_since = now
+        if poll.state == DONE and poll.outcome is not None:
+            outcome = poll.outcome
+            break
+        if stop.is_set():
+            outcome = Outcome(returncodes=[], cancelled=True)
+            break
+        if running_since is None and now - submitted > cfg.launcher.queue_timeout_s:
+            outcome = Outcome(returncodes=[], launch_error=(
+                f"gave up after {now - submitted:.0f} s in the queue (launcher.queue_timeout_s): "
+                f"{poll.reason or 'pending'}"))
+            break
+        if running_since is not None and now - running_since > cfg.launcher.timeout_s:
+            outcome = Outcome(returncodes=[], timed_out=True)
+            break
+        yield
+    outcome.queue_s = (running_since or now) - submitted
+    outcome.wall_s = None if running_since is None else now - running_since
+    return outcome
+
+
+def _search_micro_batch(sweep: _Sweep, planned: PlannedRun, rd: Path) -> RunSteps:
     """micro_batch auto: short trial runs (in rd/search/mbN) from the estimate's start, halving on OOM,
     then the real run at the size that fitted. The search is recorded in the summary's extra."""
-    search, spec = cfg.micro_batch_search, planned.spec
+    cfg, spec = sweep.cfg, planned.spec
+    search = cfg.micro_batch_search
     trials: list[dict[str, Any]] = []
     m, last = planned.micro_batch_start or 1, None
-    while m >= 1 and not stop.is_set():
+    while m >= 1 and not sweep.stop.is_set():
         trial = replace(spec, micro_batch=m, steps=search.steps, warmup_steps=search.warmup_steps)
-        trial_dir = rd / SEARCH_DIR / f"mb{m}"
-        last = _launch(cfg, PlannedRun(trial, None, True), launcher, trial_dir, rev, stop, progress)
+        last = yield from _attempt(sweep, PlannedRun(trial, None, True), rd / SEARCH_DIR / f"mb{m}")
         trials.append({"micro_batch": m, "status": last.status, "mem_peak_alloc_gib": last.mem_peak_alloc_gib,
                        "step_time_s": last.step_time_s, "error": last.error})
         if last.status != "oom":
@@ -139,8 +304,7 @@ def _search_micro_batch(cfg: SweepConfig, planned: PlannedRun, launcher: Launche
         m //= 2
     if last is not None and last.status == "ok":
         final = replace(spec, micro_batch=trials[-1]["micro_batch"])
-        summary = _launch(cfg, PlannedRun(final, feasibility(cfg, final)[0], True), launcher, rd, rev, stop,
-                          progress)
+        summary = yield from _attempt(sweep, PlannedRun(final, feasibility(cfg, final)[0], True), rd)
     else:  # every size ran out of memory, another failure, or a stop: the run ends as its last trial did
         summary = last or RunSummary(run_id=spec.run_id, sweep=cfg.name, status="cancelled", spec=spec,
                                      error="stopped before the micro batch search began")
@@ -150,11 +314,3 @@ def _search_micro_batch(cfg: SweepConfig, planned: PlannedRun, launcher: Launche
             summary.error = f"micro batch search: out of memory at every size from {start} to 1"
     summary.extra = {**summary.extra, "micro_batch_search": trials}
     return summary
-
-
-def _clear_previous_attempt(rd: Path) -> None:
-    """A re-run starts from empty logs and records, so the summary reflects this attempt only."""
-    for sub in (rundir.LOGS_DIR, rundir.RECORDS_DIR):
-        for path in (rd / sub).glob("*"):
-            path.unlink()
-    (rd / rundir.SUMMARY_JSON).unlink(missing_ok=True)

@@ -183,7 +183,9 @@ class RunSummary:
     host: str | None = None
     git_rev: str | None = None
     started_at: str | None = None
-    wall_s: float | None = None
+    wall_s: float | None = None  # run time, from when the job really started
+    queue_s: float | None = None  # time pending in the scheduler's queue
+    attempt: int | None = None  # which attempt of the run this summary comes from (run ledger)
     nccl_busbw_avg_gbs: float | None = None
     nccl_busbw_max_gbs: float | None = None
     nccl_algbw_max_gbs: float | None = None

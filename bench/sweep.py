@@ -1,7 +1,11 @@
 """`python -m bench.sweep +sweep=NAME [overrides] [--dry-run] [--rerun-failed] [--force] [--cfg]`
 
-Composes sweeps/ with Hydra, validates everything, writes the plan, then launches (or, with --dry-run,
-renders every submission and stops). Configuration errors are one line on stderr and exit code 2.
+Composes sweeps/ with Hydra, validates everything, takes the sweep dir's lock, writes the plan, then
+launches (or, with --dry-run, renders every submission and stops).
+
+Exit status: 0 every planned run ended ok or infeasible; 1 some run did not (the table and everything
+finished are still written); 130 interrupted; 2 bad configuration or a sweep dir in use (one line on
+stderr, nothing launched).
 """
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench import rundir
+from bench import rundir, schedule
 from bench.config import ConfigError, SweepConfig, from_dict
 from bench.cost import plan_cost
 from bench.launchers.base import PROJECT_ROOT
@@ -17,7 +21,8 @@ from bench.plan import PlannedRun, expand
 
 CONFIG_DIR = PROJECT_ROOT / "sweeps"
 FLAGS = {"--dry-run": "dry_run=true", "--rerun-failed": "rerun_failed=true", "--force": "force=true"}
-EXIT_CONFIG = 2
+EXIT_OK, EXIT_RUN_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
+GOOD_STATUSES = ("ok", "infeasible")
 
 
 def available_sweeps() -> list[str]:
@@ -71,16 +76,39 @@ def write_plan(sweep_dir: Path, plan: list[PlannedRun], yaml_text: str) -> None:
 
 
 def dry_run(launcher: Any, plan: list[PlannedRun], sweep_dir: Path) -> None:
-    """Render every feasible run's submission into its run dir; launch nothing."""
+    """Render every feasible run's submission where its next attempt would write it; launch nothing."""
     for p in plan:
         if not p.feasible:
             continue
         rd = rundir.run_dir(sweep_dir, p.spec)
         rundir.write_spec(rd, p.spec)
-        sub = launcher.render(p.first_spec, rd)
-        rundir.write_json(rd / rundir.SUBMISSION_DIR / "submission.json", sub.describe())
-        for name, content in sub.files.items():
-            rundir.atomic_write_text(rd / rundir.SUBMISSION_DIR / name, content)
+        ad = rundir.attempt_dir(rd, len(rundir.read_ledger(rd)) + 1)
+        rundir.write_submission(ad, launcher.render(p.first_spec, ad))
+
+
+def schedule_line(cfg: SweepConfig, plan: list[PlannedRun]) -> str:
+    """Estimated makespan and what the cluster is held for, beside what the runs use."""
+    from bench.runner import as_job, node_budget
+    jobs = [as_job(cfg, p) for p in plan if p.feasible]
+    budget = node_budget(cfg)
+    where = f"{budget} nodes in flight" if budget is not None else "one run at a time"
+    if not jobs or any(j.seconds is None for j in jobs):
+        return f"schedule: {where}; no run-time estimate for {cfg.cluster.name} (no GPU peak)"
+    span = schedule.makespan(jobs, budget, cfg.launcher.probes_alone)
+    held = (budget or max(j.nodes for j in jobs)) * span / 3600
+    used = sum(j.nodes * (j.seconds or 0) for j in jobs) / 3600
+    one_by_one = sum(j.seconds or 0 for j in jobs) / 3600
+    return (f"schedule: {where}, estimated makespan {span / 3600:.2f} h (one run at a time: {one_by_one:.2f} h); "
+            f"cluster held {held:,.1f} node-hours for {used:,.1f} node-hours of runs ({used / held:.0%} busy)")
+
+
+def _exit_status(sweep_dir: Path, plan: list[PlannedRun]) -> int:
+    """1 if any planned run's current summary is not ok or infeasible (earlier invocations' included)."""
+    for p in plan:
+        summary = rundir.read_summary(rundir.run_dir(sweep_dir, p.spec))
+        if summary is None or summary.status not in GOOD_STATUSES:
+            return EXIT_RUN_FAILED
+    return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,17 +139,29 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_CONFIG
+    try:
+        with rundir.locked(sweep_dir):
+            return _plan_and_launch(cfg, plan, launcher, sweep_dir, yaml_text)
+    except rundir.SweepDirBusy as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+
+
+def _plan_and_launch(cfg: SweepConfig, plan: list[PlannedRun], launcher: Any, sweep_dir: Path,
+                     yaml_text: str) -> int:
     write_plan(sweep_dir, plan, yaml_text)
     infeasible = sum(not p.feasible for p in plan)
     print(f"sweep {cfg.name}: {len(plan)} runs planned ({infeasible} infeasible) on {cfg.cluster.name} "
           f"with launcher {cfg.launcher.name} -> {sweep_dir}")
     cost = plan_cost([p.first_spec for p in plan if p.feasible], cfg.cluster, cfg.launcher.timeout_s)
     print(cost.line(cfg.cluster.name))
+    print(schedule_line(cfg, plan))
     if cfg.dry_run or cfg.launcher.name == "dryrun":
         print(format_plan(plan))
         dry_run(launcher, plan, sweep_dir)
-        print(f"dry run: submissions written under {sweep_dir / rundir.RUNS_DIR}/*/{rundir.SUBMISSION_DIR}/")
-        return 0
+        print(f"dry run: submissions written under {sweep_dir / rundir.RUNS_DIR}/*/"
+              f"{rundir.ATTEMPT_PREFIX}*/{rundir.SUBMISSION_DIR}/")
+        return EXIT_OK
     from bench.runner import execute
     counts = execute(cfg, plan, launcher, sweep_dir)
     interrupted = counts.pop("interrupted")
@@ -129,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
           f"; table: {sweep_dir / rundir.RESULTS_CSV}; report: python -m analysis.report {sweep_dir}")
     if interrupted:
         print("interrupted: finished runs are kept; run the same command again to resume", file=sys.stderr)
-        return 130
-    return 0
+        return EXIT_INTERRUPTED
+    return _exit_status(sweep_dir, plan)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ def test_timeout_and_oom_are_classified_and_the_rest_finish(tmp_path: Path) -> N
               "{match:{precision:bf16_mixed},fault:oom,step:1}]")
     proc = sweep(tmp_path, *ONE_NODE, "axes.precision=[fp32,bf16_mixed,bf16_pure]", faults,
                  "launcher.timeout_s=45", "launcher.grace_s=3")
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 1, proc.stderr[-2000:]  # some run failed: table written, exit 1
     frame = table(tmp_path)
     assert by_precision(frame) == {"fp32": "timeout", "bf16_mixed": "oom", "bf16_pure": "ok"}
     hung = frame[frame.precision == "fp32"].iloc[0]
@@ -46,10 +46,17 @@ def test_timeout_and_oom_are_classified_and_the_rest_finish(tmp_path: Path) -> N
     assert "injected out of memory" in frame[frame.precision == "bf16_mixed"].iloc[0].error
     # Resume: failed runs are kept unless asked; --rerun-failed redoes exactly them.
     again = sweep(tmp_path, *ONE_NODE, "axes.precision=[fp32,bf16_mixed,bf16_pure]")
-    assert "skipped 3" in again.stdout
+    assert "skipped 3" in again.stdout and again.returncode == 1  # the failures are still there
     redo = sweep(tmp_path, *ONE_NODE, "axes.precision=[fp32,bf16_mixed,bf16_pure]", "--rerun-failed")
-    assert "ok 2" in redo.stdout and "skipped 1" in redo.stdout
+    assert "ok 2" in redo.stdout and "skipped 1" in redo.stdout and redo.returncode == 0
     assert set(table(tmp_path).status) == {"ok"}
+    # Each attempt kept apart: the redone runs have two attempt dirs, their summaries come from the second.
+    redone = table(tmp_path).set_index("precision").loc[["fp32", "bf16_mixed"]]
+    assert list(redone.attempt) == [2, 2]
+    for run_id in redone.run_id:
+        d = next((tmp_path / "smoke" / "runs").glob(f"*-{run_id}"))
+        assert sorted(p.name for p in d.glob("attempt-*")) == ["attempt-1", "attempt-2"]
+        assert [r["status"] for r in rundir.read_records(d) if r["kind"] == "summary"] == ["ok"]
 
 
 def _wait_for(predicate, timeout: float) -> None:
@@ -88,7 +95,7 @@ def test_sigterm_mid_sweep_leaves_a_consistent_store(tmp_path: Path) -> None:
 def test_dry_run_renders_and_launches_nothing(tmp_path: Path) -> None:
     proc = sweep(tmp_path, "--dry-run")
     assert proc.returncode == 0, proc.stderr
-    sub_files = list((tmp_path / "smoke" / "runs").glob("*/submission/submission.json"))
+    sub_files = list((tmp_path / "smoke" / "runs").glob("*/attempt-1/submission/submission.json"))
     assert len(sub_files) == 16
     argvs = json.loads(sub_files[0].read_text())["argvs"]
     assert argvs[0][1:4] == ["-m", "torch.distributed.run", argvs[0][3]]
@@ -113,7 +120,7 @@ def test_smoke_sweep_end_to_end_then_resume(tmp_path: Path) -> None:
         assert value == pytest.approx(summary[key], rel=1e-12)
     hybrid = frame[(frame.sharding == "HYBRID_SHARD") & (frame.nodes == 2) & (frame.kind == "train")]
     d = next((tmp_path / "smoke" / "runs").glob(f"*-{hybrid.iloc[0].run_id}"))
-    with open(d / "logs" / "node0.log") as f:
+    with open(rundir.current_attempt_dir(d) / "logs" / "node0.log") as f:
         metas = [r for r in parse_records(f) if r["kind"] == "meta"]
     assert {tuple(m["mesh_shape"]) for m in metas} == {(2, 2)}
     # The report of these results: charts exist, its scaling table holds the summaries' values.

@@ -75,9 +75,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nccl.probe", description=__doc__)
     add_spec_arguments(parser)
     parser.add_argument("--run-dir", type=Path, default=None)
-    parser.add_argument("--fault", default="none", choices=("none", "hang", "crash", "oom", "nan"))
+    parser.add_argument("--fault", default="none", choices=("none", "hang", "crash", "oom", "nan", "sleep"))
     parser.add_argument("--fault-step", type=int, default=1)
+    parser.add_argument("--fault-seconds", type=float, default=0.0, help="fault sleep: sleep, then exit 0")
     ns = parser.parse_args(argv)
+    if ns.fault == "sleep":  # test mode of the scheduling tests: a fixed duration, no work (as trainer/__main__)
+        print(f"fsdpbench test mode: sleeping {ns.fault_seconds:g} s, from {time.time():.3f}", flush=True)
+        time.sleep(ns.fault_seconds)
+        print(f"fsdpbench test mode: slept until {time.time():.3f}", flush=True)
+        return 0
     try:
         spec = spec_from_namespace(ns)
     except ValueError as e:

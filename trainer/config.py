@@ -8,7 +8,7 @@ from pathlib import Path
 from bench.models import get_arch
 from bench.schema import RunSpec, add_spec_arguments, spec_from_namespace
 
-FAULTS = ("none", "oom", "nan", "hang", "crash")
+FAULTS = ("none", "oom", "nan", "hang", "crash", "sleep")  # sleep: served by __main__
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--attn-impl", default="sdpa", choices=("sdpa", "eager"))
     p.add_argument("--fault", default="none", choices=FAULTS)
     p.add_argument("--fault-step", type=int, default=1)
+    p.add_argument("--fault-seconds", type=float, default=0.0, help="fault sleep: seconds to sleep")
     p.add_argument("--lr", type=float, default=1e-4)
     return p
 

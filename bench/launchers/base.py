@@ -1,8 +1,12 @@
-"""The launcher protocol: render is pure (dry-run stops there); submit/wait/logs/cancel touch the world."""
+"""The launcher protocol: render is pure (dry-run stops there); submit/poll/logs/cleanup touch the world.
+
+The runner drives every launcher the same way: render -> write the submission -> submit -> locate (the
+ledger records where the job is) -> poll until done -> logs -> cleanup (always). A launcher never cancels
+or deletes on its own account inside poll; the runner decides on timeouts and stops, and cleanup acts.
+"""
 from __future__ import annotations
 
 import sys
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -35,10 +39,24 @@ class Outcome:
     returncodes: list[int | None]
     timed_out: bool = False
     cancelled: bool = False
-    launch_error: str | None = None
+    launch_error: str | None = None  # never started: render/submit failed, or given up in the queue
+    error: str | None = None  # the launcher itself failed while the job ran (API error, command timeout)
     scheduler_state: str | None = None  # Slurm job state, Kubernetes condition/reason
     detail: str | None = None  # scheduler's reason text (OOMKilled, NodeFail ...)
-    wall_s: float | None = None
+    wall_s: float | None = None  # from when the job really started running
+    queue_s: float | None = None  # time spent pending in the scheduler's queue
+
+
+PENDING, RUNNING, DONE = "pending", "running", "done"
+
+
+@dataclass
+class Poll:
+    """One look at a job: pending (with the scheduler's reason), running, or done with its outcome."""
+
+    state: str
+    reason: str | None = None
+    outcome: Outcome | None = None
 
 
 class Launcher(Protocol):
@@ -48,12 +66,19 @@ class Launcher(Protocol):
 
     def submit(self, submission: Submission, run_dir: Path) -> Any: ...
 
-    def wait(self, handle: Any, timeout_s: float, stop: threading.Event) -> Outcome:
-        """Block until the run ends, `timeout_s` passes (kill it) or `stop` is set (cancel it)."""
+    def locate(self, handle: Any) -> dict[str, Any]:
+        """What the run ledger records to find this job again after a crash (JSON-able)."""
+
+    def attach(self, where: dict[str, Any], run_dir: Path) -> Any | None:
+        """A handle on the job the ledger names if the scheduler still knows it (alive or ended but not
+        yet collected); None when it is gone."""
+
+    def poll(self, handle: Any) -> Poll: ...
 
     def logs(self, handle: Any, run_dir: Path) -> None: ...
 
-    def cancel(self, handle: Any) -> None: ...
+    def cleanup(self, handle: Any) -> None:
+        """Stop whatever of the job still runs and free what it holds; safe to call more than once."""
 
 
 def worker_module_argv(spec: RunSpec, run_dir: Path | None, extra: list[str]) -> list[str]:
@@ -78,7 +103,8 @@ def fault_args(cfg: SweepConfig, spec: RunSpec) -> list[str]:
     for rule in cfg.faults:
         if all(getattr(spec, k, None) in (v if isinstance(v, (list, tuple)) else [v])
                for k, v in rule.match.items()):
-            return ["--fault", rule.fault, "--fault-step", str(rule.step)]
+            argv = ["--fault", rule.fault, "--fault-step", str(rule.step)]
+            return argv + (["--fault-seconds", str(rule.seconds)] if rule.fault == "sleep" else [])
     return []
 
 

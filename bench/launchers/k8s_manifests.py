@@ -22,6 +22,13 @@ NCCL_TESTS = "/opt/nccl-tests/build/all_reduce_perf"  # where the Dockerfile bui
 MPIRUN = "mpirun"
 
 
+def deadline_s(cfg: SweepConfig) -> int:
+    """The job's own deadline, a backstop for when the harness is gone: Kubernetes counts it from the job's
+    start, queue time included, so it allows the queue timeout plus the run timeout (the harness itself
+    times the run from when every pod runs)."""
+    return int(cfg.launcher.queue_timeout_s + cfg.launcher.timeout_s)
+
+
 def job_name(spec: RunSpec) -> str:
     """Stable DNS-1035 name of a run's job; submit appends an attempt suffix to make it unique."""
     kind = "train" if spec.kind == "train" else "nccl"
@@ -97,7 +104,7 @@ def pytorchjob(cfg: SweepConfig, spec: RunSpec, name: str) -> dict[str, Any]:
             "nprocPerNode": str(spec.gpus_per_node),
             "elasticPolicy": {"rdzvBackend": "c10d", "minReplicas": spec.nodes, "maxReplicas": spec.nodes,
                               "maxRestarts": 0},
-            "runPolicy": {"activeDeadlineSeconds": int(cfg.launcher.timeout_s), "backoffLimit": 0,
+            "runPolicy": {"activeDeadlineSeconds": deadline_s(cfg), "backoffLimit": 0,
                           "cleanPodPolicy": "None"},
             "pytorchReplicaSpecs": {"Worker": {"replicas": spec.nodes, "restartPolicy": "Never",
                                                "template": template}},
@@ -125,7 +132,7 @@ def mpijob(cfg: SweepConfig, spec: RunSpec, name: str) -> dict[str, Any]:
         "metadata": {"name": name, "namespace": cfg.cluster.kubernetes.namespace, "labels": labels},
         "spec": {
             "slotsPerWorker": spec.gpus_per_node,
-            "runPolicy": {"activeDeadlineSeconds": int(cfg.launcher.timeout_s), "backoffLimit": 0,
+            "runPolicy": {"activeDeadlineSeconds": deadline_s(cfg), "backoffLimit": 0,
                           "cleanPodPolicy": "None"},
             "mpiReplicaSpecs": {
                 "Launcher": {"replicas": 1, "template": {"metadata": {"labels": labels},

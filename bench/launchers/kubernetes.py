@@ -1,13 +1,14 @@
 """Kubernetes launcher: one Kubeflow job per run through the official `kubernetes` client.
 
-create -> poll the job until a terminal condition, the deadline or Ctrl-C -> read pod statuses and logs
--> delete with foreground propagation and wait until it is gone, so the next run never meets a leftover
-job. Pod problems that never resolve on their own (ImagePullBackOff, Unschedulable) end the run after
-grace_s. The worker's stdout is the transport of the metric records (pod logs land in logs/).
+create -> poll the job until a terminal condition -> read pod statuses and logs -> cleanup: delete with
+foreground propagation and wait until it is gone, so the next run never meets a leftover job. A job is
+pending while any of its pods is not running yet (Unschedulable included: the cluster may be busy or
+scaling up; the runner's queue timeout bounds it); image problems that never resolve on their own
+(ImagePullBackOff ...) end the run after grace_s. The worker's stdout is the transport of the metric
+records (pod logs land in logs/).
 """
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,7 @@ import yaml
 
 from bench import rundir
 from bench.config import ConfigError, SweepConfig
-from bench.launchers.base import Outcome, Submission
+from bench.launchers.base import DONE, PENDING, RUNNING, Outcome, Poll, Submission
 from bench.launchers.k8s_manifests import MPIJOB, PYTORCHJOB, RUN_ID_LABEL, manifest
 from bench.launchers.k8s_schema import crd_dir, validate
 from bench.schema import RunSpec
@@ -33,8 +34,9 @@ class K8sHandle:
     name: str
     api: dict[str, str]  # group/version/plural of the job kind
     run_id: str
-    started: float = field(default_factory=time.monotonic)
+    uid: str | None = None
     pods: list[Any] = field(default_factory=list)
+    stuck_since: float | None = None
 
 
 def _attempt_suffix() -> str:
@@ -130,10 +132,27 @@ class KubernetesLauncher:
         body = yaml.safe_load(submission.files[MANIFEST])
         body["metadata"]["name"] = f"{body['metadata']['name']}-{_attempt_suffix()}"
         api = PYTORCHJOB if body["kind"] == PYTORCHJOB["kind"] else MPIJOB
-        self._custom.create_namespaced_custom_object(api["group"], api["version"], self.namespace, api["plural"],
-                                                     body)
-        rundir.atomic_write_text(run_dir / rundir.SUBMISSION_DIR / "job-name.txt", body["metadata"]["name"] + "\n")
-        return K8sHandle(name=body["metadata"]["name"], api=api, run_id=submission.run_id)
+        created = self._custom.create_namespaced_custom_object(api["group"], api["version"], self.namespace,
+                                                               api["plural"], body)
+        uid = ((created or {}).get("metadata") or {}).get("uid")
+        return K8sHandle(name=body["metadata"]["name"], api=api, run_id=submission.run_id, uid=uid)
+
+    def locate(self, handle: K8sHandle) -> dict[str, Any]:
+        return {"namespace": self.namespace, "name": handle.name, "uid": handle.uid, "kind": handle.api["kind"]}
+
+    def attach(self, where: dict[str, Any], run_dir: Path) -> K8sHandle | None:
+        """The ledger's job if it still exists with the same uid (a job re-created under the name is not it)."""
+        if not where.get("name"):
+            return None
+        self._connect()
+        api = PYTORCHJOB if where.get("kind") == PYTORCHJOB["kind"] else MPIJOB
+        handle = K8sHandle(name=where["name"], api=api, run_id=run_dir.parent.name.rsplit("-", 1)[-1],
+                           uid=where.get("uid"))
+        job = self._get(handle)
+        if job is None or (handle.uid and job["metadata"].get("uid") != handle.uid):
+            return None
+        handle.run_id = job["metadata"]["labels"][RUN_ID_LABEL]
+        return handle
 
     def _get(self, handle: K8sHandle) -> dict[str, Any] | None:
         from kubernetes.client.exceptions import ApiException
@@ -148,47 +167,36 @@ class KubernetesLauncher:
     def _pods(self, handle: K8sHandle) -> list[Any]:
         return self._core.list_namespaced_pod(self.namespace, label_selector=f"{RUN_ID_LABEL}={handle.run_id}").items
 
-    def wait(self, handle: K8sHandle, timeout_s: float, stop: threading.Event) -> Outcome:
-        deadline = handle.started + timeout_s
-        stuck_since: float | None = None
-        outcome = Outcome(returncodes=[])
-        while True:
-            job = self._get(handle)
-            handle.pods = self._pods(handle)
-            done = terminal_condition(job) if job else ("Failed", "job disappeared")
-            problem = pod_problem(handle.pods)
-            now = time.monotonic()
-            if done:
-                state, detail = done
-                if problem:  # a more specific reason (OOMKilled, Evicted) than "Failed"
-                    state, detail = problem
-                elif "deadline" in detail.lower():
-                    state = "DeadlineExceeded"
-                outcome.scheduler_state, outcome.detail = (None if state == "Succeeded" else state), detail
-                break
-            if problem and problem[0] in ("OOMKilled", "Evicted"):
-                outcome.scheduler_state, outcome.detail = problem
-                break
-            if problem:
-                stuck_since = stuck_since or now
-                if now - stuck_since > self.cfg.launcher.grace_s:
-                    outcome.scheduler_state, outcome.detail = problem
-                    break
-            else:
-                stuck_since = None
-            if stop.is_set():
-                outcome.cancelled = True
-                break
-            if now > deadline:
-                outcome.timed_out = True
-                break
-            stop.wait(self.cfg.launcher.poll_s)
-        outcome.returncodes = exit_codes(handle.pods)
-        outcome.wall_s = time.monotonic() - handle.started
-        return outcome
+    def poll(self, handle: K8sHandle) -> Poll:
+        job = self._get(handle)
+        handle.pods = self._pods(handle)
+        done = terminal_condition(job) if job else ("Failed", "job disappeared")
+        problem = pod_problem(handle.pods)
+        if done:
+            state, detail = done
+            if problem and problem[0] != "Unschedulable":  # more specific (OOMKilled, Evicted) than "Failed"
+                state, detail = problem
+            elif "deadline" in detail.lower():
+                state = "DeadlineExceeded"
+            return self._done(handle, None if state == "Succeeded" else state, detail)
+        if problem and problem[0] in ("OOMKilled", "Evicted"):
+            return self._done(handle, *problem)
+        if problem and problem[0] in STUCK_WAITING:
+            handle.stuck_since = handle.stuck_since or time.monotonic()
+            if time.monotonic() - handle.stuck_since > self.cfg.launcher.grace_s:
+                return self._done(handle, *problem)
+        else:
+            handle.stuck_since = None
+        if handle.pods and all(p.status.phase in ("Running", "Succeeded", "Failed") for p in handle.pods):
+            return Poll(RUNNING)
+        return Poll(PENDING, reason=problem[1] if problem else "pods not running yet")
+
+    def _done(self, handle: K8sHandle, state: str | None, detail: str) -> Poll:
+        return Poll(DONE, outcome=Outcome(returncodes=exit_codes(handle.pods), scheduler_state=state,
+                                          detail=detail))
 
     def logs(self, handle: K8sHandle, run_dir: Path) -> None:
-        """Save every pod's log into the run dir, then delete the job (logs are gone after that)."""
+        """Save every pod's log into the run dir (before cleanup deletes the job, and the logs with it)."""
         for pod in handle.pods or self._pods(handle):
             for container in pod.spec.containers:
                 try:
@@ -197,9 +205,8 @@ class KubernetesLauncher:
                 except Exception as e:  # pod never started, node gone ...
                     text = f"fsdpbench: could not read log of {pod.metadata.name}/{container.name}: {e}\n"
                 rundir.atomic_write_text(rundir.log_path(run_dir, f"{pod.metadata.name}-{container.name}"), text)
-        self.cancel(handle)
 
-    def cancel(self, handle: K8sHandle) -> None:
+    def cleanup(self, handle: K8sHandle) -> None:
         """Delete with foreground propagation (pods first) and wait until the job is gone."""
         from kubernetes.client import V1DeleteOptions
         from kubernetes.client.exceptions import ApiException

@@ -1,28 +1,34 @@
 """Local launcher: one torchrun agent per simulated node, c10d rendezvous on 127.0.0.1.
 
-Each agent runs in its own process session, so a timeout or Ctrl-C kills its whole tree and nothing
-is left behind; its stdout and stderr stream to logs/node<k>.log in the run dir.
+Each agent runs in its own process group, so cleanup kills its whole tree; its stdout and stderr stream to
+logs/node<k>.log in the attempt dir. Agents also die with the sweep, whatever kills it (`kill -9`
+included): the kernel sends them SIGTERM when the sweep's main thread exits (PR_SET_PDEATHSIG), and
+torchrun passes that on to its workers. So a local job never outlives its sweep, and a resumed sweep has
+nothing to re-attach to: a survivor it still finds through the ledger is killed.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import signal
 import socket
 import subprocess
-import threading
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, Callable
 
 from bench import rundir
 from bench.config import SweepConfig
-from bench.launchers.base import (Outcome, Submission, fault_args, python_executable, torchrun_argv,
-                                  worker_module_argv)
+from bench.launchers.base import (DONE, RUNNING, Outcome, Poll, Submission, fault_args, python_executable,
+                                  torchrun_argv, worker_module_argv)
 from bench.schema import RunSpec
 
 PORT_TOKEN = "@RDZV_PORT@"  # replaced by a free port when the run is submitted (render stays pure)
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+_PR_SET_PDEATHSIG = 1
 
 
 def free_port() -> int:
@@ -32,11 +38,36 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def die_with_parent() -> Callable[[], None] | None:
+    """A preexec_fn that makes the child get SIGTERM when this process dies (Linux); None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    parent = os.getpid()
+
+    def preexec() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the sweep died between fork and prctl
+            os.kill(os.getpid(), signal.SIGTERM)
+    return preexec
+
+
+def process_start_time(pid: int) -> int | None:
+    """Start time of a process in clock ticks since boot (/proc/<pid>/stat field 22): with the pid it
+    names one process for good, even after the pid is reused."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
 @dataclass
 class LocalHandle:
     procs: list[subprocess.Popen]
     logs: list[IO[bytes]]
     started: float = field(default_factory=time.monotonic)
+    first_failure: float | None = None
 
 
 class LocalLauncher:
@@ -56,6 +87,7 @@ class LocalLauncher:
         port = str(free_port())
         env = {**os.environ, **submission.env}
         handle = LocalHandle([], [])
+        preexec = die_with_parent()
         for k, argv in enumerate(submission.argvs):
             path = rundir.log_path(run_dir, f"node{k}")
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -63,61 +95,58 @@ class LocalLauncher:
             handle.logs.append(log)
             cmd = [a.replace(PORT_TOKEN, port) for a in argv]
             handle.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                                 cwd=submission.workdir, start_new_session=True))
+                                                 cwd=submission.workdir, start_new_session=True,
+                                                 preexec_fn=preexec))
         return handle
 
-    def wait(self, handle: LocalHandle, timeout_s: float, stop: threading.Event) -> Outcome:
-        """Until every agent exits, one fails and the rest do not follow within grace_s, timeout or stop."""
-        deadline = handle.started + timeout_s
-        first_failure: float | None = None
-        while True:
-            codes = [p.poll() for p in handle.procs]
-            now = time.monotonic()
-            if all(c is not None for c in codes):
-                return self._done(handle, codes)
-            if first_failure is None and any(c not in (None, 0) for c in codes):
-                first_failure = now
-            if first_failure is not None and now - first_failure > self.cfg.launcher.grace_s:
-                self.cancel(handle)
-                return self._done(handle, [p.poll() for p in handle.procs])
-            if stop.is_set():
-                self.cancel(handle)
-                outcome = self._done(handle, [p.poll() for p in handle.procs])
-                outcome.cancelled = True
-                return outcome
-            if now > deadline:
-                self.cancel(handle)
-                outcome = self._done(handle, [p.poll() for p in handle.procs])
-                outcome.timed_out = True
-                return outcome
-            stop.wait(self.cfg.launcher.poll_s)
+    def locate(self, handle: LocalHandle) -> dict[str, Any]:
+        return {"host": socket.gethostname(),
+                "pgids": [p.pid for p in handle.procs],
+                "start_times": [process_start_time(p.pid) for p in handle.procs]}
 
-    def _done(self, handle: LocalHandle, codes: list[int | None]) -> Outcome:
-        for log in handle.logs:
-            log.close()
-        return Outcome(returncodes=codes, wall_s=time.monotonic() - handle.started)
+    def attach(self, where: dict[str, Any], run_dir: Path) -> None:
+        """Kill any agent group of an earlier sweep that is somehow still alive; never re-attach."""
+        if where.get("host") != socket.gethostname():
+            return None
+        for pgid, started in zip(where.get("pgids", []), where.get("start_times", [])):
+            if started is not None and process_start_time(pgid) == started:
+                _signal_group(pgid, signal.SIGKILL)
+        return None
+
+    def poll(self, handle: LocalHandle) -> Poll:
+        """Done when every agent has exited, or one failed and the rest did not follow within grace_s."""
+        codes = [p.poll() for p in handle.procs]
+        now = time.monotonic()
+        if handle.first_failure is None and any(c not in (None, 0) for c in codes):
+            handle.first_failure = now
+        if all(c is not None for c in codes) or (
+                handle.first_failure is not None and now - handle.first_failure > self.cfg.launcher.grace_s):
+            return Poll(DONE, outcome=Outcome(returncodes=codes))
+        return Poll(RUNNING)
 
     def logs(self, handle: LocalHandle, run_dir: Path) -> None:
         """Nothing to fetch: the agents wrote straight into the run dir."""
 
-    def cancel(self, handle: LocalHandle) -> None:
-        """SIGTERM every agent's process group, SIGKILL what is still there after grace_s."""
+    def cleanup(self, handle: LocalHandle) -> None:
+        """SIGTERM every agent's process group, SIGKILL what is still there after grace_s, close logs."""
         alive = [p for p in handle.procs if p.poll() is None]
         for p in alive:
-            _signal_group(p, signal.SIGTERM)
+            _signal_group(p.pid, signal.SIGTERM)
         deadline = time.monotonic() + self.cfg.launcher.grace_s
         while any(p.poll() is None for p in alive) and time.monotonic() < deadline:
             time.sleep(0.1)
         for p in handle.procs:
-            _signal_group(p, signal.SIGKILL)  # also reaps workers an agent left behind
+            _signal_group(p.pid, signal.SIGKILL)  # also reaps workers an agent left behind
             try:
                 p.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
+        for log in handle.logs:
+            log.close()
 
 
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+def _signal_group(pgid: int, sig: int) -> None:
     try:
-        os.killpg(proc.pid, sig)
+        os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass

@@ -12,21 +12,23 @@ import re
 import shlex
 import shutil
 import subprocess
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bench import rundir
 from bench.config import ConfigError, SweepConfig
-from bench.launchers.base import (Outcome, Submission, fault_args, python_executable, torchrun_argv,
-                                  worker_module_argv, PROJECT_ROOT)
+from bench.launchers.base import (DONE, PENDING, PROJECT_ROOT, RUNNING, Outcome, Poll, Submission, fault_args,
+                                  python_executable, torchrun_argv, worker_module_argv)
 from bench.schema import RunSpec
 
 SCRIPT = "job.sbatch"
 ENDPOINT = "@RDZV_HOST@:@RDZV_PORT@"  # replaced by shell variables in the rendered script
-RUNNING_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
-                  "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
+# squeue states: waiting for resources (queue time, bounded by queue_timeout_s), and holding them
+# (run time, bounded by timeout_s). A job in neither has left the queue.
+PENDING_STATES = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
+RUNNING_STATES = {"RUNNING", "COMPLETING", "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.,:+@%=-]+$")
 _CMD_TIMEOUT_S = 60
 
@@ -38,8 +40,9 @@ def _check_safe(what: str, value: str) -> str:
     return value
 
 
-def _job_name(spec: RunSpec) -> str:
-    return "fsdpbench-" + re.sub(r"[^A-Za-z0-9_.-]", "_", spec.label)[:100]
+def job_name(spec: RunSpec, run_dir: Path) -> str:
+    """Readable and unique per attempt (label, run id, attempt dir), so a ledger can find it by name."""
+    return f"fsdpbench-{re.sub(r'[^A-Za-z0-9_.-]', '_', spec.label)[:80]}-{spec.run_id}-{run_dir.name}"
 
 
 def _uses_nccl_tests(cfg: SweepConfig, spec: RunSpec) -> bool:
@@ -119,7 +122,6 @@ def render_script(cfg: SweepConfig, spec: RunSpec, run_dir: Path, env: dict[str,
 class SlurmHandle:
     job_id: str
     run_dir: Path
-    started: float = field(default_factory=time.monotonic)
 
 
 class SlurmLauncher:
@@ -153,7 +155,7 @@ class SlurmLauncher:
             env.update(nccl_env(spec.efa_per_node))
         script = render_script(self.cfg, spec, run_dir, env)
         log = rundir.log_path(run_dir, "slurm-%j")
-        argv = ("sbatch", "--parsable", f"--job-name={_job_name(spec)}", f"--output={log}",
+        argv = ("sbatch", "--parsable", f"--job-name={job_name(spec, run_dir)}", f"--output={log}",
                 str(run_dir / rundir.SUBMISSION_DIR / SCRIPT))
         return Submission(run_id=spec.run_id, argvs=(argv,), env=env, files={SCRIPT: script})
 
@@ -164,10 +166,31 @@ class SlurmLauncher:
             raise RuntimeError(f"sbatch failed: {proc.stderr.strip()[:500]}")
         return SlurmHandle(job_id=proc.stdout.strip().split(";")[0], run_dir=run_dir)
 
-    def _queue_state(self, job_id: str) -> str | None:
-        proc = self._run(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False)
-        state = proc.stdout.strip().split("\n")[0] if proc.returncode == 0 else ""
-        return state or None
+    def locate(self, handle: SlurmHandle) -> dict[str, Any]:
+        return {"job_id": handle.job_id}
+
+    def attach(self, where: dict[str, Any], run_dir: Path) -> SlurmHandle | None:
+        """The job of the ledger (by id, or by its unique name if the sweep died right after sbatch)."""
+        job_id = where.get("job_id") or self._job_by_name(where.get("job_name"))
+        if not job_id:
+            return None
+        if self._queue_state(job_id)[0] is None and self.final_state(job_id)[0] is None:
+            return None
+        return SlurmHandle(job_id=str(job_id), run_dir=run_dir)
+
+    def _job_by_name(self, name: str | None) -> str | None:
+        if not name:
+            return None
+        proc = self._run(["squeue", "-h", "--name", name, "-o", "%i"], check=False)
+        ids = proc.stdout.split() if proc.returncode == 0 else []
+        return ids[0] if ids else None
+
+    def _queue_state(self, job_id: str) -> tuple[str | None, str | None]:
+        """(state, reason) while the job is in the queue, (None, None) once it has left."""
+        proc = self._run(["squeue", "-h", "-j", job_id, "-o", "%T|%r"], check=False)
+        line = proc.stdout.strip().split("\n")[0] if proc.returncode == 0 else ""
+        state, _, reason = line.partition("|")
+        return (state or None), (reason or None)
 
     def final_state(self, job_id: str) -> tuple[str | None, int | None, str | None]:
         """(JobState, exit code of the batch script, Reason) once the job has left the queue."""
@@ -188,30 +211,26 @@ class SlurmLauncher:
         lines = [ln for ln in Path(loc.group(1)).read_text().splitlines() if f"JobId={job_id} " in ln]
         return _parse_job_record(lines[-1]) if lines else (None, None, None)
 
-    def wait(self, handle: SlurmHandle, timeout_s: float, stop: threading.Event) -> Outcome:
-        deadline = handle.started + timeout_s
-        timed_out = cancelled = False
-        while True:
-            state = self._queue_state(handle.job_id)
-            if state is None or state not in RUNNING_STATES:
-                break
-            if stop.is_set() or time.monotonic() > deadline:
-                cancelled, timed_out = stop.is_set(), not stop.is_set()
-                self.cancel(handle)
-                break
-            stop.wait(self.cfg.launcher.poll_s)
-        job_state, code, reason = self.final_state(handle.job_id)
-        return Outcome(returncodes=[code], timed_out=timed_out, cancelled=cancelled,
-                       scheduler_state=job_state, detail=reason and f"Slurm {job_state}: {reason}",
-                       wall_s=time.monotonic() - handle.started)
+    def poll(self, handle: SlurmHandle) -> Poll:
+        state, reason = self._queue_state(handle.job_id)
+        if state in PENDING_STATES:
+            return Poll(PENDING, reason=f"Slurm {state} ({reason})" if reason else f"Slurm {state}")
+        if state in RUNNING_STATES:
+            return Poll(RUNNING)
+        job_state, code, why = self.final_state(handle.job_id)
+        return Poll(DONE, outcome=Outcome(returncodes=[code], scheduler_state=job_state,
+                                          detail=why and f"Slurm {job_state}: {why}"))
 
     def logs(self, handle: SlurmHandle, run_dir: Path) -> None:
         """Nothing to fetch: sbatch --output writes into the run dir (shared file system)."""
 
-    def cancel(self, handle: SlurmHandle) -> None:
+    def cleanup(self, handle: SlurmHandle) -> None:
+        """scancel a job still in the queue and wait until it has left (its nodes are free again)."""
+        if self._queue_state(handle.job_id)[0] is None:
+            return
         self._run(["scancel", handle.job_id], check=False)
         deadline = time.monotonic() + max(self.cfg.launcher.grace_s, 10)
-        while time.monotonic() < deadline and self._queue_state(handle.job_id) in RUNNING_STATES:
+        while time.monotonic() < deadline and self._queue_state(handle.job_id)[0] is not None:
             time.sleep(0.5)
 
 

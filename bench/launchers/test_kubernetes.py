@@ -7,6 +7,7 @@ kubernetes.client model objects for pods. Pod logs carry real worker records and
 from __future__ import annotations
 
 import copy
+import json
 import re
 import threading
 from pathlib import Path
@@ -25,7 +26,7 @@ from bench.launchers.k8s_manifests import RUN_ID_LABEL, manifest
 from bench.launchers.k8s_schema import validate
 from bench.launchers.kubernetes import KubernetesLauncher
 from bench.plan import expand
-from bench.runner import execute
+from bench.runner import _watch, execute
 from bench.schema import format_record
 from bench.sweep import compose
 
@@ -107,7 +108,8 @@ def test_pytorchjob_content() -> None:
     assert env["NCCL_NET"]["value"] == "AWS Libfabric"
     assert obj["metadata"]["labels"][RUN_ID_LABEL] == worker["template"]["metadata"]["labels"][RUN_ID_LABEL]
     assert container["command"][:3] == ["python", "-m", "torch.distributed.run"]
-    assert obj["spec"]["runPolicy"]["activeDeadlineSeconds"] == 7200
+    # The job's own deadline is the backstop for a dead harness: queue timeout (6 h) + run timeout (2 h).
+    assert obj["spec"]["runPolicy"]["activeDeadlineSeconds"] == 6 * 3600 + 7200
 
 
 def test_zero_efa_requests_no_adapters() -> None:
@@ -231,7 +233,7 @@ def test_success_records_come_from_pod_logs(tmp_path, shared_data) -> None:
     row, fake = run_one(tmp_path, shared_data, "ok")
     assert row.status == "ok" and row.tokens_per_s == 48000.0 and row.mfu == 0.4245
     assert row.device_name == "NVIDIA H100 80GB HBM3"
-    logs = list((tmp_path / "p5_scaling" / "runs").glob("*/logs/w-0-pytorch.log"))
+    logs = list((tmp_path / "p5_scaling" / "runs").glob("*/attempt-1/logs/w-0-pytorch.log"))
     assert logs and "@@fsdpbench@@" in logs[0].read_text()
 
 
@@ -245,13 +247,13 @@ def test_mpijob_probe_parses_nccl_tests_from_the_launcher_log(tmp_path, shared_d
 @pytest.mark.parametrize("scenario,status,words", [
     ("oomkilled", "oom", "OOMKilled"),
     ("imagepull", "launch_error", "ImagePullBackOff"),
-    ("unschedulable", "launch_error", "Insufficient vpc.amazonaws.com/efa"),
+    ("unschedulable", "launch_error", "Insufficient vpc.amazonaws.com/efa"),  # after queue_timeout_s
     ("evicted", "failed", "evicted"),
     ("rendezvous", "rendezvous_error", "RendezvousTimeoutError"),
     ("deadline", "timeout", "deadline"),
 ])
 def test_failure_classes(tmp_path, shared_data, scenario: str, status: str, words: str) -> None:
-    row, _ = run_one(tmp_path, shared_data, scenario)
+    row, _ = run_one(tmp_path, shared_data, scenario, "p5_scaling", "launcher.queue_timeout_s=0.3")
     assert row.status == status
     assert words in row.error
 
@@ -261,17 +263,78 @@ def test_harness_timeout_deletes_the_job(tmp_path, shared_data) -> None:
     assert row.status == "timeout" and len(fake.deleted) == 1
 
 
+def test_pending_pods_do_not_count_against_the_run_timeout(tmp_path, shared_data) -> None:
+    """Unschedulable for longer than timeout_s but within queue_timeout_s, then it runs and succeeds."""
+    class BusyCluster(FakeKube):
+        def list_namespaced_pod(self, namespace, label_selector):
+            if self.polls <= 30:
+                return FakeKube("unschedulable", self.shared_data).list_namespaced_pod(namespace, label_selector) \
+                    if self.jobs else super().list_namespaced_pod(namespace, label_selector)
+            return super().list_namespaced_pod(namespace, label_selector)
+    cfg = cfg_for("p5_scaling", "launcher.timeout_s=0.2", "launcher.queue_timeout_s=60")
+    fake = BusyCluster("ok", shared_data, finish_after=33)
+    execute(cfg, [p for p in expand(cfg) if p.feasible][:1], KubernetesLauncher(cfg, custom=fake, core=fake,
+                                                                               version=fake), tmp_path / "s")
+    row = pd.read_csv(tmp_path / "s" / "results.csv").iloc[0]
+    assert row.status == "ok" and row.queue_s > 0.2 and row.wall_s < row.queue_s
+
+
 def test_cancellation_deletes_what_it_created(tmp_path, shared_data) -> None:
     cfg = cfg_for("p5_scaling")
     fake = FakeKube("running-forever", shared_data)
     launcher = KubernetesLauncher(cfg, custom=fake, core=fake, version=fake)
     spec = next(p.spec for p in expand(cfg) if p.feasible)
-    handle = launcher.submit(launcher.render(spec, tmp_path), tmp_path)
     stop = threading.Event()
     stop.set()
-    outcome = launcher.wait(handle, 3600, stop)
-    launcher.logs(handle, tmp_path)
-    assert outcome.cancelled and not fake.jobs and fake.deleted[0][0] == handle.name
+    with pytest.raises(StopIteration) as done:
+        next(_watch(cfg, launcher, launcher.submit(launcher.render(spec, tmp_path), tmp_path), stop))
+    assert done.value.value.cancelled and fake.jobs, "watching never deletes: cleanup does"
+    name = next(iter(fake.jobs))
+    launcher.cleanup(launcher.attach({"name": name, "kind": "PyTorchJob"}, tmp_path / "attempt-1"))
+    assert not fake.jobs and fake.deleted[0][0] == name
+
+
+class BrokenWhileRunning(FakeKube):
+    """The API server fails with a 500 once the job runs (not a 404): the run fails, the job is deleted."""
+
+    def list_namespaced_pod(self, namespace, label_selector):
+        if self.polls > 1:
+            raise ApiException(status=500, reason="Internal Server Error")
+        return super().list_namespaced_pod(namespace, label_selector)
+
+
+def test_an_api_error_fails_the_run_deletes_the_job_and_the_sweep_goes_on(tmp_path, shared_data) -> None:
+    cfg = cfg_for("p5_scaling")
+    fake = BrokenWhileRunning("running-forever", shared_data)
+    launcher = KubernetesLauncher(cfg, custom=fake, core=fake, version=fake)
+    plan = [p for p in expand(cfg) if p.feasible][:2]
+    execute(cfg, plan, launcher, tmp_path / cfg.name)
+    frame = pd.read_csv(tmp_path / cfg.name / "results.csv")
+    assert list(frame.status) == ["failed", "failed"]  # both runs were tried: the first did not abort the sweep
+    assert all("Internal Server Error" in e and "launcher kubernetes" in e for e in frame.error)
+    assert len(fake.deleted) == 2 and not fake.jobs
+
+
+def test_a_job_left_by_a_dead_sweep_is_reattached_not_created_again(tmp_path, shared_data) -> None:
+    cfg = cfg_for("p5_scaling")
+    fake = FakeKube("ok", shared_data, finish_after=10**9)  # runs until told otherwise
+    launcher = KubernetesLauncher(cfg, custom=fake, core=fake, version=fake)
+    plan = [p for p in expand(cfg) if p.feasible][:1]
+    sweep_dir = tmp_path / cfg.name
+    stop = threading.Event()
+    from bench.progress import Progress
+    from bench.runner import _Sweep, _run
+    steps = _run(_Sweep(cfg, launcher, sweep_dir, stop, Progress(1, False)), plan[0])
+    next(steps)  # submitted and watched once; then the sweep "dies": its generator is simply dropped
+    created = list(fake.jobs)
+    assert len(created) == 1
+    fake.finish_after = 0  # the job finishes while no sweep watches it
+    execute(cfg, plan, launcher, sweep_dir)
+    row = pd.read_csv(sweep_dir / "results.csv").iloc[0]
+    assert row.status == "ok" and row.attempt == 1 and row.tokens_per_s == 48000.0
+    assert [name for name, _ in fake.deleted] == created and not fake.jobs
+    ledger = json.loads(next(sweep_dir.glob("runs/*/ledger.json")).read_text())["attempts"]
+    assert len(ledger) == 1 and ledger[0]["job"]["name"] == created[0] and "reattached_at" in ledger[0]
 
 
 def test_each_attempt_has_its_own_job_name(tmp_path, shared_data) -> None:

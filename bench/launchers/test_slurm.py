@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -139,7 +140,7 @@ def test_smoke_on_slurm_matches_the_local_launcher(slurm_cluster, tmp_path: Path
     assert set(a.launcher) == {"slurm"} and set(a.cluster) == {"slurm_local"}
     two_nodes = a[(a.kind == "train") & (a.nodes == 2)].iloc[0]
     assert two_nodes.world_size == 4 and two_nodes.tokens_per_s > 0
-    log = next((tmp_path / "slurm" / "smoke" / "runs").glob(f"*-{two_nodes.run_id}/logs/slurm-*.log"))
+    log = next((tmp_path / "slurm" / "smoke" / "runs").glob(f"*-{two_nodes.run_id}/attempt-1/logs/slurm-*.log"))
     assert "on node[1-2]" in log.read_text()  # really spread over two Slurm nodes
 
 
@@ -151,9 +152,83 @@ def test_failures_on_slurm_are_classified(slurm_cluster, tmp_path: Path) -> None
                      "cluster.slurm.time_limit=00:01:00",
                      "faults=[{match:{precision:fp32},fault:crash,step:1},"
                      "{match:{precision:bf16_mixed},fault:hang,step:1}]")
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 1, proc.stderr[-2000:]
     frame = pd.read_csv(tmp_path / "smoke" / "results.csv")
     status = dict(zip(frame.precision, frame.status))
     assert status == {"fp32": "failed", "bf16_mixed": "timeout"}
     assert "injected crash" in frame[frame.precision == "fp32"].iloc[0].error
     assert "TIMEOUT" in frame[frame.precision == "bf16_mixed"].iloc[0].error  # Slurm's time limit hit
+
+
+# ---------------------------------------------------------------- concurrency, queue time, re-attach
+
+def _spans(sweep_dir: Path) -> dict[str, tuple[float, float, int, str]]:
+    from bench.test_concurrency import intervals
+    return intervals(sweep_dir)
+
+
+@pytest.mark.slurm
+def test_slurm_runs_share_the_cluster_and_probes_and_full_width_runs_run_alone(slurm_cluster, tmp_path) -> None:
+    from bench.test_concurrency import overlaps
+    proc = run_sweep(tmp_path, "cluster=slurm_local", "launcher=slurm", "cluster.slurm.exclusive=true",
+                     "axes.nodes=[2,4]", "axes.sharding=[FULL_SHARD]", "axes.activation_checkpointing=[none]",
+                     "axes.precision=[fp32,bf16_mixed]", "nccl.nodes=[2]",
+                     "faults=[{match:{},fault:sleep,seconds:8}]")
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]  # sleep mode: no summaries
+    spans = _spans(tmp_path / "smoke")
+    assert len(spans) == 5, spans
+    two = [v for v in spans.values() if v[2] == 2 and v[3] == "train"]
+    assert len(two) == 2 and overlaps(*two)  # two 2-node runs side by side on the 4 nodes
+    for key, span in spans.items():
+        if span[2] == 4 or span[3] == "nccl":
+            assert not any(overlaps(span, other) for k, other in spans.items() if k != key), span
+
+
+@pytest.mark.slurm
+def test_a_job_held_in_the_queue_is_given_up_and_a_running_one_times_out(slurm_cluster, tmp_path) -> None:
+    base = ["cluster=slurm_local", "launcher=slurm", *[a for a in ONE_RUN]]
+    held = run_sweep(tmp_path / "held", *base, "cluster.slurm.extra_sbatch=['--hold']",
+                     "launcher.queue_timeout_s=4", "launcher.timeout_s=1")
+    row = pd.read_csv(tmp_path / "held" / "smoke" / "results.csv").iloc[0]
+    assert held.returncode == 1 and row.status == "launch_error", row.error
+    assert "in the queue" in row.error and "JobHeldUser" in row.error  # Slurm's own reason, kept
+    assert row.queue_s >= 4 and pd.isna(row.wall_s)  # never ran: no run time
+    hung = run_sweep(tmp_path / "hung", *base, "faults=[{match:{},fault:sleep,seconds:600}]",
+                     "launcher.timeout_s=6")
+    row = pd.read_csv(tmp_path / "hung" / "smoke" / "results.csv").iloc[0]
+    assert hung.returncode == 1 and row.status == "timeout" and 6 <= row.wall_s < 30, row.error
+    assert subprocess.run(["squeue", "-h"], capture_output=True, text=True,
+                          env={**os.environ, "SLURM_CONF": SLURM_CONF}).stdout.strip() == ""  # cancelled
+
+
+ONE_RUN = ["axes.nodes=[1]", "axes.sharding=[FULL_SHARD]", "axes.activation_checkpointing=[none]",
+           "axes.precision=[fp32]", "nccl.enabled=false"]
+
+
+@pytest.mark.slurm
+def test_a_rerun_reattaches_to_the_job_a_killed_sweep_left_running(slurm_cluster, tmp_path) -> None:
+    import signal
+    import time
+    from bench import rundir
+    args = ["cluster=slurm_local", "launcher=slurm", *ONE_RUN, "faults=[{match:{},fault:sleep,seconds:20}]"]
+    first = subprocess.Popen([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={tmp_path}",
+                              "launcher.poll_s=0.5", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    runs = tmp_path / "smoke" / "runs"
+    deadline = time.monotonic() + 120
+    while not any((rundir.read_ledger(d) or [{}])[-1].get("job") for d in runs.glob("*")):
+        assert time.monotonic() < deadline, "never submitted"
+        time.sleep(0.3)
+    first.send_signal(signal.SIGKILL)  # the sweep dies; its Slurm job runs on
+    first.wait(timeout=30)
+    d = next(runs.iterdir())
+    job_id = rundir.read_ledger(d)[-1]["job"]["job_id"]
+    again = run_sweep(tmp_path, *args)
+    assert again.returncode == 1, again.stderr[-2000:]  # sleep mode has no summary; what matters is below
+    ledger = rundir.read_ledger(d)
+    assert len(ledger) == 1 and ledger[0]["job"]["job_id"] == job_id and "reattached_at" in ledger[0]
+    jobcomp = Path(SLURM_CONF).parent / "log" / "jobcomp.log"
+    ours = [ln for ln in jobcomp.read_text().splitlines() if rundir.read_spec(d).run_id in ln
+            and int(re.search(r"JobId=(\d+)", ln).group(1)) >= int(job_id)]  # earlier tests share the spec
+    assert len(ours) == 1, ours  # one sbatch job for this run since the killed sweep submitted it
+    assert "slept until" in next(d.glob("attempt-1/logs/slurm-*.log")).read_text()  # the job ran to its end

@@ -1,0 +1,53 @@
+"""The scheduling rule on its own: order, fit, probes alone, and the makespan it gives."""
+from __future__ import annotations
+
+import pytest
+
+from bench.schedule import Job, can_start, lower_bound, makespan, order, pick
+
+
+def jobs(*spec: tuple[int, float], probe: bool = False) -> list[Job]:
+    return [Job(f"{'p' if probe else 'j'}{i}-{n}x{s}", n, probe, s) for i, (n, s) in enumerate(spec)]
+
+
+def test_probes_first_then_largest_node_seconds() -> None:
+    plan = [*jobs((1, 10), (4, 10), (2, 30)), *jobs((2, 5), probe=True)]
+    assert [j.key for j in order(plan)] == ["p0-2x5", "j2-2x30", "j1-4x10", "j0-1x10"]
+
+
+def test_fit_within_the_budget_and_first_fit_behind_a_waiting_run() -> None:
+    a, b, c = jobs((3, 1), (2, 1), (1, 1))
+    assert pick([a, b, c], [], 4, True) == [a, c]  # b waits, c fills the node b cannot use
+    assert can_start(b, [], 1, True)  # larger than the budget: still runs, alone
+    assert not can_start(c, [b], None, True)  # no budget: one run at a time
+
+
+def test_probes_run_alone_unless_relaxed() -> None:
+    probe, = jobs((1, 1), probe=True)
+    train, = jobs((1, 1))
+    assert not can_start(probe, [train], 4, True) and not can_start(train, [probe], 4, True)
+    assert can_start(probe, [train], 4, False)
+
+
+def test_the_issue_mix_meets_the_lower_bound() -> None:
+    """8 x 1 node, 4 x 2 nodes, 2 x 4 nodes of equal length on 4 nodes: 6 lengths, the bound itself."""
+    mix = jobs(*[(1, 10.0)] * 8, *[(2, 10.0)] * 4, *[(4, 10.0)] * 2)
+    assert lower_bound(mix, 4) == 60.0
+    assert makespan(mix, 4) == pytest.approx(60.0)
+    assert makespan(mix, None) == pytest.approx(140.0)  # one at a time: the sum
+
+
+def test_largest_first_beats_the_plan_order() -> None:
+    """Short runs first in the plan leave the long one to the end, with nodes idle beside it."""
+    plan = jobs((1, 1), (1, 1), (2, 5), (1, 5))
+    assert makespan(plan, 2) == pytest.approx(10.0)  # LPT: 2n5 | 1n5 + 1n1, 1n1
+
+    def plan_order_makespan(js: list[Job], budget: int) -> float:  # the same rule without reordering
+        import bench.schedule as s
+        original = s.order
+        s.order = list
+        try:
+            return s.makespan(js, budget)
+        finally:
+            s.order = original
+    assert plan_order_makespan(plan, 2) == pytest.approx(11.0)
