@@ -22,8 +22,7 @@ RUN git clone --depth 1 --branch ${NCCL_TESTS_VERSION} https://github.com/NVIDIA
 
 # This project; the image's own CUDA build of torch satisfies torch>=2.6.
 WORKDIR /workspace/fsdpbench
-# setup.py builds the nccl-tests parser's C scanner (nccl/_fastscan.c) with the image's compiler.
-COPY pyproject.toml setup.py README.md ./
+COPY pyproject.toml README.md ./
 COPY bench bench
 COPY trainer trainer
 COPY nccl nccl

@@ -1,12 +1,11 @@
-"""nccl-tests parser speed on ~100 MB of concatenated real logs (target: > 50 MB/s).
+"""nccl-tests parser speed at the sizes users have: one full sweep output, and a whole efa_probe study.
 
-The timed work is parse_all plus every result's status (which reads every row's busbw and #wrong, as
-the summary does). Rows become NcclRow objects only when read, so the rate with all 1M rows built is
-printed beside it. The parser scans with its C scanner (nccl/_fastscan.c, built by `pip install -e .`)
-where it is built, else with pyarrow kernels; both are timed (the pyarrow one with the C scanner switched
-off), and the line says which one the headline rate is. Also prints, as a yardstick of the machine, the
-rate of a bare `str.split()` over the same text, measured in the same passes; the ratio of the two is what
-carries over to another machine.
+1. A full sweep up to 16 GiB: the real sample_01.txt (0 B - 1 GiB, 2 nodes under mpirun tags, with its
+   NCCL INFO lines, 10 KB) with its largest row doubled up to 16 GiB (35 sizes). Target: under 2 ms.
+2. The logs of an efa_probe study, 5 node counts x 4 EFA counts x 3 repeats = 60 outputs, here the 12 real
+   samples cycled to 60 files, each parsed on its own as the collector does. Target: under 0.2 s.
+
+Medians of repeated passes, measured side by side in one process.
 
     python benchmarks/parse_nccl.py [../shared/data/nccl-tests]
 """
@@ -19,47 +18,46 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import nccl.parse as parse_module  # noqa: E402
+from nccl.parse import parse, strip_prefix  # noqa: E402
 
-TARGET_MB = 100
-PASSES = 3
-
-
-def corpus(data_dir: Path) -> str:
-    one = "".join(p.read_text() + "\n" for p in sorted(data_dir.glob("sample_*.txt")))
-    return one * (TARGET_MB * 2**20 // len(one) + 1)
+PASSES = 50
 
 
-def timed_parse(text: str, mb: float) -> tuple[float, set[str], int]:
-    t0 = time.perf_counter()
-    parsed = parse_module.parse_all(text)
-    statuses = {r.status for r in parsed}  # every row's busbw and #wrong, as the summary reads them
-    return mb / (time.perf_counter() - t0), statuses, len(parsed)
+def full_sweep(data_dir: Path) -> str:
+    """sample_01.txt with rows after its 1 GiB one up to 16 GiB (sizes and counts doubled, times as measured)."""
+    lines = (data_dir / "sample_01.txt").read_text().splitlines()
+    last = max(i for i, line in enumerate(lines) if strip_prefix(line).strip()[:1].isdigit())
+    prefix = lines[last][:len(lines[last]) - len(strip_prefix(lines[last]))]
+    tokens = strip_prefix(lines[last]).split()
+    for k in range(1, 5):
+        tokens[0], tokens[1] = str(2 * int(tokens[0])), str(2 * int(tokens[1]))
+        lines.insert(last + k, prefix + "  ".join(tokens))
+    return "\n".join(lines) + "\n"
+
+
+def median_s(work, passes: int = PASSES) -> float:
+    times = []
+    for _ in range(passes):
+        t0 = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    data_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "shared/data/nccl-tests"
+    sweep = full_sweep(data_dir)
+    result = parse(sweep)
+    assert result.rows[-1].size == 16 * 2**30 and len(result.rows) == 2 * 35  # out-of-place + in-place
+    samples = [p.read_text() for p in sorted(data_dir.glob("sample_*.txt"))]
+    study = [samples[i % len(samples)] for i in range(60)]
+    one = median_s(lambda: parse(sweep))
+    whole = median_s(lambda: [parse(t).status for t in study], passes=10)
+    print(f"full 0 B - 16 GiB sweep ({len(sweep) / 1024:.1f} KB, {len(result.rows)} rows): median "
+          f"{one * 1e3:.2f} ms per parse (target < 2 ms)")
+    print(f"efa_probe study, 60 outputs ({sum(map(len, study)) / 1024:.0f} KB): median {whole * 1e3:.1f} ms "
+          f"(target < 200 ms)")
 
 
 if __name__ == "__main__":
-    root = Path(__file__).resolve().parents[1]
-    data = Path(sys.argv[1]) if len(sys.argv) > 1 else root.parent / "shared" / "data" / "nccl-tests"
-    text = corpus(data)
-    mb = len(text.encode()) / 2**20
-    native = parse_module._NATIVE
-    scanner = "C scanner" if native is not None else "pyarrow scan (C scanner not built)"
-    rates, arrow_rates, row_rates, split_rates = [], [], [], []
-    for _ in range(PASSES):
-        rate, statuses, results = timed_parse(text, mb)
-        rates.append(rate)
-        t0 = time.perf_counter()
-        rows = sum(len(r.rows) for r in parse_module.parse_all(text))
-        row_rates.append(mb / (time.perf_counter() - t0))
-        parse_module._NATIVE = None
-        arrow_rates.append(timed_parse(text, mb)[0])
-        parse_module._NATIVE = native
-        t0 = time.perf_counter()
-        text.split()
-        split_rates.append(mb / (time.perf_counter() - t0))
-    rate, split_rate = statistics.median(rates), statistics.median(split_rates)
-    print(f"parsed {mb:.0f} MB ({results} nccl-tests runs, statuses {sorted(statuses)}) with the {scanner}: "
-          f"median {rate:.1f} MB/s, min {min(rates):.1f} MB/s over {PASSES} passes (target > 50 MB/s); "
-          f"with all {rows} rows built as NcclRow: median {statistics.median(row_rates):.1f} MB/s; "
-          f"pyarrow scan alone: median {statistics.median(arrow_rates):.1f} MB/s; bare str.split() of the same "
-          f"text {split_rate:.0f} MB/s, parser/split ratio {rate / split_rate:.2f}")
+    main()

@@ -14,8 +14,7 @@ import shutil
 import pytest
 
 from bench.schema import RunSpec
-from nccl import parse as parse_module
-from nccl.parse import _heads, _pieces, _split_lines, parse, parse_all, parse_json, strip_prefix
+from nccl.parse import parse, parse_all, parse_json, strip_prefix
 from nccl.records import check_transport, records_from_output
 
 COMPLETE = ["sample_01.txt", "sample_05.txt", "sample_06.txt", "sample_07.txt", "sample_08.txt",
@@ -229,47 +228,6 @@ def _fields(r) -> tuple:
             r.network, r.transport_evidence, r.errors, r.status)
 
 
-@pytest.mark.parametrize("workers", [2, 3, 7])
-def test_a_text_scanned_in_pieces_on_threads_parses_as_in_one(shared_data, workers: int) -> None:
-    """Pieces are cut at line ends wherever the size says, so runs, tables and device lists straddle them."""
-    names = sorted(p.name for p in (shared_data / "nccl-tests").glob("sample_*.txt"))
-    plain = "".join(text(shared_data, n) + "\n" for n in names)
-    tagged = "\n".join(f"[1,{i % 2}]<stdout>:{i % 3}: {line}" for i, line in enumerate(plain.splitlines()))
-    for stream in (plain, tagged, plain[:len(plain) // 3]):
-        whole = [_fields(r) for r in parse_all(stream, workers=1)]
-        assert len(whole) >= 3
-        assert [_fields(r) for r in parse_all(stream, workers=workers)] == whole
-
-
-def test_pieces_end_at_line_ends_and_cover_the_text() -> None:
-    data = b"".join(b"line %d %s\n" % (i, b"x" * (i % 17)) for i in range(500)) + b"no newline at the end"
-    for n in (1, 2, 5, 64, 10_000):
-        parts = [data[a:b] for a, b in _pieces(data, n)]
-        assert b"".join(parts) == data and len(parts) <= n and all(parts)
-        assert all(p.endswith(b"\n") for p in parts[:-1])
-    assert len(_pieces(data, 5)) == 5
-
-
-def test_line_heads_are_the_first_eight_bytes_of_each_line() -> None:
-    for text_ in ["", "a", "\n", "12345678", "x\n\n123456789\nab\n[1,0]<stdout>:  0: 8\n", "é日本語テキスト\nz"]:
-        lines = _split_lines(text_.encode())
-        expected = [line.encode()[:8].ljust(8, b"\0") for line in lines.to_pylist()]
-        assert [bytes(row) for row in _heads(lines)] == expected
-
-
-def test_the_cyclic_collector_is_left_as_it_was(shared_data) -> None:
-    stream = text(shared_data, "sample_06.txt")
-    assert gc.isenabled()
-    parse_all(stream)
-    assert gc.isenabled()
-    gc.disable()
-    try:
-        parse_all(stream)
-        assert not gc.isenabled()
-    finally:
-        gc.enable()
-
-
 def test_runs_are_cut_at_config_and_version_lines_once_rows_are_seen(shared_data) -> None:
     """A config or version line with no rows since the run began belongs to that run; one after rows
     starts the next. A second config line starts a run even with no rows between."""
@@ -284,83 +242,8 @@ def test_runs_are_cut_at_config_and_version_lines_once_rows_are_seen(shared_data
     assert all(r.status == "failed" for r in configs_only)
 
 
-# ---- the C scanner (_fastscan.c) against the pyarrow scan it stands in for --------------------------
-
-needs_c = pytest.mark.skipif(parse_module._NATIVE is None, reason="C scanner not built (no C compiler at install)")
-
-
-def test_the_c_scanner_is_built_where_a_compiler_is() -> None:
-    if shutil.which("cc") or shutil.which("gcc"):
-        assert parse_module._NATIVE is not None, "pip install -e . should have built nccl/_fastscan.c"
-
-
-def _variants(shared_data) -> dict[str, str]:
-    """Every fixture under the launchers' prefixes, cut short, with odd cells; and random mixes of their
-    lines with tricky structural ones."""
-    texts = {p.name: p.read_text() for p in sorted((shared_data / "nccl-tests").glob("sample_*.txt"))}
-    out = dict(texts)
-    for name, t in texts.items():
-        lines = t.splitlines()
-        out[name + ":srun"] = "\n".join(f"{i % 3}: {line}" for i, line in enumerate(lines))
-        out[name + ":tag+srun"] = "\n".join(f"[1,{i % 2}]<stdout>:{i % 3}: {line}" for i, line in enumerate(lines))
-        out[name + ":tabs+crlf"] = "\r\n".join(f"\t {line} \t" for line in lines)
-        out[name + ":cut"] = t[:random.Random(name).randrange(len(t))]
-        out[name + ":N/A"] = t.replace("      0    ", "    N/A    ")
-        out[name + ":bad cell"] = t.replace(" 0.00 ", " x.00 ", 1)
-        out[name + ":odd numbers"] = t.replace(" 0.00 ", " +0.5 ", 1).replace(" 1.00 ", " 1e+00 ").replace(
-            " 0.01 ", " .01 ").replace("    0    ", " -0 ")
-    tricky = ["# nThread", "# nccl-tests version", "NCCL version", "# Avg bus bandwidth    :",
-              "# Avg bus bandwidth    : N/A", "# Out of bounds values : 3 FAILED", "# error: something", "#  Rank  x",
-              "#  Rank 12 Group 0", "#Rank 3", "##  Rank 4", "#  Rank 12345678901234567890 Group 0", "#  size  time algbw busbw", "#  size count",
-              "host:1:2 [0] NCCL INFO Using network Socket", "h:1:1 [0] NCCL INFO NET/IB : No device found.",
-              "h:1:1 [0] NCCL INFO Channel 00 : 0[0] -> 1[1] via P2P/IPC", "h NCCL INFO x via SHM/ ",
-              "h NCCL INFO NET/OFI Selected provider is efa", "h NCCL INFO NET/OFI Selected Provider is ",
-              "Test NCCL failure common.cu:1 'internal error'", "x: Segmentation fault", "# srun: error: node down",
-              "   8  2  float  sum  -1  1.0  0.0  0.0  0", "  12:34 not a label", "1234567: not a label either"]
-    pool = [line for t in texts.values() for line in t.splitlines()] + tricky * 20
-    for k in range(20):
-        rnd = random.Random(k)
-        mix: list[str] = []
-        while len(mix) < 300:
-            i = rnd.randrange(len(pool))
-            mix += pool[i:i + rnd.randrange(1, 60)] if rnd.random() < 0.5 else [rnd.choice(pool)]
-        prefix = ["", "[1,0]<stdout>:", "0: ", "  3: ", "[1,2]<stderr>:1: "][k % 5]
-        out[f"mix {k}"] = "\n".join(prefix + line for line in mix)
-    return out
-
-
-def _everything(r) -> tuple:
-    return _fields(r) + (r.busbw_max, r.algbw_max, r.wrong_total, r.avg_busbw, r.inferred_ranks())
-
-
-@needs_c
-def test_the_c_scanner_parses_as_the_pyarrow_scan(shared_data, monkeypatch) -> None:
-    for name, stream in _variants(shared_data).items():
-        assert isinstance(parse_module._scan(stream, 1).rows, parse_module._NativeRows), name
-        native = [_everything(r) for r in parse_all(stream)]
-        with monkeypatch.context() as m:
-            m.setattr(parse_module, "_NATIVE", None)
-            assert [_everything(r) for r in parse_all(stream)] == native, name
-
-
-@needs_c
-def test_text_the_c_scanner_does_not_take_goes_to_pyarrow(shared_data) -> None:
-    plain = text(shared_data, "sample_06.txt")
-    expected = [_everything(r) for r in parse_all(plain)]
-    for odd in ("\x1b[32m{}\x1b[0m", "2026-11-22T16:20:11Z {}", "{}\n# café"):
-        stream = "\n".join(odd.format(line) for line in plain.splitlines())
-        assert isinstance(parse_module._scan(stream, 1).rows, parse_module._ArrowRows)
-        got = [_everything(r) for r in parse_all(stream)]
-        assert [g[0] for g in got] == [e[0] for e in expected]  # the same rows
-
-
-@pytest.mark.parametrize("c_scanner", [True, False])
-def test_cells_are_read_as_python_reads_them(monkeypatch, c_scanner: bool) -> None:
-    """Decimal cells of every length and exponent (the C scanner's exact fast path and its strtod path)."""
-    if c_scanner and parse_module._NATIVE is None:
-        pytest.skip("C scanner not built")
-    if not c_scanner:
-        monkeypatch.setattr(parse_module, "_NATIVE", None)
+def test_cells_are_read_as_python_reads_them() -> None:
+    """Decimal cells of every length and exponent, read exactly as float() reads them."""
     rnd = random.Random(3)
     cells = ["0.00", "-0.00", "1e-30", "123456789012345678901234.5", "0.1", "9007199254740993", "1e22", "1e23",
              "2.2250738585072014e-308", "0.30000000000000004"]
@@ -401,3 +284,34 @@ def test_unicode_digits_that_int_cannot_read_do_not_crash_the_parser(shared_data
     r = parse(odd)
     assert r.out_of_bounds is None
     assert len(r.rows) == len(parse(plain).rows) - 2  # the 8² line is dropped, not read
+
+
+def test_rank_count_from_the_bandwidth_ratio_where_no_device_lines(shared_data) -> None:
+    """busbw/algbw = 2(n-1)/n: the rank count the table itself implies, checked against the device list."""
+    checked = 0
+    for name in COMPLETE:
+        full = parse(text(shared_data, name))
+        if not full.ranks:
+            continue
+        checked += 1
+        no_devices = "\n".join(line for line in text(shared_data, name).splitlines()
+                               if not re.match(r"^(\[\d+,\d+\]<stdout>:)?#+\s*Rank\s", line))
+        r = parse(no_devices)
+        assert r.ranks is None and r.inferred_ranks() == full.ranks, name
+    assert checked >= 3
+
+
+def test_one_rank_is_not_a_network_measurement(shared_data) -> None:
+    one = parse(text(shared_data, "sample_06.txt"))
+    assert one.network_measurement and one.inferred_ranks() > 1
+    header = next(line for line in text(shared_data, "sample_06.txt").splitlines() if "#wrong" in line)
+    single = parse(header + "\n" + "   1048576   262144  float  sum  -1  10.0  104.86  0.00  0  9.9  105.92  0.00  0")
+    assert single.inferred_ranks() == 1 and not single.network_measurement
+
+
+def test_nics_found_are_read_from_nccl_info(shared_data) -> None:
+    r = parse(text(shared_data, "sample_01.txt"))  # "NET/OFI Selected Provider is efa (found 1 nics)" x 2 ranks
+    assert r.nics == 1 and r.network == "AWS Libfabric"
+    more = text(shared_data, "sample_01.txt").replace("(found 1 nics)", "(found 4 nics)", 1)
+    assert parse(more).nics == 4
+    assert parse(text(shared_data, "sample_06.txt")).nics is None  # no aws-ofi-nccl there
