@@ -14,7 +14,8 @@ from bench.schema import SUMMARY_COLUMNS, RunSpec, RunSummary
 _LOG_TAIL_BYTES = 64 * 1024
 _SUMMARY_FIELDS = {f.name for f in fields(RunSummary)} - {"run_id", "sweep", "status", "spec", "error",
                                                           "extra", "run_dir", "schema_version"}
-_EXTRA_KEYS = ("losses", "step_times_s", "per_rank", "sizes", "transport", "transport_evidence",
+_EXTRA_KEYS = ("losses", "step_times_s", "per_rank", "sizes", "transport", "transport_evidence", "nics",
+               "network_measurement",
                "ranks", "failed_step", "nvml_available", "nvml_reason", "source")
 
 

@@ -6,7 +6,7 @@ Slurm's own (StartTime..EndTime in the job-completion log); the lower bound is
 max(total node-seconds / 4, longest run) over those durations. Prints the figures and the two ratios the
 issue sets: concurrent <= 1.15 x bound, concurrent <= 0.5 x sequential.
 
-    scripts/slurm_cluster.sh start && python benchmarks/schedule_slurm.py
+    scripts/slurm_cluster.sh start && python benchmarks/schedule_slurm.py [SLEEP_S]
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from bench import rundir  # noqa: E402
 
 SLURM_DIR = Path("/tmp/fsdpbench-slurm")
-SLEEP_S = 15
+SLEEP_S = int(sys.argv[1]) if len(sys.argv) > 1 else 15
 MIX = ["axes.nodes=[1,2,4]", "axes.precision=[fp32,bf16_mixed]", "axes.seq_len=[32,64,96,128]",
        "axes.sharding=[FULL_SHARD]", "axes.activation_checkpointing=[none]", "nccl.enabled=false",
        # 8 x 1 node (2 precisions x 4 lengths), 4 x 2 nodes (bf16 only), 2 x 4 nodes (bf16, 2 lengths)

@@ -69,4 +69,9 @@ def check_transport(summary: dict[str, Any], spec: RunSpec, log_text: str) -> di
     if want.lower() not in str(network).lower():
         return {**summary, "status": "nccl_error",
                 "error": f"expected NCCL network {want!r} for {spec.efa_per_node} EFA/node, got {network!r}"}
+    nics = summary.get("nics")
+    if spec.efa_per_node > 0 and nics is not None and nics != spec.efa_per_node:  # the row would be mislabelled
+        return {**summary, "status": "nccl_error",
+                "error": f"NCCL found {nics} NICs per rank ('found {nics} nics'), the run asked for "
+                         f"{spec.efa_per_node} EFA per node: its bandwidth is not the {spec.efa_per_node}-EFA figure"}
     return summary

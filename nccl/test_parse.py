@@ -154,6 +154,11 @@ def test_records_and_transport_check(shared_data) -> None:
     socket = RunSpec(kind="nccl", model="none", nodes=2, gpus_per_node=1, efa_per_node=0)
     flagged = check_transport(summary, socket, out)
     assert flagged["status"] == "nccl_error" and "Socket" in flagged["error"]
+    # sample_01 is a 1-adapter run ("found 1 nics"): kept at 1 EFA, flagged if its row says 4.
+    assert summary["nics"] == 1 and summary["network_measurement"]
+    four = RunSpec(kind="nccl", model="none", nodes=2, gpus_per_node=1, efa_per_node=4)
+    mislabelled = check_transport(summary, four, out)
+    assert mislabelled["status"] == "nccl_error" and "found 1 nics" in mislabelled["error"]
 
 
 def _same(a, b) -> None:

@@ -18,8 +18,17 @@ RUN_ID_LABEL = "fsdpbench.io/run-id"
 SWEEP_LABEL = "fsdpbench.io/sweep"
 IMAGE_WORKDIR = "/workspace/fsdpbench"  # WORKDIR of the project's Dockerfile
 IMAGE_PYTHON = "python"
-NCCL_TESTS = "/opt/nccl-tests/build/all_reduce_perf"  # where the Dockerfile builds it
+NCCL_TESTS = "/opt/nccl-tests/build/all_reduce_perf"  # where the Dockerfile builds it (also on its PATH)
 MPIRUN = "mpirun"
+# The MPI operator (v2beta1) starts no program of its own in a worker: the worker must run an ssh server for
+# the launcher's mpirun to reach it. The image sets sshd up (Dockerfile); -D stays in the foreground, -e logs
+# to stderr (kubectl logs). A worker is Ready once sshd accepts connections, and the launcher is created
+# only then (WaitForWorkersReady): no ssh attempt races an image pull on a fresh node.
+SSHD_COMMAND = ["/usr/sbin/sshd", "-De"]
+SSH_PORT = 22
+# Ranks started over ssh get no login environment: pass the launcher's PATH and LD_LIBRARY_PATH so orted,
+# libfabric and the aws-ofi-nccl plugin are found on the workers (as AWS's reference MPIJob does).
+MPIRUN_PASS_ENV = ("PATH", "LD_LIBRARY_PATH")
 
 
 def deadline_s(cfg: SweepConfig) -> int:
@@ -105,7 +114,7 @@ def pytorchjob(cfg: SweepConfig, spec: RunSpec, name: str) -> dict[str, Any]:
             "elasticPolicy": {"rdzvBackend": "c10d", "minReplicas": spec.nodes, "maxReplicas": spec.nodes,
                               "maxRestarts": 0},
             "runPolicy": {"activeDeadlineSeconds": deadline_s(cfg), "backoffLimit": 0,
-                          "cleanPodPolicy": "None"},
+                          "cleanPodPolicy": "Running"},
             "pytorchReplicaSpecs": {"Worker": {"replicas": spec.nodes, "restartPolicy": "Never",
                                                "template": template}},
         },
@@ -119,12 +128,15 @@ def mpijob(cfg: SweepConfig, spec: RunSpec, name: str) -> dict[str, Any]:
     env = nccl_env(spec.efa_per_node)
     command = [MPIRUN, "--allow-run-as-root", "--tag-output", "-np", str(ranks), "-N", str(spec.gpus_per_node),
                "--bind-to", "none"]
+    for key in MPIRUN_PASS_ENV:
+        command += ["-x", key]
     for key in sorted(env):
         command += ["-x", f"{key}={env[key]}"]
     command += all_reduce_perf_argv(spec, binary=NCCL_TESTS)
     image = _image(cfg)
     launcher = {"name": "mpi-launcher", "image": image, "imagePullPolicy": "IfNotPresent", "command": command}
-    worker = {"name": "nccl-worker", "image": image, "imagePullPolicy": "IfNotPresent",
+    worker = {"name": "nccl-worker", "image": image, "imagePullPolicy": "IfNotPresent", "command": SSHD_COMMAND,
+              "readinessProbe": {"tcpSocket": {"port": SSH_PORT}, "periodSeconds": 2},
               "resources": _resources(cfg, spec)}
     labels = _labels(cfg, spec)
     return {
@@ -132,8 +144,9 @@ def mpijob(cfg: SweepConfig, spec: RunSpec, name: str) -> dict[str, Any]:
         "metadata": {"name": name, "namespace": cfg.cluster.kubernetes.namespace, "labels": labels},
         "spec": {
             "slotsPerWorker": spec.gpus_per_node,
+            "launcherCreationPolicy": "WaitForWorkersReady",
             "runPolicy": {"activeDeadlineSeconds": deadline_s(cfg), "backoffLimit": 0,
-                          "cleanPodPolicy": "None"},
+                          "cleanPodPolicy": "Running"},
             "mpiReplicaSpecs": {
                 "Launcher": {"replicas": 1, "template": {"metadata": {"labels": labels},
                                                          "spec": _pod_spec(cfg, spec, launcher, False)}},

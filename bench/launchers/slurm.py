@@ -24,6 +24,27 @@ from bench.launchers.base import (DONE, PENDING, PROJECT_ROOT, RUNNING, Outcome,
 from bench.schema import RunSpec
 
 SCRIPT = "job.sbatch"
+EFA_LIMIT = "efa_limit.sh"
+# Run on every node by srun, before the worker: libfabric's efa provider uses only the devices FI_EFA_IFACE
+# lists, so a run of N adapters per node gets the node's first N rdmap devices; a node with fewer fails the
+# run rather than measuring something else. Arguments only (the count, then the worker's argv): no config
+# value is ever part of this text.
+EFA_LIMIT_SCRIPT = """#!/bin/bash
+# fsdpbench: use only the first N EFA devices of this node (N = $1), then run the rest of the arguments.
+set -euo pipefail
+want=$1; shift
+sysfs=${FSDPBENCH_EFA_SYSFS:-/sys/class/infiniband}
+devices=$({ ls "$sysfs" 2>/dev/null || true; } | awk '/^rdmap/' | sort -V | awk -v n="$want" 'NR <= n' | paste -sd, -)
+have=$(printf '%s' "$devices" | awk -F, '{print NF}')
+have=${have:-0}
+if [ "$have" -lt "$want" ]; then
+    echo "fsdpbench: $(hostname) has $have EFA devices, the run asks for $want per node" >&2
+    exit 3
+fi
+export FI_EFA_IFACE=$devices
+echo "fsdpbench: $(hostname) FI_EFA_IFACE=$FI_EFA_IFACE" >&2
+exec "$@"
+"""
 ENDPOINT = "@RDZV_HOST@:@RDZV_PORT@"  # replaced by shell variables in the rendered script
 # squeue states: waiting for resources (queue time, bounded by queue_timeout_s), and holding them
 # (run time, bounded by timeout_s). A job in neither has left the queue.
@@ -61,8 +82,9 @@ def sbatch_lines(cfg: SweepConfig, spec: RunSpec) -> list[str]:
         lines.append(f"#SBATCH --account={_check_safe('slurm.account', s.account)}")
     if s.exclusive:
         lines.append("#SBATCH --exclusive")
-    gpus = s.gpus_per_node or (cfg.cluster.gpus_per_node if cfg.cluster.gpu else None)
-    if gpus:
+    gpus = s.gpus_per_node if s.gpus_per_node is not None else (cfg.cluster.gpus_per_node if cfg.cluster.gpu
+                                                                 else None)
+    if gpus:  # 0: a cluster without GPU GRES, which would reject the option
         lines.append(f"#SBATCH --gpus-per-node={int(gpus)}")
     for extra in s.extra_sbatch:
         if not extra.startswith("--") or any(c in extra for c in "\n\r"):
@@ -83,15 +105,28 @@ def _srun_prefix(cfg: SweepConfig, tasks_per_node: int, mpi: str | None = None) 
     return srun
 
 
+def limits_efa(cfg: SweepConfig, spec: RunSpec) -> bool:
+    """Fewer adapters than the node has: libfabric must be told which ones to use."""
+    return cfg.cluster.gpu is not None and 0 < spec.efa_per_node < cfg.cluster.efa_per_node
+
+
+def _efa_limit(cfg: SweepConfig, spec: RunSpec, run_dir: Path) -> list[str]:
+    if not limits_efa(cfg, spec):
+        return []
+    return ["bash", str(run_dir / rundir.SUBMISSION_DIR / EFA_LIMIT), str(spec.efa_per_node)]
+
+
 def worker_command(cfg: SweepConfig, spec: RunSpec, run_dir: Path) -> str:
     """The srun line of the batch script, every argument quoted."""
     if _uses_nccl_tests(cfg, spec):
         from nccl.command import all_reduce_perf_argv
         from nccl.records import JSON_FILE
-        argv = _srun_prefix(cfg, spec.gpus_per_node, cfg.cluster.slurm.mpi) + all_reduce_perf_argv(
-            spec, binary=cfg.cluster.slurm.nccl_tests_binary, json_file=str(run_dir / JSON_FILE))
+        argv = (_srun_prefix(cfg, spec.gpus_per_node, cfg.cluster.slurm.mpi) + _efa_limit(cfg, spec, run_dir)
+                + all_reduce_perf_argv(spec, binary=cfg.cluster.slurm.nccl_tests_binary,
+                                       json_file=str(run_dir / JSON_FILE)))
         return shlex.join(argv)
-    argv = (_srun_prefix(cfg, 1) + torchrun_argv(python_executable(cfg), spec, ENDPOINT, "@RDZV_ID@")
+    argv = (_srun_prefix(cfg, 1) + _efa_limit(cfg, spec, run_dir)
+            + torchrun_argv(python_executable(cfg), spec, ENDPOINT, "@RDZV_ID@")
             + worker_module_argv(spec, run_dir, fault_args(cfg, spec)))
     line = shlex.join(argv)
     return (line.replace(ENDPOINT, '"${head_addr}:${rdzv_port}"')
@@ -157,7 +192,8 @@ class SlurmLauncher:
         log = rundir.log_path(run_dir, "slurm-%j")
         argv = ("sbatch", "--parsable", f"--job-name={job_name(spec, run_dir)}", f"--output={log}",
                 str(run_dir / rundir.SUBMISSION_DIR / SCRIPT))
-        return Submission(run_id=spec.run_id, argvs=(argv,), env=env, files={SCRIPT: script})
+        files = {SCRIPT: script, **({EFA_LIMIT: EFA_LIMIT_SCRIPT} if limits_efa(self.cfg, spec) else {})}
+        return Submission(run_id=spec.run_id, argvs=(argv,), env=env, files=files)
 
     def submit(self, submission: Submission, run_dir: Path) -> SlurmHandle:
         (run_dir / rundir.LOGS_DIR).mkdir(parents=True, exist_ok=True)

@@ -377,3 +377,21 @@ def test_missing_image_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="cluster.kubernetes.image"):
         KubernetesLauncher(from_dict(raw)).preflight()
 
+
+
+def test_mpijob_workers_run_sshd_and_the_launcher_waits_for_them() -> None:
+    """The MPI operator's contract: workers serve ssh (the image sets sshd up), the launcher is created once
+    every worker is Ready (sshd listening), finished workers are removed, PATH/LD_LIBRARY_PATH reach the
+    ranks started over ssh."""
+    cfg = cfg_for("efa_probe")
+    spec = next(p.spec for p in expand(cfg) if p.spec.nodes == 2 and p.spec.efa_per_node == 32)
+    obj = manifest(cfg, spec)
+    worker = obj["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert worker["command"] == ["/usr/sbin/sshd", "-De"]
+    assert worker["readinessProbe"]["tcpSocket"]["port"] == 22
+    assert obj["spec"]["launcherCreationPolicy"] == "WaitForWorkersReady"
+    assert obj["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"
+    command = obj["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
+    passed = [command[i + 1] for i, a in enumerate(command) if a == "-x"]
+    assert passed[:2] == ["PATH", "LD_LIBRARY_PATH"] and "FI_PROVIDER=efa" in passed
+    assert worker["resources"]["limits"]["vpc.amazonaws.com/efa"] == 32

@@ -73,6 +73,41 @@ def test_values_that_land_in_sbatch_lines_are_checked(override: str) -> None:
         SlurmLauncher(cfg).render(first_run(cfg), Path("/tmp/run"))
 
 
+def _probe_script(cfg, efa: int) -> tuple[str, dict[str, str]]:
+    spec = next(p.spec for p in expand(cfg) if p.spec.kind == "nccl" and p.spec.efa_per_node == efa)
+    sub = SlurmLauncher(cfg).render(spec, Path("/fsx/results/efa_probe/runs/run/attempt-1"))
+    return sub.files["job.sbatch"], sub.files
+
+
+def test_efa_counts_below_the_nodes_adapters_limit_libfabric_to_that_many(tmp_path) -> None:
+    cfg = from_dict(compose(["+sweep=efa_probe", "launcher.python=/opt/venv/bin/python"])[0])
+    scripts = {efa: _probe_script(cfg, efa) for efa in (0, 1, 4, 32)}
+    srun = {efa: next(ln for ln in s.splitlines() if ln.startswith("srun ")) for efa, (s, _) in scripts.items()}
+    limit = "/fsx/results/efa_probe/runs/run/attempt-1/submission/efa_limit.sh"
+    assert f"bash {limit} 1 all_reduce_perf" in srun[1] and f"bash {limit} 4 all_reduce_perf" in srun[4]
+    assert "efa_limit" not in srun[32] and "efa_limit" not in srun[0]  # all adapters, or none (sockets)
+    assert "efa_limit.sh" in scripts[4][1] and "efa_limit.sh" not in scripts[32][1]
+    # The wrapper itself, run against a node's device tree: the first N rdmap devices in natural order.
+    sysfs = tmp_path / "infiniband"
+    for name in ("rdmap10s0", "rdmap2s0", "rdmap0s0", "rdmap1s0", "rdmap3s0", "mlx5_0"):
+        (sysfs / name).mkdir(parents=True)
+    wrapper = tmp_path / "efa_limit.sh"
+    wrapper.write_text(scripts[4][1]["efa_limit.sh"])
+    env = {**os.environ, "FSDPBENCH_EFA_SYSFS": str(sysfs)}
+    got = subprocess.run(["bash", str(wrapper), "4", "sh", "-c", "echo $FI_EFA_IFACE"], env=env,
+                         capture_output=True, text=True)
+    assert got.returncode == 0 and got.stdout.strip() == "rdmap0s0,rdmap1s0,rdmap2s0,rdmap3s0"
+    short = subprocess.run(["bash", str(wrapper), "8", "true"], env=env, capture_output=True, text=True)
+    assert short.returncode == 3 and "has 5 EFA devices, the run asks for 8" in short.stderr
+
+
+def test_gpus_per_node_zero_emits_no_gpu_request() -> None:
+    cfg = cfg_for("cluster.slurm.gpus_per_node=0")
+    script = SlurmLauncher(cfg).render(first_run(cfg), Path("/tmp/run")).files["job.sbatch"]
+    assert "#SBATCH --gpus-per-node" not in script  # (the trainer still gets its --gpus-per-node argument)
+    assert "#SBATCH --gpus-per-node=8" in SlurmLauncher(cfg_for()).render(first_run(cfg), Path("/tmp/r")).files["job.sbatch"]
+
+
 def test_job_records_parse_from_scontrol_and_jobcomp() -> None:
     # Lines as written by this project's test cluster (slurm-wlm 22.05).
     jobcomp = ("JobId=1 UserId=root(0) GroupId=root(0) Name=j.sh JobState=COMPLETED Partition=debug "
