@@ -68,7 +68,8 @@ class Progress:
         now = time.monotonic()
         if self.running:
             busy = sum(n for n, _ in self.running.values())
-            parts.append(f"nodes {busy}/{self.budget if self.budget is not None else busy} busy")
+            parts.append(f"nodes {busy}/{self.budget} busy" if self.budget is not None
+                         else f"nodes {busy} busy, one run at a time")
             parts.append("running " + ", ".join(f"{label} ({n}n {_fmt_s(now - t)})"
                                                 for label, (n, t) in self.running.items()))
         if self.durations:

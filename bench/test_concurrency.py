@@ -62,18 +62,19 @@ SLEEPY = ["axes.nodes=[1,2]", "axes.sharding=[FULL_SHARD]", "axes.activation_che
           "axes.precision=[fp32,bf16_mixed]", "faults=[{match:{},fault:sleep,seconds:6}]"]
 
 
-def test_runs_overlap_within_the_budget_and_probes_run_alone(tmp_path: Path) -> None:
-    proc = run_sweep(tmp_path, *SLEEPY, "launcher.max_nodes=3")
+def test_runs_overlap_within_the_budget_and_full_width_runs_and_probes_run_alone(tmp_path: Path) -> None:
+    """Budget 2 nodes: the 1-node runs share it, a 2-node run (the whole budget) and every probe run alone."""
+    proc = run_sweep(tmp_path, *SLEEPY, "launcher.max_nodes=2")
     assert proc.returncode == 1, proc.stderr[-2000:]  # sleep-mode runs report no summary: failed, by design
     spans = intervals(tmp_path / "smoke")
     assert len(spans) == 6  # 4 training runs, 2 probes, every one really ran
-    train = {k: v for k, v in spans.items() if v[3] == "train"}
-    probes = {k: v for k, v in spans.items() if v[3] == "nccl"}
-    assert any(overlaps(a, b) for a in train.values() for b in train.values() if a is not b)
-    for key, probe in probes.items():
-        assert not any(overlaps(probe, other) for k, other in spans.items() if k != key)
-    assert max_nodes_in_flight(train) <= 3
-    assert "nodes 3/3 busy" in proc.stdout  # the progress view shows the budget in use
+    small = [v for v in spans.values() if v[3] == "train" and v[2] == 1]
+    assert len(small) == 2 and overlaps(*small)
+    for key, span in spans.items():
+        if span[3] == "nccl" or span[2] == 2:
+            assert not any(overlaps(span, other) for k, other in spans.items() if k != key), span
+    assert max_nodes_in_flight(spans) <= 2
+    assert "nodes 2/2 busy" in proc.stdout  # the progress view shows the budget in use
 
 
 def test_without_a_budget_local_runs_one_at_a_time(tmp_path: Path) -> None:
