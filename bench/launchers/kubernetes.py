@@ -146,12 +146,11 @@ class KubernetesLauncher:
             return None
         self._connect()
         api = PYTORCHJOB if where.get("kind") == PYTORCHJOB["kind"] else MPIJOB
-        handle = K8sHandle(name=where["name"], api=api, run_id=run_dir.parent.name.rsplit("-", 1)[-1],
-                           uid=where.get("uid"))
+        handle = K8sHandle(name=where["name"], api=api, run_id="", uid=where.get("uid"))
         job = self._get(handle)
         if job is None or (handle.uid and job["metadata"].get("uid") != handle.uid):
             return None
-        handle.run_id = job["metadata"]["labels"][RUN_ID_LABEL]
+        handle.run_id = job["metadata"]["labels"][RUN_ID_LABEL]  # its pods carry the same label
         return handle
 
     def _get(self, handle: K8sHandle) -> dict[str, Any] | None:
