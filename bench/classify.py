@@ -24,7 +24,10 @@ _TEXT_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
                                     r"The server socket has failed to listen|EADDRINUSE|"
                                     r"address already in use", re.I)),
     ("launch_error", re.compile(r"No module named|command not found|No such file or directory: '|"
-                                r"exec format error|Permission denied", re.I)),
+                                r"exec format error|Permission denied|"
+                                # Open MPI's mpirun could not start its daemons over ssh (MPIJob workers)
+                                r"ORTE was unable to reliably start one or more daemons|"
+                                r"ssh: connect to host \S+ port \d+: Connection refused", re.I)),
 ]
 
 # Scheduler states -> status (Slurm job states, Kubernetes container/condition reasons).
