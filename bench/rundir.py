@@ -70,7 +70,8 @@ def record_attempt(run_dir_: Path, **entry: Any) -> None:
     ledger = read_ledger(run_dir_)
     old = next((a for a in ledger if a.get("attempt") == entry["attempt"]), {})
     others = [a for a in ledger if a is not old]
-    write_json(run_dir_ / LEDGER_JSON, {"attempts": sorted([*others, {**old, **entry}], key=lambda a: a["attempt"])})
+    attempts = sorted([*others, {**old, **entry}], key=lambda a: a["attempt"])
+    write_json(run_dir_ / LEDGER_JSON, {"attempts": attempts})
 
 
 def current_attempt_dir(run_dir_: Path) -> Path:
@@ -97,8 +98,8 @@ def locked(sweep_dir: Path) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-            raise SweepDirBusy(f"{sweep_dir} is in use by another sweep (pid {holder}); wait for it to end or "
-                               f"stop it, or choose another results_root") from None
+            raise SweepDirBusy(f"{sweep_dir} is in use by another sweep (pid {holder}); wait for it to end "
+                               f"or stop it, or choose another results_root") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield

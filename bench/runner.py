@@ -1,4 +1,5 @@
-"""Execute a plan: skip what is finished, record what cannot fit, keep the rest in flight within a node budget.
+"""Execute a plan: skip what is finished, record what cannot fit, keep the rest in flight within a node
+budget.
 
 Each run follows one path, written as a generator so that many runs can be in flight on the main thread
 (no threads: a child's PR_SET_PDEATHSIG belongs to the thread that started it, and the main thread lives
@@ -31,7 +32,7 @@ from bench.cost import estimated_seconds
 from bench.launchers.base import DONE, PROJECT_ROOT, RUNNING, Launcher, Outcome
 from bench.plan import PlannedRun, feasibility
 from bench.progress import Progress
-from bench.schema import RETRYABLE_STATUSES, RunSummary
+from bench.schema import RETRYABLE_STATUSES, RunSpec, RunSummary
 
 SEARCH_DIR = "search"  # an auto micro batch run's trials: <run dir>/search/mb<N>/
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -66,7 +67,8 @@ def node_budget(cfg: SweepConfig) -> int | None:
 
 def as_job(cfg: SweepConfig, planned: PlannedRun) -> schedule.Job:
     spec = planned.spec
-    return schedule.Job(spec.run_id, spec.nodes, spec.kind == "nccl", estimated_seconds(spec, cfg.cluster.gpu))
+    seconds = estimated_seconds(spec, cfg.cluster.gpu)
+    return schedule.Job(spec.run_id, spec.nodes, spec.kind == "nccl", seconds)
 
 
 @contextmanager
@@ -98,7 +100,8 @@ class _Sweep:
 
     def __init__(self, cfg: SweepConfig, launcher: Launcher, sweep_dir: Path, stop: threading.Event,
                  progress: Progress) -> None:
-        self.cfg, self.launcher, self.sweep_dir, self.stop, self.progress = cfg, launcher, sweep_dir, stop, progress
+        self.cfg, self.launcher, self.sweep_dir = cfg, launcher, sweep_dir
+        self.stop, self.progress = stop, progress
         self.rev = git_revision()
         self.counts: Counter[str] = Counter()
 
@@ -195,19 +198,13 @@ def _attempt(sweep: _Sweep, planned: PlannedRun, rd: Path) -> RunSteps:
     """One submission of a run (or the re-attached job of an earlier sweep), watched to its end."""
     cfg, launcher, spec = sweep.cfg, sweep.launcher, planned.spec
     started = _now()
-    handle, attempt, outcome = _reattach(sweep, rd)
+    handle, attempt = _reattach(sweep, rd)
     if handle is None:
         attempt += 1
-        ad = rundir.attempt_dir(rd, attempt)
-        try:
-            submission = launcher.render(spec, ad)
-            rundir.write_submission(ad, submission)
-            rundir.record_attempt(rd, attempt=attempt, launcher=launcher.name, submitted_at=started, job=None)
-            handle = launcher.submit(submission, ad)
-            rundir.record_attempt(rd, attempt=attempt, job=launcher.locate(handle))
-        except Exception as e:  # invalid manifest, sbatch refused, API rejected the job, binary missing ...
-            outcome = Outcome(returncodes=[], launch_error=f"{type(e).__name__}: {e}")
     ad = rundir.attempt_dir(rd, attempt)
+    outcome = Outcome(returncodes=[])
+    if handle is None:
+        handle, outcome = _submit(sweep, spec, rd, ad, attempt, started)
     try:
         if handle is not None:
             outcome = yield from _watch(cfg, launcher, handle, sweep.stop)
@@ -224,8 +221,23 @@ def _attempt(sweep: _Sweep, planned: PlannedRun, rd: Path) -> RunSteps:
     return summary
 
 
-def _reattach(sweep: _Sweep, rd: Path) -> tuple[Any, int, Outcome]:
-    """(handle on the job an earlier sweep left unfinished, or None; its attempt number; outcome so far).
+def _submit(sweep: _Sweep, spec: RunSpec, rd: Path, ad: Path, attempt: int, started: str,
+            ) -> tuple[Any, Outcome]:
+    """Render, write, record and submit one attempt: (handle, no outcome yet), or (None, its launch_error)."""
+    launcher = sweep.launcher
+    try:
+        submission = launcher.render(spec, ad)
+        rundir.write_submission(ad, submission)
+        rundir.record_attempt(rd, attempt=attempt, launcher=launcher.name, submitted_at=started, job=None)
+        handle = launcher.submit(submission, ad)
+        rundir.record_attempt(rd, attempt=attempt, job=launcher.locate(handle))
+        return handle, Outcome(returncodes=[])
+    except Exception as e:  # invalid manifest, sbatch refused, API rejected the job, binary missing ...
+        return None, Outcome(returncodes=[], launch_error=f"{type(e).__name__}: {e}")
+
+
+def _reattach(sweep: _Sweep, rd: Path) -> tuple[Any, int]:
+    """(handle on the job an earlier sweep left unfinished, or None; the ledger's last attempt number).
 
     A job still known to the scheduler is waited on again, never submitted twice; under --force or
     --rerun-failed it is cancelled first and a new attempt starts."""
@@ -233,7 +245,7 @@ def _reattach(sweep: _Sweep, rd: Path) -> tuple[Any, int, Outcome]:
     last = ledger[-1] if ledger else None
     attempt = last["attempt"] if last else 0
     if not last or last.get("ended_at") or not last.get("job"):
-        return None, attempt, Outcome(returncodes=[])
+        return None, attempt
     try:
         handle = sweep.launcher.attach(last["job"], rundir.attempt_dir(rd, attempt))
     except Exception:  # noqa: BLE001 - cannot tell: treat as gone, a new attempt starts
@@ -245,7 +257,7 @@ def _reattach(sweep: _Sweep, rd: Path) -> tuple[Any, int, Outcome]:
         rundir.record_attempt(rd, attempt=attempt, ended_at=_now(), note="job gone or cancelled on resume")
     else:
         rundir.record_attempt(rd, attempt=attempt, reattached_at=_now())
-    return handle, attempt, Outcome(returncodes=[])
+    return handle, attempt
 
 
 def _cleanup(launcher: Launcher, handle: Any, rd: Path, attempt: int) -> None:

@@ -62,7 +62,7 @@ def _check_safe(what: str, value: str) -> str:
 
 
 def job_name(spec: RunSpec, run_dir: Path) -> str:
-    """Readable and unique per attempt (label, run id, attempt dir), so a ledger can find it by name."""
+    """Readable in squeue and unique per attempt (label, run id, attempt dir)."""
     return f"fsdpbench-{re.sub(r'[^A-Za-z0-9_.-]', '_', spec.label)[:80]}-{spec.run_id}-{run_dir.name}"
 
 
@@ -206,20 +206,13 @@ class SlurmLauncher:
         return {"job_id": handle.job_id}
 
     def attach(self, where: dict[str, Any], run_dir: Path) -> SlurmHandle | None:
-        """The job of the ledger (by id, or by its unique name if the sweep died right after sbatch)."""
-        job_id = where.get("job_id") or self._job_by_name(where.get("job_name"))
+        """The ledger's job, if Slurm still knows it (in the queue, or finished and still on record)."""
+        job_id = where.get("job_id")
         if not job_id:
             return None
         if self._queue_state(job_id)[0] is None and self.final_state(job_id)[0] is None:
             return None
         return SlurmHandle(job_id=str(job_id), run_dir=run_dir)
-
-    def _job_by_name(self, name: str | None) -> str | None:
-        if not name:
-            return None
-        proc = self._run(["squeue", "-h", "--name", name, "-o", "%i"], check=False)
-        ids = proc.stdout.split() if proc.returncode == 0 else []
-        return ids[0] if ids else None
 
     def _queue_state(self, job_id: str) -> tuple[str | None, str | None]:
         """(state, reason) while the job is in the queue, (None, None) once it has left."""
