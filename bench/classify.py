@@ -30,6 +30,39 @@ _TEXT_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
                                 r"ssh: connect to host \S+ port \d+: Connection refused", re.I)),
 ]
 
+# NCCL's watchdog (torch ProcessGroupNCCL.cpp): the commonest failure of a multi-node run.
+_WATCHDOG = re.compile(r"\[Rank (\d+)\] Watchdog caught collective operation timeout: "
+                       r"WorkNCCL\(SeqNum=(\d+), OpType=(\w+).*?\) ran for (\d+) milliseconds")
+# torch's desync report (TraceUtils.h, TORCH_NCCL_DESYNC_DEBUG=1): who lagged.
+_NEVER_JOINED = re.compile(r"ranks \[([\d, ]+)\] are the lagging ranks that caused this timeout")
+_DID_NOT_FINISH = re.compile(r"\[([\d, ]+)\] joined but didn't finish collective #(\d+)")
+# torchrun's ChildFailedError summary: the root cause's rank, host and exit code (negative: a signal).
+_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):\s*\[\d+\]:(.*?)(?:\n=|$)", re.S)
+_FIELD = re.compile(r"^\s*(host|rank|exitcode)\s*:\s*(\S+)", re.M)
+
+
+def diagnose(text: str) -> tuple[str, str] | None:
+    """(status, reason) for the failures whose texts say more than any single error line: an NCCL watchdog
+    timeout (the collective, its sequence number, the lagging ranks when torch's desync report names
+    them), and a rank killed by SIGKILL (exit code -9 in torchrun's summary)."""
+    if watchdog := _WATCHDOG.search(text):
+        rank, seq, op, ms = watchdog.groups()
+        reason = f"NCCL watchdog timeout: {op} #{seq} did not finish on rank {rank} within {int(ms) / 1000:.0f} s"
+        if lagging := _NEVER_JOINED.search(text):
+            reason += f"; desync report: ranks [{lagging.group(1)}] never joined it"
+        elif lagging := _DID_NOT_FINISH.search(text):
+            reason += f"; desync report: ranks [{lagging.group(1)}] joined but did not finish #{lagging.group(2)}"
+        return "nccl_error", reason
+    if root := _ROOT_CAUSE.search(text):
+        fields = dict(_FIELD.findall(root.group(1)))
+        if fields.get("exitcode") == "-9":
+            status = "oom" if _TEXT_PATTERNS[0][1].search(text) else "failed"
+            return status, (f"rank {fields.get('rank', '?')} on {fields.get('host', '?')} was killed by SIGKILL "
+                            "(exitcode -9): the host's OOM killer or the scheduler; see the node's dmesg or "
+                            "the scheduler's log")
+    return None
+
+
 # Scheduler states -> status (Slurm job states, Kubernetes container/condition reasons).
 SCHEDULER_STATES: dict[str, str] = {
     "OUT_OF_MEMORY": "oom", "OOMKilled": "oom",
@@ -100,6 +133,8 @@ def classify(outcome: Outcome, summaries: list[dict[str, Any]], log_text: str) -
     if ok and not clean:
         return "failed", f"worker reported ok but exited with {outcome.returncodes}: " + (
             error_line(log_text) or "")
+    if known := diagnose(log_text):
+        return known
     status = classify_text(log_text) or "failed"
     if outcome.returncodes and all(c == 127 for c in outcome.returncodes):
         status = "launch_error"

@@ -8,15 +8,15 @@ from typing import Any
 
 from bench import rundir
 from bench.classify import classify
-from bench.launchers.base import Outcome
+from bench.launchers.base import TRACE_PREFIX, Outcome
 from bench.schema import SUMMARY_COLUMNS, RunSpec, RunSummary
 
 _LOG_TAIL_BYTES = 64 * 1024
 _SUMMARY_FIELDS = {f.name for f in fields(RunSummary)} - {"run_id", "sweep", "status", "spec", "error",
                                                           "extra", "run_dir", "schema_version"}
 _EXTRA_KEYS = ("losses", "step_times_s", "per_rank", "sizes", "transport", "transport_evidence", "nics",
-               "network_measurement",
-               "ranks", "failed_step", "nvml_available", "nvml_reason", "source")
+               "network_measurement", "groups", "nccl_tests_version",
+               "ranks", "failed_step", "mfu_note", "nvml_available", "nvml_reason", "source")
 
 
 def log_tail(run_dir_: Path) -> str:
@@ -60,6 +60,11 @@ def summarize_run(spec: RunSpec, sweep: str, run_dir_: Path, outcome: Outcome, *
     summary.extra = {k: source[k] for k in _EXTRA_KEYS if k in source}
     if status != "ok" and not summary.error:
         summary.error = f"exit codes {outcome.returncodes}"
+    dumps = sorted(run_dir_.glob(f"{TRACE_PREFIX}*"))
+    if status != "ok" and dumps:  # the flight recorder's last collectives of each rank say which one lagged
+        summary.error += (f"; NCCL flight recorder: {len(dumps)} rank dumps, read them with "
+                          f"torchfrtrace {run_dir_} --prefix {TRACE_PREFIX}")
+        summary.extra["nccl_trace_files"] = [p.name for p in dumps]
     return summary
 
 

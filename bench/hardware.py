@@ -5,6 +5,7 @@ entry makes every MFU wrong: each row names the document it came from.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -25,6 +26,8 @@ GPUS: dict[str, GpuSpec] = {g.name: g for g in [
             "NVIDIA H100 Tensor Core GPU datasheet, SXM column; sparse figures halved"),
     GpuSpec("H100-PCIe", 80, {"bf16": 756.5, "fp16": 756.5, "tf32": 378, "fp32": 51.2},
             "NVIDIA H100 Tensor Core GPU datasheet, PCIe column; sparse figures halved"),
+    GpuSpec("H100-NVL", 94, {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60},
+            "NVIDIA H100 Tensor Core GPU datasheet, NVL column; sparse figures halved"),
     GpuSpec("H200", 141, {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},
             "NVIDIA H200 Tensor Core GPU datasheet, SXM column; sparse figures halved"),
     GpuSpec("A10G", 24, {"bf16": 70, "fp16": 70, "tf32": 35, "fp32": 31.2},
@@ -35,20 +38,21 @@ GPUS: dict[str, GpuSpec] = {g.name: g for g in [
             "NVIDIA HGX B200 datasheet, per GPU; sparse figures halved"),
 ]}
 
-# Substrings of torch.cuda.get_device_name() -> table key; first match wins, so order matters.
-_NAME_PATTERNS: list[tuple[str, str]] = [
-    ("H100 PCIe", "H100-PCIe"), ("H100", "H100-SXM"), ("H200", "H200"), ("GH200", "H200"),
-    ("A100-SXM4-40GB", "A100-SXM4-40GB"), ("A100", "A100-SXM4-80GB"), ("A10G", "A10G"),
-    ("L4", "L4"), ("B200", "B200"),
-]
+# torch.cuda.get_device_name() patterns -> table key; first match wins, so order matters. Whole words:
+# "L4" is not "L40S", "H100" is not "H100 NVL". PCIe A100s have the SXM peaks and memory (datasheet).
+_NAME_PATTERNS: list[tuple[re.Pattern[str], str]] = [(re.compile(p), key) for p, key in [
+    (r"\bH100 NVL\b", "H100-NVL"), (r"\bH100 PCIe\b", "H100-PCIe"), (r"\bH100\b", "H100-SXM"),
+    (r"\bG?H200\b", "H200"), (r"\bA100\b.*\b40GB\b", "A100-SXM4-40GB"), (r"\bA100\b", "A100-SXM4-80GB"),
+    (r"\bA10G\b", "A10G"), (r"\bL4\b", "L4"), (r"\bB200\b", "B200"),
+]]
 
 
 def gpu_spec(device_name: str) -> GpuSpec | None:
-    """Map a CUDA device name (e.g. 'NVIDIA H100 80GB HBM3') to its spec; None if unknown."""
+    """Map a CUDA device name (e.g. 'NVIDIA H100 80GB HBM3') to its spec; None if unknown (no MFU then)."""
     if device_name in GPUS:
         return GPUS[device_name]
     for pattern, key in _NAME_PATTERNS:
-        if pattern in device_name:
+        if pattern.search(device_name):
             return GPUS[key]
     return None
 

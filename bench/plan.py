@@ -15,7 +15,7 @@ from bench.models import get_arch
 from bench.schema import RunSpec
 
 FEASIBLE_FRACTION = 0.95  # leave allocator fragmentation headroom
-_DEFAULTS: dict[str, Any] = {"model": "tiny_llama", "nodes": 1, "sharding": "FULL_SHARD",
+_DEFAULTS: dict[str, Any] = {"model": "tiny_llama", "nodes": 1, "gpus_per_node": None, "sharding": "FULL_SHARD",
                              "precision": "bf16_mixed", "activation_checkpointing": "none",
                              "wrap_policy": "transformer_block", "micro_batch": 1, "seq_len": 128,
                              "efa_per_node": None}
@@ -57,12 +57,13 @@ def _train_points(cfg: SweepConfig) -> list[dict[str, Any]]:
 
 
 def _spec(cfg: SweepConfig, point: dict[str, Any], repeat: int, **override: Any) -> RunSpec:
-    efa = point.get("efa_per_node")
+    efa, gpus = point.get("efa_per_node"), point.get("gpus_per_node")
     values = {**point, "micro_batch": 0 if point.get("micro_batch") == AUTO else point.get("micro_batch", 1),
               "efa_per_node": cfg.cluster.efa_per_node if efa is None else efa,
-              "gpus_per_node": cfg.cluster.gpus_per_node, "steps": cfg.steps,
+              "gpus_per_node": cfg.cluster.gpus_per_node if gpus is None else gpus, "steps": cfg.steps,
               "warmup_steps": cfg.warmup_steps, "seed": cfg.seed, "cluster": cfg.cluster.name,
-              "launcher": cfg.launcher.name, "repeat": repeat,
+              # launcher=dryrun previews the local launcher: its run ids are the ones a launch will use
+              "launcher": "local" if cfg.launcher.name == "dryrun" else cfg.launcher.name, "repeat": repeat,
               "nccl_min_bytes": cfg.nccl.min_bytes, "nccl_max_bytes": cfg.nccl.max_bytes,
               "nccl_iters": cfg.nccl.iters, **override}
     try:
@@ -104,9 +105,10 @@ def _probe_specs(cfg: SweepConfig) -> list[RunSpec]:
         return []
     nodes = cfg.nccl.nodes or cfg.axes.get("nodes", (1,))
     efas = cfg.nccl.efa_per_node or (cfg.cluster.efa_per_node,)
-    return [_spec(cfg, {"nodes": n, "efa_per_node": e}, r, kind="nccl", model="none",
+    gpus = cfg.nccl.gpus_per_node or (None,)
+    return [_spec(cfg, {"nodes": n, "gpus_per_node": g, "efa_per_node": e}, r, kind="nccl", model="none",
                   steps=1, warmup_steps=0)
-            for n in nodes for e in efas for r in range(cfg.repeats)]
+            for n in nodes for g in gpus for e in efas for r in range(cfg.repeats)]
 
 
 def expand(cfg: SweepConfig) -> list[PlannedRun]:

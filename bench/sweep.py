@@ -41,8 +41,24 @@ def compose(overrides: list[str]) -> tuple[dict[str, Any], str]:
         cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
         return OmegaConf.to_container(cfg, resolve=True), OmegaConf.to_yaml(cfg, resolve=True)
     except (HydraException, OmegaConfBaseException) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(first) from None
+        raise ConfigError(hydra_message(str(e)) or type(e).__name__) from None
+
+
+def hydra_message(text: str) -> str:
+    """Hydra's multi-line error as one line that keeps what a user acts on: the error, the `+key` hint and
+    the available options (not the config search path)."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    out = lines[0]
+    hints = [ln for ln in lines[1:] if ln.startswith("To append")]
+    if hints:
+        out += f" ({hints[0][0].lower()}{hints[0][1:]})"
+    if any(ln.startswith("Available options") for ln in lines):
+        start = next(i for i, ln in enumerate(lines) if ln.startswith("Available options"))
+        options = [ln for ln in lines[start + 1:] if ":" not in ln and "=" not in ln]
+        out += f"; available: {', '.join(options)}"
+    return out
 
 
 def make_launcher(cfg: SweepConfig) -> Any:
@@ -73,6 +89,20 @@ def write_plan(sweep_dir: Path, plan: list[PlannedRun], yaml_text: str) -> None:
     import pandas as pd
     rundir.atomic_write_text(sweep_dir / rundir.SWEEP_CONFIG, yaml_text)
     rundir.atomic_write_text(sweep_dir / rundir.PLAN_CSV, pd.DataFrame([p.row() for p in plan]).to_csv(index=False))
+
+
+def render_all(launcher: Any, plan: list[PlannedRun], sweep_dir: Path, admit: bool) -> None:
+    """Render every run once before anything is written or launched (rendering is pure and cheap), and let
+    the scheduler judge it where it can without running it (Kubernetes server-side dry run): a value only
+    a launcher can judge (a path outside the container's mounts, a manifest the CRD or a webhook refuses)
+    is one ConfigError now, not a launch_error per run later."""
+    check = getattr(launcher, "admit", None) if admit else None
+    for p in plan:
+        if not p.feasible:
+            continue
+        submission = launcher.render(p.spec, rundir.run_dir(sweep_dir, p.spec))
+        if check:
+            check(submission)
 
 
 def dry_run(launcher: Any, plan: list[PlannedRun], sweep_dir: Path) -> None:
@@ -136,8 +166,15 @@ def main(argv: list[str] | None = None) -> int:
             launcher_check = getattr(launcher, "preflight", None)
             if launcher_check:
                 launcher_check()
+        render_all(launcher, plan, sweep_dir, admit=not (cfg.dry_run or cfg.launcher.name == "dryrun"))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(f"error: cannot create the sweep dir {sweep_dir}: {e.strerror} (set results_root to a writable "
+              "directory)", file=sys.stderr)
         return EXIT_CONFIG
     try:
         with rundir.locked(sweep_dir):
@@ -156,6 +193,8 @@ def _plan_and_launch(cfg: SweepConfig, plan: list[PlannedRun], launcher: Any, sw
     cost = plan_cost([p.first_spec for p in plan if p.feasible], cfg.cluster, cfg.launcher.timeout_s)
     print(cost.line(cfg.cluster.name))
     print(schedule_line(cfg, plan))
+    if note := getattr(launcher, "plan_note", None):
+        print(note([p.first_spec for p in plan if p.feasible]))
     if cfg.dry_run or cfg.launcher.name == "dryrun":
         print(format_plan(plan))
         dry_run(launcher, plan, sweep_dir)

@@ -17,13 +17,18 @@ def plan_for(*overrides: str):
 def test_smoke_plan_is_the_product_minus_exclusions() -> None:
     plan = plan_for("+sweep=smoke")
     train = [p.spec for p in plan if p.spec.kind == "train"]
-    # 2 nodes x (FULL_SHARD: 2 precisions x 2 AC + 3 other strategies x bf16 x no AC)
-    assert len(train) == 2 * (4 + 3)
-    assert {s.sharding for s in train} == {"FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"}
-    assert not [s for s in train if s.sharding != "FULL_SHARD" and s.activation_checkpointing == "full"]
+    two = [s for s in train if s.gpus_per_node == 2]
+    # 2 GPUs/node: 2 nodes x (FULL_SHARD: 2 precisions x 2 AC + 3 other strategies x bf16 x no AC)
+    assert len(two) == 2 * (4 + 3)
+    assert {s.sharding for s in two} == {"FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"}
+    assert not [s for s in two if s.sharding != "FULL_SHARD" and s.activation_checkpointing == "full"]
+    # 1 GPU/node (what a one-GPU machine runs on its GPU): 1 node, FULL_SHARD, 4 precisions x 2 AC modes
+    one = [s for s in train if s.gpus_per_node == 1]
+    assert len(one) == 8 and {(s.nodes, s.sharding) for s in one} == {(1, "FULL_SHARD")}
+    assert len(train) == len(one) + len(two)
     probes = [p.spec for p in plan if p.spec.kind == "nccl"]
-    assert sorted(s.nodes for s in probes) == [1, 2]
-    assert all(s.gpus_per_node == 2 and s.cluster == "local" for s in train)
+    assert sorted((s.nodes, s.gpus_per_node) for s in probes) == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert all(s.cluster == "local" for s in train)
 
 
 def test_run_ids_are_stable_and_unique() -> None:
@@ -80,16 +85,37 @@ def test_ablation_changes_one_factor_at_a_time() -> None:
 @pytest.mark.parametrize("overrides,message", [
     (["axes.model=[gpt5]"], "unknown value 'gpt5'"),
     (["axes.sharding=[FULLSHARD]"], "FULLSHARD"),
-    (["cluster.gpus_per_node=1"], "HYBRID_SHARD needs >= 2 GPUs per node"),
+    (["cluster.gpus_per_node=1", "axes.gpus_per_node=[1]"], "HYBRID_SHARD needs >= 2 GPUs per node"),
     (["axes.nodes=[1,8]"], "exceed cluster local's max_nodes=4"),
     (["steps=3", "warmup_steps=3"], "warmup_steps"),
     (["exclude=[{colour: red}]"], "exclude[0]"),
     (["+axes.colour=[red]"], "unknown axis colour"),
+    (["sweep_name=../../etc"], "sweep_name='../../etc': a plain name"),
+    (["sweep_name=/etc"], "a plain name"),
+    (["results_root=/proc/nope"], "cannot create the sweep dir /proc/nope/smoke"),
+    (["axes.gpus_per_node=[4]"], "axes.gpus_per_node: [4] exceed cluster local's gpus_per_node=2"),
+    # a string where a number belongs, before anything is written or launched
+    (["seed=abc"], "seed must be an integer, got 'abc'"),
+    (["nccl.iters=abc"], "nccl.iters must be an integer"),
+    (["nccl.min_bytes=abc"], "nccl.min_bytes must be an integer"),
+    (["micro_batch_search.warmup_steps=abc"], "micro_batch_search.warmup_steps must be an integer"),
+    (["cluster.price_per_hour=abc"], "cluster.price_per_hour must be a number"),
+    (["launcher.timeout_s=abc"], "launcher.timeout_s must be a number"),
+    (["launcher.poll_s=abc"], "launcher.poll_s must be a number"),
+    (["launcher.timeout_s=-5"], "launcher.timeout_s must be a positive number of seconds"),
+    # typos are refused, not ignored: `+dry_runn=true` would launch for real
+    (["+bogus_key=1"], "unknown key(s): bogus_key"),
+    (["+dry_runn=true"], "unknown key(s): dry_runn"),
+    (["+steps_typo=5"], "unknown key(s): steps_typo"),
+    (["faults=[{match:{precison:fp32},fault:nan}]"], "faults: unknown match key(s) precison"),
+    (["cluster.slurm.partition=p5"], "use +cluster.slurm.partition=p5"),  # Hydra's hint is kept
 ])
-def test_bad_config_is_one_line_and_exit_2(overrides, message, capsys) -> None:
+def test_bad_config_is_one_line_and_exit_2(overrides, message, capsys, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # a relative results_root would land here: nothing may be written
     assert main(["+sweep=smoke", *overrides]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_no_sweep_lists_the_sweeps(capsys) -> None:
@@ -100,7 +126,13 @@ def test_no_sweep_lists_the_sweeps(capsys) -> None:
 
 def test_unknown_sweep_is_a_config_error(capsys) -> None:
     assert main(["+sweep=nope"]) == 2
-    assert "sweep/nope" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "sweep/nope" in err and "available: ablation, efa_probe" in err and err.count("\n") == 1
+
+
+def test_a_fault_named_nan_is_a_name_not_a_number() -> None:
+    raw, _ = compose(["+sweep=smoke", "faults=[{match:{precision:fp32},fault:nan}]"])
+    assert from_dict(raw).faults[0].fault == "nan"
 
 
 def test_config_error_type_is_raised_by_from_dict() -> None:
@@ -135,3 +167,24 @@ def test_micro_batch_values_are_checked(override: str, message: str) -> None:
     raw, _ = compose(["+sweep=smoke", override])
     with pytest.raises(ConfigError, match=message):
         from_dict(raw)
+
+
+def test_a_dry_run_plans_the_run_ids_the_launch_will_use() -> None:
+    launch = [p.spec.run_id for p in plan_for("+sweep=smoke")]
+    assert [p.spec.run_id for p in plan_for("+sweep=smoke", "launcher=dryrun")] == launch
+    assert [p.spec.run_id for p in plan_for("+sweep=smoke", "dry_run=true")] == launch
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["cluster.kubernetes.namespace=Bad_NS"], "cluster.kubernetes.namespace='Bad_NS' is not an RFC 1123 label"),
+    (["cluster.kubernetes.shm_size=lots"], "cluster.kubernetes.shm_size='lots' is not a quantity"),
+    (["cluster.kubernetes.image='Registry/My Image:1'"], "is not an image reference"),
+    (["cluster.kubernetes.image_pull_secret=Not_A_Name"], "is not a Secret name"),
+    ([], "set cluster.kubernetes.image to your worker image"),  # --dry-run without an image: one line
+])
+def test_bad_kubernetes_values_are_one_line_before_anything_is_written(overrides, message, capsys, tmp_path,
+                                                                      monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["+sweep=p5_scaling", "launcher=kubernetes", "--dry-run", *overrides]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and list(tmp_path.iterdir()) == []

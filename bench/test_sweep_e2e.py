@@ -14,15 +14,16 @@ import pytest
 
 from bench import rundir
 from bench.schema import parse_records
+from bench.test_concurrency import SMOKE_SHAPE
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_NODE = ["axes.nodes=[1]", "axes.sharding=[FULL_SHARD]", "axes.activation_checkpointing=[none]",
-            "nccl.enabled=false", "steps=3", "warmup_steps=1"]
+            "nccl.enabled=false", "steps=3", "warmup_steps=1", "exclude=[]"]
 
 
 def sweep(tmp_path: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={tmp_path}",
-                           *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+                           *SMOKE_SHAPE, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
 def table(tmp_path: Path) -> pd.DataFrame:
@@ -70,7 +71,7 @@ def _wait_for(predicate, timeout: float) -> None:
 def test_sigterm_mid_sweep_leaves_a_consistent_store(tmp_path: Path) -> None:
     args = [*ONE_NODE, "axes.precision=[fp32,bf16_mixed,bf16_pure]"]
     proc = subprocess.Popen([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={tmp_path}",
-                             *args, "faults=[{match:{precision:bf16_mixed},fault:hang,step:1}]"],
+                             *SMOKE_SHAPE, *args, "faults=[{match:{precision:bf16_mixed},fault:hang,step:1}]"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     runs = tmp_path / "smoke" / "runs"
     hanging = lambda: [d for d in runs.glob("*bf16_mixed*") if any(  # noqa: E731
@@ -96,9 +97,10 @@ def test_dry_run_renders_and_launches_nothing(tmp_path: Path) -> None:
     proc = sweep(tmp_path, "--dry-run")
     assert proc.returncode == 0, proc.stderr
     sub_files = list((tmp_path / "smoke" / "runs").glob("*/attempt-1/submission/submission.json"))
-    assert len(sub_files) == 16
+    assert len(sub_files) == 16  # the two-ranks-per-node smoke: 14 training runs and 2 probes
     argvs = json.loads(sub_files[0].read_text())["argvs"]
-    assert argvs[0][1:4] == ["-m", "torch.distributed.run", argvs[0][3]]
+    # each agent: its devices (none on this machine: CPU), then torchrun
+    assert argvs[0][:2] == ["env", "CUDA_VISIBLE_DEVICES="] and argvs[0][3:5] == ["-m", "torch.distributed.run"]
     assert not list((tmp_path / "smoke" / "runs").glob("*/summary.json"))
     assert not list((tmp_path / "smoke" / "runs").glob("*/logs/*"))
 

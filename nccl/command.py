@@ -18,9 +18,16 @@ def expected_network(efa_per_node: int) -> str:
     return LIBFABRIC_NETWORK if efa_per_node > 0 else SOCKET_NETWORK
 
 
-def nccl_env(efa_per_node: int) -> dict[str, str]:
-    """Environment for NCCL (training and probes) with `efa_per_node` adapters per node."""
+def nccl_env(efa_per_node: int, socket_ifname: str | None = None) -> dict[str, str]:
+    """Environment for NCCL (training and probes) with `efa_per_node` adapters per node.
+
+    `socket_ifname` pins the interfaces of NCCL's bootstrap and socket transport (NCCL_SOCKET_IFNAME,
+    e.g. "^lo,docker,veth": all but loopback and container bridges), so 0-EFA figures from Slurm hosts
+    and Kubernetes pods go over the same kind of interface.
+    """
     env = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+    if socket_ifname:
+        env["NCCL_SOCKET_IFNAME"] = socket_ifname
     if efa_per_node > 0:
         env.update({"NCCL_NET": LIBFABRIC_NETWORK, "FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1",
                     "FI_EFA_FORK_SAFE": "1", "NCCL_IB_DISABLE": "1"})
@@ -30,19 +37,40 @@ def nccl_env(efa_per_node: int) -> dict[str, str]:
 
 
 def all_reduce_perf_argv(spec: RunSpec, *, binary: str = ALL_REDUCE_PERF, gpus_per_process: int = 1,
-                         warmup_iters: int = 5, dtype: str = "float", json_file: str | None = None,
-                         ) -> list[str]:
+                         warmup_iters: int = 5, dtype: str = "float") -> list[str]:
     """all_reduce_perf arguments for one probe: sizes doubling from min to max, data checked.
 
     With one process per GPU (MPI/srun), -g is 1; a single process driving all GPUs uses -g G.
-    `-J file.json` (nccl-tests 2.17+) adds machine-readable output beside the text table.
+    On Slurm, JSON_IF_SUPPORTED_SCRIPT adds `-J file.json` where the binary has it.
     """
     argv = [binary, "-b", str(spec.nccl_min_bytes), "-e", str(spec.nccl_max_bytes), "-f", "2",
             "-g", str(gpus_per_process), "-n", str(spec.nccl_iters), "-w", str(warmup_iters),
             "-d", dtype, "-o", "sum", "-c", "1"]
-    if json_file:
-        argv += ["-J", json_file]
     return argv
+
+
+def split_env(gpus_per_node: int) -> dict[str, str]:
+    """nccl-tests' NCCL_TESTS_SPLIT (2.13.4+): one group per local GPU index, so every group has one rank
+    per node and crosses the network only; each group reports its own bandwidth."""
+    return {"NCCL_TESTS_SPLIT": f"MOD {gpus_per_node}"}
+
+
+# Run by srun on every rank of a Slurm probe: nccl-tests learned -J (JSON output) in 2.17.3; an older
+# binary takes -J for an unknown option, prints its usage and exits 0, so it would measure nothing. Its own
+# usage text (`-h` returns before MPI_Init) says whether it knows --output_file. Arguments only: the JSON
+# path, then the binary's argv; no config value is part of this text.
+JSON_IF_SUPPORTED_SCRIPT = """#!/bin/bash
+# fsdpbench: run nccl-tests ($2 ...) with -J $1 when the binary supports it (2.17.3+), else without.
+set -euo pipefail
+json=$1; shift
+if "$1" -h 2>/dev/null | grep -q -- '--output_file'; then
+    exec "$@" -J "$json"
+fi
+if [ "${SLURM_PROCID:-0}" = 0 ]; then
+    echo "fsdpbench: $1 has no -J (nccl-tests older than 2.17.3); its text table is parsed" >&2
+fi
+exec "$@"
+"""
 
 
 def busbw_factor(ranks: int) -> float:

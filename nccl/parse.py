@@ -33,6 +33,7 @@ _PREFIX = re.compile(r"^(?:\[\d+,\d+\]<std(?:out|err)>:)?"
                      r"(?:\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)? )?"
                      r"(?:\s*\d+: )?")
 _RANK = re.compile(r"^#+\s*Rank\s+(\d{1,18})(?:\s|$)")  # "#  Rank  3 Group  0 Pid ..." device lines
+_GROUP = re.compile(r"\sGroup\s+(\d{1,9})\s")  # NCCL_TESTS_SPLIT: each group runs (and reports) its own
 _CONFIG = re.compile(r"(nThread|nGpus|minBytes|maxBytes|step|warmup iters|agg iters|iters|validation|graph)"
                      r":? (\S+)")
 _ERROR = re.compile(r"NCCL failure|Test NCCL failure|Test failure|CUDA failure|Segmentation fault|"
@@ -74,6 +75,7 @@ class NcclResult:
     network: str | None = None  # NCCL's "Using network X"
     transport_evidence: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    groups: int | None = None  # operations run side by side (NCCL_TESTS_SPLIT); bandwidths are per group
     nics: int | None = None  # NICs aws-ofi-nccl found ("found N nics"), the most any rank reported
     rows: list[NcclRow] = field(default_factory=list)  # one per message size and placement, in table order
 
@@ -255,6 +257,8 @@ class _Reader:
         body = line.lstrip("#").strip()
         if rank := _RANK.match(line):
             self.top_rank = max(self.top_rank or 0, int(rank.group(1)))
+            if group := _GROUP.search(line):
+                self.run.groups = max(self.run.groups or 1, int(group.group(1)) + 1)
         elif body.startswith("Avg bus bandwidth"):
             self.end_table()
             self.run.avg_busbw_printed = _number(_after_colon(body))

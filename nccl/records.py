@@ -28,7 +28,8 @@ def _summary(result: NcclResult, spec: RunSpec) -> dict[str, Any]:
     rows = result.rows
     return {"kind": "summary", "status": status, "error": error, "source": "nccl-tests",
             "nccl_status": result.status, "ranks": result.inferred_ranks(), "nics": result.nics,
-            "network_measurement": result.network_measurement,
+            "network_measurement": result.network_measurement, "groups": result.groups,
+            "nccl_tests_version": result.tests_version,
             "busbw_avg_gbs": result.avg_busbw_printed if result.avg_busbw_printed is not None
             else result.avg_busbw, "busbw_max_gbs": result.busbw_max, "algbw_max_gbs": result.algbw_max,
             "transport": result.network, "transport_evidence": result.transport_evidence,

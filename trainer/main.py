@@ -6,6 +6,7 @@ Exit codes: 0 ok, 2 bad arguments (before any process group), 3 oom, 4 nan_loss,
 from __future__ import annotations
 
 import datetime as dt
+import math
 import os
 import platform
 import resource
@@ -127,23 +128,27 @@ class Trainer:
         return {"spec": self.spec.to_dict(), "world_size": dist.get_world_size(),
                 "local_rank": int(os.environ.get("LOCAL_RANK", 0)),
                 "group_rank": int(os.environ.get("GROUP_RANK", 0)), "device": str(self.device),
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
                 "mesh_shape": list(self.mesh.shape), "mesh_dim_names": list(self.mesh.dim_names),
                 "shard_group": self.mesh.shard_group, "replicate_group": self.mesh.replicate_group,
                 "reshard_after_forward": self.mesh.reshard_after_forward,
                 "local_param_numel": local_numel, "checkpointed_blocks": self.n_ckpt,
                 **_versions(self.device)}
 
-    def step(self, step: int) -> float:
+    def batch(self, step: int) -> dict[str, torch.Tensor]:
         from trainer.data import synthetic_batch
         spec = self.spec
-        batch = synthetic_batch(vocab=self.arch.vocab, micro_batch=spec.micro_batch, seq_len=spec.seq_len,
-                                seed=spec.seed, dp_rank=self.rank, step=step, device=self.device,
-                                encoder_decoder=self.arch.family == "t5")
-        self._fault(step, "oom")
+        return synthetic_batch(vocab=self.arch.vocab, micro_batch=spec.micro_batch, seq_len=spec.seq_len,
+                               seed=spec.seed, dp_rank=self.rank, step=step, device=self.device,
+                               encoder_decoder=self.arch.family == "t5")
+
+    def step(self, batch: dict[str, torch.Tensor], step: int) -> torch.Tensor:
+        """One optimizer step, and only that: the timed window. Returns this rank's loss, detached (no
+        collective and no host sync beyond the step's own)."""
         loss = self.model(**batch).loss
         if self.args.fault == "nan" and step == self.args.fault_step:
             loss = loss * float("nan")
-        if self.scaler is not None:
+        if self.scaler is not None:  # fp16: ShardedGradScaler skips the step on every rank if any has inf
             self.scaler.scale(loss).backward()
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -151,12 +156,7 @@ class Trainer:
             loss.backward()
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        reduced = loss.detach().float().clone()
-        dist.all_reduce(reduced)  # SUM: gloo has no AVG
-        value = reduced.item() / dist.get_world_size()
-        self._fault(step, "hang")
-        self._fault(step, "crash")
-        return value
+        return loss.detach()
 
     def _fault(self, step: int, kind: str) -> None:
         if self.args.fault != kind or step != self.args.fault_step:
@@ -169,20 +169,40 @@ class Trainer:
             raise RuntimeError(f"injected crash at step {step} (test fault)")
 
     def train(self) -> None:
+        """The batch is built and the fault hooks run outside the clock; the window holds the step and the
+        device sync that ends it. Losses stay on the device and are averaged over ranks once at the end
+        (one all-reduce, for loss parity and NaN detection): a NaN run costs at most the rest of a short
+        benchmark run, and no step pays a collective or a host sync for bookkeeping. Peak memory counters
+        restart with the steady state, so they describe the timed steps."""
+        local_losses = []
         for step in range(self.spec.steps):
+            if step == self.spec.warmup_steps and self.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(self.device)
+            batch = self.batch(step)
+            self._fault(step, "oom")
             _sync(self.device)
             t0 = time.perf_counter()
-            loss = self.step(step)  # .item() above synchronises on the reduced loss
+            loss = self.step(batch, step)
             _sync(self.device)
             elapsed = time.perf_counter() - t0
+            self._fault(step, "hang")
+            self._fault(step, "crash")
             self.step_times.append(elapsed)
-            self.losses.append(loss)
-            if self.rank == 0 and self.args.instrument:
+            local_losses.append(loss)
+            if self.rank == 0 and self.args.instrument:  # after the clock; the device is already synced
                 self.emit("step", step=step, time_s=elapsed, warmup=step < self.spec.warmup_steps,
                           tokens=self.tokens_per_step, samples=self.spec.micro_batch * self.spec.world_size,
-                          loss=loss, **_memory(self.device))
-            if loss != loss or loss in (float("inf"), float("-inf")):
-                raise NanLoss(f"loss is {loss} at step {step}")
+                          loss_rank0=loss.item(), **_memory(self.device))
+        self.losses = self.mean_losses(local_losses)
+        bad = [i for i, v in enumerate(self.losses) if not math.isfinite(v)]
+        if bad:
+            raise NanLoss(f"loss is {self.losses[bad[0]]} at step {bad[0]}")
+
+    def mean_losses(self, local_losses: list[torch.Tensor]) -> list[float]:
+        """Every step's loss averaged over ranks, in one all-reduce (SUM: gloo has no AVG)."""
+        stacked = torch.stack(local_losses).float()
+        dist.all_reduce(stacked)
+        return (stacked / dist.get_world_size()).tolist()
 
     @property
     def tokens_per_step(self) -> int:
@@ -198,6 +218,9 @@ class Trainer:
             hw_flops_per_token=hardware_flops_per_token(self.arch, spec.seq_len,
                                                         spec.activation_checkpointing),
             peak_tflops=peak_tflops(device_name, spec.precision) if self.device.type == "cuda" else None)
+        if self.device.type == "cuda" and stats.get("mfu") is None:
+            stats["mfu_note"] = (f"no peak TFLOPS known for {device_name!r}: MFU not computed (add the GPU to "
+                                 "bench/hardware.py with its datasheet)")
         per_rank: list[dict[str, Any]] = [{}] * dist.get_world_size()
         dist.all_gather_object(per_rank, {**_memory(self.device), **nvml})
         out: dict[str, Any] = {"status": "ok", **stats, "world_size": dist.get_world_size(),

@@ -1,6 +1,6 @@
 """FSDP2 (fully_shard) with the four classic strategies, activation checkpointing and wrap policies.
 
-Strategy -> FSDP2 (DESIGN.md): FULL_SHARD = 1-D mesh, reshard_after_forward=True; SHARD_GRAD_OP = 1-D
+Strategy -> FSDP2 (docs/architecture.md): FULL_SHARD = 1-D mesh, reshard_after_forward=True; SHARD_GRAD_OP = 1-D
 mesh, False; HYBRID_SHARD = 2-D mesh (replicate across nodes x shard within a node), True; NO_SHARD =
 2-D mesh (replicate=world x shard=1): every rank holds whole parameters and gradients are all-reduced,
 i.e. DDP semantics. No strategy falls back to another: a mesh that cannot be built is an error.

@@ -90,12 +90,49 @@ def worker_module_argv(spec: RunSpec, run_dir: Path | None, extra: list[str]) ->
     return argv + extra
 
 
-def torchrun_argv(python: str, spec: RunSpec, endpoint: str, rdzv_id: str) -> list[str]:
+def rendezvous_conf(cfg: SweepConfig) -> dict[str, str]:
+    """c10d rendezvous timeouts: torch waits 60 s (read_timeout) for the store on the first node and 600 s
+    (join_timeout) for every node; nodes that start minutes apart (image pulls, container imports) would
+    fail the run. One setting for every launcher."""
+    seconds = str(int(cfg.launcher.rendezvous_timeout_s))
+    return {"join_timeout": seconds, "read_timeout": seconds}
+
+
+def torchrun_argv(python: str, spec: RunSpec, endpoint: str, rdzv_id: str,
+                  rdzv_conf: dict[str, str] | None = None) -> list[str]:
     """One torchrun agent (one per node) with c10d rendezvous at `endpoint`."""
-    return [python, "-m", "torch.distributed.run", f"--nnodes={spec.nodes}",
+    argv = [python, "-m", "torch.distributed.run", f"--nnodes={spec.nodes}",
             f"--nproc-per-node={spec.gpus_per_node}", "--rdzv-backend=c10d",
             f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}", "--max-restarts=0",
             "--monitor-interval=0.5"]
+    if rdzv_conf:
+        argv.append("--rdzv-conf=" + ",".join(f"{k}={v}" for k, v in rdzv_conf.items()))
+    return argv
+
+
+TRACE_PREFIX = "nccl_trace_rank_"  # torch appends the rank: the flight recorder's dump of each rank
+
+
+def job_env(cfg: SweepConfig, spec: RunSpec, run_dir: str | None) -> dict[str, str]:
+    """The environment of every worker, the same on every launcher.
+
+    Training runs keep torch's NCCL flight recorder (as AWS's reference PyTorchJob does): on a watchdog
+    timeout each rank dumps its last collectives to `<run_dir>/nccl_trace_rank_<N>` (run_dir as the worker
+    sees it; None where the worker has no shared run dir, then torch's default under /tmp), which says
+    which rank lagged. GPU clusters get the NCCL/EFA environment of the run's adapter count.
+    """
+    from nccl.command import nccl_env, split_env
+    env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    if spec.kind == "train":
+        env.update({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_NCCL_TRACE_BUFFER_SIZE": "20000",
+                    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"})
+        if run_dir:
+            env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = f"{run_dir.rstrip('/')}/{TRACE_PREFIX}"
+    if cfg.cluster.gpu is not None:
+        env.update(nccl_env(spec.efa_per_node, cfg.cluster.socket_ifname))
+        if spec.kind == "nccl" and cfg.nccl.split_per_node:
+            env.update(split_env(spec.gpus_per_node))
+    return env
 
 
 def fault_args(cfg: SweepConfig, spec: RunSpec) -> list[str]:

@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from bench.config import ConfigError, SweepConfig
-from bench.launchers.base import fault_args
+from bench.launchers.base import fault_args, job_env, rendezvous_conf
 from bench.schema import RunSpec
 
 GROUP = "kubeflow.org"
@@ -55,9 +55,10 @@ def _labels(cfg: SweepConfig, spec: RunSpec) -> dict[str, str]:
             RUN_ID_LABEL: spec.run_id}
 
 
-def _env(nccl: dict[str, str], cfg: SweepConfig) -> list[dict[str, Any]]:
-    env = [{"name": k, "value": v} for k, v in sorted(nccl.items())]
-    env += [{"name": "OMP_NUM_THREADS", "value": "1"}, {"name": "PYTHONUNBUFFERED", "value": "1"}]
+def _env(cfg: SweepConfig, spec: RunSpec) -> list[dict[str, Any]]:
+    """The launchers' common environment (no shared run dir in a pod: the flight recorder dumps under /tmp
+    and the watchdog's report reaches the pod log)."""
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(job_env(cfg, spec, None).items())]
     if cfg.cluster.kubernetes.hf_token_secret:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": cfg.cluster.kubernetes.hf_token_secret, "key": "token"}}})
@@ -96,14 +97,19 @@ def _image(cfg: SweepConfig) -> str:
 
 
 def pytorchjob(cfg: SweepConfig, spec: RunSpec, name: str) -> dict[str, Any]:
-    """One PyTorchJob: `nodes` Worker replicas, torchrun with c10d rendezvous from the elastic policy."""
-    from nccl.command import nccl_env
+    """One PyTorchJob: `nodes` Worker replicas, torchrun with c10d rendezvous from the elastic policy.
+
+    No restarts (restartPolicy Never, backoffLimit 0, maxRestarts 0): a restarted worker would mix two
+    attempts into one measurement; the sweep's own retry (--rerun-failed) starts a clean attempt. Workers
+    that start apart (image pulls on fresh nodes) still meet: the elastic policy's rdzvConf (the operator
+    passes it to torchrun as PET_RDZV_CONF) raises torch's 60 s store and 600 s join timeouts.
+    """
     command = [IMAGE_PYTHON, "-m", "torch.distributed.run", f"--nnodes={spec.nodes}",
                f"--nproc-per-node={spec.gpus_per_node}", "--rdzv-backend=c10d", "--max-restarts=0",
                "-m", "trainer", *spec.to_argv(), *fault_args(cfg, spec)]
     container = {"name": "pytorch", "image": _image(cfg), "imagePullPolicy": "IfNotPresent",
                  "workingDir": IMAGE_WORKDIR, "command": command,
-                 "env": _env(nccl_env(spec.efa_per_node) if cfg.cluster.gpu else {}, cfg),
+                 "env": _env(cfg, spec),
                  "resources": _resources(cfg, spec)}
     template = {"metadata": {"labels": _labels(cfg, spec)}, "spec": _pod_spec(cfg, spec, container, True)}
     return {
@@ -112,7 +118,8 @@ def pytorchjob(cfg: SweepConfig, spec: RunSpec, name: str) -> dict[str, Any]:
         "spec": {
             "nprocPerNode": str(spec.gpus_per_node),
             "elasticPolicy": {"rdzvBackend": "c10d", "minReplicas": spec.nodes, "maxReplicas": spec.nodes,
-                              "maxRestarts": 0},
+                              "maxRestarts": 0, "rdzvConf": [{"key": k, "value": v}
+                                                             for k, v in rendezvous_conf(cfg).items()]},
             "runPolicy": {"activeDeadlineSeconds": deadline_s(cfg), "backoffLimit": 0,
                           "cleanPodPolicy": "Running"},
             "pytorchReplicaSpecs": {"Worker": {"replicas": spec.nodes, "restartPolicy": "Never",
@@ -123,9 +130,9 @@ def pytorchjob(cfg: SweepConfig, spec: RunSpec, name: str) -> dict[str, Any]:
 
 def mpijob(cfg: SweepConfig, spec: RunSpec, name: str) -> dict[str, Any]:
     """One MPIJob: an mpirun launcher and `nodes` workers, one all_reduce_perf rank per GPU."""
-    from nccl.command import all_reduce_perf_argv, nccl_env
+    from nccl.command import all_reduce_perf_argv
     ranks = spec.nodes * spec.gpus_per_node
-    env = nccl_env(spec.efa_per_node)
+    env = job_env(cfg, spec, None)
     command = [MPIRUN, "--allow-run-as-root", "--tag-output", "-np", str(ranks), "-N", str(spec.gpus_per_node),
                "--bind-to", "none"]
     for key in MPIRUN_PASS_ENV:

@@ -1,5 +1,8 @@
-"""Validate Kubeflow manifests against the real CRD schemas, plus the rules only the webhooks check.
+"""Validate Kubeflow manifests against the CRD schemas the cluster serves, plus the rules only the
+webhooks check.
 
+The launcher reads the installed CRDs through the API (apiextensions.k8s.io/v1) at preflight, so a manifest
+is checked against the operator versions that will run it; tests pass the CRD files of ../shared/data/k8s.
 The CRDs' openAPIV3Schema is used with jsonschema's Draft 7 validator; `strict` adds
 additionalProperties=false to every object that lists its properties (except where the CRD preserves
 unknown fields), so a misspelt key fails here instead of being dropped by the API server. The training
@@ -10,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -18,15 +20,20 @@ from typing import Any
 import jsonschema
 import yaml
 
-from bench.launchers.base import PROJECT_ROOT
-
+CRD_NAMES = {"PyTorchJob": "pytorchjobs.kubeflow.org", "MPIJob": "mpijobs.kubeflow.org"}
 CRD_FILES = {"PyTorchJob": "kubeflow.org_pytorchjobs.yaml", "MPIJob": "kubeflow.org_mpijobs.yaml"}
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
-def crd_dir() -> Path:
-    """Where the CRD YAMLs are: $FSDPBENCH_CRD_DIR, else the reference data beside the checkout."""
-    return Path(os.environ.get("FSDPBENCH_CRD_DIR", PROJECT_ROOT.parent / "shared" / "data" / "k8s"))
+@functools.lru_cache(maxsize=4)
+def load_crds(directory: Path) -> dict[str, dict[str, Any]]:
+    """CRD objects by kind from the operators' YAML files (tests, or a cluster-less check); read once."""
+    return {kind: yaml.safe_load((directory / name).read_text()) for kind, name in CRD_FILES.items()
+            if (directory / name).is_file()}
+
+
+def served_versions(crd: dict[str, Any]) -> list[str]:
+    return [v["name"] for v in crd["spec"]["versions"] if v.get("served", True)]
 
 
 def _strict(schema: Any) -> Any:
@@ -41,13 +48,19 @@ def _strict(schema: Any) -> Any:
     return schema
 
 
-@functools.lru_cache(maxsize=8)
-def _validator(kind: str, version: str, directory: str, strict: bool) -> jsonschema.Draft7Validator:
-    path = Path(directory) / CRD_FILES[kind]
-    crd = yaml.safe_load(path.read_text())
-    version_spec = next(v for v in crd["spec"]["versions"] if v["name"] == version)
+_VALIDATORS: dict[tuple[int, str, bool], tuple[dict[str, Any], jsonschema.Draft7Validator]] = {}
+
+
+def _validator(crd: dict[str, Any], version: str, strict: bool) -> jsonschema.Draft7Validator:
+    """One validator per CRD object and version (building one copies a schema of thousands of lines)."""
+    key = (id(crd), version, strict)
+    if key in _VALIDATORS and _VALIDATORS[key][0] is crd:  # the CRD is kept alive with it: ids stay unique
+        return _VALIDATORS[key][1]
+    version_spec = next(v for v in crd["spec"]["versions"] if v["name"] == version and v.get("served", True))
     schema = copy.deepcopy(version_spec["schema"]["openAPIV3Schema"])
-    return jsonschema.Draft7Validator(_strict(schema) if strict else schema)
+    validator = jsonschema.Draft7Validator(_strict(schema) if strict else schema)
+    _VALIDATORS[key] = (crd, validator)
+    return validator
 
 
 def _webhook_errors(obj: dict[str, Any]) -> list[str]:
@@ -78,18 +91,22 @@ def _webhook_errors(obj: dict[str, Any]) -> list[str]:
     return errors
 
 
-def validate(obj: dict[str, Any], strict: bool = True, directory: Path | None = None) -> list[str]:
-    """Every problem with a manifest, as 'path: message' lines; empty when it is valid."""
+def validate(obj: dict[str, Any], crds: dict[str, dict[str, Any]], strict: bool = True) -> list[str]:
+    """Every problem with a manifest against `crds` (kind -> CRD object), as 'path: message' lines; empty
+    when it is valid."""
     kind, api_version = obj.get("kind"), obj.get("apiVersion", "")
     if kind not in CRD_FILES:
         return [f"kind {kind!r} is not one of {', '.join(CRD_FILES)}"]
     group, _, version = api_version.partition("/")
     if group != "kubeflow.org":
         return [f"apiVersion {api_version!r} is not in group kubeflow.org"]
+    if kind not in crds:
+        return [f"the cluster has no {kind} CRD ({CRD_NAMES[kind]}): install the "
+                f"{'training' if kind == 'PyTorchJob' else 'MPI'} operator"]
     try:
-        validator = _validator(kind, version, str(directory or crd_dir()), strict)
+        validator = _validator(crds[kind], version, strict)
     except StopIteration:
-        return [f"{kind} CRD has no version {version!r}"]
+        return [f"{kind} CRD serves no version {version!r} (it serves {', '.join(served_versions(crds[kind]))})"]
     errors = [f"{'.'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}"
               for e in sorted(validator.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))]
     return errors + _webhook_errors(obj)

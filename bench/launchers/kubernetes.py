@@ -9,6 +9,7 @@ records (pod logs land in logs/).
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ from bench import rundir
 from bench.config import ConfigError, SweepConfig
 from bench.launchers.base import DONE, PENDING, RUNNING, Outcome, Poll, Submission
 from bench.launchers.k8s_manifests import MPIJOB, PYTORCHJOB, RUN_ID_LABEL, manifest
-from bench.launchers.k8s_schema import crd_dir, validate
+from bench.launchers.k8s_schema import CRD_NAMES, validate
 from bench.schema import RunSpec
 
 MANIFEST = "manifest.yaml"
@@ -87,10 +88,12 @@ def exit_codes(pods: list[Any]) -> list[int | None]:
 class KubernetesLauncher:
     name = "kubernetes"
 
-    def __init__(self, cfg: SweepConfig, custom: Any = None, core: Any = None, version: Any = None) -> None:
+    def __init__(self, cfg: SweepConfig, custom: Any = None, core: Any = None, version: Any = None,
+                 extensions: Any = None) -> None:
         self.cfg = cfg
         self.namespace = cfg.cluster.kubernetes.namespace
-        self._custom, self._core, self._version = custom, core, version
+        self._custom, self._core, self._version, self._ext = custom, core, version, extensions
+        self.crds: dict[str, dict[str, Any]] | None = None  # kind -> CRD the cluster serves (preflight)
 
     def _connect(self) -> None:
         if self._custom is not None:
@@ -106,6 +109,7 @@ class KubernetesLauncher:
                 raise ConfigError(f"no Kubernetes configuration: {e}; set KUBECONFIG or launcher.kubeconfig, "
                                   "or preview with --dry-run") from None
         self._custom, self._core, self._version = client.CustomObjectsApi(), client.CoreV1Api(), client.VersionApi()
+        self._ext = client.ApiextensionsV1Api()
 
     def preflight(self) -> None:
         """Configuration, image and reachability, before anything is created."""
@@ -118,14 +122,51 @@ class KubernetesLauncher:
         except Exception as e:
             raise ConfigError(f"Kubernetes API not reachable: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
                               ) from None
+        self.crds = self.read_crds()
+
+    def read_crds(self) -> dict[str, dict[str, Any]]:
+        """The Kubeflow CRDs installed in the cluster (apiextensions.k8s.io/v1), by kind; a kind whose CRD is
+        missing is left out (a sweep without probes needs no MPI operator)."""
+        from kubernetes.client.exceptions import ApiException
+        crds = {}
+        for kind, name in CRD_NAMES.items():
+            try:
+                response = self._ext.read_custom_resource_definition(name, _preload_content=False)
+            except ApiException as e:
+                if e.status == 404:
+                    continue
+                raise ConfigError(f"cannot read CRD {name}: {e.status} {e.reason}") from None
+            crds[kind] = json.loads(response.data)
+        return crds
 
     def render(self, spec: RunSpec, run_dir: Path) -> Submission:
+        """The manifest; checked against the cluster's own CRDs once preflight has read them (a dry run
+        without a cluster checks nothing here)."""
         obj = manifest(self.cfg, spec)
-        if crd_dir().is_dir():
-            errors = validate(obj)
+        if self.crds is not None:
+            errors = validate(obj, self.crds)
             if errors:
-                raise ConfigError(f"rendered {obj['kind']} does not validate: {errors[0]}")
+                raise ConfigError(f"rendered {obj['kind']} does not validate against the cluster's CRD: {errors[0]}")
         return Submission(run_id=spec.run_id, argvs=(), files={MANIFEST: yaml.safe_dump(obj, sort_keys=False)})
+
+    def admit(self, submission: Submission) -> None:
+        """Server-side dry run of the create: the API server's own validation, defaulting and admission
+        webhooks judge the manifest, and nothing is created."""
+        from kubernetes.client.exceptions import ApiException
+        self._connect()
+        body = yaml.safe_load(submission.files[MANIFEST])
+        api = PYTORCHJOB if body["kind"] == PYTORCHJOB["kind"] else MPIJOB
+        try:
+            self._custom.create_namespaced_custom_object(api["group"], api["version"], self.namespace,
+                                                         api["plural"], body, dry_run="All")
+        except ApiException as e:
+            message = e.reason
+            try:
+                message = json.loads(e.body or "{}").get("message") or message
+            except ValueError:
+                pass
+            raise ConfigError(f"the cluster refuses the {body['kind']} of run {submission.run_id} "
+                              f"(server-side dry run): {e.status} {message}") from None
 
     def submit(self, submission: Submission, run_dir: Path) -> K8sHandle:
         self._connect()

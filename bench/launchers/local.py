@@ -5,6 +5,11 @@ logs/node<k>.log in the attempt dir. Agents also die with the sweep, whatever ki
 included): the kernel sends them SIGTERM when the sweep's main thread exits (PR_SET_PDEATHSIG), and
 torchrun passes that on to its workers. So a local job never outlives its sweep, and a resumed sweep has
 nothing to re-attach to: a survivor it still finds through the ledger is killed.
+
+GPUs: each agent gets its own devices (CUDA_VISIBLE_DEVICES per agent), so two simulated nodes never put
+two ranks on one GPU. A run that needs more GPUs than the machine has runs on CPU (gloo) when the local
+cluster names no GPU (`cluster.gpu: null`, the smoke sweep's), and is refused before launch when it does
+(measurements on that GPU were asked for).
 """
 from __future__ import annotations
 
@@ -21,13 +26,13 @@ from pathlib import Path
 from typing import IO, Any, Callable
 
 from bench import rundir
-from bench.config import SweepConfig
-from bench.launchers.base import (DONE, RUNNING, Outcome, Poll, Submission, fault_args, python_executable,
-                                  torchrun_argv, worker_module_argv)
+from bench.config import ConfigError, SweepConfig
+from bench.gpus import agent_devices, local_gpus
+from bench.launchers.base import (DONE, RUNNING, Outcome, Poll, Submission, fault_args, job_env,
+                                  python_executable, rendezvous_conf, torchrun_argv, worker_module_argv)
 from bench.schema import RunSpec
 
 PORT_TOKEN = "@RDZV_PORT@"  # replaced by a free port when the run is submitted (render stays pure)
-WORKER_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
 _PR_SET_PDEATHSIG = 1
 
 
@@ -73,15 +78,37 @@ class LocalHandle:
 class LocalLauncher:
     name = "local"
 
-    def __init__(self, cfg: SweepConfig) -> None:
+    def __init__(self, cfg: SweepConfig, gpus: list[str] | None = None) -> None:
         self.cfg = cfg
+        self.gpus = local_gpus() if gpus is None else gpus
+
+    def devices(self, spec: RunSpec) -> list[str]:
+        """CUDA_VISIBLE_DEVICES of each agent: its own GPUs, or "" (CPU) when the run does not fit them."""
+        placed = agent_devices(spec.world_size, spec.nodes, self.gpus)
+        if placed is not None:
+            return placed
+        if self.gpus and self.cfg.cluster.gpu is not None:
+            raise ConfigError(f"run {spec.label} needs {spec.world_size} GPUs, this machine has "
+                              f"{len(self.gpus)} ({','.join(self.gpus)}); lower axes.nodes or "
+                              "cluster.gpus_per_node, or set cluster.gpu=null to run what does not fit on CPU")
+        return [""] * spec.nodes
+
+    def plan_note(self, specs: list[RunSpec]) -> str:
+        """Where the runs will execute, for the plan output."""
+        if not self.gpus:
+            return "devices: no GPU here (CUDA_VISIBLE_DEVICES / nvidia-smi -L): every run on CPU (gloo)"
+        on_gpu = sum(agent_devices(s.world_size, s.nodes, self.gpus) is not None for s in specs)
+        return (f"devices: {len(self.gpus)} GPU(s) here ({','.join(self.gpus)}): {on_gpu} run(s) on GPU (NCCL), "
+                f"{len(specs) - on_gpu} on CPU (gloo; they need more ranks than GPUs)")
 
     def render(self, spec: RunSpec, run_dir: Path) -> Submission:
         py = python_executable(self.cfg)
         worker = worker_module_argv(spec, run_dir, fault_args(self.cfg, spec))
-        agent = torchrun_argv(py, spec, f"127.0.0.1:{PORT_TOKEN}", spec.run_id)
-        argvs = tuple(tuple(agent + worker) for _ in range(spec.nodes))
-        return Submission(run_id=spec.run_id, argvs=argvs, env=dict(WORKER_ENV))
+        agent = torchrun_argv(py, spec, f"127.0.0.1:{PORT_TOKEN}", spec.run_id, rendezvous_conf(self.cfg))
+        # `env` sets each agent's devices without a shell; torchrun's workers inherit them
+        argvs = tuple(tuple(["env", f"CUDA_VISIBLE_DEVICES={devices}", *agent, *worker])
+                      for devices in self.devices(spec))
+        return Submission(run_id=spec.run_id, argvs=argvs, env=job_env(self.cfg, spec, os.path.abspath(run_dir)))
 
     def submit(self, submission: Submission, run_dir: Path) -> LocalHandle:
         port = str(free_port())

@@ -20,11 +20,14 @@ from typing import Any
 from bench import rundir
 from bench.config import ConfigError, SweepConfig
 from bench.launchers.base import (DONE, PENDING, PROJECT_ROOT, RUNNING, Outcome, Poll, Submission, fault_args,
-                                  python_executable, torchrun_argv, worker_module_argv)
+                                  job_env, python_executable, rendezvous_conf, torchrun_argv,
+                                  worker_module_argv)
 from bench.schema import RunSpec
 
 SCRIPT = "job.sbatch"
 EFA_LIMIT = "efa_limit.sh"
+NCCL_TESTS = "nccl_tests.sh"  # nccl.command.JSON_IF_SUPPORTED_SCRIPT
+IMAGE_PYTHON = "python"  # the interpreter inside the worker image (pyxis)
 # Run on every node by srun, before the worker: libfabric's efa provider uses only the devices FI_EFA_IFACE
 # lists, so a run of N adapters per node gets the node's first N rdmap devices; a node with fewer fails the
 # run rather than measuring something else. Arguments only (the count, then the worker's argv): no config
@@ -98,11 +101,43 @@ def _srun_prefix(cfg: SweepConfig, tasks_per_node: int, mpi: str | None = None) 
     srun = ["srun", "--label", "--kill-on-bad-exit=1", f"--ntasks-per-node={tasks_per_node}"]
     if mpi:
         srun.append(f"--mpi={mpi}")
-    if s.container_image:
-        srun.append(f"--container-image={s.container_image}")
+    if s.container_image:  # pyxis starts in the image's WORKDIR, not in the batch script's directory
+        srun += [f"--container-image={s.container_image}", f"--container-workdir={s.container_workdir}"]
     if s.container_mounts:
         srun.append(f"--container-mounts={s.container_mounts}")
     return srun
+
+
+def _mounts(spec: str) -> list[tuple[Path, Path]]:
+    """(host, container) pairs of pyxis' --container-mounts=SRC[:DST[:FLAGS]][,...]."""
+    pairs = []
+    for item in filter(None, spec.split(",")):
+        parts = item.split(":")
+        dst = parts[1] if len(parts) > 1 and parts[1].startswith("/") else parts[0]
+        pairs.append((Path(parts[0]), Path(dst)))
+    return pairs
+
+
+def worker_path(cfg: SweepConfig, path: Path) -> str:
+    """An absolute host path as the worker sees it: itself on the host, its mount target in a pyxis
+    container. A results dir no mount covers would be written inside the container and lost with it."""
+    path = Path(os.path.abspath(path))
+    s = cfg.cluster.slurm
+    if not s.container_image:
+        return str(path)
+    for host, inside in sorted(_mounts(s.container_mounts or ""), key=lambda m: -len(m[0].parts)):
+        if path == host or host in path.parents:
+            return str(inside / path.relative_to(host))
+    raise ConfigError(f"results dir {path} is not under any slurm.container_mounts "
+                      f"({s.container_mounts or 'none'}): the runs would write their results inside the "
+                      f"container and lose them; mount it, e.g. slurm.container_mounts={path.parent}:{path.parent}")
+
+
+def _python(cfg: SweepConfig) -> str:
+    """launcher.python, else the image's interpreter in a container, else this one (shared install)."""
+    if cfg.launcher.python:
+        return cfg.launcher.python
+    return IMAGE_PYTHON if cfg.cluster.slurm.container_image else python_executable(cfg)
 
 
 def limits_efa(cfg: SweepConfig, spec: RunSpec) -> bool:
@@ -110,24 +145,29 @@ def limits_efa(cfg: SweepConfig, spec: RunSpec) -> bool:
     return cfg.cluster.gpu is not None and 0 < spec.efa_per_node < cfg.cluster.efa_per_node
 
 
+def _submission_file(cfg: SweepConfig, run_dir: Path, name: str) -> str:
+    return worker_path(cfg, run_dir / rundir.SUBMISSION_DIR / name)
+
+
 def _efa_limit(cfg: SweepConfig, spec: RunSpec, run_dir: Path) -> list[str]:
     if not limits_efa(cfg, spec):
         return []
-    return ["bash", str(run_dir / rundir.SUBMISSION_DIR / EFA_LIMIT), str(spec.efa_per_node)]
+    return ["bash", _submission_file(cfg, run_dir, EFA_LIMIT), str(spec.efa_per_node)]
 
 
 def worker_command(cfg: SweepConfig, spec: RunSpec, run_dir: Path) -> str:
-    """The srun line of the batch script, every argument quoted."""
+    """The srun line of the batch script, every argument quoted, every path absolute as the worker sees
+    it (on the host, or inside the pyxis container)."""
     if _uses_nccl_tests(cfg, spec):
         from nccl.command import all_reduce_perf_argv
         from nccl.records import JSON_FILE
         argv = (_srun_prefix(cfg, spec.gpus_per_node, cfg.cluster.slurm.mpi) + _efa_limit(cfg, spec, run_dir)
-                + all_reduce_perf_argv(spec, binary=cfg.cluster.slurm.nccl_tests_binary,
-                                       json_file=str(run_dir / JSON_FILE)))
+                + ["bash", _submission_file(cfg, run_dir, NCCL_TESTS), worker_path(cfg, run_dir / JSON_FILE)]
+                + all_reduce_perf_argv(spec, binary=cfg.cluster.slurm.nccl_tests_binary))
         return shlex.join(argv)
     argv = (_srun_prefix(cfg, 1) + _efa_limit(cfg, spec, run_dir)
-            + torchrun_argv(python_executable(cfg), spec, ENDPOINT, "@RDZV_ID@")
-            + worker_module_argv(spec, run_dir, fault_args(cfg, spec)))
+            + torchrun_argv(_python(cfg), spec, ENDPOINT, "@RDZV_ID@", rendezvous_conf(cfg))
+            + worker_module_argv(spec, Path(worker_path(cfg, run_dir)), fault_args(cfg, spec)))
     line = shlex.join(argv)
     return (line.replace(ENDPOINT, '"${head_addr}:${rdzv_port}"')
                 .replace("@RDZV_ID@", '"${SLURM_JOB_ID}"'))
@@ -184,15 +224,17 @@ class SlurmLauncher:
                               check=check)
 
     def render(self, spec: RunSpec, run_dir: Path) -> Submission:
-        from nccl.command import nccl_env
-        env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-        if self.cfg.cluster.gpu is not None:
-            env.update(nccl_env(spec.efa_per_node))
+        from nccl.command import JSON_IF_SUPPORTED_SCRIPT
+        env = job_env(self.cfg, spec, worker_path(self.cfg, run_dir))
         script = render_script(self.cfg, spec, run_dir, env)
-        log = rundir.log_path(run_dir, "slurm-%j")
+        log = rundir.log_path(Path(os.path.abspath(run_dir)), "slurm-%j")
         argv = ("sbatch", "--parsable", f"--job-name={job_name(spec, run_dir)}", f"--output={log}",
-                str(run_dir / rundir.SUBMISSION_DIR / SCRIPT))
-        files = {SCRIPT: script, **({EFA_LIMIT: EFA_LIMIT_SCRIPT} if limits_efa(self.cfg, spec) else {})}
+                os.path.abspath(run_dir / rundir.SUBMISSION_DIR / SCRIPT))
+        files = {SCRIPT: script}
+        if limits_efa(self.cfg, spec):
+            files[EFA_LIMIT] = EFA_LIMIT_SCRIPT
+        if _uses_nccl_tests(self.cfg, spec):
+            files[NCCL_TESTS] = JSON_IF_SUPPORTED_SCRIPT
         return Submission(run_id=spec.run_id, argvs=(argv,), env=env, files=files)
 
     def submit(self, submission: Submission, run_dir: Path) -> SlurmHandle:

@@ -11,6 +11,7 @@ import json
 import re
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pandas as pd
@@ -23,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 
 from bench.config import ConfigError, from_dict
 from bench.launchers.k8s_manifests import RUN_ID_LABEL, manifest
-from bench.launchers.k8s_schema import validate
+from bench.launchers.k8s_schema import CRD_FILES, CRD_NAMES, load_crds, validate
 from bench.launchers.kubernetes import KubernetesLauncher
 from bench.plan import expand
 from bench.runner import _watch, execute
@@ -46,7 +47,7 @@ def test_every_manifest_the_sweeps_produce_validates(shared_data, sweep: str) ->
     plan = expand(cfg)
     for planned in plan:
         obj = manifest(cfg, planned.spec)
-        assert validate(obj, directory=shared_data / "k8s") == [], planned.spec.label
+        assert validate(obj, load_crds(shared_data / "k8s")) == [], planned.spec.label
     assert len(plan) > 0
 
 
@@ -61,7 +62,7 @@ def _envsubst(text: str) -> str:
 @pytest.mark.parametrize("name", ["reference_pytorchjob_llama3_1_8b-fsdp.yaml", "reference_mpijob_nccl-tests.yaml"])
 def test_reference_manifests_validate(shared_data, name: str) -> None:
     obj = yaml.safe_load(_envsubst((shared_data / "k8s" / name).read_text()))
-    assert validate(obj, directory=shared_data / "k8s") == []
+    assert validate(obj, load_crds(shared_data / "k8s")) == []
 
 
 def _train_manifest(**overrides: str) -> dict[str, Any]:
@@ -80,14 +81,14 @@ def test_a_wrong_manifest_is_rejected(shared_data, path, value, message: str) ->
     for key in path[:-1]:
         node = node[key]
     node[path[-1]] = value
-    assert any(message in e for e in validate(obj, directory=shared_data / "k8s"))
+    assert any(message in e for e in validate(obj, load_crds(shared_data / "k8s")))
 
 
 def test_webhook_rules(shared_data) -> None:
     obj = _train_manifest()
     obj["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["name"] = "trainer"
     obj["spec"]["pytorchReplicaSpecs"]["Chief"] = copy.deepcopy(obj["spec"]["pytorchReplicaSpecs"]["Worker"])
-    errors = validate(obj, directory=shared_data / "k8s")
+    errors = validate(obj, load_crds(shared_data / "k8s"))
     assert any("no container named 'pytorch'" in e for e in errors)
     assert any("'Chief' is not Master or Worker" in e for e in errors)
 
@@ -98,14 +99,23 @@ def test_pytorchjob_content() -> None:
     pod = worker["template"]["spec"]
     container = pod["containers"][0]
     assert worker["replicas"] == 2 and obj["spec"]["nprocPerNode"] == "8"
+    # torch's 60 s store / 600 s join timeouts raised for workers that start apart (launcher.rendezvous_timeout_s)
     assert obj["spec"]["elasticPolicy"] == {"rdzvBackend": "c10d", "minReplicas": 2, "maxReplicas": 2,
-                                            "maxRestarts": 0}
+                                            "maxRestarts": 0, "rdzvConf": [{"key": "join_timeout", "value": "1800"},
+                                                                           {"key": "read_timeout", "value": "1800"}]}
     assert container["resources"]["limits"] == {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 32}
     assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "p5.48xlarge"}
     assert {"name": "shm", "mountPath": "/dev/shm"} in container["volumeMounts"]
     env = {e["name"]: e for e in container["env"]}
     assert env["HF_TOKEN"] == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}
     assert env["NCCL_NET"]["value"] == "AWS Libfabric"
+    assert env["NCCL_SOCKET_IFNAME"]["value"] == "^lo,docker,veth"  # the cluster file's pin
+    # the flight recorder as AWS's reference sets it; no shared run dir in a pod: torch's default dump path
+    assert {k: env[k]["value"] for k in ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT",
+                                         "TORCH_NCCL_ASYNC_ERROR_HANDLING")} == {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "20000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    assert "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in env
     assert obj["metadata"]["labels"][RUN_ID_LABEL] == worker["template"]["metadata"]["labels"][RUN_ID_LABEL]
     assert container["command"][:3] == ["python", "-m", "torch.distributed.run"]
     # The job's own deadline is the backstop for a dead harness: queue timeout (6 h) + run timeout (2 h).
@@ -145,13 +155,25 @@ class FakeKube:
         self.jobs: dict[str, dict] = {}
         self.deleted: list[tuple[str, str]] = []
         self.polls = 0
+        self.dry_runs = 0
+        self.missing_crds: set[str] = set()
 
-    def create_namespaced_custom_object(self, group, version, namespace, plural, body):
-        errors = validate(body, directory=self.shared_data / "k8s")
+    def create_namespaced_custom_object(self, group, version, namespace, plural, body, dry_run=None):
+        errors = validate(body, load_crds(self.shared_data / "k8s"))
         if errors:
             raise ApiException(status=422, reason="; ".join(errors))
-        self.jobs[body["metadata"]["name"]] = copy.deepcopy(body)
+        self.dry_runs += dry_run == "All"
+        if dry_run != "All":
+            self.jobs[body["metadata"]["name"]] = copy.deepcopy(body)
         return body
+
+    def read_custom_resource_definition(self, name, _preload_content=True):
+        """apiextensions.k8s.io/v1, raw (the launcher reads the JSON itself): the operators' real CRDs."""
+        kind = {v: k for k, v in CRD_NAMES.items()}[name]
+        if kind in self.missing_crds:
+            raise ApiException(status=404, reason="NotFound")
+        crd = yaml.safe_load((self.shared_data / "k8s" / CRD_FILES[kind]).read_text())
+        return SimpleNamespace(data=json.dumps(crd).encode())
 
     def get_namespaced_custom_object(self, group, version, namespace, plural, name):
         if name not in self.jobs:
@@ -395,3 +417,61 @@ def test_mpijob_workers_run_sshd_and_the_launcher_waits_for_them() -> None:
     passed = [command[i + 1] for i, a in enumerate(command) if a == "-x"]
     assert passed[:2] == ["PATH", "LD_LIBRARY_PATH"] and "FI_PROVIDER=efa" in passed
     assert worker["resources"]["limits"]["vpc.amazonaws.com/efa"] == 32
+
+
+def test_preflight_reads_the_crds_the_cluster_serves(shared_data) -> None:
+    """Manifests are validated against the CRDs read through apiextensions.k8s.io/v1, not local files: a
+    cluster without the MPI operator, or one whose MPIJob CRD serves another version, is refused at render
+    (before anything is created), naming what to install."""
+    cfg = cfg_for("efa_probe")
+    fake = FakeKube("ok", shared_data)
+    launcher = KubernetesLauncher(cfg, custom=fake, core=fake, version=fake, extensions=fake)
+    launcher.preflight()
+    assert sorted(launcher.crds) == ["MPIJob", "PyTorchJob"]
+    assert launcher.crds["MPIJob"]["spec"]["versions"][0]["name"] == "v2beta1"
+    spec = next(p.spec for p in expand(cfg) if p.spec.nodes == 2)
+    launcher.render(spec, Path("/r"))  # valid against the served schema
+
+    fake.missing_crds = {"MPIJob"}
+    launcher.preflight()
+    with pytest.raises(ConfigError, match=r"no MPIJob CRD \(mpijobs.kubeflow.org\): install the MPI operator"):
+        launcher.render(spec, Path("/r"))
+
+    fake.missing_crds = set()
+    launcher.preflight()
+    launcher.crds["MPIJob"] = copy.deepcopy(launcher.crds["MPIJob"])
+    launcher.crds["MPIJob"]["spec"]["versions"][0]["name"] = "v1"  # an old operator
+    with pytest.raises(ConfigError, match="serves no version 'v2beta1'"):
+        launcher.render(spec, Path("/r"))
+
+
+def test_a_manifest_the_server_refuses_is_one_line_before_anything_is_created(tmp_path, shared_data,
+                                                                               monkeypatch, capsys) -> None:
+    """Server-side dry run of every run before the first create: an admission webhook's refusal (here a
+    policy that forbids the namespace) stops the sweep with the server's message; nothing was created."""
+    from bench.sweep import main, render_all
+
+    class Refusing(FakeKube):
+        def create_namespaced_custom_object(self, group, version, namespace, plural, body, dry_run=None):
+            if dry_run == "All" and plural == "pytorchjobs":
+                raise ApiException(status=403, reason="Forbidden")
+            return super().create_namespaced_custom_object(group, version, namespace, plural, body, dry_run)
+
+    fake = Refusing("ok", shared_data)
+
+    def connect(self) -> None:
+        self._custom = self._core = self._version = self._ext = fake
+    monkeypatch.setattr(KubernetesLauncher, "_connect", connect)
+    argv = ["+sweep=p5_scaling", "launcher=kubernetes", f"cluster.kubernetes.image={IMAGE}", f"results_root={tmp_path}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "server-side dry run): 403 Forbidden" in err, err
+    assert not fake.jobs and not (tmp_path / "p5_scaling").exists()
+
+    fake = FakeKube("ok", shared_data)  # accepted: every feasible run was judged by the server, none created
+    cfg = cfg_for("p5_scaling")
+    plan = expand(cfg)
+    launcher = KubernetesLauncher(cfg)
+    launcher.preflight()
+    render_all(launcher, plan, tmp_path, admit=True)
+    assert fake.dry_runs == sum(p.feasible for p in plan) > 0 and not fake.jobs

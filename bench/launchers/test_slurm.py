@@ -18,6 +18,7 @@ from bench.launchers.base import Outcome
 from bench.launchers.slurm import SlurmLauncher, _parse_job_record, render_script
 from bench.plan import expand
 from bench.sweep import compose
+from bench.test_concurrency import SMOKE_SHAPE
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
@@ -55,7 +56,7 @@ def test_batch_script_matches_golden(kind: str) -> None:
 
 def test_config_values_cannot_inject_commands() -> None:
     evil = "img.sqsh; touch /tmp/pwned #"
-    cfg = cfg_for(f"cluster.slurm.container_image='{evil}'")
+    cfg = cfg_for(f"cluster.slurm.container_image='{evil}'", "cluster.slurm.container_mounts=/tmp")
     script = SlurmLauncher(cfg).render(first_run(cfg), Path("/tmp/r p/x'y")).files["job.sbatch"]
     srun = next(line for line in script.splitlines() if line.startswith("srun "))
     tokens = shlex.split(srun)
@@ -84,7 +85,7 @@ def test_efa_counts_below_the_nodes_adapters_limit_libfabric_to_that_many(tmp_pa
     scripts = {efa: _probe_script(cfg, efa) for efa in (0, 1, 4, 32)}
     srun = {efa: next(ln for ln in s.splitlines() if ln.startswith("srun ")) for efa, (s, _) in scripts.items()}
     limit = "/fsx/results/efa_probe/runs/run/attempt-1/submission/efa_limit.sh"
-    assert f"bash {limit} 1 all_reduce_perf" in srun[1] and f"bash {limit} 4 all_reduce_perf" in srun[4]
+    assert f"bash {limit} 1 bash " in srun[1] and f"bash {limit} 4 bash " in srun[4]
     assert "efa_limit" not in srun[32] and "efa_limit" not in srun[0]  # all adapters, or none (sockets)
     assert "efa_limit.sh" in scripts[4][1] and "efa_limit.sh" not in scripts[32][1]
     # The wrapper itself, run against a node's device tree: the first N rdmap devices in natural order.
@@ -99,6 +100,63 @@ def test_efa_counts_below_the_nodes_adapters_limit_libfabric_to_that_many(tmp_pa
     assert got.returncode == 0 and got.stdout.strip() == "rdmap0s0,rdmap1s0,rdmap2s0,rdmap3s0"
     short = subprocess.run(["bash", str(wrapper), "8", "true"], env=env, capture_output=True, text=True)
     assert short.returncode == 3 and "has 5 EFA devices, the run asks for 8" in short.stderr
+
+
+V214_USAGE = """USAGE: all_reduce_perf
+	[-t,--nthreads <num threads>]
+	[-G,--cudagraph <num graph launches>]
+	[-h,--help]"""  # nccl-tests 2.14.1 common.cu: no -J; an unknown option prints usage and returns 0
+V217_USAGE = V214_USAGE.replace("[-h,--help]", "[-J,--output_file <file> write output to filepath, if accessible. "
+                                "Infer type from suffix (only json supported presently.)]\n\t[-h,--help]")
+
+
+def _stand_in(path: Path, usage: str) -> Path:
+    """An all_reduce_perf that answers -h with a real version's usage text and logs the argv it was run with."""
+    path.write_text("#!/bin/bash\n"
+                    f"if [ \"$1\" = -h ]; then printf '%s\\n' {shlex.quote(usage)}; exit 0; fi\n"
+                    f"echo \"$@\" >> {shlex.quote(str(path))}.argv\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_nccl_tests_gets_json_output_only_where_the_binary_has_it(tmp_path) -> None:
+    """-J came with nccl-tests 2.17.3; an older binary takes it for an unknown option, prints usage and
+    exits 0 (a probe with no table). The probe's wrapper asks the node's own binary (-h) first."""
+    cfg = from_dict(compose(["+sweep=efa_probe", "launcher.python=/opt/venv/bin/python"])[0])
+    script, files = _probe_script(cfg, 32)
+    srun = next(ln for ln in script.splitlines() if ln.startswith("srun "))
+    json_file = "/fsx/results/efa_probe/runs/run/attempt-1/nccl-tests.json"
+    assert f"submission/nccl_tests.sh {json_file} all_reduce_perf -b 8" in srun and " -J " not in srun
+    wrapper = tmp_path / "nccl_tests.sh"
+    wrapper.write_text(files["nccl_tests.sh"])
+    for version, usage, extra in (("2.17", V217_USAGE, ["-J", str(tmp_path / "out.json")]), ("2.14", V214_USAGE, [])):
+        binary = _stand_in(tmp_path / f"all_reduce_perf_{version}", usage)
+        got = subprocess.run(["bash", str(wrapper), str(tmp_path / "out.json"), str(binary), "-b", "8", "-e", "64"],
+                             capture_output=True, text=True)
+        assert got.returncode == 0, got.stderr
+        assert Path(f"{binary}.argv").read_text().split() == ["-b", "8", "-e", "64", *extra], version
+        assert ("older than 2.17.3" in got.stderr) == (version == "2.14")
+
+
+def test_pyxis_runs_start_in_the_project_and_write_where_the_host_reads(tmp_path) -> None:
+    """pyxis starts in the image's WORKDIR and sees only mounted paths: the script names the workdir, the
+    image's interpreter and every path as the container sees it; a results dir outside the mounts is one
+    ConfigError before anything is written."""
+    cfg = from_dict(compose(["+sweep=p5_scaling", "cluster.slurm.container_image=/fsx/images/fsdpbench.sqsh",
+                             "cluster.slurm.container_mounts='/fsx/results:/results,/fsx/data:/data:ro'"])[0])
+    script = SlurmLauncher(cfg).render(first_run(cfg), Path("/fsx/results/p5/runs/r/attempt-1")).files["job.sbatch"]
+    srun = shlex.split(next(ln for ln in script.splitlines() if ln.startswith("srun ")).replace('"', ""))
+    assert "--container-workdir=/workspace/fsdpbench" in srun
+    assert srun[srun.index("torch.distributed.run") - 2] == "python"  # the image's, not this machine's
+    assert srun[srun.index("--run-dir") + 1] == "/results/p5/runs/r/attempt-1"
+    assert "export TORCH_NCCL_DEBUG_INFO_TEMP_FILE=/results/p5/runs/r/attempt-1/nccl_trace_rank_" in script
+    with pytest.raises(ConfigError, match=r"results dir /scratch/p5/runs/r is not under any slurm.container_mounts"):
+        SlurmLauncher(cfg).render(first_run(cfg), Path("/scratch/p5/runs/r"))
+    # The sweep refuses before writing anything (results_root relative to a cwd no mount covers).
+    from bench.sweep import main
+    rc = main(["+sweep=p5_scaling", "launcher=slurm", "--dry-run", f"results_root={tmp_path}",
+               "cluster.slurm.container_image=/fsx/images/fsdpbench.sqsh", "cluster.slurm.container_mounts=/fsx:/fsx"])
+    assert rc == 2 and not (tmp_path / "p5_scaling").exists()
 
 
 def test_gpus_per_node_zero_emits_no_gpu_request() -> None:
@@ -155,7 +213,7 @@ def slurm_cluster():
 
 def run_sweep(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={tmp_path}",
-                           "launcher.poll_s=0.5", *args], cwd=ROOT, capture_output=True, text=True,
+                           *SMOKE_SHAPE, "launcher.poll_s=0.5", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=900)
 
 
@@ -247,7 +305,7 @@ def test_a_rerun_reattaches_to_the_job_a_killed_sweep_left_running(slurm_cluster
     from bench import rundir
     args = ["cluster=slurm_local", "launcher=slurm", *ONE_RUN, "faults=[{match:{},fault:sleep,seconds:20}]"]
     first = subprocess.Popen([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={tmp_path}",
-                              "launcher.poll_s=0.5", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
+                              *SMOKE_SHAPE, "launcher.poll_s=0.5", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     runs = tmp_path / "smoke" / "runs"
     deadline = time.monotonic() + 120

@@ -1,0 +1,56 @@
+"""Failures as they really read on a cluster: texts from torch's and NCCL's own sources and published logs,
+and torchrun's own summary of a killed rank, produced here by a real torchrun."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from bench.classify import classify
+from bench.launchers.base import Outcome
+
+# A published multi-node log (torch 2.5, ProcessGroupNCCL.cpp:629), two ranks' lines as torch writes them.
+WATCHDOG = (
+    "[rank0]:[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629] [Rank 0] Watchdog caught collective operation "
+    "timeout: WorkNCCL(SeqNum=1, OpType=BROADCAST, NumelIn=131072000, NumelOut=131072000, Timeout(ms)=600000) "
+    "ran for 600081 milliseconds before timing out.\n"
+    "[rank1]:[E1218 20:27:21.484903450 ProcessGroupNCCL.cpp:2168] [PG ID 1 PG GUID 1 Rank 1]  failure detected "
+    "by watchdog at work sequence id: 1 PG status: last enqueued work: 547, last completed work: 546\n")
+# The desync report's two forms, in the words of torch's TraceUtils.h (analyzeMissingRanks/analyzeLaggingRanks).
+NEVER_JOINED = ("\n\t - To our best knowledge, ranks [5, 13] are the lagging ranks that caused this timeout. "
+                "They never joined any collectives")
+DID_NOT_FINISH = ("\n\t - To our best knowledge, the lagging/dead/mismatched ranks that caused the desync are:"
+                  "\n\t   - [47] joined but didn't finish collective #41207 (count from 1)")
+
+
+def test_an_nccl_watchdog_timeout_names_the_collective_and_the_rank() -> None:
+    status, error = classify(Outcome(returncodes=[1, 1]), [], "step 3\n" + WATCHDOG + "ChildFailedError\n")
+    assert status == "nccl_error"
+    assert error == "NCCL watchdog timeout: BROADCAST #1 did not finish on rank 0 within 600 s"
+
+
+def test_the_desync_report_names_the_lagging_ranks() -> None:
+    _, error = classify(Outcome(returncodes=[1]), [], WATCHDOG.replace("timing out.", "timing out." + NEVER_JOINED))
+    assert error.endswith("; desync report: ranks [5, 13] never joined it")
+    _, error = classify(Outcome(returncodes=[1]), [], WATCHDOG.replace("timing out.", "timing out." + DID_NOT_FINISH))
+    assert error.endswith("; desync report: ranks [47] joined but did not finish #41207")
+
+
+def _torchrun_killed_rank() -> str:
+    """torchrun's own ChildFailedError summary of a worker killed by SIGKILL (what the OOM killer does)."""
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           "--max-restarts=0", "--no-python", sys.executable, "-c",
+                           "import os, time\nif os.environ['RANK'] == '1': os.kill(os.getpid(), 9)\ntime.sleep(30)"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    return proc.stdout + proc.stderr
+
+
+def test_a_rank_killed_by_sigkill_is_named_with_its_host() -> None:
+    text = _torchrun_killed_rank()
+    assert "exitcode  : -9" in text  # torchrun's real words
+    status, error = classify(Outcome(returncodes=[1]), [], text)
+    assert status == "failed"
+    assert error.startswith("rank 1 on ") and "killed by SIGKILL (exitcode -9): the host's OOM killer" in error
+    # With the kernel's own OOM line beside it, the status says so.
+    status, _ = classify(Outcome(returncodes=[1]), [], "Out of memory: Killed process 4242 (python)\n" + text)
+    assert status == "oom"
