@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 WORKER = '''
-import json, torch, torch.distributed as dist
+import json, sys, torch, torch.distributed as dist
 from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
@@ -42,7 +42,8 @@ before = local(plain)
 plain(x).float().sum().backward()
 opt.step()
 reference = [(a - b).tolist() for a, b in zip(local(plain), before)]
-print("RESULT " + json.dumps({"rank": rank, "steps": steps, "reference": reference}), flush=True)
+with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:  # not stdout: ranks' lines interleave
+    json.dump({"rank": rank, "steps": steps, "reference": reference}, f)
 dist.destroy_process_group()
 '''
 
@@ -58,9 +59,9 @@ def test_sharded_grad_scaler_unscales_and_skips_inf_steps_on_every_rank(tmp_path
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(script)], capture_output=True, text=True, timeout=180)
-    results = [json.loads(line.split("RESULT ", 1)[1]) for line in proc.stdout.splitlines() if "RESULT " in line]
-    assert proc.returncode == 0 and len(results) == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+                           str(script), str(tmp_path)], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for r in results:
         skipped, applied = r["steps"]
         assert all(v == 0 for v in _flat(skipped["delta"])), f"rank {r['rank']} stepped on an inf"  # both ranks

@@ -475,3 +475,17 @@ def test_a_manifest_the_server_refuses_is_one_line_before_anything_is_created(tm
     launcher.preflight()
     render_all(launcher, plan, tmp_path, admit=True)
     assert fake.dry_runs == sum(p.feasible for p in plan) > 0 and not fake.jobs
+
+
+def test_torchrun_reads_the_rendezvous_timeouts_the_operator_passes(monkeypatch) -> None:
+    """The training operator turns elasticPolicy.rdzvConf into PET_RDZV_CONF ("k=v,k=v"); torchrun's own
+    argument parsing, run on the manifest's command, must see the raised timeouts (its defaults: 60 s to
+    reach the store on worker-0, 600 s for every node to join)."""
+    from torch.distributed.run import config_from_args, parse_args
+    obj = _train_manifest()
+    conf = obj["spec"]["elasticPolicy"]["rdzvConf"]
+    monkeypatch.setenv("PET_RDZV_CONF", ",".join(f"{c['key']}={c['value']}" for c in conf))
+    command = obj["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]
+    args = parse_args([*command[3:], "--rdzv-endpoint=worker-0:29400"])  # after `python -m torch.distributed.run`
+    rdzv = config_from_args(args)[0].rdzv_configs
+    assert rdzv["join_timeout"] == "1800" and rdzv["read_timeout"] == "1800"

@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,11 @@ from bench.launchers.local import free_port
 from bench.launchers.test_kubernetes import cfg_for
 from bench.plan import expand
 from nccl.records import records_from_output
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 @pytest.fixture
@@ -43,6 +50,11 @@ def workers(tmp_path: Path):
                         f"PasswordAuthentication no\nStrictModes no\nPidFile {tmp_path}/sshd{k}.pid\n")
         subprocess.run(["/usr/sbin/sshd", "-f", str(conf), "-E", str(tmp_path / f"sshd{k}.log")], check=True)
         pids.append(tmp_path / f"sshd{k}.pid")
+    for pid, port in zip(pids, ports):  # sshd forks into the background: wait until it serves
+        deadline = time.monotonic() + 20
+        while not (pid.exists() and pid.read_text().strip() and _listening(port)):
+            assert time.monotonic() < deadline, f"sshd on port {port} did not start"
+            time.sleep(0.05)
     hosts = "".join(f"Host worker-{k}\n    HostName 127.0.0.1\n    Port {port}\n" for k, port in enumerate(ports))
     (tmp_path / "ssh_config").write_text(hosts + f"Host *\n    IdentityFile {tmp_path}/key\n"
                                          "    StrictHostKeyChecking no\n    UserKnownHostsFile /dev/null\n"
