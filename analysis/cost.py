@@ -26,12 +26,17 @@ def sweep_prices(sweeps: list[Path]) -> dict[str, float | None]:
     prices: dict[str, float | None] = {}
     for sweep in sweeps:
         try:
-            cluster = (yaml.safe_load((sweep / rundir.SWEEP_CONFIG).read_text()) or {}).get("cluster") or {}
+            config = yaml.safe_load((sweep / rundir.SWEEP_CONFIG).read_text())
         except (OSError, yaml.YAMLError):
             continue
-        if cluster.get("name"):
-            price = cluster.get("price_per_hour")
-            prices[str(cluster["name"])] = float(price) if price is not None else prices.get(cluster["name"])
+        cluster = config.get("cluster") if isinstance(config, dict) else None  # a foreign file: no price
+        if not isinstance(cluster, dict) or not cluster.get("name"):
+            continue
+        price = cluster.get("price_per_hour")
+        if isinstance(price, (int, float)) and not isinstance(price, bool):
+            prices[str(cluster["name"])] = float(price)
+        else:
+            prices.setdefault(str(cluster["name"]), None)
     return prices
 
 

@@ -36,14 +36,30 @@ def sweep_dirs(path: Path) -> list[Path]:
     return sorted(p for p in path.iterdir() if p.is_dir() and is_sweep(p)) if path.is_dir() else []
 
 
+# Columns without which a table is not a results table (a foreign csv, a truncated write).
+CORE_COLUMNS = ("run_id", "status", "kind", "model", "nodes", "gpus_per_node", "sharding")
+
+
 def _table(sweep: Path, notes: list[str]) -> pd.DataFrame | None:
+    """The sweep's results table (parquet, else csv), or None; each file passed over is a note naming the
+    source that was used instead."""
+    skipped: list[str] = []
     for name, reader in ((rundir.RESULTS_PARQUET, pd.read_parquet), (rundir.RESULTS_CSV, pd.read_csv)):
         path = sweep / name
-        if path.is_file():
-            try:
-                return reader(path)
-            except Exception as e:  # truncated or foreign file: fall back to the run dirs
-                notes.append(f"{path}: unreadable ({type(e).__name__}); rebuilt from run dirs")
+        if not path.is_file():
+            continue
+        try:
+            frame = reader(path)
+        except Exception as e:  # truncated or foreign file
+            skipped.append(f"{path}: unreadable ({type(e).__name__})")
+            continue
+        missing = [c for c in CORE_COLUMNS if c not in frame.columns]
+        if missing:
+            skipped.append(f"{path}: not a results table (no {', '.join(missing)})")
+            continue
+        notes.extend(f"{s}; read {name} instead" for s in skipped)
+        return frame
+    notes.extend(f"{s}; rebuilt from the run dirs' summaries" for s in skipped)
     return None
 
 

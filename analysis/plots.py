@@ -66,6 +66,11 @@ def throughput_vs_nodes(agg: pd.DataFrame) -> Figure | None:
         base = g.iloc[0]
         ax.plot(g["nodes"], base["tokens_per_s"] / base["nodes"] * g["nodes"], linestyle=":",
                 color=line.get_color(), alpha=0.7)
+        for _, point in g.iterrows():  # the efficiency at each point, where a reader looks for it
+            if pd.notna(point.get("scaling_efficiency")) and point["nodes"] != base["nodes"]:
+                ax.annotate(f"{point['scaling_efficiency']:.0%}", (point["nodes"], point["tokens_per_s"]),
+                            textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7,
+                            color=line.get_color())
     return fig
 
 

@@ -11,6 +11,7 @@ import html
 import sys
 from pathlib import Path
 
+import matplotlib
 import pandas as pd
 
 from analysis import plots
@@ -18,7 +19,7 @@ from analysis.comm import comm_model
 from analysis.cost import config_costs, parse_price_overrides, run_costs, sweep_costs, sweep_prices
 from analysis.load import Loaded, NoResults, load
 from analysis.parity import departures, loss_parity
-from analysis.scaling import (aggregate, ablation, missing_baselines, nccl_sizes, nccl_summary,
+from analysis.scaling import (aggregate, ablation, headline, missing_baselines, nccl_sizes, nccl_summary,
                               status_table)
 
 DEFINITIONS = """\
@@ -57,6 +58,19 @@ SCALING_COLUMNS = {
     "est_mem_gib": "estimate (GiB/GPU)", "scaling_efficiency": "scaling efficiency",
     "base_nodes": "base nodes",
 }
+# What a reader compares; the full-width table stays in scaling.csv.
+SCALING_SHORT = {"model": "model", "sharding": "sharding", "precision": "precision",
+                 "activation_checkpointing": "AC", "gpus_per_node": "GPUs/node", "nodes": "nodes",
+                 "tokens_per_s_per_gpu": "tokens/s/GPU", "mfu": "MFU", "mem_peak_alloc_gib": "peak alloc (GiB/GPU)",
+                 "mem_rss_gib": "host RSS (GiB/proc)", "scaling_efficiency": "scaling efficiency",
+                 "status": "status"}
+HEADLINE_COLUMNS = {"model": "model", "configuration": "configuration", "nodes": "nodes",
+                    "tokens_per_s_per_gpu": "tokens/s/GPU", "tflops_per_gpu": "TFLOPS/GPU", "mfu": "MFU",
+                    "mem_peak_alloc_gib": "peak alloc (GiB/GPU)", "scaling_efficiency": "scaling efficiency",
+                    "status": "status"}
+EFA_COLUMNS = {"nodes": "nodes", "efa_per_node": "EFA adapters", "transport": "transport (NCCL)",
+               "nics": "NICs found", "busbw_avg_gbs": "avg busbw (GB/s)", "busbw_max_gbs": "max busbw (GB/s)",
+               "ok_runs": "ok runs"}
 ABLATION_COLUMNS = {"factor": "factor", "baseline": "baseline", "optimised": "optimised", "model": "model",
                     "nodes": "nodes", "baseline_tokens_per_s": "baseline tokens/s",
                     "optimised_tokens_per_s": "optimised tokens/s", "gain_pct": "gain (%)",
@@ -140,7 +154,10 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
     parity = loss_parity(frame)
     price_table = {**sweep_prices(loaded.sweeps), **(prices or {})}
     runs_cost = run_costs(frame, price_table)
-    tables = {"scaling": _present(agg, SCALING_COLUMNS), "ablation": _present(ablation(agg), ABLATION_COLUMNS),
+    sentences, best = headline(agg)
+    tables = {"headline": _present(best, HEADLINE_COLUMNS) if not best.empty else best,
+              "efa": _present(nccl_summary(frame), EFA_COLUMNS) if (frame["kind"] == "nccl").any() else pd.DataFrame(),
+              "scaling": _present(agg, SCALING_COLUMNS), "scaling_short": _present(agg, SCALING_SHORT), "ablation": _present(ablation(agg), ABLATION_COLUMNS),
               "nccl": _present(nccl_summary(frame), NCCL_COLUMNS), "status": status_table(frame),
               "loss_parity": parity.rename(columns=PARITY_COLUMNS),
               "cost_sweeps": _present(sweep_costs(runs_cost), SWEEP_COST_COLUMNS),
@@ -166,29 +183,41 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
         if fig is not None:
             fig.savefig(out / f"{name}.png", dpi=110)
             fig.set_layout_engine("none")  # keep the layout the PNG computed: the SVG need not redo it
-            fig.savefig(out / f"{name}.svg", dpi=110)
+            with matplotlib.rc_context({"svg.fonttype": "none"}):  # text stays text: searchable, selectable
+                fig.savefig(out / f"{name}.svg", dpi=110)
             charts[name] = title
     notes = loaded.notes + missing_baselines(agg) + departures(parity)
     unpriced = sorted(c for c in frame["cluster"].dropna().unique() if price_table.get(c) is None)
     if unpriced:
         notes.append(f"no price for cluster(s) {', '.join(map(str, unpriced))}: costs are left empty "
                      "(set cluster.price_per_hour in the sweep, or pass --price USD to the report)")
-    sections = _sections(frame, tables, charts, notes)
+    sections = _sections(frame, tables, charts, notes, sentences)
     md = out / "report.md"
     md.write_text(_markdown(sections))
-    (out / "report.html").write_text(_html(sections))
+    (out / "report.html").write_text(_html(sections, out))
     return md
 
 
 def _sections(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], charts: dict[str, str],
-              notes: list[str]) -> list[tuple[str, object]]:
+              notes: list[str], sentences: list[str]) -> list[tuple[str, object]]:
+    """The answer first (sentence, its configuration per node count, the throughput chart, the EFA table),
+    then the details, then how the numbers are defined and where they come from."""
     ok = int((frame["status"] == "ok").sum())
-    sections: list[tuple[str, object]] = [("Provenance", provenance(frame)), ("Definitions", DEFINITIONS)]
+    sections: list[tuple[str, object]] = []
+    if sentences:
+        sections.append(("The answer", sentences))
+    if not tables["headline"].empty:
+        sections.append(("Best configuration at each node count", tables["headline"]))
+    if "throughput_vs_nodes" in charts:
+        sections.append((charts["throughput_vs_nodes"], ("chart", "throughput_vs_nodes")))
+    if not tables["efa"].empty:
+        sections.append(("All-reduce bandwidth by EFA adapters", tables["efa"]))
     if notes:
         sections.append(("Notes", notes))
     if ok == 0:
         sections.append(("No successful runs", ["every run failed or was pruned: see the run status table"]))
-    sections.append(("Scaling (per configuration and node count)", tables["scaling"]))
+    sections.append(("Scaling (per configuration and node count; every column in scaling.csv)",
+                     tables["scaling_short"]))
     if not tables["ablation"].empty:
         sections.append(("Ablation (throughput gain of each optimisation over its baseline)", tables["ablation"]))
     if not tables["nccl"].empty:
@@ -206,7 +235,9 @@ def _sections(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], charts: dict
     sections.append(("Cost per configuration (steady-state tokens/s, on-demand price)", tables["cost"]))
     sections.append((f"Run status ({ok} ok of {len(frame)}; not ok below)", tables["status"]))
     for name, title in charts.items():
-        sections.append((title, ("chart", name)))
+        if name != "throughput_vs_nodes":
+            sections.append((title, ("chart", name)))
+    sections += [("Definitions", DEFINITIONS), ("Provenance", provenance(frame))]
     return sections
 
 
@@ -225,22 +256,32 @@ def _markdown(sections: list[tuple[str, object]]) -> str:
     return "\n".join(parts)
 
 
-def _html(sections: list[tuple[str, object]]) -> str:
+def _inline_svg(path: Path, title: str) -> str:
+    """The chart itself in the page (one self-contained file, nothing to fetch), labelled for readers."""
+    svg = path.read_text()
+    svg = svg[svg.index("<svg"):]
+    return f"<figure role='img' aria-label='{html.escape(title)}'>{svg}</figure>"
+
+
+def _html(sections: list[tuple[str, object]], out: Path) -> str:
+    from markdown_it import MarkdownIt
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>FSDP scaling report</title>",
-             "<style>body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;"
-             "font-size:12px}td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}"
-             "th{background:#eee}img{max-width:100%}</style></head><body><h1>FSDP scaling report</h1>"]
+             "<style>body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;"
+             "font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}"
+             "th{background:#eee}figure{margin:0}figure svg{max-width:100%;height:auto}"
+             ".answer li{font-size:1.15em;margin:.3em 0}</style></head><body><h1>FSDP scaling report</h1>"]
     for title, body in sections:
         parts.append(f"<h2>{html.escape(title)}</h2>")
         if isinstance(body, pd.DataFrame):
             parts.append(body.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}")
                          if not body.empty else "<p><i>none</i></p>")
         elif isinstance(body, tuple):
-            parts.append(f"<img src='{body[1]}.svg' alt='{html.escape(title)}'>")
+            parts.append(_inline_svg(out / f"{body[1]}.svg", title))
         elif isinstance(body, list):
-            parts.append("<ul>" + "".join(f"<li>{html.escape(str(b))}</li>" for b in body) + "</ul>")
+            css = " class='answer'" if title == "The answer" else ""
+            parts.append(f"<ul{css}>" + "".join(f"<li>{html.escape(str(b))}</li>" for b in body) + "</ul>")
         else:
-            parts.append("<pre>" + html.escape(str(body)) + "</pre>")
+            parts.append(MarkdownIt().render(str(body)))
     return "\n".join(parts) + "</body></html>\n"
 
 

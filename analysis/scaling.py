@@ -35,8 +35,10 @@ def train_rows(frame: pd.DataFrame) -> pd.DataFrame:
 def aggregate(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per configuration and node count: medians of ok repeats, spread, and run counts."""
     train = train_rows(frame)
-    if train.empty:
-        return pd.DataFrame(columns=[*CONFIG, "nodes", "runs", "ok_runs", "status"])
+    if train.empty:  # a study of probes only: the same columns, no rows
+        return pd.DataFrame(columns=[*CONFIG, "nodes", "runs", "ok_runs", "status", *METRICS, "tokens_per_s_min",
+                                     "tokens_per_s_max", "step_time_s_std", "base_nodes", "scaling_efficiency",
+                                     "speedup"])
     keys = CONFIG + ["nodes"]
     ok = train[train["status"] == "ok"]
     out = train.groupby(keys, dropna=False).agg(
@@ -94,6 +96,55 @@ def describe(config: dict) -> str:
             f"{config['wrap_policy']} mb{config['micro_batch']} s{config['seq_len']}")
 
 
+def _label(config: pd.Series) -> str:
+    """A configuration as a reader names it: "FULL_SHARD bf16_mixed + full AC"."""
+    ac = config["activation_checkpointing"]
+    return f"{config['sharding']} {config['precision']}" + ("" if ac == "none" else f" + {ac} AC")
+
+
+def headline(agg: pd.DataFrame) -> tuple[list[str], pd.DataFrame]:
+    """The study's answer per model: one sentence a user could paste, and a row per node count of the
+    configuration it names (failed node counts included, with their status, never a missing point).
+
+    The named configuration is the one with the most tokens/s at the largest node count any configuration
+    of the model ran ok at. Configurations whose largest node count failed are named too.
+    """
+    sentences, rows = [], []
+    if agg.empty:  # a study of probes only
+        return sentences, pd.DataFrame(rows)
+    agg = agg.assign(tokens_per_s_per_gpu=agg["tokens_per_s"] / (agg["nodes"] * agg["gpus_per_node"]))
+    measured = agg[agg["tokens_per_s"].notna()]
+    for model, runs in agg.groupby("model", sort=True):
+        ok = measured[measured["model"] == model]
+        if ok.empty:
+            sentences.append(f"{model}: no ok run ({', '.join(sorted(set(runs['status'])))})")
+            continue
+        top = ok[ok["nodes"] == ok["nodes"].max()]
+        best = top.loc[top["tokens_per_s"].idxmax()]
+        same = (runs[CONFIG] == best[CONFIG]).all(axis=1)
+        series = runs[same].sort_values("nodes")
+        good = series[series["tokens_per_s"].notna()]
+        first, last = good.iloc[0], good.iloc[-1]
+        text = (f"{model}, {_label(best)}: {last['scaling_efficiency']:.0%} scaling efficiency from "
+                f"{int(first['nodes'])} to {int(last['nodes'])} nodes, "
+                f"{last['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU")
+        if pd.notna(last.get("mfu")):
+            text += f", MFU {last['mfu']:.2f}"
+        failed_above = series[(series["nodes"] > last["nodes"]) & series["tokens_per_s"].isna()]
+        for _, f in failed_above.iterrows():
+            text += f"; {f['status']} at {int(f['nodes'])} nodes"
+        sentences.append(text)
+        for _, r in series.iterrows():
+            rows.append({"model": model, "configuration": _label(r), "nodes": r["nodes"], "status": r["status"],
+                         "tokens_per_s_per_gpu": r.get("tokens_per_s_per_gpu"), "tflops_per_gpu": r.get("tflops_per_gpu"),
+                         "mfu": r.get("mfu"), "mem_peak_alloc_gib": r.get("mem_peak_alloc_gib"),
+                         "scaling_efficiency": r.get("scaling_efficiency")})
+        largest = runs["nodes"].max()
+        for _, r in runs[(runs["nodes"] == largest) & runs["tokens_per_s"].isna() & ~same].iterrows():
+            sentences.append(f"{model}, {_label(r)}: {r['status']} at {int(largest)} nodes")
+    return sentences, pd.DataFrame(rows)
+
+
 def ablation(agg: pd.DataFrame) -> pd.DataFrame:
     """Throughput gain of each optimisation over the run that differs from it in that factor only."""
     rows = []
@@ -128,8 +179,8 @@ def nccl_summary(frame: pd.DataFrame) -> pd.DataFrame:
     keys = ["sweep", "cluster", "nodes", "gpus_per_node", "efa_per_node"]
     out = probes.groupby(keys, dropna=False).agg(
         runs=("run_id", "count"), ok_runs=("status", lambda s: int((s == "ok").sum())),
-        transport=("nccl_transport", lambda s: ",".join(sorted({str(v) for v in s.dropna()})) or None)
-    ).reset_index()
+        transport=("nccl_transport", lambda s: ",".join(sorted({str(v) for v in s.dropna()})) or None),
+        nics=("extra", lambda s: _nics(s))).reset_index()
     if not ok.empty:
         stats = ok.groupby(keys, dropna=False).agg(
             busbw_avg_gbs=("nccl_busbw_avg_gbs", "median"), busbw_max_gbs=("nccl_busbw_max_gbs", "median"),
@@ -137,6 +188,16 @@ def nccl_summary(frame: pd.DataFrame) -> pd.DataFrame:
             algbw_max_gbs=("nccl_algbw_max_gbs", "median")).reset_index()
         out = out.merge(stats, on=keys, how="left")
     return out
+
+
+def _nics(extras: pd.Series) -> str | None:
+    """The NIC counts NCCL reported ("found N nics"), as found across a group's runs."""
+    found = set()
+    for extra in extras.dropna():
+        nics = (json.loads(extra) if isinstance(extra, str) else {}).get("nics")
+        if nics is not None:
+            found.add(int(nics))
+    return ",".join(map(str, sorted(found))) or None
 
 
 def nccl_sizes(frame: pd.DataFrame) -> pd.DataFrame:

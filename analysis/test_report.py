@@ -41,6 +41,33 @@ def test_scaling_efficiency_known_answer(tmp_path: Path) -> None:
     assert agg.loc[8, "speedup"] == pytest.approx(7.2)
 
 
+def test_the_answer_comes_first_with_the_known_efficiency(tmp_path: Path) -> None:
+    """1-16 nodes at 1000/1900/3700/7200/13920 tokens/s: 87% at 16 nodes, 13920/(16x8) = 109 tokens/s/GPU;
+    the sentence, the chart's labels and the order of the page carry it. A configuration whose 16-node run
+    OOMed is named at 16 nodes, not left as a missing point."""
+    sweep = tmp_path / "study"
+    for nodes, tps in SCALING.items():
+        write_run(sweep, tokens_per_s=tps, nodes=nodes, activation_checkpointing="full")
+    for nodes in (1, 2):
+        write_run(sweep, tokens_per_s=SCALING[nodes] * 0.9, nodes=nodes, sharding="HYBRID_SHARD")
+    write_run(sweep, status="oom", nodes=16, sharding="HYBRID_SHARD")
+    out = tmp_path / "report"
+    build(load(sweep), out)
+    md = (out / "report.md").read_text()
+    assert ("- llama2_7b, FULL_SHARD bf16_mixed + full AC: 87% scaling efficiency from 1 to 16 nodes, "
+            "109 tokens/s/GPU") in md
+    assert "- llama2_7b, HYBRID_SHARD bf16_mixed: oom at 16 nodes" in md
+    assert md.index("## The answer") < md.index("## Best configuration at each node count") < md.index(
+        "## Throughput vs nodes") < md.index("## Scaling (per configuration") < md.index("## Provenance")
+    svg = (out / "throughput_vs_nodes.svg").read_text()
+    assert all(f">{label}<" in svg for label in ("95%", "92%", "90%", "87%"))  # efficiency at each point
+    page = (out / "report.html").read_text()
+    assert page.count("<svg") == len(list(out.glob("*.svg"))) and "<img" not in page  # one self-contained file
+    assert "<strong>tokens/s</strong>" in page and "**tokens/s**" not in page  # Definitions rendered
+    short = pd.read_csv(out / "scaling_short.csv")
+    assert len(short.columns) <= 12 < len(pd.read_csv(out / "scaling.csv").columns)
+
+
 def test_repeats_are_medians_with_spread(tmp_path: Path) -> None:
     sweep = tmp_path / "study"
     for repeat, tps in enumerate([1100.0, 900.0, 1000.0]):
@@ -122,6 +149,28 @@ def test_older_schema_truncated_files_and_corrupt_summaries(tmp_path: Path) -> N
     assert any("without a readable summary" in n for n in loaded.notes)
     assert any("older schema" in n for n in loaded.notes)
     assert main([str(sweep)]) == 0
+
+
+def test_foreign_and_incomplete_files_are_notes_not_tracebacks(tmp_path: Path, capsys) -> None:
+    """A csv of someone else's columns, a sweep.yaml that is a YAML list, a summary without its fields (it
+    would pass as a default ok run), and the note naming the source really used."""
+    sweep = tmp_path / "mixed"
+    good = write_run(sweep, tokens_per_s=1000.0, nodes=1)
+    hollow = write_run(sweep, tokens_per_s=1900.0, nodes=2)
+    (Path(hollow.run_dir) / rundir.SUMMARY_JSON).write_text(json.dumps({"run_id": hollow.run_id, "status": "ok"}))
+    (sweep / rundir.RESULTS_CSV).write_text("name,score\nalice,3\n")
+    (sweep / rundir.SWEEP_CONFIG).write_text("- just\n- a list\n")
+    loaded = load(sweep)
+    assert list(loaded.frame.run_id) == [good.run_id]  # the hollow summary is a run not finished
+    assert any("without a readable summary" in n for n in loaded.notes)
+    assert f"{sweep / rundir.RESULTS_CSV}: not a results table (no run_id, status" in loaded.notes[0]
+    assert loaded.notes[0].endswith("rebuilt from the run dirs' summaries")
+    assert main([str(sweep)]) == 0 and "Traceback" not in capsys.readouterr().err
+    # a broken parquet beside a good csv: the note names the csv as the source
+    pd.DataFrame([good.to_row()]).to_csv(sweep / rundir.RESULTS_CSV, index=False)
+    (sweep / rundir.RESULTS_PARQUET).write_bytes(b"PAR1 truncated")
+    notes = load(sweep).notes
+    assert notes[0] == f"{sweep / rundir.RESULTS_PARQUET}: unreadable (ArrowInvalid); read results.csv instead"
 
 
 def test_loss_parity_flags_the_strategy_that_trains_something_else(tmp_path: Path) -> None:

@@ -160,11 +160,19 @@ def write_summary(run_dir_: Path, summary: RunSummary) -> None:
     write_json(run_dir_ / SUMMARY_JSON, summary.to_row())
 
 
+# Fields every summary of every schema version has; without them a summary says nothing about its run.
+_SUMMARY_CORE = ("run_id", "status", "kind", "model", "nodes", "gpus_per_node", "sharding", "precision")
+
+
 def read_summary(run_dir_: Path) -> RunSummary | None:
-    """The run's summary, or None if there is none or it cannot be read (older/corrupt file)."""
+    """The run's summary, or None if there is none or it cannot be read: corrupt, or missing fields of the
+    results schema (a summary without its spec would pass as a default run): the run is not finished."""
     path = run_dir_ / SUMMARY_JSON
     try:
-        return RunSummary.from_row(json.loads(path.read_text()))
+        row = json.loads(path.read_text())
+        if not isinstance(row, dict) or any(k not in row for k in _SUMMARY_CORE):
+            return None
+        return RunSummary.from_row(row)
     except (OSError, ValueError, TypeError, KeyError):
         return None
 

@@ -1,0 +1,57 @@
+"""The report as a reader opens it: the smoke sweep's report.html in headless Chromium (Debian's chromium
+and chromium-driver), screenshot kept, layout asserted from the DOM."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYOUT = """
+const rect = (el) => el.getBoundingClientRect();
+const answer = [...document.querySelectorAll('h2')].find((h) => h.textContent === 'The answer');
+const firstTable = document.querySelector('table');
+const charts = [...document.querySelectorAll('figure svg')];
+return {
+  answerTop: answer ? rect(answer).top + window.scrollY : null,
+  tableTop: firstTable ? rect(firstTable).top + window.scrollY : null,
+  text: document.body.innerText,
+  charts: charts.map((s) => [rect(s).width, rect(s).height]),
+  images: [...document.images].map((i) => i.complete && i.naturalWidth > 0),
+};
+"""
+
+
+@pytest.mark.slow
+def test_the_smoke_report_reads_right_in_a_browser(tmp_path: Path) -> None:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
+    assert chromium and driver_path, "install Debian's chromium and chromium-driver (.ci/run does)"
+    sweep = [sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={tmp_path}", "steps=3",
+             "warmup_steps=1", "axes.gpus_per_node=[2]", "nccl.gpus_per_node=[2]"]
+    assert subprocess.run(sweep, cwd=ROOT, capture_output=True, timeout=1500).returncode == 0
+    assert subprocess.run([sys.executable, "-m", "analysis.report", str(tmp_path / "smoke")], cwd=ROOT,
+                          capture_output=True, timeout=300).returncode == 0
+    page = tmp_path / "smoke" / "report" / "report.html"
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000"):
+        options.add_argument(flag)
+    browser = webdriver.Chrome(service=Service(driver_path), options=options)
+    try:
+        browser.get(page.as_uri())
+        layout = browser.execute_script(LAYOUT)
+        browser.save_screenshot(str(tmp_path / "report.png"))
+    finally:
+        browser.quit()
+    assert (tmp_path / "report.png").stat().st_size > 10_000
+    assert layout["answerTop"] is not None and layout["answerTop"] < layout["tableTop"]  # the answer first
+    assert "tiny_llama, " in layout["text"] and "scaling efficiency from 1 to 2 nodes" in layout["text"]
+    for marker in ("**", "](", "|---", "\n- "):  # no Markdown shown as text
+        assert marker not in layout["text"], marker
+    assert layout["charts"] and all(w > 100 and h > 100 for w, h in layout["charts"])  # every chart drawn
+    assert all(layout["images"])

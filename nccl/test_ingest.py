@@ -1,0 +1,41 @@
+"""Bring your own logs: real all_reduce_perf outputs become runs of a results dir, and the report shows
+their bandwidth as the table printed it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.report import main as report
+from nccl.ingest import main as ingest
+from nccl.parse import parse
+
+
+def test_old_outputs_become_probe_runs_and_reach_the_report(shared_data: Path, tmp_path: Path, capsys) -> None:
+    sample = shared_data / "nccl-tests" / "sample_01.txt"  # EKS, 2 ranks over EFA ("found 1 nics")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("nccl-tests crashed before printing anything\n")
+    rc = ingest([str(sample), str(notes), str(tmp_path / "missing.txt"), "--nodes", "2", "--gpus-per-node", "1",
+                 "--efa", "1", "--cluster", "eks-t4", "--results", str(tmp_path / "results")])
+    err = capsys.readouterr().err
+    assert rc == 0
+    assert f"skipped {notes}: no all_reduce_perf results table" in err and "missing.txt" in err  # listed
+    table = pd.read_csv(tmp_path / "results" / "nccl_ingest" / "results.csv")
+    assert len(table) == 1
+    row = table.iloc[0]
+    parsed = parse(sample.read_text())
+    assert row.status == "ok" and row.nccl_transport == "AWS Libfabric"  # checked as a swept probe is
+    assert row.nccl_busbw_avg_gbs == parsed.avg_busbw_printed == 1.15327
+    assert row.nccl_busbw_max_gbs == parsed.busbw_max == 3.15
+    assert report([str(tmp_path / "results" / "nccl_ingest")]) == 0
+    md = (tmp_path / "results" / "nccl_ingest" / "report" / "report.md").read_text()
+    efa = md[md.index("## All-reduce bandwidth by EFA adapters"):]
+    assert "| 2 | 1 | AWS Libfabric | 1 | 1.153 | 3.15 | 1 |" in efa  # nodes, EFA, transport, NICs, avg, max
+
+
+def test_a_wrong_efa_label_is_flagged_not_kept(shared_data: Path, tmp_path: Path) -> None:
+    sample = shared_data / "nccl-tests" / "sample_01.txt"
+    assert ingest([str(sample), "--nodes", "2", "--gpus-per-node", "1", "--efa", "4",
+                   "--results", str(tmp_path)]) == 0
+    row = pd.read_csv(tmp_path / "nccl_ingest" / "results.csv").iloc[0]
+    assert row.status == "nccl_error" and "found 1 nics" in row.error
