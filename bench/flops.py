@@ -10,15 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bench.models import ModelArch, block_params, count_params, non_embedding_params
+from bench.schema import AC_MODES  # one owner of the list
 
 GIB = 1024**3
-AC_MODES = ("none", "full", "selective")
 SELECTIVE_EVERY = 2  # selective AC checkpoints every 2nd transformer block (layer-level selective)
+# selective_op: every block checkpointed by operator: matmul and attention outputs saved, the rest
+# (norms, activations, elementwise products) recomputed in the backward.
 
 
 def checkpointed_blocks(ac: str, n_blocks: int) -> list[int]:
     """Indices of the blocks that activation checkpointing wraps; the trainer uses this same rule."""
-    if ac == "full":
+    if ac in ("full", "selective_op"):
         return list(range(n_blocks))
     if ac == "selective":
         return [i for i in range(n_blocks) if i % SELECTIVE_EVERY == 0]
@@ -49,6 +51,8 @@ def recompute_flops_per_token(a: ModelArch, seq_len: int, ac: str) -> float:
     (early stop). A block's final FFN projection output is saved by nothing (the residual add needs no
     inputs), so that matmul (2 * hidden * ffn per token) is not rerun; measured with the FLOP counter.
     """
+    if ac == "selective_op":  # every matmul output is saved: only FLOP-free elementwise ops rerun
+        return 0.0
     final_projection = 2.0 * a.hidden * a.ffn
     return sum(_block_forward_flops_per_token(a, i, seq_len) - final_projection
                for i in checkpointed_blocks(ac, a.blocks))
@@ -117,6 +121,12 @@ def estimate_memory(a: ModelArch, *, sharding: str, precision: str, ac: str, wra
     tokens = micro_batch * seq_len
     per_block = _activation_elements_per_token_block(a) * c * tokens
     n_ckpt = len(checkpointed_blocks(ac, a.blocks))
+    if ac == "selective_op":  # kept: block input, q/k/v, attention output, o_proj, the FFN matmuls' outputs
+        inner, kv = a.heads * a.head_dim, a.kv_heads * a.head_dim
+        kept = 3 * a.hidden + 2 * inner + 2 * kv + (2 if a.family == "llama" else 1) * a.ffn
+        acts = a.blocks * kept * c * tokens + per_block  # plus one block rebuilt during its backward
+        acts += tokens * a.vocab * (c + 8)
+        return MemoryEstimate(states=states, unsharded=unsharded, activations=acts, overhead=overhead_gib * GIB)
     acts = (a.blocks - n_ckpt) * per_block + n_ckpt * a.hidden * c * tokens
     if n_ckpt:
         acts += per_block  # one block's activations rebuilt during its backward

@@ -23,7 +23,7 @@ RECORD_KINDS = ("meta", "step", "summary", "nvml", "nccl")
 
 SHARDINGS = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
 PRECISIONS = ("fp32", "bf16_mixed", "fp16_mixed", "bf16_pure")
-AC_MODES = ("none", "full", "selective")
+AC_MODES = ("none", "full", "selective", "selective_op")  # selective: every 2nd block; _op: by operator
 WRAP_POLICIES = ("transformer_block", "whole_model")
 RUN_KINDS = ("train", "nccl")
 
@@ -104,7 +104,8 @@ class RunSpec:
         """Human-readable part of the run dir name."""
         if self.kind == "nccl":
             return f"nccl-allreduce-n{self.nodes}x{self.gpus_per_node}-efa{self.efa_per_node}-r{self.repeat}"
-        ac = {"none": "noac", "full": "acfull", "selective": "acsel"}[self.activation_checkpointing]
+        ac = {"none": "noac", "full": "acfull", "selective": "acsel",
+              "selective_op": "acselop"}[self.activation_checkpointing]
         return (f"{self.model}-n{self.nodes}x{self.gpus_per_node}-{self.sharding.lower()}-"
                 f"{self.precision}-{ac}-{self.wrap_policy}-mb{self.micro_batch or 'auto'}-s{self.seq_len}-"
                 f"efa{self.efa_per_node}-r{self.repeat}")

@@ -13,6 +13,7 @@ import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 from transformers import PreTrainedModel
 
 from bench.flops import checkpointed_blocks
@@ -64,13 +65,31 @@ def mp_policy(precision: str) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy()  # fp32 and bf16_pure compute in the parameters' own dtype
 
 
+# selective_op: the outputs of these ops are saved; everything else in a block is recomputed (norms,
+# activations, elementwise products: no matmul FLOPs). As torchtitan's op-level selective AC, without its
+# every-other-matmul variant.
+_SAVED_OPS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
+              torch.ops.aten.baddbmm.default, torch.ops.aten._scaled_dot_product_efficient_attention.default,
+              torch.ops.aten._scaled_dot_product_flash_attention.default,
+              torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
+
+
+def _save_matmuls(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in _SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _selective_op_context():
+    return create_selective_checkpoint_contexts(_save_matmuls)
+
+
 def apply_activation_checkpointing(model: PreTrainedModel, ac: str) -> int:
     """Wrap the blocks chosen by bench.flops.checkpointed_blocks; returns how many were wrapped."""
     blocks = transformer_blocks(model)
     chosen = checkpointed_blocks(ac, len(blocks))
+    extra = {"context_fn": _selective_op_context} if ac == "selective_op" else {}
     for k in chosen:
         parent, _, i = blocks[k]
-        parent[i] = checkpoint_wrapper(parent[i], preserve_rng_state=False)
+        parent[i] = checkpoint_wrapper(parent[i], preserve_rng_state=False, **extra)
     return len(chosen)
 
 
