@@ -138,6 +138,9 @@ TOP_LEVEL_KEYS = ("sweep_name", "results_root", "axes", "repeats", "steps", "war
                   "progress")
 
 
+_SCALARS = ("str", "int", "float", "bool")
+
+
 def _scalar(value: Any, hint: str, where: str) -> Any:
     """A scalar as its field's annotation wants it, or a ConfigError naming the key: YAML reads `nan` or
     `123` as numbers where a name is meant (kept as text); a number or a flag must be one."""
@@ -171,8 +174,7 @@ def _build(cls: type, data: Any, where: str, convert: dict[str, Any] | None = No
     for k, v in data.items():
         if convert and k in convert and v is not None:
             v = convert[k](v, f"{where}.{k}")
-        elif hints[k] in ("str", "int", "float", "bool") or hints[k].endswith(" | None") and " " not in \
-                hints[k].replace(" | None", ""):
+        elif hints[k].replace(" | None", "") in _SCALARS:
             v = _scalar(v, hints[k], f"{where}.{k}")
         kwargs[k] = v
     try:
