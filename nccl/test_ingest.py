@@ -39,3 +39,16 @@ def test_a_wrong_efa_label_is_flagged_not_kept(shared_data: Path, tmp_path: Path
                    "--results", str(tmp_path)]) == 0
     row = pd.read_csv(tmp_path / "nccl_ingest" / "results.csv").iloc[0]
     assert row.status == "nccl_error" and "found 1 nics" in row.error
+
+
+def test_a_16_rank_a3_output_keeps_its_printed_figures(shared_data: Path, tmp_path: Path) -> None:
+    """Another layout and launcher (sample_05: 16 ranks, an 'Avg bus bandwidth' footer, no NCCL INFO lines):
+    2 nodes x 8 GPUs, as its device list says."""
+    sample = shared_data / "nccl-tests" / "sample_05.txt"
+    parsed = parse(sample.read_text())
+    assert parsed.inferred_ranks() == 16
+    assert ingest([str(sample), "--nodes", "2", "--gpus-per-node", "8", "--efa", "0",
+                   "--results", str(tmp_path)]) == 0
+    row = pd.read_csv(tmp_path / "nccl_ingest" / "results.csv").iloc[0]
+    assert row.status == "ok" and row.nccl_busbw_avg_gbs == parsed.avg_busbw_printed == 70.742
+    assert row.nccl_busbw_max_gbs == parsed.busbw_max == 338.82
