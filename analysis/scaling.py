@@ -109,9 +109,10 @@ def headline(agg: pd.DataFrame) -> tuple[list[str], pd.DataFrame]:
     The named configuration is the one with the most tokens/s at the largest node count any configuration
     of the model ran ok at. Configurations whose largest node count failed are named too.
     """
-    sentences, rows = [], []
+    sentences: list[str] = []
+    rows: list[pd.DataFrame] = []
     if agg.empty:  # a study of probes only
-        return sentences, pd.DataFrame(rows)
+        return sentences, pd.DataFrame()
     agg = agg.assign(tokens_per_s_per_gpu=agg["tokens_per_s"] / (agg["nodes"] * agg["gpus_per_node"]))
     measured = agg[agg["tokens_per_s"].notna()]
     for model, runs in agg.groupby("model", sort=True):
@@ -134,15 +135,12 @@ def headline(agg: pd.DataFrame) -> tuple[list[str], pd.DataFrame]:
         for _, f in failed_above.iterrows():
             text += f"; {f['status']} at {int(f['nodes'])} nodes"
         sentences.append(text)
-        for _, r in series.iterrows():
-            rows.append({"model": model, "configuration": _label(r), "nodes": r["nodes"], "status": r["status"],
-                         "tokens_per_s_per_gpu": r.get("tokens_per_s_per_gpu"), "tflops_per_gpu": r.get("tflops_per_gpu"),
-                         "mfu": r.get("mfu"), "mem_peak_alloc_gib": r.get("mem_peak_alloc_gib"),
-                         "scaling_efficiency": r.get("scaling_efficiency")})
+        rows.append(series[["model", "nodes", "status", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu",
+                            "mem_peak_alloc_gib", "scaling_efficiency"]].assign(configuration=_label(best)))
         largest = runs["nodes"].max()
         for _, r in runs[(runs["nodes"] == largest) & runs["tokens_per_s"].isna() & ~same].iterrows():
             sentences.append(f"{model}, {_label(r)}: {r['status']} at {int(largest)} nodes")
-    return sentences, pd.DataFrame(rows)
+    return sentences, pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
 
 
 def ablation(agg: pd.DataFrame) -> pd.DataFrame:
@@ -180,7 +178,7 @@ def nccl_summary(frame: pd.DataFrame) -> pd.DataFrame:
     out = probes.groupby(keys, dropna=False).agg(
         runs=("run_id", "count"), ok_runs=("status", lambda s: int((s == "ok").sum())),
         transport=("nccl_transport", lambda s: ",".join(sorted({str(v) for v in s.dropna()})) or None),
-        nics=("extra", lambda s: _nics(s))).reset_index()
+        nics=("extra", _nics)).reset_index()
     if not ok.empty:
         stats = ok.groupby(keys, dropna=False).agg(
             busbw_avg_gbs=("nccl_busbw_avg_gbs", "median"), busbw_max_gbs=("nccl_busbw_max_gbs", "median"),

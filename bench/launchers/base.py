@@ -99,15 +99,12 @@ def rendezvous_conf(cfg: SweepConfig) -> dict[str, str]:
 
 
 def torchrun_argv(python: str, spec: RunSpec, endpoint: str, rdzv_id: str,
-                  rdzv_conf: dict[str, str] | None = None) -> list[str]:
+                  rdzv_conf: dict[str, str]) -> list[str]:
     """One torchrun agent (one per node) with c10d rendezvous at `endpoint`."""
-    argv = [python, "-m", "torch.distributed.run", f"--nnodes={spec.nodes}",
+    return [python, "-m", "torch.distributed.run", f"--nnodes={spec.nodes}",
             f"--nproc-per-node={spec.gpus_per_node}", "--rdzv-backend=c10d",
             f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}", "--max-restarts=0",
-            "--monitor-interval=0.5"]
-    if rdzv_conf:
-        argv.append("--rdzv-conf=" + ",".join(f"{k}={v}" for k, v in rdzv_conf.items()))
-    return argv
+            "--monitor-interval=0.5", "--rdzv-conf=" + ",".join(f"{k}={v}" for k, v in rdzv_conf.items())]
 
 
 TRACE_PREFIX = "nccl_trace_rank_"  # torch appends the rank: the flight recorder's dump of each rank
