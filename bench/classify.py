@@ -56,7 +56,7 @@ def diagnose(text: str) -> tuple[str, str] | None:
     if root := _ROOT_CAUSE.search(text):
         fields = dict(_FIELD.findall(root.group(1)))
         if fields.get("exitcode") == "-9":
-            status = "oom" if _TEXT_PATTERNS[0][1].search(text) else "failed"
+            status = "oom" if classify_text(text) == "oom" else "failed"  # the kernel's OOM line beside it
             return status, (f"rank {fields.get('rank', '?')} on {fields.get('host', '?')} was killed by SIGKILL "
                             "(exitcode -9): the host's OOM killer or the scheduler; see the node's dmesg or "
                             "the scheduler's log")

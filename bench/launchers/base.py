@@ -15,6 +15,9 @@ from bench.config import SweepConfig
 from bench.schema import RunSpec
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+# The worker image (Dockerfile), as Kubernetes pods and pyxis containers run it.
+IMAGE_WORKDIR = "/workspace/fsdpbench"  # its WORKDIR: the project
+IMAGE_PYTHON = "python"  # its interpreter
 
 
 @dataclass(frozen=True)

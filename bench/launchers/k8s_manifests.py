@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from bench.config import ConfigError, SweepConfig
-from bench.launchers.base import fault_args, job_env, rendezvous_conf
+from bench.launchers.base import IMAGE_PYTHON, IMAGE_WORKDIR, fault_args, job_env, rendezvous_conf
 from bench.schema import RunSpec
 
 GROUP = "kubeflow.org"
@@ -16,8 +16,6 @@ PYTORCHJOB = {"group": GROUP, "version": "v1", "plural": "pytorchjobs", "kind": 
 MPIJOB = {"group": GROUP, "version": "v2beta1", "plural": "mpijobs", "kind": "MPIJob"}
 RUN_ID_LABEL = "fsdpbench.io/run-id"
 SWEEP_LABEL = "fsdpbench.io/sweep"
-IMAGE_WORKDIR = "/workspace/fsdpbench"  # WORKDIR of the project's Dockerfile
-IMAGE_PYTHON = "python"
 NCCL_TESTS = "/opt/nccl-tests/build/all_reduce_perf"  # where the Dockerfile builds it (also on its PATH)
 MPIRUN = "mpirun"
 # The MPI operator (v2beta1) starts no program of its own in a worker: the worker must run an ssh server for

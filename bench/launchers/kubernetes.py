@@ -40,6 +40,11 @@ class K8sHandle:
     stuck_since: float | None = None
 
 
+def _api(kind: str | None) -> dict[str, str]:
+    """group/version/plural of a job kind (training runs: PyTorchJob; probes: MPIJob)."""
+    return PYTORCHJOB if kind == PYTORCHJOB["kind"] else MPIJOB
+
+
 def _attempt_suffix() -> str:
     """A short, time-based suffix: each attempt of a run gets a job name of its own."""
     n, digits, out = int(time.time() * 10), "0123456789abcdefghijklmnopqrstuvwxyz", ""
@@ -155,7 +160,7 @@ class KubernetesLauncher:
         from kubernetes.client.exceptions import ApiException
         self._connect()
         body = yaml.safe_load(submission.files[MANIFEST])
-        api = PYTORCHJOB if body["kind"] == PYTORCHJOB["kind"] else MPIJOB
+        api = _api(body["kind"])
         try:
             self._custom.create_namespaced_custom_object(api["group"], api["version"], self.namespace,
                                                          api["plural"], body, dry_run="All")
@@ -172,7 +177,7 @@ class KubernetesLauncher:
         self._connect()
         body = yaml.safe_load(submission.files[MANIFEST])
         body["metadata"]["name"] = f"{body['metadata']['name']}-{_attempt_suffix()}"
-        api = PYTORCHJOB if body["kind"] == PYTORCHJOB["kind"] else MPIJOB
+        api = _api(body["kind"])
         created = self._custom.create_namespaced_custom_object(api["group"], api["version"], self.namespace,
                                                                api["plural"], body)
         uid = ((created or {}).get("metadata") or {}).get("uid")
@@ -186,7 +191,7 @@ class KubernetesLauncher:
         if not where.get("name"):
             return None
         self._connect()
-        api = PYTORCHJOB if where.get("kind") == PYTORCHJOB["kind"] else MPIJOB
+        api = _api(where.get("kind"))
         handle = K8sHandle(name=where["name"], api=api, run_id="", uid=where.get("uid"))
         job = self._get(handle)
         if job is None or (handle.uid and job["metadata"].get("uid") != handle.uid):

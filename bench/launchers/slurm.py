@@ -19,15 +19,14 @@ from typing import Any
 
 from bench import rundir
 from bench.config import ConfigError, SweepConfig
-from bench.launchers.base import (DONE, PENDING, PROJECT_ROOT, RUNNING, Outcome, Poll, Submission, fault_args,
-                                  job_env, python_executable, rendezvous_conf, torchrun_argv,
+from bench.launchers.base import (DONE, IMAGE_PYTHON, PENDING, PROJECT_ROOT, RUNNING, Outcome, Poll, Submission,
+                                  fault_args, job_env, python_executable, rendezvous_conf, torchrun_argv,
                                   worker_module_argv)
 from bench.schema import RunSpec
 
 SCRIPT = "job.sbatch"
 EFA_LIMIT = "efa_limit.sh"
 NCCL_TESTS = "nccl_tests.sh"  # nccl.command.JSON_IF_SUPPORTED_SCRIPT
-IMAGE_PYTHON = "python"  # the interpreter inside the worker image (pyxis)
 # Run on every node by srun, before the worker: libfabric's efa provider uses only the devices FI_EFA_IFACE
 # lists, so a run of N adapters per node gets the node's first N rdmap devices; a node with fewer fails the
 # run rather than measuring something else. Arguments only (the count, then the worker's argv): no config
@@ -135,9 +134,9 @@ def worker_path(cfg: SweepConfig, path: Path) -> str:
 
 def _python(cfg: SweepConfig) -> str:
     """launcher.python, else the image's interpreter in a container, else this one (shared install)."""
-    if cfg.launcher.python:
-        return cfg.launcher.python
-    return IMAGE_PYTHON if cfg.cluster.slurm.container_image else python_executable(cfg)
+    if cfg.cluster.slurm.container_image and not cfg.launcher.python:
+        return IMAGE_PYTHON
+    return python_executable(cfg)
 
 
 def limits_efa(cfg: SweepConfig, spec: RunSpec) -> bool:
