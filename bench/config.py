@@ -133,9 +133,8 @@ class SweepConfig:
     progress: bool = True
 
 
-TOP_LEVEL_KEYS = ("sweep_name", "results_root", "axes", "repeats", "steps", "warmup_steps", "seed", "exclude",
-                  "nccl", "faults", "micro_batch_search", "cluster", "launcher", "dry_run", "rerun_failed", "force",
-                  "progress")
+# The YAML's top level is SweepConfig's fields, its `name` spelt `sweep_name`.
+TOP_LEVEL_KEYS = ("sweep_name", *(f.name for f in fields(SweepConfig) if f.name != "name"))
 
 
 _SCALARS = ("str", "int", "float", "bool")
