@@ -155,10 +155,11 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
     price_table = {**sweep_prices(loaded.sweeps), **(prices or {})}
     runs_cost = run_costs(frame, price_table)
     sentences, best = headline(agg)
-    tables = {"headline": _present(best, HEADLINE_COLUMNS) if not best.empty else best,
-              "efa": _present(nccl_summary(frame), EFA_COLUMNS) if (frame["kind"] == "nccl").any() else pd.DataFrame(),
-              "scaling": _present(agg, SCALING_COLUMNS), "scaling_short": _present(agg, SCALING_SHORT), "ablation": _present(ablation(agg), ABLATION_COLUMNS),
-              "nccl": _present(nccl_summary(frame), NCCL_COLUMNS), "status": status_table(frame),
+    probes = nccl_summary(frame)
+    tables = {"headline": _present(best, HEADLINE_COLUMNS), "efa": _present(probes, EFA_COLUMNS),
+              "scaling": _present(agg, SCALING_COLUMNS), "scaling_short": _present(agg, SCALING_SHORT),
+              "ablation": _present(ablation(agg), ABLATION_COLUMNS),
+              "nccl": _present(probes, NCCL_COLUMNS), "status": status_table(frame),
               "loss_parity": parity.rename(columns=PARITY_COLUMNS),
               "cost_sweeps": _present(sweep_costs(runs_cost), SWEEP_COST_COLUMNS),
               "cost": _present(config_costs(agg, runs_cost, price_table, train_tokens), COST_COLUMNS).rename(
