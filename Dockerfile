@@ -41,7 +41,9 @@ ENV OPAL_PREFIX="" \
 RUN git clone --depth 1 --branch "${NCCL_TESTS_VERSION}" https://github.com/NVIDIA/nccl-tests /opt/nccl-tests && \
     make -C /opt/nccl-tests MPI=1 MPI_HOME=/opt/amazon/openmpi CUDA_HOME=/usr/local/cuda -j"$(nproc)"
 
-# This project; the image's own CUDA build of torch satisfies torch>=2.6.
+# This project; the image's own CUDA build of torch satisfies torch>=2.6. torchao is pinned to the release
+# built against that torch (torchao's compatibility table: 0.9 <-> 2.6): a newer one needs a newer torch.
+ARG TORCHAO_VERSION=0.9.0
 WORKDIR /workspace/fsdpbench
 COPY pyproject.toml README.md ./
 COPY bench bench
@@ -49,4 +51,4 @@ COPY trainer trainer
 COPY nccl nccl
 COPY analysis analysis
 COPY sweeps sweeps
-RUN pip install --no-cache-dir -e .
+RUN pip install --no-cache-dir "torchao==${TORCHAO_VERSION}" && pip install --no-cache-dir -e .

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench.schema import parse_records
+from bench.core.records import parse_records
 
 ROOT = Path(__file__).resolve().parent
 SHARED_DATA = Path(os.environ.get("FSDPBENCH_SHARED_DATA", ROOT.parent / "shared" / "data"))

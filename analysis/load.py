@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from bench import rundir
-from bench.schema import SCHEMA_VERSION, SUMMARY_COLUMNS
+from bench.core.schema import SCHEMA_VERSION, SUMMARY_COLUMNS, RunSpec
 
 
 class NoResults(Exception):
@@ -97,9 +97,12 @@ def load(path: Path) -> Loaded:
     if not frames:
         raise NoResults(f"the sweeps under {path} have no finished runs yet")
     frame = pd.concat(frames, ignore_index=True)
+    spec_defaults = RunSpec().to_dict()  # a spec field added later (compile, offload) had its default then
     for column in SUMMARY_COLUMNS:  # an older schema lacks some columns
         if column not in frame.columns:
-            frame[column] = None
+            frame[column] = spec_defaults.get(column)
+        elif column in spec_defaults:
+            frame[column] = frame[column].where(frame[column].notna(), spec_defaults[column])
     versions = pd.to_numeric(frame["schema_version"], errors="coerce")
     if (versions > SCHEMA_VERSION).any():
         notes.append(f"some rows were written by a newer schema (v{int(versions.max())}); "

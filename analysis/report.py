@@ -19,7 +19,7 @@ from analysis.comm import comm_model
 from analysis.cost import config_costs, parse_price_overrides, run_costs, sweep_costs, sweep_prices
 from analysis.load import Loaded, NoResults, load
 from analysis.parity import departures, loss_parity
-from analysis.scaling import (aggregate, ablation, headline, missing_baselines, nccl_sizes, nccl_summary,
+from analysis.scaling import (ablation, aggregate, headline, missing_baselines, nccl_sizes, nccl_summary,
                               status_table)
 
 DEFINITIONS = """\
@@ -28,8 +28,13 @@ DEFINITIONS = """\
 - **TFLOPS/GPU** (model): training FLOPs per token 6*N + 12*L*H*Q*T (N = parameters without the input
   embedding, L layers, H heads, Q head dim, T sequence length; the torchtitan / llm-foundry convention)
   times tokens/s, divided by the GPUs.
-- **MFU** = model TFLOPS/GPU / the GPU's dense peak for the compute dtype (bench/hardware.py, no sparsity).
+- **MFU** = model TFLOPS/GPU / the GPU's dense peak for the compute dtype (bench/core/hardware.py, no
+  sparsity).
   **HFU** also counts the forward recompute of activation checkpointing. CPU runs have no MFU.
+  fp8_tensorwise runs (torchao Float8 linears) are divided by the BF16 peak too, so MFU compares
+  precisions on one denominator; against the FP8 peak (twice the BF16 one) it would be about half.
+- **compile time**: with compile=true (each transformer block through torch.compile), the warm-up steps'
+  time beyond steady-state steps: compilation, kept out of the timed window.
 - **Scaling efficiency** at n nodes = (tokens/s at n / n) / (tokens/s at base / base), base = the smallest
   node count with an ok run of the same configuration.
 - **busbw** (all-reduce) = algbw * 2(n-1)/n with algbw = bytes / time (nccl-tests' definition);
@@ -48,8 +53,9 @@ DEFINITIONS = """\
 
 SCALING_COLUMNS = {
     "sweep": "sweep", "model": "model", "sharding": "sharding", "precision": "precision",
-    "activation_checkpointing": "AC", "wrap_policy": "wrap", "micro_batch": "micro batch",
-    "seq_len": "seq len", "gpus_per_node": "GPUs/node", "nodes": "nodes", "status": "status",
+    "activation_checkpointing": "AC", "wrap_policy": "wrap", "compile": "compile", "offload": "offload",
+    "micro_batch": "micro batch", "seq_len": "seq len", "gpus_per_node": "GPUs/node", "nodes": "nodes",
+    "status": "status", "compile_s": "compile time (s)",
     "ok_runs": "ok runs", "tokens_per_s": "tokens/s", "tokens_per_s_min": "tokens/s min",
     "tokens_per_s_max": "tokens/s max", "samples_per_s": "samples/s", "tflops_per_gpu": "TFLOPS/GPU",
     "mfu": "MFU", "hfu": "HFU", "step_time_s": "step time (s)", "step_time_s_std": "step time std (s)",
@@ -60,7 +66,8 @@ SCALING_COLUMNS = {
 }
 # What a reader compares; the full-width table stays in scaling.csv.
 SCALING_SHORT = {"model": "model", "sharding": "sharding", "precision": "precision",
-                 "activation_checkpointing": "AC", "gpus_per_node": "GPUs/node", "nodes": "nodes",
+                 "activation_checkpointing": "AC", "compile": "compile", "offload": "offload",
+                 "gpus_per_node": "GPUs/node", "nodes": "nodes",
                  "tokens_per_s_per_gpu": "tokens/s/GPU", "mfu": "MFU", "mem_peak_alloc_gib": "peak alloc (GiB/GPU)",
                  "mem_rss_gib": "host RSS (GiB/proc)", "scaling_efficiency": "scaling efficiency",
                  "status": "status"}
@@ -126,8 +133,12 @@ def markdown_table(frame: pd.DataFrame) -> str:
     return "\n".join([header, rule, *body]) + "\n"
 
 
+_UNSWEPT = {"compile": False, "offload": "none"}  # axes shown only where a sweep varied them
+
+
 def _present(frame: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
-    keep = [c for c in columns if c in frame.columns and (frame[c].notna().any() or c in ("status",))]
+    keep = [c for c in columns if c in frame.columns and (frame[c].notna().any() or c in ("status",))
+            and not (c in _UNSWEPT and (frame[c] == _UNSWEPT[c]).all())]
     return frame[keep].rename(columns=columns)
 
 

@@ -13,19 +13,22 @@ import numpy as np
 import pandas as pd
 
 CONFIG = ["sweep", "cluster", "model", "gpus_per_node", "sharding", "precision", "activation_checkpointing",
-          "wrap_policy", "micro_batch", "seq_len", "efa_per_node"]
+          "wrap_policy", "compile", "offload", "micro_batch", "seq_len", "efa_per_node"]
 METRICS = {  # column -> how repeats are combined (all by median; spread from min/max)
     "tokens_per_s": "median", "tokens_per_s_per_gpu": "median", "samples_per_s": "median",
     "tflops_per_gpu": "median", "mfu": "median", "hfu": "median", "step_time_s": "median",
     "mem_peak_alloc_gib": "max", "mem_peak_reserved_gib": "max", "nvml_mem_used_gib": "max",
-    "mem_rss_gib": "max", "est_mem_gib": "max",
+    "mem_rss_gib": "max", "est_mem_gib": "max", "compile_s": "median",
 }
-ABLATION_FACTORS = {  # factor -> (baseline value(s), optimised value)
-    "precision": (("fp32",), "bf16_mixed"),
-    "activation_checkpointing": (("none",), "full"),
-    "wrap_policy": (("whole_model",), "transformer_block"),
-    "sharding": (("NO_SHARD", "SHARD_GRAD_OP"), "FULL_SHARD"),
-}
+ABLATION_FACTORS = [  # (factor, baseline value(s), optimised value): one row per pair that differs in it only
+    ("precision", ("fp32",), "bf16_mixed"),
+    ("precision", ("bf16_mixed",), "fp8_tensorwise"),
+    ("activation_checkpointing", ("none",), "full"),
+    ("wrap_policy", ("whole_model",), "transformer_block"),
+    ("sharding", ("NO_SHARD", "SHARD_GRAD_OP"), "FULL_SHARD"),
+    ("compile", (False,), True),
+    ("offload", ("none",), "cpu"),  # a memory trade: the row shows what it costs in tokens/s
+]
 
 
 def train_rows(frame: pd.DataFrame) -> pd.DataFrame:
@@ -93,13 +96,20 @@ def describe(config: dict) -> str:
     ac = {"none": "no AC", "full": "full AC", "selective": "selective AC"}.get(config["activation_checkpointing"],
                                                                               config["activation_checkpointing"])
     return (f"{config['model']} {config['sharding']} {config['precision']} {ac} "
-            f"{config['wrap_policy']} mb{config['micro_batch']} s{config['seq_len']}")
+            f"{config['wrap_policy']}{_options(config)} mb{config['micro_batch']} s{config['seq_len']}")
+
+
+def _options(config: dict | pd.Series) -> str:
+    """The H100-era options when set: " + compile", " + offload cpu"."""
+    return ((" + compile" if config.get("compile") in (True, "True") else "") +
+            (f" + offload {config['offload']}" if config.get("offload") not in (None, "none") else ""))
 
 
 def _label(config: pd.Series) -> str:
     """A configuration as a reader names it: "FULL_SHARD bf16_mixed + full AC"."""
     ac = config["activation_checkpointing"]
-    return f"{config['sharding']} {config['precision']}" + ("" if ac == "none" else f" + {ac} AC")
+    return (f"{config['sharding']} {config['precision']}" + ("" if ac == "none" else f" + {ac} AC") +
+            _options(config))
 
 
 def headline(agg: pd.DataFrame) -> tuple[list[str], pd.DataFrame]:
@@ -149,7 +159,7 @@ def ablation(agg: pd.DataFrame) -> pd.DataFrame:
     keys = CONFIG + ["nodes"]
     measured = agg[agg["tokens_per_s"].notna()]
     index = {tuple(r[k] for k in keys): r for _, r in measured.iterrows()}
-    for factor, (baselines, optimised) in ABLATION_FACTORS.items():
+    for factor, baselines, optimised in ABLATION_FACTORS:
         pos = keys.index(factor)
         for key, row in index.items():
             if key[pos] != optimised:

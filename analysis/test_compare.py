@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from analysis.compare import main, compare, side
+from analysis.compare import compare, main, side
 from bench import rundir
-from bench.schema import RunSpec, RunSummary
+from bench.core.schema import RunSpec, RunSummary
 
 
 def run(sweep_dir: Path, tokens_per_s: float | None, status: str = "ok", repeat: int = 0, std: float = 0.0,

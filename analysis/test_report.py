@@ -8,11 +8,11 @@ import pandas as pd
 import pytest
 
 from analysis.load import load
-from analysis.report import build, main
 from analysis.parity import loss_parity
+from analysis.report import build, main
 from analysis.scaling import ablation, aggregate, nccl_summary
 from bench import rundir
-from bench.schema import RunSpec, RunSummary
+from bench.core.schema import RunSpec, RunSummary
 
 
 def write_run(sweep_dir: Path, status: str = "ok", tokens_per_s: float | None = None, **spec_kw) -> RunSummary:
@@ -66,6 +66,7 @@ def test_the_answer_comes_first_with_the_known_efficiency(tmp_path: Path) -> Non
     assert "<strong>tokens/s</strong>" in page and "**tokens/s**" not in page  # Definitions rendered
     short = pd.read_csv(out / "scaling_short.csv")
     assert len(short.columns) <= 12 < len(pd.read_csv(out / "scaling.csv").columns)
+    assert "compile" not in short.columns and "offload" not in short.columns  # axes this study did not vary
 
 
 def test_repeats_are_medians_with_spread(tmp_path: Path) -> None:
@@ -100,6 +101,34 @@ def test_ablation_gain_against_the_one_factor_baseline(tmp_path: Path) -> None:
     assert gains.loc["precision", "gain_pct"] == pytest.approx(200.0)
     assert gains.loc["wrap_policy", "gain_pct"] == pytest.approx(25.0)
     assert "sharding" not in gains.index  # no run differs in sharding only
+
+
+def test_ablation_rows_for_compile_float8_and_offload(tmp_path: Path) -> None:
+    sweep = tmp_path / "axes"
+    base = dict(model="llama3_1_8b", nodes=1, activation_checkpointing="selective_op")
+    write_run(sweep, tokens_per_s=5762.0, **base)  # the reference trainer's 8B figures on 8 H100
+    write_run(sweep, tokens_per_s=6667.0, compile=True, **base)
+    write_run(sweep, tokens_per_s=8532.0, compile=True, precision="fp8_tensorwise", **base)
+    write_run(sweep, tokens_per_s=2881.0, offload="cpu", **base)
+    rows = ablation(aggregate(load(sweep).frame))
+    got = {(r.factor, str(r.baseline), str(r.optimised)): round(r.gain_pct, 1) for r in rows.itertuples()}
+    assert got == {("compile", "False", "True"): 15.7,  # 6667 / 5762
+                   ("precision", "bf16_mixed", "fp8_tensorwise"): 28.0,  # 8532 / 6667, both compiled
+                   ("offload", "none", "cpu"): -50.0}
+    text = build(load(sweep), tmp_path / "out").read_text()
+    assert "FULL_SHARD fp8_tensorwise + selective_op AC + compile:" in text  # the answer names the options
+    assert "BF16 peak too" in text and "| compile | offload |" in text
+
+
+def test_results_from_before_the_new_axes_read_as_their_defaults(tmp_path: Path) -> None:
+    sweep = tmp_path / "old"
+    write_run(sweep, tokens_per_s=1000.0, nodes=1)
+    from bench.collect import write_results
+    frame = write_results(sweep).drop(columns=["compile", "offload"])  # a table written before them
+    frame.to_parquet(sweep / rundir.RESULTS_PARQUET, index=False)
+    frame.to_csv(sweep / rundir.RESULTS_CSV, index=False)
+    loaded = load(sweep).frame
+    assert list(loaded["compile"]) == [False] and list(loaded["offload"]) == ["none"]
 
 
 def test_nccl_table_medians_by_nodes_and_efa(tmp_path: Path) -> None:

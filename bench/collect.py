@@ -8,8 +8,9 @@ from typing import Any
 
 from bench import rundir
 from bench.classify import classify
+from bench.core.schema import SUMMARY_COLUMNS, RunSpec, RunSummary
 from bench.launchers.base import TRACE_PREFIX, Outcome
-from bench.schema import SUMMARY_COLUMNS, RunSpec, RunSummary
+from nccl.records import check_transport, records_from_logs
 
 _LOG_TAIL_BYTES = 64 * 1024
 _SUMMARY_FIELDS = {f.name for f in fields(RunSummary)} - {"run_id", "sweep", "status", "spec", "error",
@@ -36,7 +37,6 @@ def summarize_run(spec: RunSpec, sweep: str, run_dir_: Path, outcome: Outcome, *
     records = rundir.read_records(run_dir_)
     text = log_tail(run_dir_)
     if spec.kind == "nccl":
-        from nccl.records import check_transport, records_from_logs
         if not any(r["kind"] == "summary" for r in records):  # nccl-tests binary: parse its output
             records += records_from_logs(run_dir_, spec)
         records = [check_transport(r, spec, text) if r["kind"] == "summary" else r for r in records]

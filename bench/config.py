@@ -1,21 +1,27 @@
-"""Typed sweep configuration, converted once from Hydra's DictConfig and validated before any launch.
+"""The sweep configuration, typed once: the dataclasses below are the schema Hydra composes sweeps/ into
+(registered in its ConfigStore as `sweep_schema`, the first entry of sweeps/config.yaml's defaults), and
+`from_dict` merges a composed config into them again with OmegaConf, so OmegaConf itself refuses a wrong
+type or an unknown key, a `+key=` override included. Every field's default and meaning is written here,
+once; the YAML files set only what differs.
 
-Every problem is a ConfigError with one line a user can act on; the sweep prints it and exits 2.
+What a type cannot say stays hand-written in `validate`: allowed values, ranges, cross-field rules and the
+values a scheduler would refuse. Every problem is a ConfigError of one line; the sweep prints it, exit 2.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
-from bench.hardware import GPUS
-from bench.models import PRESETS
-from bench.schema import AC_MODES, PRECISIONS, SHARDINGS, SPEC_FIELDS, WRAP_POLICIES
+from omegaconf import MISSING, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-AXES = ("model", "nodes", "gpus_per_node", "sharding", "precision", "activation_checkpointing", "wrap_policy",
-        "micro_batch", "seq_len", "efa_per_node")
-FAULT_KINDS = ("oom", "nan", "hang", "crash", "sleep")  # sleep: the worker sleeps `seconds`, does no work
+from bench.core.hardware import GPUS, supports_fp8
+from bench.core.models import PRESETS
+from bench.core.schema import AC_MODES, FAULTS, OFFLOADS, PRECISIONS, SHARDINGS, SPEC_FIELDS, WRAP_POLICIES
+
 AUTO = "auto"  # axes.micro_batch value: search the largest micro batch that fits
+COMPILE_WARMUP = 1  # compile=true: step 0 compiles forward and backward; later steps reuse it (measured)
 LAUNCHERS = ("local", "dryrun", "slurm", "kubernetes")
 _SWEEP_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -24,77 +30,105 @@ class ConfigError(ValueError):
     """A configuration problem, reported as one line before anything is launched."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class SlurmClusterConfig:
-    partition: str | None = None
-    account: str | None = None
-    time_limit: str = "02:00:00"
-    exclusive: bool = True
-    gpus_per_node: int | None = None  # --gpus-per-node; None = the cluster's gpus_per_node if it has GPUs
-    container_image: str | None = None  # pyxis/enroot
-    container_mounts: str | None = None
-    extra_sbatch: tuple[str, ...] = ()  # extra "#SBATCH ..." option lines, e.g. "--qos=high"
+    partition: str | None = None  # sbatch --partition; None = the cluster's default partition
+    account: str | None = None  # sbatch --account
+    time_limit: str = "02:00:00"  # sbatch --time
+    exclusive: bool = True  # sbatch --exclusive: no other job shares a benchmarked node
+    gpus_per_node: int | None = None  # --gpus-per-node; None = the cluster's GPUs/node; 0 = no GRES request
+    container_image: str | None = None  # pyxis/enroot image (e.g. a .sqsh); None = run on the host
+    container_mounts: str | None = None  # pyxis SRC:DST[,...]: must cover results_root, or nothing comes back
+    container_workdir: str = "/workspace/fsdpbench"  # the project inside the image (Dockerfile WORKDIR)
+    extra_sbatch: list[str] = field(default_factory=list)  # extra "#SBATCH ..." options, e.g. "--qos=high"
     conf: str | None = None  # SLURM_CONF for the client commands; None = the environment's
     nccl_tests_binary: str = "all_reduce_perf"  # on GPU clusters; CPU clusters use the torch probe
     mpi: str = "pmix"  # srun --mpi for nccl-tests
-    container_workdir: str = "/workspace/fsdpbench"  # pyxis: the project inside the image (Dockerfile WORKDIR)
 
 
-@dataclass(frozen=True)
+@dataclass
 class K8sClusterConfig:
     namespace: str = "default"
-    image: str | None = None
-    instance_type_label: str = "node.kubernetes.io/instance-type"
-    shm_size: str = "64Gi"
-    hf_token_secret: str | None = None
+    image: str | None = None  # your worker image (Dockerfile in this repo); required to launch
+    instance_type_label: str = "node.kubernetes.io/instance-type"  # node label the pods select on
+    shm_size: str = "64Gi"  # /dev/shm of each worker (NCCL and data loaders need more than the default)
+    hf_token_secret: str | None = None  # name of a Secret with key "token"; referenced, never inlined
     image_pull_secret: str | None = None
     service_account: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass
 class ClusterConfig:
-    name: str
-    instance_type: str
-    gpus_per_node: int
-    max_nodes: int
-    gpu: str | None = None
-    gpu_memory_gib: float | None = None
-    efa_per_node: int = 0
-    price_per_hour: float | None = None
+    """One file of sweeps/cluster/: the machine type and how many of it there are."""
+
+    name: str = MISSING
+    instance_type: str = MISSING
+    gpus_per_node: int = MISSING  # worker processes per node (local: per simulated node)
+    max_nodes: int = MISSING  # the reservation's size: no run or budget may exceed it
+    gpu: str | None = None  # a row of bench/core/hardware.py; None = no peak: no MFU, no memory pruning
+    gpu_memory_gib: float | None = None  # None = runs are never pruned as infeasible by the estimate
+    host_memory_gib: float | None = None  # per node; bounds what offload=cpu may put there (None: unchecked)
+    efa_per_node: int = 0  # EFA adapters per node (0 = TCP sockets)
+    price_per_hour: float | None = None  # USD per instance-hour, dated in the file; None = the report asks
     socket_ifname: str | None = None  # NCCL_SOCKET_IFNAME on every launcher, e.g. "^lo,docker,veth"
     slurm: SlurmClusterConfig = field(default_factory=SlurmClusterConfig)
     kubernetes: K8sClusterConfig = field(default_factory=K8sClusterConfig)
 
 
-@dataclass(frozen=True)
+@dataclass
 class LauncherConfig:
-    name: str
-    timeout_s: float = 900  # run time, counted from when the job really runs
-    queue_timeout_s: float = 6 * 3600  # time a job may wait in the scheduler's queue before it is given up
-    grace_s: float = 10
+    """One file of sweeps/launcher/."""
+
+    name: str = MISSING  # local, dryrun, slurm or kubernetes
+    timeout_s: float = 900  # run time, counted from when the job really runs; past it: timeout
+    queue_timeout_s: float = 6 * 3600  # time a job may wait in the scheduler's queue; past it: launch_error
+    grace_s: float = 10  # SIGTERM (or delete) -> SIGKILL
     poll_s: float = 0.2
-    max_nodes: int | None = None  # node budget of runs in flight; None: the cluster's (local: one run at a time)
+    max_nodes: int | None = None  # node budget of runs in flight; None: the cluster's (local: one at a time)
     probes_alone: bool = True  # nccl probes run with nothing else in flight (shared fabric distorts bandwidth)
     rendezvous_timeout_s: float = 1800  # torchrun c10d join/read timeouts: nodes that start apart still meet
-    python: str | None = None
-    workdir: str | None = None
-    kubeconfig: str | None = None
+    python: str | None = None  # interpreter on the nodes; None = this one (pyxis: the image's)
+    workdir: str | None = None  # project checkout on the nodes; None = this checkout
+    kubeconfig: str | None = None  # None = $KUBECONFIG or ~/.kube/config, or the in-cluster config
     context: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass
+class Axes:
+    """The study's axes: the plan is their cartesian product minus `exclude`."""
+
+    model: list[str] = field(default_factory=lambda: ["tiny_llama"])  # presets of bench/core/models.py
+    nodes: list[int] = field(default_factory=lambda: [1])
+    gpus_per_node: list[int | None] = field(default_factory=lambda: [None])  # None = the cluster's
+    sharding: list[str] = field(default_factory=lambda: ["FULL_SHARD"])
+    precision: list[str] = field(default_factory=lambda: ["bf16_mixed"])
+    activation_checkpointing: list[str] = field(default_factory=lambda: ["none"])
+    wrap_policy: list[str] = field(default_factory=lambda: ["transformer_block"])
+    compile: list[bool] = field(default_factory=lambda: [False])  # torch.compile each block (regional)
+    offload: list[str] = field(default_factory=lambda: ["none"])  # cpu: FSDP2 CPUOffloadPolicy
+    micro_batch: list[Any] = field(default_factory=lambda: [1])  # per GPU; `auto`: the largest that fits
+    seq_len: list[int] = field(default_factory=lambda: [128])
+    efa_per_node: list[int | None] = field(default_factory=lambda: [None])  # None = the cluster's adapters
+
+
+AXES: tuple[str, ...] = tuple(f.name for f in fields(Axes))
+
+
+@dataclass
 class NcclSweepConfig:
+    """All-reduce probes beside the training runs (nccl-tests where present, else the torch probe)."""
+
     enabled: bool = False
-    nodes: tuple[int, ...] | None = None
-    efa_per_node: tuple[int, ...] | None = None
+    nodes: list[int] | None = None  # None = the training axes' nodes
+    efa_per_node: list[int] | None = None  # None = [the cluster's EFA count]
+    gpus_per_node: list[int] | None = None  # None = the cluster's
     min_bytes: int = 8
     max_bytes: int = 1 << 26
     iters: int = 20
-    gpus_per_node: tuple[int, ...] | None = None  # None: the cluster's
-    split_per_node: bool = False  # NCCL_TESTS_SPLIT="MOD <gpus_per_node>": inter-node bandwidth only
+    split_per_node: bool = False  # NCCL_TESTS_SPLIT="MOD <gpus/node>": inter-node bandwidth only
 
 
-@dataclass(frozen=True)
+@dataclass
 class MicroBatchSearch:
     """`micro_batch: auto`: start at the largest power of two the estimate fits (at most `max`), confirm
     with a short run of `steps`, halve on OOM."""
@@ -104,117 +138,104 @@ class MicroBatchSearch:
     warmup_steps: int = 1
 
 
-@dataclass(frozen=True)
+@dataclass
 class FaultRule:
-    match: dict[str, Any]
-    fault: str
+    """Test hook: inject a worker fault into the runs whose spec matches every key of `match`."""
+
+    match: dict[str, Any] = field(default_factory=dict)  # run spec field -> value or list of values
+    fault: str = MISSING  # one of bench.core.schema.FAULTS
     step: int = 1
     seconds: float = 0.0  # fault sleep: how long the worker sleeps instead of working
 
 
-@dataclass(frozen=True)
+@dataclass
 class SweepConfig:
-    name: str
-    results_root: str
-    axes: dict[str, tuple[Any, ...]]
-    repeats: int
-    steps: int
-    warmup_steps: int
-    seed: int
-    exclude: tuple[dict[str, Any], ...]
-    nccl: NcclSweepConfig
-    faults: tuple[FaultRule, ...]
-    micro_batch_search: MicroBatchSearch
-    cluster: ClusterConfig
-    launcher: LauncherConfig
-    dry_run: bool = False
-    rerun_failed: bool = False
-    force: bool = False
+    """The whole sweep: sweeps/config.yaml, a sweep of sweeps/sweep/, a cluster, a launcher, overrides."""
+
+    sweep_name: str | None = None  # set by the chosen sweep (+sweep=NAME); also the sweep dir's name
+    results_root: str = "results"
+    dry_run: bool = False  # plan, render every submission, launch nothing (also: --dry-run)
+    rerun_failed: bool = False  # retry runs that ended other than ok (also: --rerun-failed)
+    force: bool = False  # redo every run, finished ones too (also: --force)
     progress: bool = True
+    axes: Axes = field(default_factory=Axes)
+    exclude: list[dict[str, Any]] = field(default_factory=list)  # each removes the runs matching all its keys
+    repeats: int = 1
+    steps: int = 10
+    warmup_steps: int = 3  # steps before the timed window (compile and allocator warm-up)
+    seed: int = 0
+    nccl: NcclSweepConfig = field(default_factory=NcclSweepConfig)
+    micro_batch_search: MicroBatchSearch = field(default_factory=MicroBatchSearch)
+    faults: list[FaultRule] = field(default_factory=list)
+    cluster: ClusterConfig = MISSING
+    launcher: LauncherConfig = MISSING
 
 
-# The YAML's top level is SweepConfig's fields, its `name` spelt `sweep_name`.
-TOP_LEVEL_KEYS = ("sweep_name", *(f.name for f in fields(SweepConfig) if f.name != "name"))
+def register_schema() -> None:
+    """Make SweepConfig the schema of sweeps/config.yaml (its defaults list names `sweep_schema`)."""
+    from hydra.core.config_store import ConfigStore
+    ConfigStore.instance().store(name="sweep_schema", node=SweepConfig)
 
 
-_SCALARS = ("str", "int", "float", "bool")
+def omegaconf_message(e: OmegaConfBaseException) -> str:
+    """OmegaConf's error as one line naming the key, and for a typo the keys that exist there."""
+    key = getattr(e, "full_key", None)
+    owner = getattr(e, "object_type", None)
+    if isinstance(e, (ConfigKeyError, ConfigAttributeError)) and key and is_dataclass(owner):
+        return f"unknown key {key}; known there: {', '.join(f.name for f in fields(owner))}"
+    msg = (getattr(e, "msg", None) or str(e)).strip().splitlines()[0]
+    if "is not a ListConfig, list or tuple" in msg:
+        msg = "must be a list, e.g. [4]"
+    return f"{key}: {msg}" if key else msg
 
 
-def _scalar(value: Any, hint: str, where: str) -> Any:
-    """A scalar as its field's annotation wants it, or a ConfigError naming the key: YAML reads `nan` or
-    `123` as numbers where a name is meant (kept as text); a number or a flag must be one."""
-    if value is None:
-        if "None" in hint:
-            return None
-        raise ConfigError(f"{where} must be set, got null")
-    kind = hint.replace(" | None", "")
-    if kind == "str":
-        if isinstance(value, (dict, list, tuple)):
-            raise ConfigError(f"{where} must be a string, got {value!r}")
-        return value if isinstance(value, str) else str(value)
-    if kind == "bool" and not isinstance(value, bool):
-        raise ConfigError(f"{where} must be true or false, got {value!r}")
-    if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ConfigError(f"{where} must be an integer, got {value!r}")
-    if kind == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        raise ConfigError(f"{where} must be a number, got {value!r}")
-    return value
-
-
-def _build(cls: type, data: Any, where: str, convert: dict[str, Any] | None = None) -> Any:
-    """Dataclass from a dict: unknown keys, wrong types and wrong shapes are ConfigErrors naming the key."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where} must be a mapping, got {data!r}")
-    hints = {f.name: str(f.type) for f in fields(cls)}
-    unknown = sorted(set(data) - set(hints))
-    if unknown:
-        raise ConfigError(f"unknown key(s) in {where}: {', '.join(unknown)}; known: {', '.join(sorted(hints))}")
-    kwargs = {}
-    for k, v in data.items():
-        if convert and k in convert and v is not None:
-            v = convert[k](v, f"{where}.{k}")
-        elif hints[k].replace(" | None", "") in _SCALARS:
-            v = _scalar(v, hints[k], f"{where}.{k}")
-        kwargs[k] = v
+def from_dict(raw: dict[str, Any]) -> SweepConfig:
+    """A composed config (OmegaConf.to_container) as a validated SweepConfig."""
     try:
-        return cls(**kwargs)
-    except TypeError as e:
-        raise ConfigError(f"{where}: {e}") from None
+        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SweepConfig), raw))
+    except OmegaConfBaseException as e:
+        raise ConfigError(omegaconf_message(e)) from None
+    assert isinstance(cfg, SweepConfig)
+    validate(cfg)
+    return cfg
 
 
-def _as_list(value: Any, where: str) -> tuple[Any, ...]:
-    if isinstance(value, (list, tuple)):
-        return tuple(value)
-    return (value,)
+def _positive(where: str, value: float | None, kind: str = "integer") -> None:
+    if value is not None and value <= 0:
+        raise ConfigError(f"{where} must be a positive {kind}, got {value!r}")
 
 
-def _positive_int(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{where} must be a positive integer, got {value!r}")
-    return value
-
-
-def _check_axis(name: str, values: tuple[Any, ...], cluster: ClusterConfig) -> None:
+def _check_axes(axes: Axes, cluster: ClusterConfig) -> None:
     choices = {"model": PRESETS, "sharding": SHARDINGS, "precision": PRECISIONS,
-               "activation_checkpointing": AC_MODES, "wrap_policy": WRAP_POLICIES}.get(name)
-    for v in values:
-        if choices is not None and v not in choices:
-            raise ConfigError(f"axes.{name}: unknown value {v!r}; known: {', '.join(sorted(choices))}")
-        if name in ("nodes", "seq_len") or (name == "micro_batch" and v != AUTO) or (
-                name == "gpus_per_node" and v is not None):
-            _positive_int(v, f"axes.{name}")
-        if name == "efa_per_node" and v is not None and (not isinstance(v, int) or v < 0):
+               "activation_checkpointing": AC_MODES, "wrap_policy": WRAP_POLICIES, "offload": OFFLOADS}
+    for name, known in choices.items():
+        for v in getattr(axes, name):
+            if v not in known:
+                raise ConfigError(f"axes.{name}: unknown value {v!r}; known: {', '.join(sorted(known))}")
+    for name in ("nodes", "seq_len", "gpus_per_node"):
+        for v in getattr(axes, name):
+            _positive(f"axes.{name}", v)
+    for v in axes.micro_batch:
+        if v != AUTO and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ConfigError(f"axes.micro_batch must be a positive integer or {AUTO}, got {v!r}")
+    for v in axes.efa_per_node:
+        if v is not None and v < 0:
             raise ConfigError(f"axes.efa_per_node: {v!r} is not a count of adapters")
-    if name == "nodes":
-        too_many = [n for n in values if n > cluster.max_nodes]
-        if too_many:
-            raise ConfigError(f"axes.nodes: {too_many} exceed cluster {cluster.name}'s max_nodes="
-                              f"{cluster.max_nodes}")
-    if name == "gpus_per_node":
-        too_many = [g for g in values if g is not None and g > cluster.gpus_per_node]
-        if too_many:
-            raise ConfigError(f"axes.gpus_per_node: {too_many} exceed cluster {cluster.name}'s gpus_per_node="
-                              f"{cluster.gpus_per_node}")
+    if too_many := [n for n in axes.nodes if n > cluster.max_nodes]:
+        raise ConfigError(f"axes.nodes: {too_many} exceed cluster {cluster.name}'s max_nodes="
+                          f"{cluster.max_nodes}")
+    if too_many := [g for g in axes.gpus_per_node if g is not None and g > cluster.gpus_per_node]:
+        raise ConfigError(f"axes.gpus_per_node: {too_many} exceed cluster {cluster.name}'s gpus_per_node="
+                          f"{cluster.gpus_per_node}")
+    if "HYBRID_SHARD" in axes.sharding and axes.model and cluster.gpus_per_node < 2:
+        raise ConfigError(f"HYBRID_SHARD needs >= 2 GPUs per node to shard within a node; cluster "
+                          f"{cluster.name} has gpus_per_node={cluster.gpus_per_node}")
+    if "fp8_tensorwise" in axes.precision and cluster.gpu is not None and not supports_fp8(cluster.gpu):
+        raise ConfigError(f"axes.precision: fp8_tensorwise needs FP8 tensor cores (H100, H200, L4, B200); "
+                          f"cluster {cluster.name} has {cluster.gpu}")
+    if "cpu" in axes.offload and cluster.gpu is None:
+        raise ConfigError(f"axes.offload: cpu moves training state from GPU to host memory; cluster "
+                          f"{cluster.name} names no GPU (set cluster.gpu on a GPU machine)")
 
 
 # What the Kubernetes API accepts (RFC 1123 labels and subdomains, resource quantities, image references),
@@ -239,71 +260,61 @@ def _check_kubernetes(k: K8sClusterConfig) -> None:
             raise ConfigError(f"cluster.kubernetes.{key}={value!r} is not {what}")
 
 
-def from_dict(raw: dict[str, Any]) -> SweepConfig:
-    """Validate a resolved config (OmegaConf.to_container) into a SweepConfig."""
-    if not raw.get("sweep_name"):
-        raise ConfigError("no sweep chosen")
-    unknown = sorted(set(raw) - set(TOP_LEVEL_KEYS))
-    if unknown:  # `+dry_runn=true` must not launch for real
-        raise ConfigError(f"unknown key(s): {', '.join(unknown)}; known: {', '.join(TOP_LEVEL_KEYS)}")
-    top = {k: _scalar(raw.get(k, default), hint, k) for k, hint, default in (
-        ("seed", "int", 0), ("steps", "int", 10), ("warmup_steps", "int", 3), ("dry_run", "bool", False),
-        ("rerun_failed", "bool", False), ("force", "bool", False), ("progress", "bool", True))}
-    if not _SWEEP_NAME.match(str(raw["sweep_name"])) or str(raw["sweep_name"]) in (".", ".."):
-        raise ConfigError(f"sweep_name={raw['sweep_name']!r}: a plain name (letters, digits, ._-), so the sweep "
-                          "dir stays under results_root")
-    cluster_raw = dict(raw.get("cluster") or {})
-    cluster = _build(ClusterConfig, cluster_raw, "cluster", {
-        "slurm": lambda v, w: _build(SlurmClusterConfig, v, w, {"extra_sbatch": _as_list}),
-        "kubernetes": lambda v, w: _build(K8sClusterConfig, v, w),
-        "gpus_per_node": _positive_int, "max_nodes": _positive_int})
+def _check_cluster(cluster: ClusterConfig) -> None:
+    _positive("cluster.gpus_per_node", cluster.gpus_per_node)
+    _positive("cluster.max_nodes", cluster.max_nodes)
     if cluster.gpu is not None and cluster.gpu not in GPUS:
         raise ConfigError(f"cluster.gpu: unknown GPU {cluster.gpu!r}; known: {', '.join(GPUS)}")
     _check_kubernetes(cluster.kubernetes)
-    launcher = _build(LauncherConfig, dict(raw.get("launcher") or {}), "launcher",
-                      {"max_nodes": _positive_int})
+
+
+def _check_launcher(launcher: LauncherConfig) -> None:
     if launcher.name not in LAUNCHERS:
         raise ConfigError(f"launcher.name: {launcher.name!r}; known: {', '.join(LAUNCHERS)}")
     for key in ("timeout_s", "queue_timeout_s", "rendezvous_timeout_s", "grace_s", "poll_s"):
-        value = getattr(launcher, key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise ConfigError(f"launcher.{key} must be a positive number of seconds, got {value!r}")
-    axes_raw = dict(raw.get("axes") or {})
-    unknown = sorted(set(axes_raw) - set(AXES))
-    if unknown:
-        raise ConfigError(f"unknown axis {', '.join(unknown)}; axes are: {', '.join(AXES)}")
-    axes = {k: _as_list(v, f"axes.{k}") for k, v in axes_raw.items()}
-    for name, values in axes.items():
-        _check_axis(name, values, cluster)
-    if "HYBRID_SHARD" in axes.get("sharding", ()) and axes.get("model") and cluster.gpus_per_node < 2:
-        raise ConfigError(f"HYBRID_SHARD needs >= 2 GPUs per node to shard within a node; cluster "
-                          f"{cluster.name} has gpus_per_node={cluster.gpus_per_node}")
-    for i, rule in enumerate(raw.get("exclude") or []):
-        if not isinstance(rule, dict) or set(rule) - set(AXES):
-            raise ConfigError(f"exclude[{i}] must map axis names ({', '.join(AXES)}) to values: {rule!r}")
-    nccl = _build(NcclSweepConfig, dict(raw.get("nccl") or {}), "nccl",
-                  {"nodes": _as_list, "efa_per_node": _as_list, "gpus_per_node": _as_list})
-    if nccl.enabled and nccl.nodes and max(nccl.nodes) > cluster.max_nodes:
-        raise ConfigError(f"nccl.nodes {list(nccl.nodes)} exceed cluster {cluster.name}'s max_nodes="
-                          f"{cluster.max_nodes}")
-    faults = tuple(_build(FaultRule, dict(f), f"faults[{i}]") for i, f in enumerate(raw.get("faults") or []))
+        _positive(f"launcher.{key}", getattr(launcher, key), "number of seconds")
+    _positive("launcher.max_nodes", launcher.max_nodes)
+
+
+def _check_faults(faults: list[FaultRule]) -> None:
     for f in faults:
-        unknown = sorted(set(f.match) - set(SPEC_FIELDS))
-        if unknown:  # a misspelt key would never match: the fault would silently never fire
+        if unknown := sorted(set(f.match) - set(SPEC_FIELDS)):  # a misspelt key would silently never fire
             raise ConfigError(f"faults: unknown match key(s) {', '.join(unknown)}; keys are run spec fields: "
                               f"{', '.join(SPEC_FIELDS)}")
-        if f.fault not in FAULT_KINDS:
-            raise ConfigError(f"faults: unknown fault {f.fault!r}; known: {', '.join(FAULT_KINDS)}")
-    search = _build(MicroBatchSearch, dict(raw.get("micro_batch_search") or {}), "micro_batch_search",
-                    {"max": _positive_int, "steps": _positive_int})
+        if f.fault not in FAULTS:
+            raise ConfigError(f"faults: unknown fault {f.fault!r}; known: {', '.join(FAULTS)}")
+
+
+def validate(cfg: SweepConfig) -> None:
+    """The rules a type cannot express; the first one broken is a ConfigError."""
+    if not cfg.sweep_name:
+        raise ConfigError("no sweep chosen")
+    if not _SWEEP_NAME.match(cfg.sweep_name) or cfg.sweep_name in (".", ".."):
+        raise ConfigError(f"sweep_name={cfg.sweep_name!r}: a plain name (letters, digits, ._-), so the sweep "
+                          "dir stays under results_root")
+    _check_cluster(cfg.cluster)
+    _check_launcher(cfg.launcher)
+    _check_axes(cfg.axes, cfg.cluster)
+    for i, rule in enumerate(cfg.exclude):
+        if set(rule) - set(AXES):
+            raise ConfigError(f"exclude[{i}] must map axis names ({', '.join(AXES)}) to values: {rule!r}")
+    _positive("repeats", cfg.repeats)
+    if not 0 <= cfg.warmup_steps < cfg.steps:
+        raise ConfigError(f"need 0 <= warmup_steps < steps, got warmup_steps={cfg.warmup_steps}, "
+                          f"steps={cfg.steps}")
+    if True in cfg.axes.compile and cfg.warmup_steps < COMPILE_WARMUP:
+        raise ConfigError(f"axes.compile: the first step compiles every block; warmup_steps="
+                          f"{cfg.warmup_steps} would time it (need >= {COMPILE_WARMUP})")
+    nccl = cfg.nccl
+    for key in ("nodes", "gpus_per_node"):
+        for v in getattr(nccl, key) or ():
+            _positive(f"nccl.{key}", v)
+    if nccl.enabled and nccl.nodes and max(nccl.nodes) > cfg.cluster.max_nodes:
+        raise ConfigError(f"nccl.nodes {list(nccl.nodes)} exceed cluster {cfg.cluster.name}'s max_nodes="
+                          f"{cfg.cluster.max_nodes}")
+    _check_faults(cfg.faults)
+    search = cfg.micro_batch_search
+    _positive("micro_batch_search.max", search.max)
+    _positive("micro_batch_search.steps", search.steps)
     if not 0 <= search.warmup_steps < search.steps:
         raise ConfigError("micro_batch_search: need 0 <= warmup_steps < steps")
-    steps, warmup = top["steps"], top["warmup_steps"]
-    if not 0 <= warmup < steps:
-        raise ConfigError(f"need 0 <= warmup_steps < steps, got warmup_steps={warmup}, steps={steps}")
-    return SweepConfig(
-        name=str(raw["sweep_name"]), results_root=str(raw.get("results_root", "results")), axes=axes,
-        repeats=_positive_int(raw.get("repeats", 1), "repeats"), steps=steps, warmup_steps=warmup,
-        seed=top["seed"], exclude=tuple(raw.get("exclude") or ()), nccl=nccl,
-        faults=faults, micro_batch_search=search, cluster=cluster, launcher=launcher,
-        dry_run=top["dry_run"], rerun_failed=top["rerun_failed"], force=top["force"], progress=top["progress"])

@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bench.config import ClusterConfig
-from bench.flops import hardware_flops_per_token
-from bench.hardware import peak_tflops
-from bench.models import get_arch
-from bench.schema import RunSpec
+from bench.core.flops import hardware_flops_per_token
+from bench.core.hardware import peak_tflops
+from bench.core.models import get_arch
+from bench.core.schema import RunSpec
 
 ASSUMED_MFU = 0.40  # typical FSDP MFU on H100/A100 for 7B-70B Llama (the goal in the trainer issue is 0.45)
 STARTUP_S = 120.0

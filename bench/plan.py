@@ -10,15 +10,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from bench.config import AUTO, AXES, ConfigError, SweepConfig
-from bench.flops import estimate_memory
-from bench.models import get_arch
-from bench.schema import RunSpec
+from bench.core.flops import estimate_memory
+from bench.core.models import get_arch
+from bench.core.schema import RunSpec
 
 FEASIBLE_FRACTION = 0.95  # leave allocator fragmentation headroom
-_DEFAULTS: dict[str, Any] = {"model": "tiny_llama", "nodes": 1, "gpus_per_node": None, "sharding": "FULL_SHARD",
-                             "precision": "bf16_mixed", "activation_checkpointing": "none",
-                             "wrap_policy": "transformer_block", "micro_batch": 1, "seq_len": 128,
-                             "efa_per_node": None}
+HOST_FRACTION = 0.8  # offload=cpu: host memory also holds the OS, the workers and pinned staging buffers
 
 
 @dataclass(frozen=True)
@@ -49,10 +46,9 @@ def _matches(point: dict[str, Any], rule: dict[str, Any]) -> bool:
 
 
 def _train_points(cfg: SweepConfig) -> list[dict[str, Any]]:
-    axes = {name: cfg.axes.get(name, (_DEFAULTS[name],)) for name in AXES}
-    if not axes["model"]:
+    if not cfg.axes.model:
         return []
-    points = [dict(zip(AXES, combo)) for combo in itertools.product(*(axes[a] for a in AXES))]
+    points = [dict(zip(AXES, combo)) for combo in itertools.product(*(getattr(cfg.axes, a) for a in AXES))]
     return [p for p in points if not any(_matches(p, rule) for rule in cfg.exclude)]
 
 
@@ -77,8 +73,12 @@ def feasibility(cfg: SweepConfig, spec: RunSpec) -> tuple[float, bool, str | Non
     est = estimate_memory(get_arch(spec.model), sharding=spec.sharding, precision=spec.precision,
                           ac=spec.activation_checkpointing, wrap_policy=spec.wrap_policy,
                           nodes=spec.nodes, gpus_per_node=spec.gpus_per_node,
-                          micro_batch=spec.micro_batch, seq_len=spec.seq_len,
+                          micro_batch=spec.micro_batch, seq_len=spec.seq_len, offload=spec.offload,
                           overhead_gib=0.0 if cfg.cluster.gpu_memory_gib is None else 2.0)
+    host, host_limit = est.host * spec.gpus_per_node / 2**30, cfg.cluster.host_memory_gib
+    if host_limit is not None and host > HOST_FRACTION * host_limit:
+        return est.total_gib, False, (f"offload: estimated {host:.0f} GiB of host memory per node > "
+                                      f"{HOST_FRACTION:.0%} of {host_limit:g} GiB")
     limit = cfg.cluster.gpu_memory_gib
     if limit is not None and est.total_gib > FEASIBLE_FRACTION * limit:
         return est.total_gib, False, (f"estimated {est.total_gib:.1f} GiB/GPU > {FEASIBLE_FRACTION:.0%} of "
@@ -103,7 +103,7 @@ def auto_start(cfg: SweepConfig, spec: RunSpec) -> tuple[int, float, bool, str |
 def _probe_specs(cfg: SweepConfig) -> list[RunSpec]:
     if not cfg.nccl.enabled:
         return []
-    nodes = cfg.nccl.nodes or cfg.axes.get("nodes", (1,))
+    nodes = cfg.nccl.nodes or cfg.axes.nodes
     efas = cfg.nccl.efa_per_node or (cfg.cluster.efa_per_node,)
     gpus = cfg.nccl.gpus_per_node or (None,)
     return [_spec(cfg, {"nodes": n, "gpus_per_node": g, "efa_per_node": e}, r, kind="nccl", model="none",

@@ -26,7 +26,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.schema import RunSpec, RunSummary, parse_records
+from bench.core.records import RECORDS_DIR, parse_records
+from bench.core.schema import RunSpec, RunSummary
 
 SWEEP_CONFIG = "sweep.yaml"
 PLAN_CSV = "plan.csv"
@@ -37,7 +38,6 @@ SPEC_JSON = "spec.json"
 SUMMARY_JSON = "summary.json"
 SUBMISSION_DIR = "submission"
 LOGS_DIR = "logs"
-RECORDS_DIR = "records"
 LEDGER_JSON = "ledger.json"
 LOCK_FILE = ".lock"
 ATTEMPT_PREFIX = "attempt-"
@@ -105,11 +105,6 @@ def locked(sweep_dir: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
-
-
-def records_path(run_dir_: Path, rank: int) -> Path:
-    """Where rank `rank` of the worker appends its metric records."""
-    return run_dir_ / RECORDS_DIR / f"rank{rank}.jsonl"
 
 
 def log_path(run_dir_: Path, name: str) -> Path:

@@ -28,11 +28,11 @@ from typing import Any
 from bench import rundir, schedule
 from bench.collect import infeasible_summary, summarize_run, write_results
 from bench.config import SweepConfig
+from bench.core.schema import RETRYABLE_STATUSES, RunSpec, RunSummary
 from bench.cost import estimated_seconds
 from bench.launchers.base import DONE, PROJECT_ROOT, RUNNING, Launcher, Outcome
 from bench.plan import PlannedRun, feasibility
 from bench.progress import Progress
-from bench.schema import RETRYABLE_STATUSES, RunSpec, RunSummary
 
 SEARCH_DIR = "search"  # an auto micro batch run's trials: <run dir>/search/mb<N>/
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -128,8 +128,9 @@ def execute(cfg: SweepConfig, plan: list[PlannedRun], launcher: Launcher, sweep_
             stop.set()
             for planned, steps in active.values():
                 steps.close()
-                sweep.end(planned, RunSummary(run_id=planned.spec.run_id, sweep=cfg.name, status="cancelled",
-                                              spec=planned.spec, error="cancelled by a second interrupt",
+                sweep.end(planned, RunSummary(run_id=planned.spec.run_id, sweep=cfg.sweep_name,
+                                              status="cancelled", spec=planned.spec,
+                                              error="cancelled by a second interrupt",
                                               run_dir=str(rundir.run_dir(sweep_dir, planned.spec))))
         finally:
             write_results(sweep_dir)
@@ -150,7 +151,7 @@ def _admit(sweep: _Sweep, plan: list[PlannedRun]) -> list[PlannedRun]:
         if planned.feasible:
             todo.append(planned)
         else:
-            sweep.end(planned, infeasible_summary(planned.spec, sweep.cfg.name, rd, planned.est_mem_gib,
+            sweep.end(planned, infeasible_summary(planned.spec, sweep.cfg.sweep_name, rd, planned.est_mem_gib,
                                                   planned.reason))
     by_id = {p.spec.run_id: p for p in todo}
     return [by_id[job.key] for job in schedule.order([as_job(sweep.cfg, p) for p in todo])]
@@ -178,7 +179,7 @@ def _drive(sweep: _Sweep, waiting: list[PlannedRun], active: dict[str, tuple[Pla
             except StopIteration as done:
                 summary = done.value
             except Exception as e:  # a defect outside the launcher calls: the run fails, the sweep goes on
-                summary = RunSummary(run_id=planned.spec.run_id, sweep=cfg.name, status="failed",
+                summary = RunSummary(run_id=planned.spec.run_id, sweep=cfg.sweep_name, status="failed",
                                      spec=planned.spec, error=f"harness error: {type(e).__name__}: {e}",
                                      run_dir=str(rundir.run_dir(sweep.sweep_dir, planned.spec)))
             del active[key]
@@ -215,8 +216,8 @@ def _attempt(sweep: _Sweep, planned: PlannedRun, rd: Path) -> RunSteps:
         if handle is not None:
             _cleanup(launcher, handle, rd, attempt)
     rundir.record_attempt(rd, attempt=attempt, ended_at=_now())
-    summary = summarize_run(spec, cfg.name, ad, outcome, est_mem_gib=planned.est_mem_gib, git_rev=sweep.rev,
-                            started_at=started)
+    summary = summarize_run(spec, cfg.sweep_name, ad, outcome, est_mem_gib=planned.est_mem_gib,
+                            git_rev=sweep.rev, started_at=started)
     summary.run_dir, summary.attempt = str(rd), attempt
     return summary
 
@@ -318,7 +319,7 @@ def _search_micro_batch(sweep: _Sweep, planned: PlannedRun, rd: Path) -> RunStep
         final = replace(spec, micro_batch=trials[-1]["micro_batch"])
         summary = yield from _attempt(sweep, PlannedRun(final, feasibility(cfg, final)[0], True), rd)
     else:  # every size ran out of memory, another failure, or a stop: the run ends as its last trial did
-        summary = last or RunSummary(run_id=spec.run_id, sweep=cfg.name, status="cancelled", spec=spec,
+        summary = last or RunSummary(run_id=spec.run_id, sweep=cfg.sweep_name, status="cancelled", spec=spec,
                                      error="stopped before the micro batch search began")
         summary.spec, summary.run_id, summary.run_dir = spec, spec.run_id, str(rd)
         if summary.status == "oom":

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import rundir, schedule
-from bench.config import ConfigError, SweepConfig, from_dict
+from bench.config import ConfigError, SweepConfig, from_dict, omegaconf_message, register_schema
 from bench.cost import plan_cost
 from bench.launchers.base import PROJECT_ROOT
 from bench.plan import PlannedRun, expand
@@ -35,12 +35,18 @@ def compose(overrides: list[str]) -> tuple[dict[str, Any], str]:
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
+    register_schema()
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
             cfg = hydra_compose(config_name="config", overrides=overrides)
         cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
         return OmegaConf.to_container(cfg, resolve=True), OmegaConf.to_yaml(cfg, resolve=True)
-    except (HydraException, OmegaConfBaseException) as e:
+    except OmegaConfBaseException as e:
+        raise ConfigError(omegaconf_message(e)) from None
+    except HydraException as e:
+        cause = e.__cause__
+        if isinstance(cause, OmegaConfBaseException):  # "Error merging override X" + why: keep the why
+            raise ConfigError(omegaconf_message(cause)) from None
         raise ConfigError(hydra_message(str(e)) or type(e).__name__) from None
 
 
@@ -161,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = from_dict(raw)
         plan = expand(cfg)
         launcher = make_launcher(cfg)
-        sweep_dir = Path(cfg.results_root) / cfg.name
+        sweep_dir = Path(cfg.results_root) / cfg.sweep_name
         if not (cfg.dry_run or cfg.launcher.name == "dryrun"):
             launcher_check = getattr(launcher, "preflight", None)
             if launcher_check:
@@ -188,7 +194,7 @@ def _plan_and_launch(cfg: SweepConfig, plan: list[PlannedRun], launcher: Any, sw
                      yaml_text: str) -> int:
     write_plan(sweep_dir, plan, yaml_text)
     infeasible = sum(not p.feasible for p in plan)
-    print(f"sweep {cfg.name}: {len(plan)} runs planned ({infeasible} infeasible) on {cfg.cluster.name} "
+    print(f"sweep {cfg.sweep_name}: {len(plan)} runs planned ({infeasible} infeasible) on {cfg.cluster.name} "
           f"with launcher {cfg.launcher.name} -> {sweep_dir}")
     cost = plan_cost([p.first_spec for p in plan if p.feasible], cfg.cluster, cfg.launcher.timeout_s)
     print(cost.line(cfg.cluster.name))

@@ -20,9 +20,9 @@ import pandas as pd
 from bench import rundir
 
 ROOT = Path(__file__).resolve().parents[1]
-# The smoke sweep's two-ranks-per-node runs only (the shape these tests count on); the one-rank runs
+# The smoke sweep's two-ranks-per-node eager runs only (the shape these tests count on); the one-rank runs
 # a one-GPU machine trains on its GPU are planned and run by the README's sweep.
-SMOKE_SHAPE = ["axes.gpus_per_node=[2]", "nccl.gpus_per_node=[2]"]
+SMOKE_SHAPE = ["axes.gpus_per_node=[2]", "nccl.gpus_per_node=[2]", "axes.compile=[false]"]
 SLEEP_LINE = re.compile(r"fsdpbench test mode: sleeping .* from (\d+\.\d+)|slept until (\d+\.\d+)")
 
 

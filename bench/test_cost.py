@@ -4,11 +4,11 @@ from __future__ import annotations
 import pytest
 
 from bench.config import from_dict
+from bench.core.flops import model_flops_per_token
+from bench.core.models import get_arch
+from bench.core.schema import RunSpec
 from bench.cost import ASSUMED_MFU, STARTUP_S, estimated_seconds, plan_cost
-from bench.flops import model_flops_per_token
-from bench.models import get_arch
 from bench.plan import expand
-from bench.schema import RunSpec
 from bench.sweep import compose, main
 
 

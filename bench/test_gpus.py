@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from bench.config import ConfigError, from_dict
+from bench.core.schema import RunSpec
 from bench.gpus import agent_devices, local_gpus, parse_nvidia_smi_list
 from bench.launchers.local import LocalLauncher
 from bench.plan import expand
-from bench.schema import RunSpec
 from bench.sweep import compose
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,10 +1,12 @@
 """Planning and validation on configs composed by Hydra from sweeps/, exactly as the CLI does."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from bench.config import ConfigError, from_dict
-from bench.models import count_params, get_arch
+from bench.core.models import count_params, get_arch
 from bench.plan import expand
 from bench.sweep import compose, main
 
@@ -24,7 +26,10 @@ def test_smoke_plan_is_the_product_minus_exclusions() -> None:
     assert not [s for s in two if s.sharding != "FULL_SHARD" and s.activation_checkpointing == "full"]
     # 1 GPU/node (what a one-GPU machine runs on its GPU): 1 node, FULL_SHARD, 4 precisions x 2 AC modes
     one = [s for s in train if s.gpus_per_node == 1]
-    assert len(one) == 8 and {(s.nodes, s.sharding) for s in one} == {(1, "FULL_SHARD")}
+    assert len(one) == 9 and {(s.nodes, s.sharding) for s in one} == {(1, "FULL_SHARD")}
+    compiled = [s for s in train if s.compile]  # plus one compiled run: bf16, no AC
+    assert [(s.precision, s.activation_checkpointing, s.gpus_per_node) for s in compiled] == [
+        ("bf16_mixed", "none", 1)]
     assert len(train) == len(one) + len(two)
     probes = [p.spec for p in plan if p.spec.kind == "nccl"]
     assert sorted((s.nodes, s.gpus_per_node) for s in probes) == [(1, 1), (1, 2), (2, 1), (2, 2)]
@@ -89,26 +94,31 @@ def test_ablation_changes_one_factor_at_a_time() -> None:
     (["axes.nodes=[1,8]"], "exceed cluster local's max_nodes=4"),
     (["steps=3", "warmup_steps=3"], "warmup_steps"),
     (["exclude=[{colour: red}]"], "exclude[0]"),
-    (["+axes.colour=[red]"], "unknown axis colour"),
+    (["+axes.colour=[red]"], "unknown key axes.colour; known there: model, nodes"),
     (["sweep_name=../../etc"], "sweep_name='../../etc': a plain name"),
     (["sweep_name=/etc"], "a plain name"),
     (["results_root=/proc/nope"], "cannot create the sweep dir /proc/nope/smoke"),
     (["axes.gpus_per_node=[4]"], "axes.gpus_per_node: [4] exceed cluster local's gpus_per_node=2"),
     # a string where a number belongs, before anything is written or launched
-    (["seed=abc"], "seed must be an integer, got 'abc'"),
-    (["nccl.iters=abc"], "nccl.iters must be an integer"),
-    (["nccl.min_bytes=abc"], "nccl.min_bytes must be an integer"),
-    (["micro_batch_search.warmup_steps=abc"], "micro_batch_search.warmup_steps must be an integer"),
-    (["cluster.price_per_hour=abc"], "cluster.price_per_hour must be a number"),
-    (["launcher.timeout_s=abc"], "launcher.timeout_s must be a number"),
-    (["launcher.poll_s=abc"], "launcher.poll_s must be a number"),
+    (["seed=abc"], "seed: Value 'abc' of type 'str' could not be converted to Integer"),
+    (["nccl.iters=abc"], "nccl.iters: Value 'abc'"),
+    (["nccl.min_bytes=abc"], "nccl.min_bytes: Value 'abc'"),
+    (["micro_batch_search.warmup_steps=abc"], "micro_batch_search.warmup_steps: Value 'abc'"),
+    (["cluster.price_per_hour=abc"], "cluster.price_per_hour: Value 'abc' of type 'str' could not be converted to Float"),
+    (["launcher.timeout_s=abc"], "launcher.timeout_s: Value 'abc'"),
+    (["launcher.poll_s=abc"], "launcher.poll_s: Value 'abc'"),
     (["launcher.timeout_s=-5"], "launcher.timeout_s must be a positive number of seconds"),
     # typos are refused, not ignored: `+dry_runn=true` would launch for real
-    (["+bogus_key=1"], "unknown key(s): bogus_key"),
-    (["+dry_runn=true"], "unknown key(s): dry_runn"),
-    (["+steps_typo=5"], "unknown key(s): steps_typo"),
+    (["+bogus_key=1"], "unknown key bogus_key; known there: sweep_name"),
+    (["+dry_runn=true"], "unknown key dry_runn; known there: sweep_name, results_root, dry_run"),
+    (["+steps_typo=5"], "unknown key steps_typo"),
     (["faults=[{match:{precison:fp32},fault:nan}]"], "faults: unknown match key(s) precison"),
-    (["cluster.slurm.partition=p5"], "use +cluster.slurm.partition=p5"),  # Hydra's hint is kept
+    (["cluster.slurm.partitionn=p5"], "unknown key cluster.slurm.partitionn; known there: partition, account"),
+    (["+cluster.slurm.partitionn=p5"], "unknown key cluster.slurm.partitionn"),  # `+` does not get past the schema
+    (["axes.nodes=4"], "axes.nodes: must be a list, e.g. [4]"),
+    (["axes.nodes=[1,x]"], "axes.nodes[1]: Value 'x'"),
+    (["launcher.max_nodes=0"], "launcher.max_nodes must be a positive integer"),
+    (["cluster=nope"], "Could not find 'cluster/nope'; available: local, p4d.24xlarge"),
 ])
 def test_bad_config_is_one_line_and_exit_2(overrides, message, capsys, tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)  # a relative results_root would land here: nothing may be written
@@ -122,6 +132,8 @@ def test_no_sweep_lists_the_sweeps(capsys) -> None:
     assert main([]) == 2
     err = capsys.readouterr().err
     assert "+sweep=NAME" in err and "p5_scaling" in err and "smoke" in err
+    assert main(["sweep=smoke"]) == 2  # Hydra's hint is kept
+    assert "(to append to your default list use +sweep=smoke)" in capsys.readouterr().err
 
 
 def test_unknown_sweep_is_a_config_error(capsys) -> None:
@@ -188,3 +200,56 @@ def test_bad_kubernetes_values_are_one_line_before_anything_is_written(overrides
     assert main(["+sweep=p5_scaling", "launcher=kubernetes", "--dry-run", *overrides]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["+sweep=ablation", "axes.precision=[bf16_mixed,fp8_tensorwise]"],
+     "fp8_tensorwise needs FP8 tensor cores (H100, H200, L4, B200); cluster p4de.24xlarge has A100-SXM4-80GB"),
+    (["+sweep=smoke", "axes.offload=[none,cpu]"], "axes.offload: cpu moves training state from GPU to host memory"),
+    (["+sweep=smoke", "axes.compile=[true]", "warmup_steps=0"], "the first step compiles every block"),
+    (["+sweep=smoke", "axes.offload=[disk]"], "axes.offload: unknown value 'disk'"),
+    (["+sweep=smoke", "axes.compile=[maybe]"], "axes.compile[0]: Value 'maybe'"),
+])
+def test_bad_combinations_of_the_new_axes_are_one_line(overrides, message, capsys, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main([*overrides, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and list(tmp_path.iterdir()) == []
+
+
+def test_offload_moves_the_states_to_host_memory_and_checks_it() -> None:
+    from bench.core.flops import estimate_memory
+    arch = get_arch("llama2_70b")
+    kw = dict(sharding="FULL_SHARD", precision="bf16_mixed", ac="full", wrap_policy="transformer_block",
+              nodes=1, gpus_per_node=8, micro_batch=1, seq_len=4096)
+    on_gpu, offloaded = estimate_memory(arch, **kw), estimate_memory(arch, **kw, offload="cpu")
+    states = count_params(arch) * 16 / 8  # fp32 params + grads + 2 AdamW moments, sharded over 8 GPUs
+    assert on_gpu.states == pytest.approx(states) and on_gpu.host == 0
+    assert offloaded.states == 0 and offloaded.host == pytest.approx(states)
+    assert offloaded.activations == on_gpu.activations and offloaded.unsharded == on_gpu.unsharded
+    # 70B on p4de: 8 x 140 GB of state = 1043 GiB per node > 80% of its 1152 GiB at 1 node, fits at 2
+    plan = {(p.spec.nodes, p.spec.offload): p for p in plan_for(
+        "+sweep=ablation", "axes.model=[llama2_70b]", "axes.nodes=[1,2]", "axes.offload=[none,cpu]",
+        "axes.sharding=[FULL_SHARD]", "axes.precision=[bf16_mixed]", "axes.activation_checkpointing=[full]",
+        "axes.wrap_policy=[transformer_block]", "exclude=[]", "axes.seq_len=[4096]", "axes.micro_batch=[1]")}
+    assert not plan[(1, "cpu")].feasible and "host memory per node" in plan[(1, "cpu")].reason
+    assert plan[(2, "cpu")].feasible and not plan[(1, "none")].feasible  # 140 GB of state per 80 GB GPU
+    assert plan[(2, "cpu")].est_mem_gib < plan[(2, "none")].est_mem_gib
+
+
+def test_new_axes_keep_the_run_ids_of_existing_studies() -> None:
+    from bench.core.schema import RunSpec
+    # ids the harness gave before compile and offload existed (v1, commit 7d0af07): finished runs stay done
+    assert RunSpec().run_id == "af7c06e5bab4"
+    assert RunSpec(model="llama3_2_1b", nodes=2, gpus_per_node=8, activation_checkpointing="full").run_id == \
+        "4e470e409415"
+    on = RunSpec(compile=True, offload="cpu")
+    assert on.run_id != RunSpec().run_id and on.label.endswith("transformer_block-compile-offcpu-mb1-s128-efa0-r0")
+    assert RunSpec.from_dict(json.loads(on.canonical()) | {"compile": True}) == on
+    import argparse
+
+    from bench.core.schema import add_spec_arguments, spec_from_namespace
+    parser = argparse.ArgumentParser()
+    add_spec_arguments(parser)
+    for spec in (on, RunSpec()):  # the worker reads back exactly the spec (bool("False") would be True)
+        assert spec_from_namespace(parser.parse_args(spec.to_argv())) == spec

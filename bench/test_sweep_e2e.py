@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import pandas as pd
 import pytest
 
 from bench import rundir
-from bench.schema import parse_records
+from bench.core.records import parse_records
 from bench.test_concurrency import SMOKE_SHAPE
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import rundir  # noqa: E402
 from bench.collect import write_results  # noqa: E402
-from bench.schema import RunSpec, RunSummary  # noqa: E402
+from bench.core.schema import RunSpec, RunSummary  # noqa: E402
 
 
 def synthesize(sweep_dir: Path, n_runs: int = 10_000) -> None:

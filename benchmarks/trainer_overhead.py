@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.schema import parse_records  # noqa: E402
+from bench.core.records import parse_records  # noqa: E402
 
 
 def run(model: str, nproc: int, instrument: bool, steps: int) -> dict:

@@ -7,7 +7,7 @@ the transport it really chose ("Using network ..."), which the parser records be
 """
 from __future__ import annotations
 
-from bench.schema import RunSpec
+from bench.core.schema import RunSpec
 
 ALL_REDUCE_PERF = "all_reduce_perf"
 LIBFABRIC_NETWORK = "AWS Libfabric"

@@ -20,9 +20,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.schema import add_spec_arguments, spec_from_namespace
+from bench.core.records import Emitter, exit_now
+from bench.core.schema import add_fault_arguments, add_spec_arguments, spec_from_namespace
 from nccl.command import busbw_factor, expected_network
-from trainer.emit import Emitter, exit_now
 
 WARMUP_ITERS = 5
 
@@ -75,9 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nccl.probe", description=__doc__)
     add_spec_arguments(parser)
     parser.add_argument("--run-dir", type=Path, default=None)
-    parser.add_argument("--fault", default="none", choices=("none", "hang", "crash", "oom", "nan", "sleep"))
-    parser.add_argument("--fault-step", type=int, default=1)
-    parser.add_argument("--fault-seconds", type=float, default=0.0, help="fault sleep: sleep, then exit 0")
+    add_fault_arguments(parser)
     ns = parser.parse_args(argv)
     if ns.fault == "sleep":  # test mode of the scheduling tests: a fixed duration, no work (as trainer/__main__)
         print(f"fsdpbench test mode: sleeping {ns.fault_seconds:g} s, from {time.time():.3f}", flush=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.schema import RunSpec
+from bench.core.schema import RunSpec
 from nccl.command import expected_network
 from nccl.parse import NcclResult, parse, parse_all, parse_json
 

@@ -5,15 +5,13 @@ bandwidth check recomputes nccl-tests' own definition from the parsed rows.
 """
 from __future__ import annotations
 
-import gc
 import json
 import random
 import re
-import shutil
 
 import pytest
 
-from bench.schema import RunSpec
+from bench.core.schema import RunSpec
 from nccl.parse import parse, parse_all, parse_json, strip_prefix
 from nccl.records import check_transport, records_from_output
 

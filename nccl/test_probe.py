@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.schema import RunSpec
+from bench.core.schema import RunSpec
 from nccl.command import all_reduce_perf_argv, nccl_env
 from nccl.probe import sizes
 
@@ -59,6 +59,7 @@ def test_split_groups_are_counted_from_the_device_list(shared_data) -> None:
     (sample_01's real lines, renumbered as MOD 8 numbers them) says how many, so the summary can say the
     bandwidth is per group."""
     import re
+
     from nccl.parse import parse
     text = (shared_data / "nccl-tests" / "sample_01.txt").read_text()
     assert parse(text).groups == 1

@@ -16,7 +16,7 @@ if _known.fault == "sleep":
     print(f"fsdpbench test mode: slept until {time.time():.3f}", flush=True)
     sys.exit(0)
 
-from trainer.emit import exit_now  # noqa: E402  (after the test mode: it must not wait for torch)
+from bench.core.records import exit_now  # noqa: E402  (after the test mode: it must not wait for torch)
 from trainer.main import main  # noqa: E402
 
 exit_now(main())

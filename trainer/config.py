@@ -5,10 +5,8 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.models import get_arch
-from bench.schema import RunSpec, add_spec_arguments, spec_from_namespace
-
-FAULTS = ("none", "oom", "nan", "hang", "crash", "sleep")  # sleep: served by __main__
+from bench.core.models import get_arch
+from bench.core.schema import RunSpec, add_fault_arguments, add_spec_arguments, spec_from_namespace
 
 
 @dataclass(frozen=True)
@@ -30,9 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-instrument", action="store_true", help="no step records, no NVML sampler")
     p.add_argument("--nvml-interval-s", type=float, default=1.0)
     p.add_argument("--attn-impl", default="sdpa", choices=("sdpa", "eager"))
-    p.add_argument("--fault", default="none", choices=FAULTS)
-    p.add_argument("--fault-step", type=int, default=1)
-    p.add_argument("--fault-seconds", type=float, default=0.0, help="fault sleep: seconds to sleep")
+    add_fault_arguments(p)
     p.add_argument("--lr", type=float, default=1e-4)
     return p
 

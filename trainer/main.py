@@ -18,11 +18,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.flops import hardware_flops_per_token, model_flops_per_token
-from bench.hardware import peak_tflops
-from bench.models import get_arch
+from bench.core.flops import hardware_flops_per_token, model_flops_per_token
+from bench.core.hardware import peak_tflops
+from bench.core.models import get_arch
+from bench.core.records import Emitter
 from trainer.config import TrainArgs, parse_args
-from trainer.emit import Emitter
 from trainer.metrics import summarize_steps
 from trainer.nvml import NvmlSampler
 
@@ -105,13 +105,19 @@ class Trainer:
     def setup(self) -> None:
         from trainer.model import build_meta_model, materialize
         from trainer.parallel import (DTYPES, apply_activation_checkpointing, apply_fsdp, build_mesh,
-                                      mesh_info)
+                                      compile_blocks, convert_float8, mesh_info)
         spec = self.spec
         model = build_meta_model(self.arch, DTYPES[spec.precision], self.args.attn_impl)
+        self.n_fp8 = convert_float8(model, self.device) if spec.precision == "fp8_tensorwise" else 0
+        if spec.precision == "fp8_tensorwise" and not self.n_fp8:  # never a bf16 run labelled fp8
+            raise RuntimeError(f"fp8_tensorwise: no linear of {spec.model} has dimensions that are multiples "
+                               "of 16")
         self.n_ckpt = apply_activation_checkpointing(model, spec.activation_checkpointing)
+        self.n_compiled = compile_blocks(model) if spec.compile else 0
         mesh, reshard = build_mesh(spec, self.device.type)
-        apply_fsdp(model, spec, mesh, reshard)
-        materialize(model, self.device, spec.seed)
+        apply_fsdp(model, spec, mesh, reshard, self.device)
+        materialize(model, self.device, spec.seed,
+                    param_device=torch.device("cpu") if spec.offload == "cpu" else None)
         model.train()
         self.model = model
         self.mesh = mesh_info(mesh, reshard)
@@ -133,6 +139,9 @@ class Trainer:
                 "shard_group": self.mesh.shard_group, "replicate_group": self.mesh.replicate_group,
                 "reshard_after_forward": self.mesh.reshard_after_forward,
                 "local_param_numel": local_numel, "checkpointed_blocks": self.n_ckpt,
+                "float8_linears": self.n_fp8, "compiled_blocks": self.n_compiled,
+                "param_device": str(next(self.model.parameters()).device),
+                "offload_policy": _offload_policy(self.model),
                 **_versions(self.device)}
 
     def batch(self, step: int) -> dict[str, torch.Tensor]:
@@ -218,9 +227,12 @@ class Trainer:
             hw_flops_per_token=hardware_flops_per_token(self.arch, spec.seq_len,
                                                         spec.activation_checkpointing),
             peak_tflops=peak_tflops(device_name, spec.precision) if self.device.type == "cuda" else None)
+        if spec.compile:  # what the warm-up took beyond steady steps: compilation, outside the window
+            warm = self.step_times[:spec.warmup_steps]
+            stats["compile_s"] = sum(warm) - len(warm) * stats["step_time_s"]
         if self.device.type == "cuda" and stats.get("mfu") is None:
             stats["mfu_note"] = (f"no peak TFLOPS known for {device_name!r}: MFU not computed (add the GPU to "
-                                 "bench/hardware.py with its datasheet)")
+                                 "bench/core/hardware.py with its datasheet)")
         per_rank: list[dict[str, Any]] = [{}] * dist.get_world_size()
         dist.all_gather_object(per_rank, {**_memory(self.device), **nvml})
         out: dict[str, Any] = {"status": "ok", **stats, "world_size": dist.get_world_size(),
@@ -235,6 +247,14 @@ class Trainer:
             values = [r[key] for r in per_rank if r.get(key) is not None]
             out[key] = sum(values) / len(values) if values else None
         return out
+
+
+def _offload_policy(model: torch.nn.Module) -> str | None:
+    """The offload policy FSDP2 really applied to the root's parameters (its param group's, a private
+    attribute: None if a torch version moves it), so a run can be checked against what it built."""
+    group = getattr(getattr(model, "_get_fsdp_state", lambda: None)(), "_fsdp_param_group", None)
+    policy = getattr(group, "offload_policy", None)
+    return type(policy).__name__ if policy is not None else None
 
 
 def main(argv: list[str] | None = None) -> int:

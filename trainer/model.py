@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, T5Config, T5ForConditionalGeneration
 
-from bench.models import ModelArch
+from bench.core.models import ModelArch
 
 INIT_STD = 0.02
 
@@ -67,18 +67,26 @@ def _init_value(name: str, shape: torch.Size, dtype: torch.dtype, device: torch.
     return out.to(dtype)
 
 
-@torch.no_grad()
-def materialize(model: PreTrainedModel, device: torch.device, seed: int) -> None:
-    """Allocate the (sharded) parameters on `device` and fill them deterministically.
+_WRAPPER_NAMES = ("_checkpoint_wrapped_module.", "_orig_mod.")  # activation checkpointing, torch.compile
 
-    Parameter names are taken from the unwrapped module path, so activation checkpoint wrappers do not
+
+@torch.no_grad()
+def materialize(model: PreTrainedModel, device: torch.device, seed: int,
+                param_device: torch.device | None = None) -> None:
+    """Allocate the (sharded) parameters on `param_device` (the host with CPU offload; else `device`) and
+    fill them deterministically; buffers go to `device`, where the compute runs.
+
+    Parameter names are taken from the unwrapped module path, so checkpoint and compile wrappers do not
     change the values.
     """
     meta_buffers = {n for n, b in model.named_buffers() if b.is_meta}
-    model.to_empty(device=device)
+    param_device = param_device or device
+    model.to_empty(device=param_device)
     for name, param in model.named_parameters():
-        clean = name.replace("_checkpoint_wrapped_module.", "")
-        full = _init_value(clean, param.shape, param.dtype, device, seed)
+        clean = name
+        for wrapper in _WRAPPER_NAMES:
+            clean = clean.replace(wrapper, "")
+        full = _init_value(clean, param.shape, param.dtype, param_device, seed)
         local = param.to_local() if hasattr(param, "to_local") else param
         if hasattr(param, "device_mesh"):
             from torch.distributed.tensor import distribute_tensor
@@ -97,7 +105,7 @@ def _rebuild_buffers(model: nn.Module, device: torch.device, names: set[str]) ->
             continue
         fresh = type(module)(module.config)  # rotary embeddings take the model config
         for b, value in fresh.named_buffers(recurse=False):
-            getattr(module, b).copy_(value.to(device))
+            module._buffers[b] = value.to(device)  # on the compute device, also when parameters are offloaded
         done |= own
     missing = names - done
     if missing:

@@ -1,4 +1,8 @@
-"""FSDP2 (fully_shard) with the four classic strategies, activation checkpointing and wrap policies.
+"""FSDP2 (fully_shard) with the four classic strategies, activation checkpointing, wrap policies, and the
+H100-era options: Float8 linears (torchao), regional torch.compile and CPU offload.
+
+Order, as torchtitan applies them: Float8 conversion -> activation checkpointing -> compile each block ->
+fully_shard (the compiled block is what FSDP wraps, so its hooks run outside the compiled graph).
 
 Strategy -> FSDP2 (docs/architecture.md): FULL_SHARD = 1-D mesh, reshard_after_forward=True; SHARD_GRAD_OP = 1-D
 mesh, False; HYBRID_SHARD = 2-D mesh (replicate across nodes x shard within a node), True; NO_SHARD =
@@ -12,16 +16,16 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 from transformers import PreTrainedModel
 
-from bench.flops import checkpointed_blocks
-from bench.schema import RunSpec
+from bench.core.flops import checkpointed_blocks
+from bench.core.schema import RunSpec
 from trainer.model import transformer_blocks
 
 DTYPES = {"fp32": torch.float32, "bf16_mixed": torch.float32, "fp16_mixed": torch.float32,
-          "bf16_pure": torch.bfloat16}
+          "bf16_pure": torch.bfloat16, "fp8_tensorwise": torch.float32}
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,7 @@ def mesh_info(mesh: DeviceMesh, reshard: bool) -> MeshInfo:
 
 def mp_policy(precision: str) -> MixedPrecisionPolicy:
     """Mixed precision keeps fp32 master weights and reduces gradients in fp32."""
-    if precision == "bf16_mixed":
+    if precision in ("bf16_mixed", "fp8_tensorwise"):  # Float8 linears cast their BF16 inputs themselves
         return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     if precision == "fp16_mixed":
         return MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32)
@@ -83,7 +87,7 @@ def _selective_op_context():
 
 
 def apply_activation_checkpointing(model: PreTrainedModel, ac: str) -> int:
-    """Wrap the blocks chosen by bench.flops.checkpointed_blocks; returns how many were wrapped."""
+    """Wrap the blocks chosen by bench.core.flops.checkpointed_blocks; returns how many were wrapped."""
     blocks = transformer_blocks(model)
     chosen = checkpointed_blocks(ac, len(blocks))
     extra = {"context_fn": _selective_op_context} if ac == "selective_op" else {}
@@ -93,10 +97,52 @@ def apply_activation_checkpointing(model: PreTrainedModel, ac: str) -> int:
     return len(chosen)
 
 
-def apply_fsdp(model: PreTrainedModel, spec: RunSpec, mesh: DeviceMesh, reshard: bool) -> None:
+def float8_filter(module: torch.nn.Module, fqn: str) -> bool:
+    """Which linears become Float8: those inside transformer blocks whose dimensions _scaled_mm takes
+    (multiples of 16). The output projection (lm_head) stays in BF16, as torchtitan keeps it, and
+    embeddings are not linears."""
+    return (isinstance(module, torch.nn.Linear) and "lm_head" not in fqn
+            and module.in_features % 16 == 0 and module.out_features % 16 == 0)
+
+
+def convert_float8(model: PreTrainedModel, device: torch.device) -> int:
+    """torchao's Float8 training (tensorwise dynamic scaling) with FSDP2 float8 all-gather; returns how
+    many linears were converted. Off CUDA, torchao's emulation runs the float8 casts with matmuls in
+    higher precision (the CPU tests); on a GPU without FP8 tensor cores it is an error, never emulated."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    from torchao.float8.float8_linear import Float8Linear
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        major, minor = torch.cuda.get_device_capability(device)
+        raise RuntimeError(f"fp8_tensorwise needs FP8 tensor cores (compute capability 8.9+: H100, H200, L4, "
+                           f"B200); {torch.cuda.get_device_name(device)} is sm_{major}{minor}")
+    config = Float8LinearConfig(enable_fsdp_float8_all_gather=True, emulate=device.type != "cuda")
+    convert_to_float8_training(model, config=config, module_filter_fn=float8_filter)
+    return sum(isinstance(m, Float8Linear) for m in model.modules())
+
+
+def compile_blocks(model: PreTrainedModel) -> int:
+    """torch.compile each transformer block in place of itself (regional compilation: identical blocks
+    share one compiled graph, the embedding and loss stay eager); returns how many."""
+    blocks = transformer_blocks(model)
+    for parent, _, i in blocks:
+        parent[i] = torch.compile(parent[i])
+    return len(blocks)
+
+
+def offload_policy(offload: str, device: torch.device) -> OffloadPolicy:
+    """offload=cpu: parameters, gradients and optimizer state live in host memory (pinned on CUDA, for
+    asynchronous copies); the optimizer steps on the CPU."""
+    if offload == "cpu":
+        return CPUOffloadPolicy(pin_memory=device.type == "cuda")
+    return OffloadPolicy()
+
+
+def apply_fsdp(model: PreTrainedModel, spec: RunSpec, mesh: DeviceMesh, reshard: bool,
+               device: torch.device) -> None:
     """fully_shard every block (transformer_block policy) and then the root."""
-    policy = mp_policy(spec.precision)
+    kwargs = {"mesh": mesh, "reshard_after_forward": reshard, "mp_policy": mp_policy(spec.precision),
+              "offload_policy": offload_policy(spec.offload, device)}
     if spec.wrap_policy == "transformer_block":
         for parent, _, i in transformer_blocks(model):
-            fully_shard(parent[i], mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+            fully_shard(parent[i], **kwargs)
+    fully_shard(model, **kwargs)

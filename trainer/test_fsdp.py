@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.models import count_params, get_arch
-from bench.schema import SHARDINGS
+from bench.core.models import count_params, get_arch
+from bench.core.schema import SHARDINGS
 
 TOTAL = count_params(get_arch("tiny_llama"))
 # 4 processes each: HYBRID_SHARD as 2 nodes x 2 GPUs, the others as 1 node x 4.

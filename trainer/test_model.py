@@ -8,9 +8,9 @@ import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.utils.flop_counter import FlopCounterMode
 
-from bench.flops import (estimate_memory, hardware_flops_per_token, model_flops_per_token,
-                         recompute_flops_per_token)
-from bench.models import PRESETS, count_params, get_arch
+from bench.core.flops import (estimate_memory, hardware_flops_per_token, model_flops_per_token,
+                              recompute_flops_per_token)
+from bench.core.models import PRESETS, count_params, get_arch
 from trainer.model import build_meta_model, materialize
 from trainer.parallel import apply_activation_checkpointing
 

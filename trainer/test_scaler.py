@@ -3,14 +3,18 @@ every rank when any rank's gradient shard holds an inf (2 real gloo ranks, fully
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 WORKER = '''
 import json, sys, torch, torch.distributed as dist
 from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from bench.core.records import exit_now
 
 def build():
     torch.manual_seed(0)
@@ -45,6 +49,7 @@ reference = [(a - b).tolist() for a, b in zip(local(plain), before)]
 with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:  # not stdout: ranks' lines interleave
     json.dump({"rank": rank, "steps": steps, "reference": reference}, f)
 dist.destroy_process_group()
+exit_now(0)  # as the workers end: gloo's threads can abort an interpreter teardown (SIGABRT)
 '''
 
 
@@ -58,8 +63,9 @@ def _flat(deltas: list) -> list[float]:
 def test_sharded_grad_scaler_unscales_and_skips_inf_steps_on_every_rank(tmp_path: Path) -> None:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # the worker imports bench.core from this checkout
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(script), str(tmp_path)], capture_output=True, text=True, timeout=180)
+                           str(script), str(tmp_path)], capture_output=True, text=True, timeout=180, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for r in results:

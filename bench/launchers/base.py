@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bench.config import SweepConfig
-from bench.schema import RunSpec
+from bench.core.schema import RunSpec
+from nccl.command import nccl_env, split_env
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # The worker image (Dockerfile), as Kubernetes pods and pyxis containers run it.
@@ -121,7 +122,6 @@ def job_env(cfg: SweepConfig, spec: RunSpec, run_dir: str | None) -> dict[str, s
     sees it; None where the worker has no shared run dir, then torch's default under /tmp), which says
     which rank lagged. GPU clusters get the NCCL/EFA environment of the run's adapter count.
     """
-    from nccl.command import nccl_env, split_env
     env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     if spec.kind == "train":
         env.update({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_NCCL_TRACE_BUFFER_SIZE": "20000",

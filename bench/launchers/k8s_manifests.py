@@ -8,8 +8,9 @@ import re
 from typing import Any
 
 from bench.config import ConfigError, SweepConfig
+from bench.core.schema import RunSpec
 from bench.launchers.base import IMAGE_PYTHON, IMAGE_WORKDIR, fault_args, job_env, rendezvous_conf
-from bench.schema import RunSpec
+from nccl.command import all_reduce_perf_argv
 
 GROUP = "kubeflow.org"
 PYTORCHJOB = {"group": GROUP, "version": "v1", "plural": "pytorchjobs", "kind": "PyTorchJob"}
@@ -49,7 +50,7 @@ def label_value(text: str) -> str:
 
 
 def _labels(cfg: SweepConfig, spec: RunSpec) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "fsdpbench", SWEEP_LABEL: label_value(cfg.name),
+    return {"app.kubernetes.io/name": "fsdpbench", SWEEP_LABEL: label_value(cfg.sweep_name),
             RUN_ID_LABEL: spec.run_id}
 
 
@@ -128,7 +129,6 @@ def pytorchjob(cfg: SweepConfig, spec: RunSpec, name: str) -> dict[str, Any]:
 
 def mpijob(cfg: SweepConfig, spec: RunSpec, name: str) -> dict[str, Any]:
     """One MPIJob: an mpirun launcher and `nodes` workers, one all_reduce_perf rank per GPU."""
-    from nccl.command import all_reduce_perf_argv
     ranks = spec.nodes * spec.gpus_per_node
     env = job_env(cfg, spec, None)
     command = [MPIRUN, "--allow-run-as-root", "--tag-output", "-np", str(ranks), "-N", str(spec.gpus_per_node),

@@ -19,10 +19,10 @@ import yaml
 
 from bench import rundir
 from bench.config import ConfigError, SweepConfig
+from bench.core.schema import RunSpec
 from bench.launchers.base import DONE, PENDING, RUNNING, Outcome, Poll, Submission
 from bench.launchers.k8s_manifests import MPIJOB, PYTORCHJOB, RUN_ID_LABEL, manifest
 from bench.launchers.k8s_schema import CRD_NAMES, validate
-from bench.schema import RunSpec
 
 MANIFEST = "manifest.yaml"
 STUCK_WAITING = {"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CreateContainerConfigError",

@@ -27,10 +27,10 @@ from typing import IO, Any, Callable
 
 from bench import rundir
 from bench.config import ConfigError, SweepConfig
+from bench.core.schema import RunSpec
 from bench.gpus import agent_devices, local_gpus
 from bench.launchers.base import (DONE, RUNNING, Outcome, Poll, Submission, fault_args, job_env,
                                   python_executable, rendezvous_conf, torchrun_argv, worker_module_argv)
-from bench.schema import RunSpec
 
 PORT_TOKEN = "@RDZV_PORT@"  # replaced by a free port when the run is submitted (render stays pure)
 _PR_SET_PDEATHSIG = 1

@@ -19,10 +19,12 @@ from typing import Any
 
 from bench import rundir
 from bench.config import ConfigError, SweepConfig
-from bench.launchers.base import (DONE, IMAGE_PYTHON, PENDING, PROJECT_ROOT, RUNNING, Outcome, Poll, Submission,
-                                  fault_args, job_env, python_executable, rendezvous_conf, torchrun_argv,
-                                  worker_module_argv)
-from bench.schema import RunSpec
+from bench.core.schema import RunSpec
+from bench.launchers.base import (DONE, IMAGE_PYTHON, PENDING, PROJECT_ROOT, RUNNING, Outcome, Poll,
+                                  Submission, fault_args, job_env, python_executable, rendezvous_conf,
+                                  torchrun_argv, worker_module_argv)
+from nccl.command import JSON_IF_SUPPORTED_SCRIPT, all_reduce_perf_argv
+from nccl.records import JSON_FILE
 
 SCRIPT = "job.sbatch"
 EFA_LIMIT = "efa_limit.sh"
@@ -158,8 +160,6 @@ def worker_command(cfg: SweepConfig, spec: RunSpec, run_dir: Path) -> str:
     """The srun line of the batch script, every argument quoted, every path absolute as the worker sees
     it (on the host, or inside the pyxis container)."""
     if _uses_nccl_tests(cfg, spec):
-        from nccl.command import all_reduce_perf_argv
-        from nccl.records import JSON_FILE
         argv = (_srun_prefix(cfg, spec.gpus_per_node, cfg.cluster.slurm.mpi) + _efa_limit(cfg, spec, run_dir)
                 + ["bash", _submission_file(cfg, run_dir, NCCL_TESTS), worker_path(cfg, run_dir / JSON_FILE)]
                 + all_reduce_perf_argv(spec, binary=cfg.cluster.slurm.nccl_tests_binary))
@@ -210,9 +210,10 @@ class SlurmLauncher:
     def preflight(self) -> None:
         """Fail before launching anything if this machine cannot reach a Slurm controller."""
         if shutil.which("sbatch") is None:
-            raise ConfigError(f"sweep {self.cfg.name} uses launcher=slurm, but `sbatch` is not on PATH: run it "
-                              "from a Slurm login node, choose launcher=local or launcher=kubernetes, or "
-                              f"preview the plan with: python -m bench.sweep +sweep={self.cfg.name} --dry-run")
+            raise ConfigError(f"sweep {self.cfg.sweep_name} uses launcher=slurm, but `sbatch` is not on PATH: "
+                              "run it from a Slurm login node, choose launcher=local or launcher=kubernetes, or "
+                              "preview the plan with: python -m bench.sweep "
+                              f"+sweep={self.cfg.sweep_name} --dry-run")
         proc = self._run(["sinfo", "-h", "-o", "%P"], check=False)
         if proc.returncode != 0:
             raise ConfigError(f"Slurm controller not reachable (sinfo: {proc.stderr.strip()[:200]}); "
@@ -223,7 +224,6 @@ class SlurmLauncher:
                               check=check)
 
     def render(self, spec: RunSpec, run_dir: Path) -> Submission:
-        from nccl.command import JSON_IF_SUPPORTED_SCRIPT
         env = job_env(self.cfg, spec, worker_path(self.cfg, run_dir))
         script = render_script(self.cfg, spec, run_dir, env)
         log = rundir.log_path(Path(os.path.abspath(run_dir)), "slurm-%j")

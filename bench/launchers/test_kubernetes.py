@@ -23,12 +23,12 @@ from kubernetes.client import (V1Container, V1ContainerState, V1ContainerStateRu
 from kubernetes.client.exceptions import ApiException
 
 from bench.config import ConfigError, from_dict
+from bench.core.records import format_record
 from bench.launchers.k8s_manifests import RUN_ID_LABEL, manifest
 from bench.launchers.k8s_schema import CRD_FILES, CRD_NAMES, load_crds, validate
 from bench.launchers.kubernetes import KubernetesLauncher
 from bench.plan import expand
 from bench.runner import _watch, execute
-from bench.schema import format_record
 from bench.sweep import compose
 
 IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdpbench:1.0"
@@ -40,7 +40,7 @@ def cfg_for(sweep: str, *overrides: str):
     return from_dict(raw)
 
 
-@pytest.mark.parametrize("sweep", ["p5_scaling", "p4de_scaling", "ablation", "efa_probe"])
+@pytest.mark.parametrize("sweep", ["p5_scaling", "p4de_scaling", "ablation", "efa_probe", "p5_options"])
 def test_every_manifest_the_sweeps_produce_validates(shared_data, sweep: str) -> None:
     cfg = cfg_for(sweep, "cluster.kubernetes.hf_token_secret=hf-token",
                   "cluster.kubernetes.image_pull_secret=ecr", "cluster.kubernetes.service_account=trainer")
@@ -244,8 +244,8 @@ def run_one(tmp_path: Path, shared_data: Path, scenario: str, sweep: str = "p5_s
     fake = FakeKube(scenario, shared_data)
     launcher = KubernetesLauncher(cfg, custom=fake, core=fake, version=fake)
     plan = [p for p in expand(cfg) if p.feasible][:1]
-    execute(cfg, plan, launcher, tmp_path / cfg.name)
-    frame = pd.read_csv(tmp_path / cfg.name / "results.csv")
+    execute(cfg, plan, launcher, tmp_path / cfg.sweep_name)
+    frame = pd.read_csv(tmp_path / cfg.sweep_name / "results.csv")
     assert not fake.jobs, "the job was left behind"
     assert fake.deleted and all(p == "Foreground" for _, p in fake.deleted)
     return frame.iloc[0], fake
@@ -330,8 +330,8 @@ def test_an_api_error_fails_the_run_deletes_the_job_and_the_sweep_goes_on(tmp_pa
     fake = BrokenWhileRunning("running-forever", shared_data)
     launcher = KubernetesLauncher(cfg, custom=fake, core=fake, version=fake)
     plan = [p for p in expand(cfg) if p.feasible][:2]
-    execute(cfg, plan, launcher, tmp_path / cfg.name)
-    frame = pd.read_csv(tmp_path / cfg.name / "results.csv")
+    execute(cfg, plan, launcher, tmp_path / cfg.sweep_name)
+    frame = pd.read_csv(tmp_path / cfg.sweep_name / "results.csv")
     assert list(frame.status) == ["failed", "failed"]  # both runs were tried: the first did not abort the sweep
     assert all("Internal Server Error" in e and "launcher kubernetes" in e for e in frame.error)
     assert len(fake.deleted) == 2 and not fake.jobs
@@ -342,10 +342,10 @@ def test_a_job_left_by_a_dead_sweep_is_reattached_not_created_again(tmp_path, sh
     fake = FakeKube("ok", shared_data, finish_after=10**9)  # runs until told otherwise
     launcher = KubernetesLauncher(cfg, custom=fake, core=fake, version=fake)
     plan = [p for p in expand(cfg) if p.feasible][:1]
-    sweep_dir = tmp_path / cfg.name
+    sweep_dir = tmp_path / cfg.sweep_name
     stop = threading.Event()
     from bench.progress import Progress
-    from bench.runner import _Sweep, _run
+    from bench.runner import _run, _Sweep
     steps = _run(_Sweep(cfg, launcher, sweep_dir, stop, Progress(1, False)), plan[0])
     next(steps)  # submitted and watched once; then the sweep "dies": its generator is simply dropped
     created = list(fake.jobs)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.report import main as report
-from nccl.ingest import main as ingest
+from bench.ingest import main as ingest
 from nccl.parse import parse
 
 

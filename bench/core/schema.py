@@ -1,9 +1,8 @@
-"""The one results schema: run specs, metric records, run summaries and the results-table columns.
+"""The one results schema: run specs, run summaries, the results-table columns, and the lists of allowed
+values each field takes (this module owns them; the config, planner and workers import them).
 
-Everything that crosses a process or file boundary is described here, and versioned by SCHEMA_VERSION.
-Metric records are JSON objects on one line after RECORD_PREFIX, so they can be found in any log stream
-(kubectl logs, srun -l, mpirun --tag-output, timestamps, ANSI colours) by `parse_records`, the only
-parser of them.
+Everything that crosses a process or file boundary is described here or in `records.py` (metric records),
+and versioned by SCHEMA_VERSION.
 """
 from __future__ import annotations
 
@@ -12,20 +11,19 @@ import functools
 import hashlib
 import json
 import math
-import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 SCHEMA_VERSION = 1
-RECORD_PREFIX = "@@fsdpbench@@ "
-RECORD_KINDS = ("meta", "step", "summary", "nvml", "nccl")
 
 SHARDINGS = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
-PRECISIONS = ("fp32", "bf16_mixed", "fp16_mixed", "bf16_pure")
+PRECISIONS = ("fp32", "bf16_mixed", "fp16_mixed", "bf16_pure", "fp8_tensorwise")  # fp8: bf16_mixed + Float8
+OFFLOADS = ("none", "cpu")  # cpu: FSDP2's CPUOffloadPolicy (parameters, gradients, optimizer state on host)
 AC_MODES = ("none", "full", "selective", "selective_op")  # selective: every 2nd block; _op: by operator
 WRAP_POLICIES = ("transformer_block", "whole_model")
 RUN_KINDS = ("train", "nccl")
+FAULTS = ("none", "oom", "nan", "hang", "crash", "sleep")  # test hook; sleep: no work, just the time
 
 STATUSES = ("ok", "oom", "timeout", "nccl_error", "rendezvous_error", "launch_error", "nan_loss",
             "failed", "infeasible", "cancelled")
@@ -50,6 +48,8 @@ class RunSpec:
     precision: str = "bf16_mixed"
     activation_checkpointing: str = "none"
     wrap_policy: str = "transformer_block"
+    compile: bool = False  # torch.compile of each transformer block (regional), before sharding
+    offload: str = "none"
     micro_batch: int = 1  # per GPU; 0 = auto: the sweep searches the largest that fits before the run
     seq_len: int = 128
     steps: int = 10
@@ -69,6 +69,7 @@ class RunSpec:
         _check_choice("precision", self.precision, PRECISIONS)
         _check_choice("activation_checkpointing", self.activation_checkpointing, AC_MODES)
         _check_choice("wrap_policy", self.wrap_policy, WRAP_POLICIES)
+        _check_choice("offload", self.offload, OFFLOADS)
         for name in ("nodes", "gpus_per_node", "seq_len", "steps", "nccl_iters"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -92,7 +93,10 @@ class RunSpec:
         return self.nodes * self.gpus_per_node
 
     def canonical(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        """What the run id hashes. Fields added after a study may have started are left out at their
+        default, so its runs keep their ids (and stay done) when the harness learns a new axis."""
+        items = {k: v for k, v in self.to_dict().items() if not (k in _ADDED and v == _ADDED[k])}
+        return json.dumps(items, sort_keys=True, separators=(",", ":"))
 
     @functools.cached_property
     def run_id(self) -> str:
@@ -106,9 +110,10 @@ class RunSpec:
             return f"nccl-allreduce-n{self.nodes}x{self.gpus_per_node}-efa{self.efa_per_node}-r{self.repeat}"
         ac = {"none": "noac", "full": "acfull", "selective": "acsel",
               "selective_op": "acselop"}[self.activation_checkpointing]
+        options = ("-compile" if self.compile else "") + (f"-off{self.offload}" if self.offload != "none" else "")
         return (f"{self.model}-n{self.nodes}x{self.gpus_per_node}-{self.sharding.lower()}-"
-                f"{self.precision}-{ac}-{self.wrap_policy}-mb{self.micro_batch or 'auto'}-s{self.seq_len}-"
-                f"efa{self.efa_per_node}-r{self.repeat}")
+                f"{self.precision}-{ac}-{self.wrap_policy}{options}-mb{self.micro_batch or 'auto'}-"
+                f"s{self.seq_len}-efa{self.efa_per_node}-r{self.repeat}")
 
     def to_dict(self) -> dict[str, Any]:
         """Shallow: every field is a scalar (dataclasses.asdict deep-copies, 20x slower at plan scale)."""
@@ -129,12 +134,28 @@ class RunSpec:
 
 
 SPEC_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RunSpec))
+_ADDED = {"compile": False, "offload": "none"}  # fields added after schema v1 began, at their defaults
+
+
+def _flag(text: str) -> bool:
+    """A bool field on the worker's command line, as RunSpec.to_argv writes it."""
+    if text not in ("True", "False"):
+        raise argparse.ArgumentTypeError(f"expected True or False, got {text!r}")
+    return text == "True"
 
 
 def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     """One --flag per RunSpec field (the inverse of RunSpec.to_argv), for the worker entry points."""
     for f in fields(RunSpec):
-        parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
+        kind = _flag if isinstance(f.default, bool) else type(f.default)
+        parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default)
+
+
+def add_fault_arguments(parser: argparse.ArgumentParser) -> None:
+    """The test hook's flags, the same on every worker (bench.launchers.base.fault_args writes them)."""
+    parser.add_argument("--fault", default="none", choices=FAULTS)
+    parser.add_argument("--fault-step", type=int, default=1)
+    parser.add_argument("--fault-seconds", type=float, default=0.0, help="fault sleep: seconds, no work")
 
 
 def spec_from_namespace(ns: argparse.Namespace) -> RunSpec:
@@ -176,6 +197,7 @@ class RunSummary:
     nvml_mem_used_gib: float | None = None  # max over GPUs and samples
     nvml_util_pct: float | None = None  # mean
     nvml_power_w: float | None = None  # mean per GPU
+    compile_s: float | None = None  # compile=true: warm-up time beyond steady steps (compilation)
     loss_first: float | None = None
     loss_last: float | None = None
     est_mem_gib: float | None = None
@@ -221,47 +243,3 @@ def _none_if_nan(value: Any) -> Any:
 
 SUMMARY_COLUMNS: tuple[str, ...] = tuple(
     RunSummary(run_id="", sweep="", status="ok", spec=RunSpec()).to_row().keys())
-
-
-# ---------------------------------------------------------------- metric records
-
-
-def format_record(kind: str, **payload: Any) -> str:
-    """One metric record as a line (no newline). Non-finite floats become null to stay valid JSON."""
-    _check_choice("record kind", kind, RECORD_KINDS)
-    body = {"v": SCHEMA_VERSION, "kind": kind, **payload}
-    return RECORD_PREFIX + json.dumps(_finite(body), separators=(",", ":"), default=str)
-
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-_DECODER = json.JSONDecoder()
-
-
-def parse_records(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
-    """Yield every metric record found in a log stream, whatever prefixes the launcher added.
-
-    Lines cut short (a crash mid-write, a truncated file) are skipped, not fatal.
-    """
-    for line in lines:
-        at = line.find(RECORD_PREFIX)
-        if at < 0:
-            continue
-        text = line[at + len(RECORD_PREFIX):]
-        if "\x1b" in text:
-            text = _ANSI.sub("", text)
-        try:
-            obj, _ = _DECODER.raw_decode(text.strip())
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict) and obj.get("kind") in RECORD_KINDS:
-            yield obj

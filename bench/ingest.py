@@ -1,4 +1,4 @@
-"""`python -m nccl.ingest PATH... --nodes N --gpus-per-node G --efa E`: existing all_reduce_perf logs as
+"""`python -m bench.ingest PATH... --nodes N --gpus-per-node G --efa E`: existing all_reduce_perf logs as
 runs of a results dir, so a folder of old nccl-tests outputs gets the report's tables and charts.
 
 Each file becomes one probe run (repeats numbered in the order given), parsed and checked by the same code
@@ -14,8 +14,8 @@ from pathlib import Path
 
 from bench import rundir
 from bench.collect import summarize_run, write_results
+from bench.core.schema import RunSpec
 from bench.launchers.base import Outcome
-from bench.schema import RunSpec
 from nccl.parse import parse
 
 
@@ -52,7 +52,7 @@ def ingest(paths: list[Path], sweep_dir: Path, *, nodes: int, gpus_per_node: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nccl.ingest", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.ingest", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paths", nargs="+", type=Path, help="all_reduce_perf output files")
     parser.add_argument("--nodes", type=int, required=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 class GpuSpec:
     name: str
     memory_gib: float
-    peak_tflops: dict[str, float]  # by compute dtype: "bf16", "fp16", "tf32", "fp32"
+    peak_tflops: dict[str, float]  # by compute dtype: "bf16", "fp16", "tf32", "fp32"; "fp8" where it has FP8
     source: str
 
 
@@ -22,19 +22,19 @@ GPUS: dict[str, GpuSpec] = {g.name: g for g in [
             "NVIDIA A100 Tensor Core GPU datasheet (2021), SXM column, dense"),
     GpuSpec("A100-SXM4-80GB", 80, {"bf16": 312, "fp16": 312, "tf32": 156, "fp32": 19.5},
             "NVIDIA A100 Tensor Core GPU datasheet (2021), SXM column, dense"),
-    GpuSpec("H100-SXM", 80, {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},
+    GpuSpec("H100-SXM", 80, {"fp8": 1978.9, "bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},
             "NVIDIA H100 Tensor Core GPU datasheet, SXM column; sparse figures halved"),
-    GpuSpec("H100-PCIe", 80, {"bf16": 756.5, "fp16": 756.5, "tf32": 378, "fp32": 51.2},
+    GpuSpec("H100-PCIe", 80, {"fp8": 1513, "bf16": 756.5, "fp16": 756.5, "tf32": 378, "fp32": 51.2},
             "NVIDIA H100 Tensor Core GPU datasheet, PCIe column; sparse figures halved"),
-    GpuSpec("H100-NVL", 94, {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60},
+    GpuSpec("H100-NVL", 94, {"fp8": 1670.5, "bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60},
             "NVIDIA H100 Tensor Core GPU datasheet, NVL column; sparse figures halved"),
-    GpuSpec("H200", 141, {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},
+    GpuSpec("H200", 141, {"fp8": 1978.9, "bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},
             "NVIDIA H200 Tensor Core GPU datasheet, SXM column; sparse figures halved"),
     GpuSpec("A10G", 24, {"bf16": 70, "fp16": 70, "tf32": 35, "fp32": 31.2},
             "AWS EC2 G5 documentation (A10G: 70 dense FP16/BF16 tensor TFLOPS, 31.2 FP32)"),
-    GpuSpec("L4", 24, {"bf16": 121, "fp16": 121, "tf32": 60, "fp32": 30.3},
+    GpuSpec("L4", 24, {"fp8": 242.5, "bf16": 121, "fp16": 121, "tf32": 60, "fp32": 30.3},
             "NVIDIA L4 Tensor Core GPU datasheet; sparse figures halved"),
-    GpuSpec("B200", 180, {"bf16": 2250, "fp16": 2250, "tf32": 1100, "fp32": 75},
+    GpuSpec("B200", 180, {"fp8": 4500, "bf16": 2250, "fp16": 2250, "tf32": 1100, "fp32": 75},
             "NVIDIA HGX B200 datasheet, per GPU; sparse figures halved"),
 ]}
 
@@ -58,8 +58,16 @@ def gpu_spec(device_name: str) -> GpuSpec | None:
 
 
 def compute_dtype(precision: str) -> str:
-    """The dtype the matmuls run in for a precision setting (fp32 uses plain FP32 peaks)."""
-    return {"fp32": "fp32", "bf16_mixed": "bf16", "bf16_pure": "bf16", "fp16_mixed": "fp16"}[precision]
+    """The peak a precision's MFU divides by (fp32 uses plain FP32 peaks). Float8 training keeps the BF16
+    peak: its attention and non-converted matmuls run in BF16, and one denominator across precisions
+    lets MFU compare them (the FP8 peak, twice as large, is a different question)."""
+    return {"fp32": "fp32", "bf16_mixed": "bf16", "bf16_pure": "bf16", "fp16_mixed": "fp16",
+            "fp8_tensorwise": "bf16"}[precision]
+
+
+def supports_fp8(gpu: str) -> bool:
+    """FP8 tensor cores (Hopper, Ada, Blackwell): the GPU's datasheet lists an FP8 peak."""
+    return gpu in GPUS and "fp8" in GPUS[gpu].peak_tflops
 
 
 def peak_tflops(device_name: str, precision: str) -> float | None:

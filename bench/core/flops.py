@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bench.models import ModelArch, block_params, count_params, non_embedding_params
-from bench.schema import AC_MODES  # one owner of the list
+from bench.core.models import ModelArch, block_params, count_params, non_embedding_params
+from bench.core.schema import AC_MODES  # one owner of the list
 
 GIB = 1024**3
 SELECTIVE_EVERY = 2  # selective AC checkpoints every 2nd transformer block (layer-level selective)
@@ -65,8 +65,10 @@ def hardware_flops_per_token(a: ModelArch, seq_len: int, ac: str) -> float:
 
 # ---------------------------------------------------------------- memory estimate
 
-_STATE_BYTES = {"fp32": 16, "bf16_mixed": 16, "fp16_mixed": 16, "bf16_pure": 8}
-COMPUTE_BYTES = {"fp32": 4, "bf16_mixed": 2, "fp16_mixed": 2, "bf16_pure": 2}
+# Float8 training keeps bf16_mixed's fp32 state; its all-gathers and matmul inputs are 1 byte, but the
+# estimate keeps 2 (the BF16 copies and the attention stay), erring towards launching less.
+_STATE_BYTES = {"fp32": 16, "bf16_mixed": 16, "fp16_mixed": 16, "bf16_pure": 8, "fp8_tensorwise": 16}
+COMPUTE_BYTES = {"fp32": 4, "bf16_mixed": 2, "fp16_mixed": 2, "bf16_pure": 2, "fp8_tensorwise": 2}
 
 
 def shard_size(sharding: str, nodes: int, gpus_per_node: int) -> int:
@@ -80,10 +82,11 @@ def shard_size(sharding: str, nodes: int, gpus_per_node: int) -> int:
 class MemoryEstimate:
     """Per-GPU bytes by category; `total` is what the planner compares to device memory."""
 
-    states: float  # sharded params + grads + AdamW moments
+    states: float  # sharded params + grads + AdamW moments (0 with offload: they are in host memory)
     unsharded: float  # gathered compute-dtype params/grads alive at the peak
     activations: float
     overhead: float
+    host: float = 0.0  # this GPU's share of host memory: its offloaded states (offload=cpu)
 
     @property
     def total(self) -> float:
@@ -102,9 +105,12 @@ def _activation_elements_per_token_block(a: ModelArch) -> float:
 
 
 def estimate_memory(a: ModelArch, *, sharding: str, precision: str, ac: str, wrap_policy: str,
-                    nodes: int, gpus_per_node: int, micro_batch: int, seq_len: int,
+                    nodes: int, gpus_per_node: int, micro_batch: int, seq_len: int, offload: str = "none",
                     overhead_gib: float = 2.0) -> MemoryEstimate:
     """Peak bytes per GPU for one training step of FSDP2 with AdamW.
+
+    offload=cpu (CPUOffloadPolicy) keeps the sharded parameters, gradients and AdamW state in host memory
+    (the optimizer steps there); the GPU holds what is gathered for compute and the activations.
 
     A planning estimate (within tens of percent), not an allocator simulation: it decides which runs are
     worth launching and is drawn against the measured peak in the report.
@@ -112,6 +118,8 @@ def estimate_memory(a: ModelArch, *, sharding: str, precision: str, ac: str, wra
     params = count_params(a)
     c = COMPUTE_BYTES[precision]
     states = params * _STATE_BYTES[precision] / shard_size(sharding, nodes, gpus_per_node)
+    host = states if offload == "cpu" else 0.0
+    states -= host
     biggest_block = max(block_params(a))
     root = params - sum(block_params(a))  # embeddings, final norms, lm_head: the root FSDP unit
     if wrap_policy == "whole_model" or sharding in ("SHARD_GRAD_OP", "NO_SHARD"):
@@ -126,10 +134,11 @@ def estimate_memory(a: ModelArch, *, sharding: str, precision: str, ac: str, wra
         kept = 3 * a.hidden + 2 * inner + 2 * kv + (2 if a.family == "llama" else 1) * a.ffn
         acts = a.blocks * kept * c * tokens + per_block  # plus one block rebuilt during its backward
         acts += tokens * a.vocab * (c + 8)
-        return MemoryEstimate(states=states, unsharded=unsharded, activations=acts, overhead=overhead_gib * GIB)
+        return MemoryEstimate(states=states, unsharded=unsharded, activations=acts,
+                              overhead=overhead_gib * GIB, host=host)
     acts = (a.blocks - n_ckpt) * per_block + n_ckpt * a.hidden * c * tokens
     if n_ckpt:
         acts += per_block  # one block's activations rebuilt during its backward
     acts += tokens * a.vocab * (c + 8)  # logits, their fp32 upcast and the loss gradient
     return MemoryEstimate(states=states, unsharded=unsharded, activations=acts,
-                          overhead=overhead_gib * GIB)
+                          overhead=overhead_gib * GIB, host=host)

@@ -1,0 +1,113 @@
+"""Metric records: how a worker writes them and the one parser that finds them again.
+
+A record is a JSON object on one line after RECORD_PREFIX, so it can be found in any log stream
+(kubectl logs, srun -l, mpirun --tag-output, timestamps, ANSI colours). Each rank also appends its records
+to `<run dir>/records/rank<N>.jsonl` where the run dir is shared; stdout stays the transport where not.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import sys
+import threading
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, NoReturn, TextIO
+
+from bench.core.schema import SCHEMA_VERSION
+
+RECORD_PREFIX = "@@fsdpbench@@ "
+RECORD_KINDS = ("meta", "step", "summary", "nvml", "nccl")
+RECORDS_DIR = "records"
+
+
+def records_path(run_dir: Path, rank: int) -> Path:
+    """Where a rank appends its records inside a run's attempt dir."""
+    return run_dir / RECORDS_DIR / f"rank{rank}.jsonl"
+
+
+def format_record(kind: str, **payload: Any) -> str:
+    """One metric record as a line (no newline). Non-finite floats become null to stay valid JSON."""
+    if kind not in RECORD_KINDS:
+        raise ValueError(f"record kind={kind!r} is not one of: {', '.join(RECORD_KINDS)}")
+    body = {"v": SCHEMA_VERSION, "kind": kind, **payload}
+    return RECORD_PREFIX + json.dumps(_finite(body), separators=(",", ":"), default=str)
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+_DECODER = json.JSONDecoder()
+
+
+def parse_records(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """Yield every metric record found in a log stream, whatever prefixes the launcher added.
+
+    Lines cut short (a crash mid-write, a truncated file) are skipped, not fatal.
+    """
+    for line in lines:
+        at = line.find(RECORD_PREFIX)
+        if at < 0:
+            continue
+        text = line[at + len(RECORD_PREFIX):]
+        if "\x1b" in text:
+            text = _ANSI.sub("", text)
+        try:
+            obj, _ = _DECODER.raw_decode(text.strip())
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and obj.get("kind") in RECORD_KINDS:
+            yield obj
+
+
+class Emitter:
+    """Writes records for one rank; safe to call from the sampler thread."""
+
+    def __init__(self, rank: int, run_id: str, run_dir: Path | None, stream: TextIO = sys.stdout) -> None:
+        self.rank = rank
+        self.run_id = run_id
+        self.stream = stream
+        self._lock = threading.Lock()
+        self._file: TextIO | None = None
+        self.file_error: str | None = None
+        if run_dir is not None:
+            try:
+                path = records_path(run_dir, rank)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._file = open(path, "a", buffering=1)
+            except OSError as e:  # no shared file system: stdout stays the transport
+                self.file_error = str(e)
+
+    def __call__(self, kind: str, **payload: Any) -> None:
+        line = format_record(kind, rank=self.rank, run_id=self.run_id, **payload) + "\n"
+        with self._lock:
+            self.stream.write(line)
+            self.stream.flush()
+            if self._file:
+                self._file.write(line)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file:
+                self._file.close()
+                self._file = None
+
+
+def exit_now(code: int) -> NoReturn:
+    """Leave a worker without interpreter teardown. Every record is written by now, but after
+    destroy_process_group gloo's threads can still abort the process from C++ static destructors
+    ("terminate called without an active exception", SIGABRT), which would turn an ok run into a
+    failed one; _exit skips those destructors."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
