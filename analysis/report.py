@@ -21,6 +21,7 @@ from analysis.load import Loaded, NoResults, load
 from analysis.parity import departures, loss_parity
 from analysis.scaling import (ablation, aggregate, headline, missing_baselines, nccl_sizes, nccl_summary,
                               status_table)
+from bench.core.schema import ADDED_DEFAULTS
 
 DEFINITIONS = """\
 - **tokens/s**: global tokens per second of the whole job, from the median step time of the steady-state
@@ -133,12 +134,9 @@ def markdown_table(frame: pd.DataFrame) -> str:
     return "\n".join([header, rule, *body]) + "\n"
 
 
-_UNSWEPT = {"compile": False, "offload": "none"}  # axes shown only where a sweep varied them
-
-
 def _present(frame: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
     keep = [c for c in columns if c in frame.columns and (frame[c].notna().any() or c in ("status",))
-            and not (c in _UNSWEPT and (frame[c] == _UNSWEPT[c]).all())]
+            and not (c in ADDED_DEFAULTS and (frame[c] == ADDED_DEFAULTS[c]).all())]  # never varied
     return frame[keep].rename(columns=columns)
 
 

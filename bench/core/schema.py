@@ -95,7 +95,7 @@ class RunSpec:
     def canonical(self) -> str:
         """What the run id hashes. Fields added after a study may have started are left out at their
         default, so its runs keep their ids (and stay done) when the harness learns a new axis."""
-        items = {k: v for k, v in self.to_dict().items() if not (k in _ADDED and v == _ADDED[k])}
+        items = {k: v for k, v in self.to_dict().items() if not (k in ADDED_DEFAULTS and v == ADDED_DEFAULTS[k])}
         return json.dumps(items, sort_keys=True, separators=(",", ":"))
 
     @functools.cached_property
@@ -134,7 +134,9 @@ class RunSpec:
 
 
 SPEC_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RunSpec))
-_ADDED = {"compile": False, "offload": "none"}  # fields added after schema v1 began, at their defaults
+# Fields added after schema v1 began, at their defaults: left out of run ids, and of reports that never
+# varied them.
+ADDED_DEFAULTS = {"compile": False, "offload": "none"}
 
 
 def _flag(text: str) -> bool:
