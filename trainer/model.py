@@ -86,7 +86,7 @@ def materialize(model: PreTrainedModel, device: torch.device, seed: int,
         clean = name
         for wrapper in _WRAPPER_NAMES:
             clean = clean.replace(wrapper, "")
-        full = _init_value(clean, param.shape, param.dtype, param_device, seed)
+        full = _init_value(clean, param.shape, param.dtype, device, seed)  # one RNG stream, offloaded or not
         local = param.to_local() if hasattr(param, "to_local") else param
         if hasattr(param, "device_mesh"):
             from torch.distributed.tensor import distribute_tensor
