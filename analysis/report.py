@@ -35,7 +35,8 @@ DEFINITIONS = """\
   fp8_tensorwise runs (torchao Float8 linears) are divided by the BF16 peak too, so MFU compares
   precisions on one denominator; against the FP8 peak (twice the BF16 one) it would be about half.
 - **compile time**: with compile=true (each transformer block through torch.compile), the warm-up steps'
-  time beyond steady-state steps: compilation, kept out of the timed window.
+  time beyond steady-state steps: compilation, kept out of the timed window. Inductor caches compiled
+  graphs on the node (/tmp): a node that compiled the same blocks before takes seconds, a cold one longer.
 - **Scaling efficiency** at n nodes = (tokens/s at n / n) / (tokens/s at base / base), base = the smallest
   node count with an ok run of the same configuration.
 - **busbw** (all-reduce) = algbw * 2(n-1)/n with algbw = bytes / time (nccl-tests' definition);
