@@ -95,7 +95,8 @@ class RunSpec:
     def canonical(self) -> str:
         """What the run id hashes. Fields added after a study may have started are left out at their
         default, so its runs keep their ids (and stay done) when the harness learns a new axis."""
-        items = {k: v for k, v in self.to_dict().items() if not (k in ADDED_DEFAULTS and v == ADDED_DEFAULTS[k])}
+        items = {k: v for k, v in self.to_dict().items()
+                 if not (k in ADDED_DEFAULTS and v == ADDED_DEFAULTS[k])}
         return json.dumps(items, sort_keys=True, separators=(",", ":"))
 
     @functools.cached_property
@@ -110,7 +111,8 @@ class RunSpec:
             return f"nccl-allreduce-n{self.nodes}x{self.gpus_per_node}-efa{self.efa_per_node}-r{self.repeat}"
         ac = {"none": "noac", "full": "acfull", "selective": "acsel",
               "selective_op": "acselop"}[self.activation_checkpointing]
-        options = ("-compile" if self.compile else "") + (f"-off{self.offload}" if self.offload != "none" else "")
+        options = "-compile" if self.compile else ""
+        options += "" if self.offload == "none" else f"-off{self.offload}"
         return (f"{self.model}-n{self.nodes}x{self.gpus_per_node}-{self.sharding.lower()}-"
                 f"{self.precision}-{ac}-{self.wrap_policy}{options}-mb{self.micro_batch or 'auto'}-"
                 f"s{self.seq_len}-efa{self.efa_per_node}-r{self.repeat}")
