@@ -109,9 +109,6 @@ class Trainer:
         spec = self.spec
         model = build_meta_model(self.arch, DTYPES[spec.precision], self.args.attn_impl)
         self.n_fp8 = convert_float8(model, self.device) if spec.precision == "fp8_tensorwise" else 0
-        if spec.precision == "fp8_tensorwise" and not self.n_fp8:  # never a bf16 run labelled fp8
-            raise RuntimeError(f"fp8_tensorwise: no linear of {spec.model} has dimensions that are multiples "
-                               "of 16")
         self.n_ckpt = apply_activation_checkpointing(model, spec.activation_checkpointing)
         self.n_compiled = compile_blocks(model) if spec.compile else 0
         mesh, reshard = build_mesh(spec, self.device.type)

@@ -117,7 +117,10 @@ def convert_float8(model: PreTrainedModel, device: torch.device) -> int:
                            f"B200); {torch.cuda.get_device_name(device)} is sm_{major}{minor}")
     config = Float8LinearConfig(enable_fsdp_float8_all_gather=True, emulate=device.type != "cuda")
     convert_to_float8_training(model, config=config, module_filter_fn=float8_filter)
-    return sum(isinstance(m, Float8Linear) for m in model.modules())
+    converted = sum(isinstance(m, Float8Linear) for m in model.modules())
+    if not converted:  # never a bf16 run labelled fp8
+        raise RuntimeError("fp8_tensorwise: no linear inside a block has dimensions that are multiples of 16")
+    return converted
 
 
 def compile_blocks(model: PreTrainedModel) -> int:
