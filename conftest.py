@@ -14,6 +14,9 @@ from bench.core.records import parse_records
 
 ROOT = Path(__file__).resolve().parent
 SHARED_DATA = Path(os.environ.get("FSDPBENCH_SHARED_DATA", ROOT.parent / "shared" / "data"))
+# The smoke sweep with two ranks per simulated node: every strategy at 1 and 2 nodes, 14 training runs and 2
+# probes (the one-rank runs are the one-GPU CI's and add nothing on CPU)
+SMOKE_SHAPE = ["axes.gpus_per_node=[2]", "nccl.gpus_per_node=[2]", "axes.compile=[false]"]
 
 
 @dataclass
@@ -53,3 +56,18 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"reference data not found at {SHARED_DATA} (set FSDPBENCH_SHARED_DATA)")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def smoke_results(tmp_path_factory) -> Path:
+    """One smoke sweep (SMOKE_SHAPE) and its report per test session: the tests that read a whole study
+    (end to end, resume, the report in a browser, predicted beside measured) share it instead of each
+    sweeping again. Tests must not change it (a resume that finds everything done changes nothing)."""
+    root = tmp_path_factory.mktemp("smoke")
+    sweep = subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={root}",
+                            *SMOKE_SHAPE], cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-3000:]
+    report = subprocess.run([sys.executable, "-m", "analysis.report", str(root / "smoke")], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr
+    return root

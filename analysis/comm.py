@@ -22,10 +22,9 @@ import numpy as np
 import pandas as pd
 
 from analysis.scaling import CONFIG
-from bench.core.flops import COMPUTE_BYTES  # parameters are all-gathered in the compute dtype
+from bench.core.flops import COMPUTE_BYTES, REDUCE_BYTES  # gathered in the compute dtype, reduced in fp32
 from bench.core.models import count_params, get_arch
 
-REDUCE_BYTES = {"fp32": 4, "bf16_mixed": 4, "fp16_mixed": 4, "bf16_pure": 2}  # the policy's reduce_dtype
 COMM_BOUND = 0.9  # modelled comm time >= 90% of the step: nothing left to hide it behind
 EXPLAINED = 0.5  # comm growth covers >= half of the step-time growth
 

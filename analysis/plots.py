@@ -138,18 +138,19 @@ def busbw_vs_size(sizes: pd.DataFrame) -> Figure | None:
 
 
 def estimate_vs_measured(agg: pd.DataFrame) -> Figure | None:
-    column = "mem_peak_reserved_gib" if agg["mem_peak_reserved_gib"].notna().any() else None
-    if column is None:
+    """The plan's memory figure against torch's allocator peak, both of allocated tensors."""
+    column = "mem_peak_alloc_gib"
+    if "pred_mem_gib" not in agg or not agg[column].notna().any():
         return None  # CPU runs have no device memory to compare with
-    both = agg[agg[column].notna() & agg["est_mem_gib"].notna()]
+    both = agg[agg[column].notna() & agg["pred_mem_gib"].notna()]
     if both.empty:
         return None
     fig = _figure(6, 6)
     ax = fig.add_subplot()
-    ax.scatter(both["est_mem_gib"], both[column])
-    top = float(max(both["est_mem_gib"].max(), both[column].max())) * 1.1
+    ax.scatter(both["pred_mem_gib"], both[column])
+    top = float(max(both["pred_mem_gib"].max(), both[column].max())) * 1.1
     ax.plot([0, top], [0, top], color="grey", linestyle=":")
-    ax.set_xlabel("planner estimate (GiB/GPU)")
-    ax.set_ylabel("measured peak reserved (GiB/GPU)")
-    ax.set_title("Memory: planner estimate vs measured")
+    ax.set_xlabel("predicted before launch (GiB/GPU)")
+    ax.set_ylabel("measured peak allocated (GiB/GPU)")
+    ax.set_title("Memory: predicted vs measured")
     return fig

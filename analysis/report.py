@@ -19,8 +19,9 @@ from analysis.comm import comm_model
 from analysis.cost import config_costs, parse_price_overrides, run_costs, sweep_costs, sweep_prices
 from analysis.load import Loaded, NoResults, load
 from analysis.parity import departures, loss_parity
+from analysis.predicted import largest_miss, memory_notes, memory_table, throughput_table
 from analysis.scaling import (ablation, aggregate, headline, missing_baselines, nccl_sizes, nccl_summary,
-                              status_table)
+                              probe_sentences, status_table)
 from bench.core.schema import ADDED_DEFAULTS
 
 DEFINITIONS = """\
@@ -42,7 +43,16 @@ DEFINITIONS = """\
 - **busbw** (all-reduce) = algbw * 2(n-1)/n with algbw = bytes / time (nccl-tests' definition);
   avg busbw = mean over message sizes (and placements), as nccl-tests' "Avg bus bandwidth" line.
 - Memory: peak allocated/reserved by torch per GPU (max over ranks), NVML memory used (max over GPUs and
-  samples); on CPU, the host RSS peak per process.
+  samples); on CPU, the host RSS peak per process. **Predicted** memory is what the plan judged the run
+  by: rank 0's peak of one steady training step of the run's own model, parallelization and optimizer on
+  fake tensors (FSDPMemTracker), else the analytic estimate; error = (predicted - measured peak allocated)
+  / measured. The plan adds headroom for what the allocator's peak does not hold: reserved / allocated and
+  NVML used - reserved show what each GPU run really needed.
+- **Predicted** throughput (bench/perf.py, made when the run was planned): step = matmuls at a calibrated
+  fraction of the dense peak + elementwise and optimizer memory traffic at HBM bandwidth + the FSDP
+  communication prefetch cannot hide (network: the study's probe, else the instance's published
+  nccl-tests figure) + contention; error = measured / predicted - 1. The constants, their sources and every
+  published row's error: `python benchmarks/perf_model.py`.
 - **Communication model**: the bus bytes FSDP moves per GPU and step for the strategy (analysis/comm.py)
   divided by the all-reduce busbw measured at the same node and EFA count, as if nothing overlapped. A
   point is communication-bound when that time is >= 90% of the step, or when the growth of it explains at
@@ -89,6 +99,10 @@ NCCL_COLUMNS = {"sweep": "sweep", "cluster": "cluster", "nodes": "nodes", "gpus_
                 "busbw_avg_gbs": "avg busbw (GB/s)", "busbw_max_gbs": "max busbw (GB/s)",
                 "busbw_max_gbs_min": "max busbw min (GB/s)", "busbw_max_gbs_max": "max busbw max (GB/s)",
                 "algbw_max_gbs": "max algbw (GB/s)"}
+# What the page shows of it (at most 8 columns; nccl.csv keeps every one)
+NCCL_SHORT = {"nodes": "nodes", "gpus_per_node": "GPUs/node", "efa_per_node": "EFA/node",
+              "transport": "transport", "ok_runs": "ok runs", "busbw_avg_gbs": "avg busbw (GB/s)",
+              "busbw_max_gbs": "max busbw (GB/s)", "algbw_max_gbs": "max algbw (GB/s)"}
 PARITY_COLUMNS = {"model": "model", "nodes": "nodes", "precision": "precision", "reference": "reference run",
                   "run": "run", "steps_compared": "steps compared",
                   "max_rel_deviation": "max relative deviation", "tolerance": "tolerance",
@@ -99,6 +113,19 @@ COMM_COLUMNS = {"sweep": "sweep", "model": "model", "sharding": "sharding", "pre
                 "step_time_s": "step time (s)", "comm_fraction": "comm / step",
                 "lost_s": "step time lost vs base (s)", "comm_growth_s": "comm growth vs base (s)",
                 "verdict": "verdict"}
+COMM_SHORT = {"model": "model", "sharding": "sharding", "nodes": "nodes",
+              "comm_gb_per_gpu": "comm (GB/GPU/step)", "comm_s": "modelled comm (s)", "step_time_s": "step time (s)", "comm_fraction": "comm / step",
+              "verdict": "verdict"}  # comm_model.csv keeps every column
+MEMORY_COLUMNS = {"model": "model", "configuration": "configuration", "placement": "nodes x GPUs",
+                  "pred_mem_gib": "predicted (GiB/GPU)",
+                  "mem_peak_alloc_gib": "measured peak alloc (GiB/GPU)",
+                  "mem_error": "error", "reserved_ratio": "reserved / allocated",
+                  "outside_allocator_gib": "NVML - reserved (GiB)"}
+PREDICTED_COLUMNS = {"model": "model", "configuration": "configuration", "placement": "nodes x GPUs",
+                     "pred_tokens_per_s_per_gpu": "predicted tokens/s/GPU",
+                     "tokens_per_s_per_gpu": "measured tokens/s/GPU", "error": "error",
+                     "pred_scaling_efficiency": "predicted efficiency",
+                     "scaling_efficiency": "measured efficiency"}
 TRAIN_TOKENS = 1e12
 COST_COLUMNS = {"sweep": "sweep", "model": "model", "sharding": "sharding", "precision": "precision",
                 "activation_checkpointing": "AC", "nodes": "nodes",
@@ -114,7 +141,7 @@ FIGURES = {
     "tflops_per_config": ("TFLOPS per GPU", plots.tflops_per_config, "agg"),
     "memory_vs_nodes": ("Memory per GPU vs nodes", plots.memory_vs_nodes, "agg"),
     "busbw_vs_size": ("All-reduce bus bandwidth vs message size", plots.busbw_vs_size, "sizes"),
-    "estimate_vs_measured": ("Memory estimate vs measured", plots.estimate_vs_measured, "agg"),
+    "estimate_vs_measured": ("Memory: predicted vs measured", plots.estimate_vs_measured, "agg"),
 }
 
 
@@ -139,6 +166,15 @@ def _present(frame: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
     keep = [c for c in columns if c in frame.columns and (frame[c].notna().any() or c in ("status",))
             and not (c in ADDED_DEFAULTS and (frame[c] == ADDED_DEFAULTS[c]).all())]  # never varied
     return frame[keep].rename(columns=columns)
+
+
+def _percent(frame: pd.DataFrame, *columns: str) -> pd.DataFrame:
+    """Ratios as a reader takes them on the page ("+35%", "98%"); the CSVs keep the numbers."""
+    out = frame.copy()
+    for c in columns:
+        signed = c.endswith("error")
+        out[c] = [None if pd.isna(v) else (f"{v:+.0%}" if signed else f"{v:.0%}") for v in frame[c]]
+    return out
 
 
 def provenance(frame: pd.DataFrame) -> list[str]:
@@ -166,10 +202,12 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
     runs_cost = run_costs(frame, price_table)
     sentences, best = headline(agg)
     probes = nccl_summary(frame)
+    sentences = sentences or probe_sentences(probes)  # a probe-only study: what each EFA count gave
     tables = {"headline": _present(best, HEADLINE_COLUMNS), "efa": _present(probes, EFA_COLUMNS),
               "scaling": _present(agg, SCALING_COLUMNS), "scaling_short": _present(agg, SCALING_SHORT),
               "ablation": _present(ablation(agg), ABLATION_COLUMNS),
-              "nccl": _present(probes, NCCL_COLUMNS), "status": status_table(frame),
+              "nccl": _present(probes, NCCL_COLUMNS), "nccl_short": _present(probes, NCCL_SHORT),
+              "status": status_table(frame),
               "loss_parity": parity.rename(columns=PARITY_COLUMNS),
               "cost_sweeps": _present(sweep_costs(runs_cost), SWEEP_COST_COLUMNS),
               "cost": _present(config_costs(agg, runs_cost, price_table, train_tokens), COST_COLUMNS).rename(
@@ -183,9 +221,18 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
         tables["nccl_sizes"].columns = [f"busbw (GB/s) {int(n)} nodes {int(e)} EFA"
                                         for n, e in tables["nccl_sizes"].columns]
         tables["nccl_sizes"] = tables["nccl_sizes"].reset_index().rename(columns={"size_bytes": "size (B)"})
+    memory, predicted = memory_table(agg), throughput_table(agg)  # every column in memory.csv, predicted.csv
+    if not memory.empty:
+        tables["memory"] = memory
+        tables["memory_short"] = _present(_percent(memory, "mem_error"), MEMORY_COLUMNS)
+    if not predicted.empty:
+        tables["predicted"] = predicted
+        tables["predicted_short"] = _present(_percent(predicted, "error", "pred_scaling_efficiency",
+                                                      "scaling_efficiency"), PREDICTED_COLUMNS)
     comm = comm_model(agg, sizes) if not sizes.empty else pd.DataFrame()
     if not comm.empty:
         tables["comm_model"] = _present(comm, COMM_COLUMNS)
+        tables["comm_model_short"] = _present(comm, COMM_SHORT)
     for name, table in tables.items():
         table.to_csv(out / f"{name}.csv", index=False)
     charts = {}
@@ -197,7 +244,9 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
             with matplotlib.rc_context({"svg.fonttype": "none"}):  # text stays text: searchable, selectable
                 fig.savefig(out / f"{name}.svg", dpi=110)
             charts[name] = title
-    notes = loaded.notes + missing_baselines(agg) + departures(parity)
+    cpu = frame["device_name"].fillna("").eq("cpu").any()
+    notes = (loaded.notes + missing_baselines(agg) + departures(parity) + memory_notes(memory)
+             + largest_miss(predicted, cpu))
     unpriced = sorted(c for c in frame["cluster"].dropna().unique() if price_table.get(c) is None)
     if unpriced:
         notes.append(f"no price for cluster(s) {', '.join(map(str, unpriced))}: costs are left empty "
@@ -229,15 +278,22 @@ def _sections(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], charts: dict
         sections.append(("No successful runs", ["every run failed or was pruned: see the run status table"]))
     sections.append(("Scaling (per configuration and node count; every column in scaling.csv)",
                      tables["scaling_short"]))
+    if "predicted" in tables:
+        sections.append(("Throughput: predicted before launch vs measured (MFU, bound and step times in "
+                         "predicted.csv)", tables["predicted_short"]))
+    if "memory" in tables:
+        sections.append(("Memory per GPU: predicted before launch vs measured (every column in memory.csv)",
+                         tables["memory_short"]))
     if not tables["ablation"].empty:
         sections.append(("Ablation (throughput gain of each optimisation over its baseline)", tables["ablation"]))
     if not tables["nccl"].empty:
-        sections.append(("NCCL all-reduce by node count and EFA count", tables["nccl"]))
+        sections.append(("NCCL all-reduce by node count and EFA count (every column in nccl.csv)",
+                         tables["nccl_short"]))
     if "nccl_sizes" in tables:
         sections.append(("NCCL all-reduce bus bandwidth per message size", tables["nccl_sizes"]))
     if "comm_model" in tables:
-        sections.append(("Communication model (FSDP bus bytes per step at the probed bandwidth)",
-                         tables["comm_model"]))
+        sections.append(("Communication model (FSDP bus bytes per step at the probed bandwidth; every column "
+                         "in comm_model.csv)", tables["comm_model_short"]))
     if not tables["loss_parity"].empty:
         sections.append(("Loss parity across strategies (same model, data and seed: same loss curve)",
                          tables["loss_parity"]))

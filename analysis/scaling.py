@@ -20,6 +20,8 @@ METRICS = {  # column -> how repeats are combined (all by median; spread from mi
     "mem_peak_alloc_gib": "max", "mem_peak_reserved_gib": "max", "nvml_mem_used_gib": "max",
     "mem_rss_gib": "max", "est_mem_gib": "max", "compile_s": "median",
 }
+PREDICTED = ("pred_mem_gib", "pred_mem_source", "pred_step_time_s", "pred_tokens_per_s_per_gpu", "pred_mfu",
+             "pred_scaling_efficiency", "pred_bound")  # bench/plan.py's predictions, one per configuration
 ABLATION_FACTORS = [  # (factor, baseline value(s), optimised value): one row per pair that differs in it only
     ("precision", ("fp32",), "bf16_mixed"),
     ("precision", ("bf16_mixed",), "fp8_tensorwise"),
@@ -46,7 +48,9 @@ def aggregate(frame: pd.DataFrame) -> pd.DataFrame:
     ok = train[train["status"] == "ok"]
     out = train.groupby(keys, dropna=False).agg(
         runs=("run_id", "count"), ok_runs=("status", lambda s: int((s == "ok").sum())),
-        status=("status", lambda s: "ok" if (s == "ok").all() else ",".join(sorted(set(s))))).reset_index()
+        status=("status", lambda s: "ok" if (s == "ok").all() else ",".join(sorted(set(s)))),
+        # what the plan predicted is known for every run, infeasible ones included
+        **{c: (c, "first") for c in PREDICTED}).reset_index()
     if not ok.empty:
         stats = ok.groupby(keys, dropna=False).agg(
             **{c: (c, how) for c, how in METRICS.items()},
@@ -105,7 +109,7 @@ def _options(config: dict | pd.Series) -> str:
             (f" + offload {config['offload']}" if config.get("offload") not in (None, "none") else ""))
 
 
-def _label(config: pd.Series) -> str:
+def configuration_label(config: pd.Series) -> str:
     """A configuration as a reader names it: "FULL_SHARD bf16_mixed + full AC"."""
     ac = config["activation_checkpointing"]
     return (f"{config['sharding']} {config['precision']}" + ("" if ac == "none" else f" + {ac} AC") +
@@ -136,8 +140,8 @@ def headline(agg: pd.DataFrame) -> tuple[list[str], pd.DataFrame]:
         series = runs[same].sort_values("nodes")
         good = series[series["tokens_per_s"].notna()]
         first, last = good.iloc[0], good.iloc[-1]
-        text = (f"{model}, {_label(best)}: {last['scaling_efficiency']:.0%} scaling efficiency from "
-                f"{int(first['nodes'])} to {int(last['nodes'])} nodes, "
+        text = (f"{model}, {configuration_label(best)}: {last['scaling_efficiency']:.0%} scaling efficiency "
+                f"from {int(first['nodes'])} to {int(last['nodes'])} nodes, "
                 f"{last['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU")
         if pd.notna(last.get("mfu")):
             text += f", MFU {last['mfu']:.2f}"
@@ -146,10 +150,11 @@ def headline(agg: pd.DataFrame) -> tuple[list[str], pd.DataFrame]:
             text += f"; {f['status']} at {int(f['nodes'])} nodes"
         sentences.append(text)
         rows.append(series[["model", "nodes", "status", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu",
-                            "mem_peak_alloc_gib", "scaling_efficiency"]].assign(configuration=_label(best)))
+                            "mem_peak_alloc_gib", "scaling_efficiency"]].assign(
+                                configuration=configuration_label(best)))
         largest = runs["nodes"].max()
         for _, r in runs[(runs["nodes"] == largest) & runs["tokens_per_s"].isna() & ~same].iterrows():
-            sentences.append(f"{model}, {_label(r)}: {r['status']} at {int(largest)} nodes")
+            sentences.append(f"{model}, {configuration_label(r)}: {r['status']} at {int(largest)} nodes")
     return sentences, pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
 
 
@@ -196,6 +201,27 @@ def nccl_summary(frame: pd.DataFrame) -> pd.DataFrame:
             algbw_max_gbs=("nccl_algbw_max_gbs", "median")).reset_index()
         out = out.merge(stats, on=keys, how="left")
     return out
+
+
+def probe_sentences(probes: pd.DataFrame) -> list[str]:
+    """A probe-only study's answer: per node count, what each EFA count gave against TCP (0 EFA), e.g.
+    "2 nodes: 4 EFA gave 8.2 GB/s avg bus bandwidth (max 12.1), 8.5x TCP"."""
+    if probes.empty or "busbw_avg_gbs" not in probes:
+        return []
+    ok = probes[probes["busbw_avg_gbs"].notna() & (probes["nodes"] > 1)]
+    sentences = []
+    for nodes, rows in ok.groupby("nodes"):
+        rows = rows.groupby("efa_per_node", as_index=False)[["busbw_avg_gbs", "busbw_max_gbs"]].median()
+        tcp = rows[rows["efa_per_node"] == 0]["busbw_avg_gbs"]
+        parts = []
+        for r in rows.sort_values("efa_per_node", ascending=False).itertuples():
+            text = (f"{int(r.efa_per_node)} EFA gave {r.busbw_avg_gbs:.1f} GB/s avg bus bandwidth "
+                    f"(max {r.busbw_max_gbs:.1f})")
+            if r.efa_per_node and not tcp.empty and tcp.iloc[0] > 0:
+                text += f", {r.busbw_avg_gbs / tcp.iloc[0]:.1f}x TCP"
+            parts.append(text)
+        sentences.append(f"{int(nodes)} nodes: " + "; ".join(parts))
+    return sentences
 
 
 def _nics(extras: pd.Series) -> str | None:

@@ -3,19 +3,22 @@ and chromium-driver), screenshot kept, layout asserted from the DOM."""
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
 LAYOUT = """
 const rect = (el) => el.getBoundingClientRect();
 const answer = [...document.querySelectorAll('h2')].find((h) => h.textContent === 'The answer');
 const firstTable = document.querySelector('table');
 const charts = [...document.querySelectorAll('figure svg')];
+const columns = {};
+for (const h of document.querySelectorAll('h2')) {
+  const next = h.nextElementSibling;
+  if (next && next.tagName === 'TABLE') columns[h.textContent] = next.querySelectorAll('thead th').length;
+}
 return {
+  columns: columns,
   answerTop: answer ? rect(answer).top + window.scrollY : null,
   tableTop: firstTable ? rect(firstTable).top + window.scrollY : null,
   text: document.body.innerText,
@@ -26,17 +29,12 @@ return {
 
 
 @pytest.mark.slow
-def test_the_smoke_report_reads_right_in_a_browser(tmp_path: Path) -> None:
+def test_the_smoke_report_reads_right_in_a_browser(smoke_results: Path, tmp_path: Path) -> None:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
     assert chromium and driver_path, "install Debian's chromium and chromium-driver (.ci/run does)"
-    sweep = [sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={tmp_path}", "steps=3",
-             "warmup_steps=1", "axes.gpus_per_node=[2]", "nccl.gpus_per_node=[2]"]
-    assert subprocess.run(sweep, cwd=ROOT, capture_output=True, timeout=1500).returncode == 0
-    assert subprocess.run([sys.executable, "-m", "analysis.report", str(tmp_path / "smoke")], cwd=ROOT,
-                          capture_output=True, timeout=300).returncode == 0
-    page = tmp_path / "smoke" / "report" / "report.html"
+    page = smoke_results / "smoke" / "report" / "report.html"
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000"):
@@ -55,3 +53,7 @@ def test_the_smoke_report_reads_right_in_a_browser(tmp_path: Path) -> None:
         assert marker not in layout["text"], marker
     assert layout["charts"] and all(w > 100 and h > 100 for w, h in layout["charts"])  # every chart drawn
     assert all(layout["images"])
+    wide = {title: n for title, n in layout["columns"].items() if title.startswith(("NCCL", "Communication"))}
+    assert len(wide) == 2 and all(n <= 8 for n in wide.values()), wide  # the rest is in the CSVs
+    predicted = next(n for title, n in layout["columns"].items() if title.startswith("Throughput: predicted"))
+    assert predicted <= 8 and "predicted tokens/s/GPU" in layout["text"] and "largest miss" in layout["text"]

@@ -18,7 +18,9 @@ _TEXT_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("oom", re.compile(r"CUDA out of memory|OutOfMemoryError|oom-kill|OOMKilled|"
                        r"out of memory|Killed process \d+", re.I)),
     ("nccl_error", re.compile(r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|"
-                              r"ncclRemoteError|NCCL WARN .*(?:failed|error)|DistBackendError", re.I)),
+                              r"ncclRemoteError|NCCL WARN .*(?:failed|error)|DistBackendError|"
+                              # gloo's collective timeout (CPU runs): the same failure as NCCL's watchdog
+                              r"Timed out waiting \d+ms for (?:send|recv) operation", re.I)),
     ("rendezvous_error", re.compile(r"RendezvousTimeoutError|RendezvousClosedError|"
                                     r"RendezvousConnectionError|rendezvous.*(?:timed out|failed)|"
                                     r"The server socket has failed to listen|EADDRINUSE|"

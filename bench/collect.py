@@ -2,14 +2,17 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from bench import rundir
 from bench.classify import classify
+from bench.core.records import parse_records
 from bench.core.schema import SUMMARY_COLUMNS, RunSpec, RunSummary
-from bench.launchers.base import TRACE_PREFIX, Outcome
+from bench.launchers.base import PROJECT_ROOT, TRACE_PREFIX, Outcome
 from nccl.records import check_transport, records_from_logs
 
 _LOG_TAIL_BYTES = 64 * 1024
@@ -32,7 +35,7 @@ def log_tail(run_dir_: Path) -> str:
 
 
 def summarize_run(spec: RunSpec, sweep: str, run_dir_: Path, outcome: Outcome, *,
-                  est_mem_gib: float | None, git_rev: str | None, started_at: str) -> RunSummary:
+                  predicted: dict[str, Any], git_rev: str | None, started_at: str) -> RunSummary:
     """Classify the run and lift the steady-state metrics out of its summary record."""
     records = rundir.read_records(run_dir_)
     text = log_tail(run_dir_)
@@ -43,7 +46,7 @@ def summarize_run(spec: RunSpec, sweep: str, run_dir_: Path, outcome: Outcome, *
     summaries = [r for r in records if r["kind"] == "summary"]
     status, error = classify(outcome, summaries, text)
     summary = RunSummary(run_id=spec.run_id, sweep=sweep, status=status, spec=spec, error=error,
-                         run_dir=str(run_dir_), est_mem_gib=est_mem_gib, git_rev=git_rev,
+                         run_dir=str(run_dir_), **predicted, git_rev=git_rev,
                          started_at=started_at, wall_s=outcome.wall_s, queue_s=outcome.queue_s)
     metas = sorted((r for r in records if r["kind"] == "meta"), key=lambda r: r.get("rank", 0))
     source = next((s for s in summaries if s.get("status") == status), summaries[0] if summaries else {})
@@ -62,16 +65,68 @@ def summarize_run(spec: RunSpec, sweep: str, run_dir_: Path, outcome: Outcome, *
         summary.error = f"exit codes {outcome.returncodes}"
     dumps = sorted(run_dir_.glob(f"{TRACE_PREFIX}*"))
     if status != "ok" and dumps:  # the flight recorder's last collectives of each rank say which one lagged
-        summary.error += (f"; NCCL flight recorder: {len(dumps)} rank dumps, read them with "
-                          f"torchfrtrace {run_dir_} --prefix {TRACE_PREFIX}")
         summary.extra["nccl_trace_files"] = [p.name for p in dumps]
+        lagging = status in LAGGING_STATUSES and spec.world_size > 1  # one rank cannot lag behind another
+        found = flight_recorder(run_dir_, spec.world_size) if lagging else None
+        hosts = {m.get("rank"): m.get("host") for m in metas}
+        if found is not None:
+            summary.extra["flight_recorder"] = found
+            summary.error = f"{lagging_ranks(found, hosts)}; {summary.error}"
+        else:
+            summary.error += (f"; NCCL flight recorder: {len(dumps)} rank dumps, read them with "
+                              f"torchfrtrace {run_dir_} --prefix {TRACE_PREFIX}")
     return summary
 
 
-def infeasible_summary(spec: RunSpec, sweep: str, run_dir_: Path, est_mem_gib: float | None,
+LAGGING_STATUSES = ("timeout", "nccl_error")  # a rank late or dead, the others waiting in a collective
+
+
+def flight_recorder(run_dir_: Path, world: int) -> dict[str, Any] | None:
+    """torch's flight-recorder analysis of the run's dumps (`python -m trainer.flight`, a worker command:
+    bench never imports torch); None where it cannot run here."""
+    argv = [sys.executable, "-m", "trainer.flight", str(run_dir_), "--prefix", TRACE_PREFIX,
+            "--world", str(world)]
+    try:
+        proc = subprocess.run(argv, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return next((r for r in parse_records(proc.stdout.splitlines()) if r["kind"] == "flight"), None)
+
+
+def _ranks(ranks: list[int], hosts: dict[Any, Any]) -> str:
+    named = [f"{r} ({hosts[r]})" if hosts.get(r) else str(r) for r in ranks]
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(named)}"
+
+
+def lagging_ranks(found: dict[str, Any], hosts: dict[Any, Any]) -> str:
+    """The flight recorder's answer in one clause: who did not reach which collective, and what the dumps
+    could not tell (missing or unreadable dumps, ranks that disagree)."""
+    c = found.get("collective")
+    if c and c.get("missing_ranks"):
+        waiting = sorted(set(c["expected_ranks"]) - set(c["missing_ranks"]))
+        text = (f"flight recorder: {_ranks(c['missing_ranks'], hosts)} never reached {c['op']} #{c['seq']} "
+                f"(sizes {c['sizes']}) that {_ranks(waiting, hosts)} waited in")
+    elif c:
+        text = f"flight recorder: the ranks disagree at {c['op']} #{c['seq']} ({c.get('mismatch')})"
+    elif found.get("analyzer_error"):
+        text = f"flight recorder: the dumps could not be matched ({found['analyzer_error']})"
+    elif found.get("missing_dumps") or found.get("unreadable"):
+        text = (f"flight recorder: incomplete: the dumps of {_ranks(found.get('dumps', []), hosts)} show no "
+                "collective another rank missed")
+    else:
+        text = (f"flight recorder: every rank joined every recorded collective (last "
+                f"#{found.get('last_matched_seq')}): the dumps name no lagging rank")
+    if found.get("missing_dumps"):
+        text += f"; {_ranks(found['missing_dumps'], hosts)} left no dump"
+    for rank, why in found.get("unreadable", {}).items():
+        text += f"; rank {rank}'s dump is unreadable ({why})"
+    return text
+
+
+def infeasible_summary(spec: RunSpec, sweep: str, run_dir_: Path, predicted: dict[str, Any],
                        reason: str | None) -> RunSummary:
     return RunSummary(run_id=spec.run_id, sweep=sweep, status="infeasible", spec=spec, error=reason,
-                      run_dir=str(run_dir_), est_mem_gib=est_mem_gib)
+                      run_dir=str(run_dir_), **predicted)
 
 
 def results_frame(sweep_dir: Path) -> Any:

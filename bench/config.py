@@ -81,6 +81,9 @@ class LauncherConfig:
 
     name: str = MISSING  # local, dryrun, slurm or kubernetes
     timeout_s: float = 900  # run time, counted from when the job really runs; past it: timeout
+    # a collective that waits longer fails the run (NCCL's watchdog, gloo's timeout) and its ranks leave
+    # flight-recorder dumps naming who lagged; None = 2/3 of timeout_s, so it fires before the harness's
+    collective_timeout_s: float | None = None
     queue_timeout_s: float = 6 * 3600  # time a job may wait in the scheduler's queue; past it: launch_error
     grace_s: float = 10  # SIGTERM (or delete) -> SIGKILL
     poll_s: float = 0.2
@@ -139,6 +142,17 @@ class MicroBatchSearch:
 
 
 @dataclass
+class MemoryConfig:
+    """How the planner knows each run's memory before launch (bench/memory.py): the worker's own step on
+    fake tensors, per distinct configuration, cached; the analytic estimate where that cannot run."""
+
+    measure: bool = True  # false: the analytic estimate only (instant, within tens of percent)
+    cache_dir: str | None = None  # None = $XDG_CACHE_HOME/fsdpbench, else ~/.cache/fsdpbench
+    workers: int = 2  # measuring processes side by side (each holds ~0.5 GiB; no GPU needed)
+    timeout_s: float = 900  # per configuration; past it that run is planned on the analytic estimate
+
+
+@dataclass
 class FaultRule:
     """Test hook: inject a worker fault into the runs whose spec matches every key of `match`."""
 
@@ -146,6 +160,7 @@ class FaultRule:
     fault: str = MISSING  # one of bench.core.schema.FAULTS
     step: int = 1
     seconds: float = 0.0  # fault sleep: how long the worker sleeps instead of working
+    rank: int | None = None  # only this global rank (a lagging rank); None = every rank
 
 
 @dataclass
@@ -166,6 +181,7 @@ class SweepConfig:
     seed: int = 0
     nccl: NcclSweepConfig = field(default_factory=NcclSweepConfig)
     micro_batch_search: MicroBatchSearch = field(default_factory=MicroBatchSearch)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
     faults: list[FaultRule] = field(default_factory=list)
     cluster: ClusterConfig = MISSING
     launcher: LauncherConfig = MISSING
@@ -318,3 +334,10 @@ def validate(cfg: SweepConfig) -> None:
     _positive("micro_batch_search.steps", search.steps)
     if not 0 <= search.warmup_steps < search.steps:
         raise ConfigError("micro_batch_search: need 0 <= warmup_steps < steps")
+    _positive("launcher.collective_timeout_s", cfg.launcher.collective_timeout_s, "number")
+    if (cfg.launcher.collective_timeout_s or 0) >= cfg.launcher.timeout_s:
+        raise ConfigError(f"launcher.collective_timeout_s={cfg.launcher.collective_timeout_s:g} must be "
+                          f"below launcher.timeout_s={cfg.launcher.timeout_s:g}: a hung collective must fail "
+                          "(and dump) before the harness stops the run")
+    _positive("memory.workers", cfg.memory.workers)
+    _positive("memory.timeout_s", cfg.memory.timeout_s, "number")

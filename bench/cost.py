@@ -1,37 +1,36 @@
 """What a sweep will cost before it launches: instance-hours, GPU-hours and dollars from the price table.
 
-A run's time is estimated as a fixed start-up (launch, rendezvous, model materialisation, which dominate
-short benchmark runs) plus its steps at an assumed MFU against the GPU's dense peak. Both assumptions
-are printed with the figure, and the timeout gives a hard upper bound that assumes nothing.
+A run's time is a fixed start-up (launch, rendezvous, model materialisation, which dominate short benchmark
+runs) plus its steps at the step time the performance model predicts (bench/perf.py). The timeout gives a
+hard upper bound that assumes nothing.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from bench.config import ClusterConfig
-from bench.core.flops import hardware_flops_per_token
-from bench.core.hardware import peak_tflops
-from bench.core.models import get_arch
-from bench.core.schema import RunSpec
+from bench.plan import PlannedRun
 
-ASSUMED_MFU = 0.40  # typical FSDP MFU on H100/A100 for 7B-70B Llama (the goal in the trainer issue is 0.45)
-STARTUP_S = 120.0
+STARTUP_S = 120.0  # scheduling, image start, rendezvous and materialisation of a cluster job
+LOCAL_STARTUP_S = 8.0  # torchrun on this machine (the smoke sweep's runs: 2-11 s each, steps included)
 PROBE_S = 60.0  # an all-reduce size sweep after start-up
 
 
-def estimated_seconds(spec: RunSpec, gpu: str | None, *, mfu: float = ASSUMED_MFU,
-                      startup_s: float = STARTUP_S) -> float | None:
-    """Wall time of one run; None where no GPU peak is known (CPU clusters)."""
-    if spec.kind == "nccl":
-        return startup_s + PROBE_S
-    peak = peak_tflops(gpu, spec.precision) if gpu else None
-    if peak is None:
+def overhead_s(launcher: str, kind: str = "train") -> float:
+    """What a run costs beyond its steps: a cluster job's start-up (and a probe's size sweep); on this
+    machine, a torchrun's."""
+    if launcher in ("local", "dryrun"):
+        return LOCAL_STARTUP_S
+    return STARTUP_S + (PROBE_S if kind == "nccl" else 0.0)
+
+
+def estimated_seconds(planned: PlannedRun, launcher: str) -> float | None:
+    """Wall time of one run; None where nothing predicts its steps (GPUs the cluster file does not name)."""
+    if planned.spec.kind == "nccl":
+        return overhead_s(launcher, "nccl")
+    if planned.perf is None:
         return None
-    tokens_per_step = spec.world_size * spec.micro_batch * spec.seq_len
-    flops_per_step = hardware_flops_per_token(get_arch(spec.model), spec.seq_len, spec.activation_checkpointing) \
-        * tokens_per_step
-    step_s = flops_per_step / (spec.world_size * peak * 1e12 * mfu)
-    return startup_s + spec.steps * step_s
+    return overhead_s(launcher) + planned.spec.steps * planned.perf.step_time_s
 
 
 @dataclass(frozen=True)
@@ -42,6 +41,7 @@ class PlanCost:
     usd: float | None  # None without a price
     usd_at_timeout: float | None  # every run reaching its timeout: the bound that assumes nothing
     price_per_hour: float | None
+    overhead_s: float = STARTUP_S  # per run, beyond its steps
 
     def line(self, cluster: str) -> str:
         hours = (f"{self.gpu_hours:,.1f} GPU-hours ({self.instance_hours:,.2f} instance-hours)"
@@ -50,7 +50,7 @@ class PlanCost:
             return f"cost estimate: {hours}; no price_per_hour for {cluster} (set cluster.price_per_hour=USD)"
         usd = f"${self.usd:,.2f}" if self.usd is not None else "$?"
         return (f"cost estimate: {hours}, {usd} at ${self.price_per_hour:g}/h per {cluster} instance "
-                f"(assumes {ASSUMED_MFU:.0%} MFU + {STARTUP_S:.0f} s start-up per run); "
+                f"(predicted step times + {self.overhead_s:.0f} s start-up per run); "
                 f"at most ${self.usd_at_timeout:,.2f} if every run hit its timeout")
 
 
@@ -58,13 +58,16 @@ def _usd(instance_s: float | None, price: float | None) -> float | None:
     return None if instance_s is None or price is None else instance_s / 3600 * price
 
 
-def plan_cost(specs: list[RunSpec], cluster: ClusterConfig, timeout_s: float) -> PlanCost:
-    """Cost of launching these runs (infeasible ones excluded by the caller) on this cluster."""
-    seconds = [estimated_seconds(s, cluster.gpu) for s in specs]
-    known = None not in seconds
+def plan_cost(planned: list[PlannedRun], cluster: ClusterConfig, timeout_s: float, launcher: str) -> PlanCost:
+    """Cost of launching these runs (infeasible ones excluded by the caller) on this cluster; GPU-hours only
+    for a cluster that names its GPU."""
+    specs = [p.first_spec for p in planned]
+    seconds = [estimated_seconds(p, launcher) for p in planned]
+    known = None not in seconds and cluster.gpu is not None
     instance_s = sum(s.nodes * t for s, t in zip(specs, seconds)) if known else None  # type: ignore[operator]
     gpu_s = sum(s.world_size * t for s, t in zip(specs, seconds)) if known else None  # type: ignore[operator]
     price = cluster.price_per_hour
     return PlanCost(runs=len(specs), instance_hours=None if instance_s is None else instance_s / 3600,
                     gpu_hours=None if gpu_s is None else gpu_s / 3600, usd=_usd(instance_s, price),
-                    usd_at_timeout=_usd(sum(s.nodes for s in specs) * timeout_s, price), price_per_hour=price)
+                    usd_at_timeout=_usd(sum(s.nodes for s in specs) * timeout_s, price), price_per_hour=price,
+                    overhead_s=overhead_s(launcher))

@@ -20,12 +20,7 @@ def parse_nvidia_smi_list(text: str) -> list[tuple[str, str]]:
     return [(m.group(1), m.group(2)) for line in text.splitlines() if (m := _GPU_LINE.match(line.rstrip()))]
 
 
-def local_gpus(env: Mapping[str, str] | None = None) -> list[str]:
-    """Device ids (as CUDA_VISIBLE_DEVICES takes them) the sweep may give its runs on this machine."""
-    env = os.environ if env is None else env
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return [v.strip() for v in visible.split(",") if v.strip() and v.strip() != "-1"]
+def _nvidia_smi_list(env: Mapping[str, str]) -> list[tuple[str, str]]:
     smi = shutil.which("nvidia-smi", path=env.get("PATH"))
     if smi is None:
         return []
@@ -33,7 +28,22 @@ def local_gpus(env: Mapping[str, str] | None = None) -> list[str]:
         proc = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return []
-    return [index for index, _ in parse_nvidia_smi_list(proc.stdout)] if proc.returncode == 0 else []
+    return parse_nvidia_smi_list(proc.stdout) if proc.returncode == 0 else []
+
+
+def local_gpus(env: Mapping[str, str] | None = None) -> list[str]:
+    """Device ids (as CUDA_VISIBLE_DEVICES takes them) the sweep may give its runs on this machine."""
+    env = os.environ if env is None else env
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [v.strip() for v in visible.split(",") if v.strip() and v.strip() != "-1"]
+    return [index for index, _ in _nvidia_smi_list(env)]
+
+
+def local_gpu_name(env: Mapping[str, str] | None = None) -> str | None:
+    """The name nvidia-smi gives this machine's first GPU (e.g. 'NVIDIA H100 80GB HBM3'); None without one."""
+    listed = _nvidia_smi_list(os.environ if env is None else env)
+    return listed[0][1] if listed else None
 
 
 def agent_devices(world_size: int, nodes: int, gpus: list[str]) -> list[str] | None:

@@ -41,7 +41,7 @@ def ingest(paths: list[Path], sweep_dir: Path, *, nodes: int, gpus_per_node: int
         attempt = rundir.attempt_dir(run_dir, 1)
         rundir.record_attempt(run_dir, attempt=1, launcher="ingest", source=str(path))
         rundir.atomic_write_text(rundir.log_path(attempt, path.stem), text)
-        summary = summarize_run(spec, sweep_dir.name, attempt, Outcome(returncodes=[0]), est_mem_gib=None,
+        summary = summarize_run(spec, sweep_dir.name, attempt, Outcome(returncodes=[0]), predicted={},
                                 git_rev=None, started_at=dt.datetime.now(dt.timezone.utc).isoformat())
         summary.attempt = 1
         rundir.write_summary(run_dir, summary)

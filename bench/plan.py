@@ -1,40 +1,62 @@
 """Expand a sweep into frozen RunSpecs: cartesian product of the axes, minus exclusions, plus probes.
 
-Every training run gets a per-GPU memory estimate; runs that cannot fit the cluster's GPUs are planned
-as infeasible (recorded, never launched).
+Every training run gets a per-GPU memory figure (bench/memory.py: measured on fake tensors where the sweep
+measures, else the analytic estimate); runs that cannot fit the cluster's GPUs are planned as infeasible
+(recorded, never launched).
 """
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from bench.config import AUTO, AXES, ConfigError, SweepConfig
-from bench.core.flops import estimate_memory
-from bench.core.models import get_arch
 from bench.core.schema import RunSpec
+from bench.memory import MemoryFigure, analytic
+from bench.perf import Prediction, Predictor
 
-FEASIBLE_FRACTION = 0.95  # leave allocator fragmentation headroom
 HOST_FRACTION = 0.8  # offload=cpu: host memory also holds the OS, the workers and pinned staging buffers
+
+
+class MemorySource(Protocol):
+    """Where the plan's memory figures come from (bench.memory.MemoryPlanner measures them)."""
+
+    def prefetch(self, specs: list[RunSpec]) -> None: ...
+
+    def figure(self, spec: RunSpec) -> MemoryFigure: ...
 
 
 @dataclass(frozen=True)
 class PlannedRun:
     spec: RunSpec
-    est_mem_gib: float | None
+    memory: MemoryFigure | None  # training runs: for the first micro batch that launches
     feasible: bool
     reason: str | None = None  # why infeasible
     micro_batch_start: int | None = None  # micro_batch auto: where the search starts
+    perf: Prediction | None = None  # bench/perf.py: step time, tokens/s/GPU, MFU (of first_spec)
+    pred_efficiency: float | None = None  # against the smallest feasible planned node count of its config
 
     @property
     def first_spec(self) -> RunSpec:
         """What launches first: the spec itself, or an auto run's first micro batch to try."""
         return replace(self.spec, micro_batch=self.micro_batch_start) if self.micro_batch_start else self.spec
 
+    def predicted(self) -> dict[str, Any]:
+        """What the plan said before the run: the results table's est_/pred_ columns."""
+        m, perf = self.memory, self.perf
+        out: dict[str, Any] = {}
+        if m:
+            out |= {"est_mem_gib": m.analytic_gib, "pred_mem_gib": m.gpu_gib, "pred_mem_source": m.source}
+        if perf:
+            out |= {**perf.fields(), "pred_scaling_efficiency": self.pred_efficiency}
+        return out
+
     def row(self) -> dict[str, Any]:
+        m = self.memory
         return {"run_id": self.spec.run_id, "label": self.spec.label, **self.spec.to_dict(),
-                "est_mem_gib": self.est_mem_gib, "feasible": self.feasible, "reason": self.reason,
-                "micro_batch_start": self.micro_batch_start}
+                **self.predicted(), "pred_host_gib": m.host_gib if m else None,
+                "need_mem_gib": m.need_gib(self.first_spec) if m else None, "mem_note": m.note if m else None,
+                "feasible": self.feasible, "reason": self.reason, "micro_batch_start": self.micro_batch_start}
 
 
 def _matches(point: dict[str, Any], rule: dict[str, Any]) -> bool:
@@ -68,36 +90,47 @@ def _spec(cfg: SweepConfig, point: dict[str, Any], repeat: int, **override: Any)
         raise ConfigError(f"run {point}: {e}") from None
 
 
-def feasibility(cfg: SweepConfig, spec: RunSpec) -> tuple[float, bool, str | None]:
-    """Memory estimate per GPU (GiB), whether it fits the cluster's GPUs, and why not."""
-    est = estimate_memory(get_arch(spec.model), sharding=spec.sharding, precision=spec.precision,
-                          ac=spec.activation_checkpointing, wrap_policy=spec.wrap_policy,
-                          nodes=spec.nodes, gpus_per_node=spec.gpus_per_node,
-                          micro_batch=spec.micro_batch, seq_len=spec.seq_len, offload=spec.offload,
-                          overhead_gib=0.0 if cfg.cluster.gpu_memory_gib is None else 2.0)
-    host, host_limit = est.host * spec.gpus_per_node / 2**30, cfg.cluster.host_memory_gib
+def feasibility(cfg: SweepConfig, spec: RunSpec, memory: MemorySource | None = None
+                ) -> tuple[MemoryFigure, bool, str | None]:
+    """The run's memory figure, whether it fits the cluster's GPUs (and host, under offload), and why not."""
+    figure = memory.figure(spec) if memory else analytic(spec, None)
+    host, host_limit = figure.host_gib * spec.gpus_per_node, cfg.cluster.host_memory_gib
     if host_limit is not None and host > HOST_FRACTION * host_limit:
-        return est.total_gib, False, (f"offload: estimated {host:.0f} GiB of host memory per node > "
-                                      f"{HOST_FRACTION:.0%} of {host_limit:g} GiB")
-    limit = cfg.cluster.gpu_memory_gib
-    if limit is not None and est.total_gib > FEASIBLE_FRACTION * limit:
-        return est.total_gib, False, (f"estimated {est.total_gib:.1f} GiB/GPU > {FEASIBLE_FRACTION:.0%} of "
-                                      f"{limit:g} GiB (states {est.states / 2**30:.1f}, activations "
-                                      f"{est.activations / 2**30:.1f})")
-    return est.total_gib, True, None
+        return figure, False, (f"offload: {figure.source} {host:.0f} GiB of host memory per node > "
+                               f"{HOST_FRACTION:.0%} of {host_limit:g} GiB")
+    limit, need = cfg.cluster.gpu_memory_gib, figure.need_gib(spec)
+    if limit is not None and need > limit:
+        measured = f"{figure.source} peak {figure.gpu_gib:.1f} GiB"
+        parts = ", ".join(f"{k} {v:.1f}" for k, v in sorted(figure.categories.items(), key=lambda kv: -kv[1]))
+        detail = f": {parts}" if parts else ""
+        note = f"; {figure.note}" if figure.note else ""
+        return figure, False, f"needs {need:.1f} GiB/GPU > {limit:g} ({measured}{detail}; + headroom){note}"
+    return figure, True, None
 
 
-def auto_start(cfg: SweepConfig, spec: RunSpec) -> tuple[int, float, bool, str | None]:
-    """micro_batch auto: the largest power of two up to micro_batch_search.max whose estimate fits.
+def auto_start(cfg: SweepConfig, spec: RunSpec, memory: MemorySource | None = None
+               ) -> tuple[int, MemoryFigure, bool, str | None]:
+    """micro_batch auto: the largest power of two up to micro_batch_search.max that fits, by bisection over
+    the exponents (memory grows with the micro batch).
 
-    Returns (start, estimate at start, feasible, reason): infeasible when not even 1 fits.
+    Returns (start, its figure, feasible, reason): infeasible when not even 1 fits.
     """
-    m = 1 << (cfg.micro_batch_search.max.bit_length() - 1)
-    while True:
-        est, ok, reason = feasibility(cfg, replace(spec, micro_batch=m))
-        if ok or m == 1:
-            return m, est, ok, reason
-        m //= 2
+    def fits(exponent: int) -> tuple[MemoryFigure, bool, str | None]:
+        return feasibility(cfg, replace(spec, micro_batch=1 << exponent), memory)
+
+    low, high = 0, cfg.micro_batch_search.max.bit_length() - 1  # 2**high <= max
+    figure, ok, reason = fits(low)
+    if not ok:
+        return 1, figure, False, reason
+    best = (low, figure)
+    while low < high:
+        mid = (low + high + 1) // 2
+        figure, ok, _ = fits(mid)
+        if ok:
+            low, best = mid, (mid, figure)
+        else:
+            high = mid - 1
+    return 1 << best[0], best[1], True, None
 
 
 def _probe_specs(cfg: SweepConfig) -> list[RunSpec]:
@@ -111,22 +144,31 @@ def _probe_specs(cfg: SweepConfig) -> list[RunSpec]:
             for n in nodes for g in gpus for e in efas for r in range(cfg.repeats)]
 
 
-def expand(cfg: SweepConfig) -> list[PlannedRun]:
-    """The plan: training runs (with estimates) then all-reduce probes; duplicates removed."""
-    plan: list[PlannedRun] = []
+def expand(cfg: SweepConfig, memory: MemorySource | None = None,
+           predictor: Predictor | None = None) -> list[PlannedRun]:
+    """The plan: training runs (each with its memory figure and performance prediction) then all-reduce
+    probes; duplicates removed. Without a memory source every figure is the analytic estimate (instant);
+    with one, every distinct configuration is measured (in parallel, cached) before the runs are judged.
+    Predictions use the cluster's published network figures unless the predictor holds the study's probes."""
+    specs: list[RunSpec] = []
     seen: set[str] = set()
     for point in _train_points(cfg):
         for repeat in range(cfg.repeats):
             spec = _spec(cfg, point, repeat)
-            if spec.run_id in seen:
-                continue
-            seen.add(spec.run_id)
-            if spec.auto_micro_batch:
-                start, est, ok, reason = auto_start(cfg, spec)
-                plan.append(PlannedRun(spec, est, ok, reason, micro_batch_start=start))
-            else:
-                est, ok, reason = feasibility(cfg, spec)
-                plan.append(PlannedRun(spec, est, ok, reason))
+            if spec.run_id not in seen:
+                seen.add(spec.run_id)
+                specs.append(spec)
+    if memory:
+        memory.prefetch([s for s in specs if not s.auto_micro_batch])
+    plan: list[PlannedRun] = []
+    for spec in specs:
+        if spec.auto_micro_batch:
+            start, figure, ok, reason = auto_start(cfg, spec, memory)
+            plan.append(PlannedRun(spec, figure, ok, reason, micro_batch_start=start))
+        else:
+            figure, ok, reason = feasibility(cfg, spec, memory)
+            plan.append(PlannedRun(spec, figure, ok, reason))
+    plan = with_predictions(plan, predictor or Predictor(cfg))
     for spec in _probe_specs(cfg):
         if spec.run_id not in seen:
             seen.add(spec.run_id)
@@ -134,3 +176,28 @@ def expand(cfg: SweepConfig) -> list[PlannedRun]:
     if not plan:
         raise ConfigError("the sweep plans no runs: check axes and exclude rules")
     return plan
+
+
+def _config(spec: RunSpec) -> tuple[Any, ...]:
+    """What scaling efficiency compares across node counts (analysis/scaling.py's CONFIG)."""
+    return tuple(v for k, v in spec.to_dict().items()
+                 if k not in ("nodes", "repeat", "steps", "warmup_steps"))
+
+
+def with_predictions(plan: list[PlannedRun], predictor: Predictor) -> list[PlannedRun]:
+    """Each feasible run's predicted step, and its efficiency against the smallest feasible planned node
+    count of the same configuration (infeasible runs are never measured, so never a base)."""
+    perf = {p.spec.run_id: predictor.predict(p.first_spec) for p in plan}
+    base: dict[tuple[Any, ...], tuple[int, float]] = {}
+    for p in plan:
+        if p.feasible and (pred := perf[p.spec.run_id]):
+            key = _config(p.first_spec)
+            if key not in base or p.spec.nodes < base[key][0]:
+                base[key] = (p.spec.nodes, pred.tokens_per_s_per_gpu)
+    out = []
+    for p in plan:
+        pred = perf[p.spec.run_id]
+        anchor = base.get(_config(p.first_spec)) if pred else None
+        efficiency = pred.tokens_per_s_per_gpu / anchor[1] if anchor else None
+        out.append(replace(p, perf=pred, pred_efficiency=efficiency))
+    return out

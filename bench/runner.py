@@ -31,7 +31,9 @@ from bench.config import SweepConfig
 from bench.core.schema import RETRYABLE_STATUSES, RunSpec, RunSummary
 from bench.cost import estimated_seconds
 from bench.launchers.base import DONE, PROJECT_ROOT, RUNNING, Launcher, Outcome
-from bench.plan import PlannedRun, feasibility
+from bench.memory import analytic
+from bench.perf import Predictor
+from bench.plan import PlannedRun
 from bench.progress import Progress
 
 SEARCH_DIR = "search"  # an auto micro batch run's trials: <run dir>/search/mb<N>/
@@ -67,7 +69,7 @@ def node_budget(cfg: SweepConfig) -> int | None:
 
 def as_job(cfg: SweepConfig, planned: PlannedRun) -> schedule.Job:
     spec = planned.spec
-    seconds = estimated_seconds(spec, cfg.cluster.gpu)
+    seconds = estimated_seconds(planned, cfg.launcher.name)
     return schedule.Job(spec.run_id, spec.nodes, spec.kind == "nccl", seconds)
 
 
@@ -151,7 +153,7 @@ def _admit(sweep: _Sweep, plan: list[PlannedRun]) -> list[PlannedRun]:
         if planned.feasible:
             todo.append(planned)
         else:
-            sweep.end(planned, infeasible_summary(planned.spec, sweep.cfg.sweep_name, rd, planned.est_mem_gib,
+            sweep.end(planned, infeasible_summary(planned.spec, sweep.cfg.sweep_name, rd, planned.predicted(),
                                                   planned.reason))
     by_id = {p.spec.run_id: p for p in todo}
     return [by_id[job.key] for job in schedule.order([as_job(sweep.cfg, p) for p in todo])]
@@ -216,7 +218,7 @@ def _attempt(sweep: _Sweep, planned: PlannedRun, rd: Path) -> RunSteps:
         if handle is not None:
             _cleanup(launcher, handle, rd, attempt)
     rundir.record_attempt(rd, attempt=attempt, ended_at=_now())
-    summary = summarize_run(spec, cfg.sweep_name, ad, outcome, est_mem_gib=planned.est_mem_gib,
+    summary = summarize_run(spec, cfg.sweep_name, ad, outcome, predicted=planned.predicted(),
                             git_rev=sweep.rev, started_at=started)
     summary.run_dir, summary.attempt = str(rd), attempt
     return summary
@@ -317,7 +319,9 @@ def _search_micro_batch(sweep: _Sweep, planned: PlannedRun, rd: Path) -> RunStep
         m //= 2
     if last is not None and last.status == "ok":
         final = replace(spec, micro_batch=trials[-1]["micro_batch"])
-        summary = yield from _attempt(sweep, PlannedRun(final, feasibility(cfg, final)[0], True), rd)
+        found = planned if final == planned.first_spec else PlannedRun(
+            final, analytic(final, "below the planned start"), True, perf=Predictor(cfg).predict(final))
+        summary = yield from _attempt(sweep, replace(found, spec=final), rd)
     else:  # every size ran out of memory, another failure, or a stop: the run ends as its last trial did
         summary = last or RunSummary(run_id=spec.run_id, sweep=cfg.sweep_name, status="cancelled", spec=spec,
                                      error="stopped before the micro batch search began")

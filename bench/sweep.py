@@ -10,6 +10,7 @@ stderr, nothing launched).
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,9 @@ from bench import rundir, schedule
 from bench.config import ConfigError, SweepConfig, from_dict, omegaconf_message, register_schema
 from bench.cost import plan_cost
 from bench.launchers.base import PROJECT_ROOT
+from bench.memory import (CUDA_CONTEXT_GIB, FRAGMENTATION, MEASURE_OFF, NCCL_GIB_PER_COMMUNICATOR,
+                          MemoryPlanner)
+from bench.perf import Predictor, sweep_probes
 from bench.plan import PlannedRun, expand
 
 CONFIG_DIR = PROJECT_ROOT / "sweeps"
@@ -79,16 +83,49 @@ def make_launcher(cfg: SweepConfig) -> Any:
     return KubernetesLauncher(cfg)
 
 
+PLAN_MEMORY = (f"memory per GPU in GiB: the analytic estimate, the peak measured on fake tensors, and what "
+               f"the run needs (measured x {1 + FRAGMENTATION:g} allocator, + {CUDA_CONTEXT_GIB:g} CUDA "
+               f"context, + {NCCL_GIB_PER_COMMUNICATOR:g} per NCCL communicator); host: offloaded state per "
+               "GPU")
+
+
+def _gib(value: float) -> str:
+    return f"{value:.1f}" if value >= 10 else f"{value:.3g}"
+
+
+PLAN_PERF = ("predicted (bench/perf.py): tokens/s per GPU, MFU, scaling efficiency against the smallest "
+             "planned node count of the same configuration, and what bounds the step")
+
+
+def _perf_cells(p: PlannedRun) -> list[str]:
+    perf = p.perf
+    if perf is None or not p.feasible:
+        return ["-"] * 4
+    return [f"{perf.tokens_per_s_per_gpu:,.0f}", f"{perf.mfu:.2f}" if perf.mfu is not None else "-",
+            f"{p.pred_efficiency:.0%}" if p.pred_efficiency is not None else "-", perf.bound.split("-")[0]]
+
+
 def format_plan(plan: list[PlannedRun]) -> str:
-    rows = [("run", "id", "est GiB/GPU", "status")]
+    rows = [("run", "id", "analytic", "measured", "need", "host", "tok/s/GPU", "MFU", "eff", "bound",
+             "status")]
     for p in plan:
-        est = f"{p.est_mem_gib:.1f}" if p.est_mem_gib is not None else "-"
+        m = p.memory
         status = "planned" if p.feasible else f"infeasible: {p.reason}"
         if p.micro_batch_start and p.feasible:
             status += f" (micro batch search from {p.micro_batch_start})"
-        rows.append((p.spec.label, p.spec.run_id, est, status))
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]}" for r in rows)
+        if m and m.note and p.feasible and m.note != MEASURE_OFF:
+            status += f" ({m.source}: {m.note})"
+        cells = ([_gib(m.analytic_gib), _gib(m.gpu_gib) if m.source == "measured" else "-",
+                  _gib(m.need_gib(p.first_spec)), _gib(m.host_gib) if m.host_gib else "-"] if m
+                 else ["-"] * 4)
+        rows.append((p.spec.label, p.spec.run_id, *cells, *_perf_cells(p), status))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    lines = ["  ".join([r[0].ljust(widths[0]), r[1].ljust(widths[1]),
+                        *(c.rjust(w) for c, w in zip(r[2:-1], widths[2:])), r[-1]]) for r in rows]
+    networks = sorted({p.perf.network.source for p in plan if p.perf and p.feasible})
+    off = [f"memory: the analytic estimate only ({MEASURE_OFF})"] if any(
+        p.memory and p.memory.note == MEASURE_OFF for p in plan) else []
+    return "\n".join([PLAN_MEMORY, *off, PLAN_PERF, *(f"network: {n}" for n in networks), *lines])
 
 
 def write_plan(sweep_dir: Path, plan: list[PlannedRun], yaml_text: str) -> None:
@@ -98,14 +135,13 @@ def write_plan(sweep_dir: Path, plan: list[PlannedRun], yaml_text: str) -> None:
 
 
 def render_all(launcher: Any, plan: list[PlannedRun], sweep_dir: Path, admit: bool) -> None:
-    """Render every run once before anything is written or launched (rendering is pure and cheap), and let
-    the scheduler judge it where it can without running it (Kubernetes server-side dry run): a value only
-    a launcher can judge (a path outside the container's mounts, a manifest the CRD or a webhook refuses)
-    is one ConfigError now, not a launch_error per run later."""
+    """Render every run once before anything is measured, written or launched (rendering is pure and
+    cheap), and let the scheduler judge it where it can without running it (Kubernetes server-side dry
+    run): a value only a launcher can judge (a path outside the container's mounts, a manifest the CRD or a
+    webhook refuses) is one ConfigError now, not after minutes of memory measurement or as a launch_error
+    per run later. Runs the analytic estimate rejects are judged too: measured, they may fit."""
     check = getattr(launcher, "admit", None) if admit else None
     for p in plan:
-        if not p.feasible:
-            continue
         submission = launcher.render(p.spec, rundir.run_dir(sweep_dir, p.spec))
         if check:
             check(submission)
@@ -129,13 +165,24 @@ def schedule_line(cfg: SweepConfig, plan: list[PlannedRun]) -> str:
     budget = node_budget(cfg)
     where = f"{budget} nodes in flight" if budget is not None else "one run at a time"
     if not jobs or any(j.seconds is None for j in jobs):
-        return f"schedule: {where}; no run-time estimate for {cfg.cluster.name} (no GPU peak)"
+        return (f"schedule: {where}; no run-time estimate for {cfg.cluster.name} (no prediction without a "
+                "named GPU: set cluster.gpu)")
     span = schedule.makespan(jobs, budget, cfg.launcher.probes_alone)
     held = (budget or max(j.nodes for j in jobs)) * span / 3600
     used = sum(j.nodes * (j.seconds or 0) for j in jobs) / 3600
     one_by_one = sum(j.seconds or 0 for j in jobs) / 3600
     return (f"schedule: {where}, estimated makespan {span / 3600:.2f} h (one run at a time: {one_by_one:.2f} h); "
             f"cluster held {held:,.1f} node-hours for {used:,.1f} node-hours of runs ({used / held:.0%} busy)")
+
+
+def _make_sweep_dir(sweep_dir: Path) -> None:
+    """The first write, once everything is validated and before minutes of planning: an unwritable
+    results_root is one line now."""
+    try:
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot create the sweep dir {sweep_dir}: {e.strerror} (set results_root to a "
+                          "writable directory)") from None
 
 
 def _exit_status(sweep_dir: Path, plan: list[PlannedRun]) -> int:
@@ -165,29 +212,30 @@ def main(argv: list[str] | None = None) -> int:
             print(yaml_text)
             return 0
         cfg = from_dict(raw)
-        plan = expand(cfg)
+        started = time.perf_counter()
         launcher = make_launcher(cfg)
         sweep_dir = Path(cfg.results_root) / cfg.sweep_name
-        if not (cfg.dry_run or cfg.launcher.name == "dryrun"):
-            launcher_check = getattr(launcher, "preflight", None)
-            if launcher_check:
-                launcher_check()
-        render_all(launcher, plan, sweep_dir, admit=not (cfg.dry_run or cfg.launcher.name == "dryrun"))
+        launching = not (cfg.dry_run or cfg.launcher.name == "dryrun")
+        if launching and (launcher_check := getattr(launcher, "preflight", None)):
+            launcher_check()
+        render_all(launcher, expand(cfg), sweep_dir, admit=launching)  # every value judged before measuring
+        _make_sweep_dir(sweep_dir)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_CONFIG
     try:
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        print(f"error: cannot create the sweep dir {sweep_dir}: {e.strerror} (set results_root to a writable "
-              "directory)", file=sys.stderr)
-        return EXIT_CONFIG
-    try:
         with rundir.locked(sweep_dir):
+            memory = MemoryPlanner(cfg)
+            plan = expand(cfg, memory, Predictor(cfg, sweep_probes(sweep_dir)))
+            print(f"planned in {time.perf_counter() - started:.1f} s; {memory.summary()}")
             return _plan_and_launch(cfg, plan, launcher, sweep_dir, yaml_text)
     except rundir.SweepDirBusy as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_CONFIG
+    except KeyboardInterrupt:  # while measuring memory (the runs' own Ctrl-C is handled by the runner)
+        print("interrupted while measuring memory: nothing was launched; measured configurations are cached",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def _plan_and_launch(cfg: SweepConfig, plan: list[PlannedRun], launcher: Any, sweep_dir: Path,
@@ -196,7 +244,7 @@ def _plan_and_launch(cfg: SweepConfig, plan: list[PlannedRun], launcher: Any, sw
     infeasible = sum(not p.feasible for p in plan)
     print(f"sweep {cfg.sweep_name}: {len(plan)} runs planned ({infeasible} infeasible) on {cfg.cluster.name} "
           f"with launcher {cfg.launcher.name} -> {sweep_dir}")
-    cost = plan_cost([p.first_spec for p in plan if p.feasible], cfg.cluster, cfg.launcher.timeout_s)
+    cost = plan_cost([p for p in plan if p.feasible], cfg.cluster, cfg.launcher.timeout_s, cfg.launcher.name)
     print(cost.line(cfg.cluster.name))
     print(schedule_line(cfg, plan))
     if note := getattr(launcher, "plan_note", None):

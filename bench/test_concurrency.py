@@ -18,11 +18,11 @@ from pathlib import Path
 import pandas as pd
 
 from bench import rundir
+from conftest import SMOKE_SHAPE
 
 ROOT = Path(__file__).resolve().parents[1]
 # The smoke sweep's two-ranks-per-node eager runs only (the shape these tests count on); the one-rank runs
 # a one-GPU machine trains on its GPU are planned and run by the README's sweep.
-SMOKE_SHAPE = ["axes.gpus_per_node=[2]", "nccl.gpus_per_node=[2]", "axes.compile=[false]"]
 SLEEP_LINE = re.compile(r"fsdpbench test mode: sleeping .* from (\d+\.\d+)|slept until (\d+\.\d+)")
 
 
@@ -62,7 +62,7 @@ def max_nodes_in_flight(spans: dict[str, tuple[float, float, int, str]]) -> int:
 
 
 SLEEPY = ["axes.nodes=[1,2]", "axes.sharding=[FULL_SHARD]", "axes.activation_checkpointing=[none]",
-          "axes.precision=[fp32,bf16_mixed]", "faults=[{match:{},fault:sleep,seconds:6}]"]
+          "axes.precision=[fp32,bf16_mixed]", "faults=[{match:{},fault:sleep,seconds:3}]"]
 
 
 def test_runs_overlap_within_the_budget_and_full_width_runs_and_probes_run_alone(tmp_path: Path) -> None:

@@ -234,7 +234,7 @@ def test_offload_moves_the_states_to_host_memory_and_checks_it() -> None:
         "axes.wrap_policy=[transformer_block]", "exclude=[]", "axes.seq_len=[4096]", "axes.micro_batch=[1]")}
     assert not plan[(1, "cpu")].feasible and "host memory per node" in plan[(1, "cpu")].reason
     assert plan[(2, "cpu")].feasible and not plan[(1, "none")].feasible  # 140 GB of state per 80 GB GPU
-    assert plan[(2, "cpu")].est_mem_gib < plan[(2, "none")].est_mem_gib
+    assert plan[(2, "cpu")].memory.gpu_gib < plan[(2, "none")].memory.gpu_gib
 
 
 def test_new_axes_keep_the_run_ids_of_existing_studies() -> None:

@@ -32,6 +32,9 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _PREFIX = re.compile(r"^(?:\[\d+,\d+\]<std(?:out|err)>:)?"
                      r"(?:\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)? )?"
                      r"(?:\s*\d+: )?")
+# mpirun tags each piece a rank's output arrives in, not each line: a row that came in two reads carries a
+# second tag in its middle ("   134217728    [1,0]<stdout>:  33554432  float ...", seen under Open MPI 4.1).
+_TAG = re.compile(r"\[\d+,\d+\]<std(?:out|err)>:")
 _RANK = re.compile(r"^#+\s*Rank\s+(\d{1,18})(?:\s|$)")  # "#  Rank  3 Group  0 Pid ..." device lines
 _GROUP = re.compile(r"\sGroup\s+(\d{1,9})\s")  # NCCL_TESTS_SPLIT: each group runs (and reports) its own
 _CONFIG = re.compile(r"(nThread|nGpus|minBytes|maxBytes|step|warmup iters|agg iters|iters|validation|graph)"
@@ -137,7 +140,8 @@ def strip_prefix(line: str) -> str:
     """Remove launcher prefixes (mpirun tag, timestamp, srun label, ANSI colours) from one log line."""
     if "\x1b" in line:
         line = _ANSI.sub("", line)
-    return line[_PREFIX.match(line).end():]
+    line = line[_PREFIX.match(line).end():]
+    return _TAG.sub("", line) if ">:" in line else line
 
 
 @dataclass(frozen=True)

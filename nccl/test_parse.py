@@ -138,6 +138,9 @@ def test_prefixes_are_stripped() -> None:
     assert strip_prefix("12:           8") == "          8"
     assert strip_prefix("2026-11-22T16:20:11.123456Z # Avg bus bandwidth : 1") == "# Avg bus bandwidth : 1"
     assert strip_prefix("\x1b[32m# Avg\x1b[0m") == "# Avg"
+    # a row mpirun read in two pieces (Open MPI 4.1, seen in the MPIJob contract test): tagged twice
+    assert strip_prefix("[1,0]<stdout>:   134217728    [1,0]<stdout>:  33554432     float     sum      -1") \
+        == "   134217728      33554432     float     sum      -1"
 
 
 def test_records_and_transport_check(shared_data) -> None:

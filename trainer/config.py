@@ -18,6 +18,7 @@ class TrainArgs:
     attn_impl: str
     fault: str  # test hook: inject a failure at fault_step ("oom" raises torch.OutOfMemoryError)
     fault_step: int
+    fault_rank: int  # -1: every rank; else only this global rank (a lagging rank)
     lr: float
 
 
@@ -52,5 +53,5 @@ def parse_args(argv: list[str] | None = None) -> TrainArgs:
         parser.error(str(e))
     return TrainArgs(spec=spec, run_dir=ns.run_dir, instrument=not ns.no_instrument,
                      nvml_interval_s=ns.nvml_interval_s, attn_impl=ns.attn_impl, fault=ns.fault,
-                     fault_step=ns.fault_step, lr=ns.lr)
+                     fault_step=ns.fault_step, fault_rank=ns.fault_rank, lr=ns.lr)
 

@@ -21,8 +21,9 @@ import torch.distributed as dist
 from bench.core.flops import hardware_flops_per_token, model_flops_per_token
 from bench.core.hardware import peak_tflops
 from bench.core.models import get_arch
-from bench.core.records import Emitter
+from bench.core.records import COLLECTIVE_TIMEOUT_ENV, Emitter
 from trainer.config import TrainArgs, parse_args
+from trainer.flight import dump_on_sigterm, write_dump
 from trainer.metrics import summarize_steps
 from trainer.nvml import NvmlSampler
 
@@ -86,7 +87,10 @@ def _init_process_group(device: torch.device) -> None:
             s.bind(("127.0.0.1", 0))
             os.environ["MASTER_PORT"] = str(s.getsockname()[1])
     backend = "nccl" if device.type == "cuda" else "gloo"
-    kwargs: dict[str, Any] = {"timeout": dt.timedelta(minutes=10)}
+    # NCCL's watchdog (or gloo's wait) fails a collective that waits longer; the harness sets it below its
+    # run timeout so the ranks still write their flight-recorder dumps (trainer/flight.py)
+    timeout = float(os.environ.get(COLLECTIVE_TIMEOUT_ENV, 600))
+    kwargs: dict[str, Any] = {"timeout": dt.timedelta(seconds=timeout)}
     if device.type == "cuda":
         kwargs["device_id"] = device
     dist.init_process_group(backend, **kwargs)
@@ -103,40 +107,30 @@ class Trainer:
         self.step_times: list[float] = []
 
     def setup(self) -> None:
-        from trainer.model import build_meta_model, materialize
-        from trainer.parallel import (DTYPES, apply_activation_checkpointing, apply_fsdp, build_mesh,
-                                      compile_blocks, convert_float8, mesh_info)
+        from trainer.model import materialize
+        from trainer.parallel import build_optimizer, grad_scaler, parallelize
         spec = self.spec
-        model = build_meta_model(self.arch, DTYPES[spec.precision], self.args.attn_impl)
-        self.n_fp8 = convert_float8(model, self.device) if spec.precision == "fp8_tensorwise" else 0
-        self.n_ckpt = apply_activation_checkpointing(model, spec.activation_checkpointing)
-        self.n_compiled = compile_blocks(model) if spec.compile else 0
-        mesh, reshard = build_mesh(spec, self.device.type)
-        apply_fsdp(model, spec, mesh, reshard, self.device)
-        materialize(model, self.device, spec.seed,
+        self.built = parallelize(spec, self.arch, self.device, self.args.attn_impl)
+        self.model = self.built.model
+        materialize(self.model, self.device, spec.seed,
                     param_device=torch.device("cpu") if spec.offload == "cpu" else None)
-        model.train()
-        self.model = model
-        self.mesh = mesh_info(mesh, reshard)
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=self.args.lr, weight_decay=0.0,
-                                           foreach=True)
-        self.scaler = None
-        if spec.precision == "fp16_mixed":
-            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-            self.scaler = ShardedGradScaler(device=self.device.type)
+        self.model.train()
+        self.optimizer = build_optimizer(self.model, self.args.lr)
+        self.scaler = grad_scaler(spec.precision, self.device)
 
     def meta(self) -> dict[str, Any]:
         local_numel = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
                           for p in self.model.parameters())
+        mesh = self.built.mesh
         return {"spec": self.spec.to_dict(), "world_size": dist.get_world_size(),
                 "local_rank": int(os.environ.get("LOCAL_RANK", 0)),
                 "group_rank": int(os.environ.get("GROUP_RANK", 0)), "device": str(self.device),
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-                "mesh_shape": list(self.mesh.shape), "mesh_dim_names": list(self.mesh.dim_names),
-                "shard_group": self.mesh.shard_group, "replicate_group": self.mesh.replicate_group,
-                "reshard_after_forward": self.mesh.reshard_after_forward,
-                "local_param_numel": local_numel, "checkpointed_blocks": self.n_ckpt,
-                "float8_linears": self.n_fp8, "compiled_blocks": self.n_compiled,
+                "mesh_shape": list(mesh.shape), "mesh_dim_names": list(mesh.dim_names),
+                "shard_group": mesh.shard_group, "replicate_group": mesh.replicate_group,
+                "reshard_after_forward": mesh.reshard_after_forward,
+                "local_param_numel": local_numel, "checkpointed_blocks": self.built.checkpointed_blocks,
+                "float8_linears": self.built.float8_linears, "compiled_blocks": self.built.compiled_blocks,
                 "param_device": str(next(self.model.parameters()).device),
                 "offload_policy": _offload_policy(self.model),
                 **_versions(self.device)}
@@ -151,21 +145,18 @@ class Trainer:
     def step(self, batch: dict[str, torch.Tensor], step: int) -> torch.Tensor:
         """One optimizer step, and only that: the timed window. Returns this rank's loss, detached (no
         collective and no host sync beyond the step's own)."""
+        from trainer.parallel import backward_and_step
         loss = self.model(**batch).loss
         if self.args.fault == "nan" and step == self.args.fault_step:
             loss = loss * float("nan")
-        if self.scaler is not None:  # fp16: ShardedGradScaler skips the step on every rank if any has inf
-            self.scaler.scale(loss).backward()
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            loss.backward()
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self._fault(step, "hang")  # inside the step: the other ranks wait in the backward's collectives
+        backward_and_step(loss, self.optimizer, self.scaler)
         return loss.detach()
 
     def _fault(self, step: int, kind: str) -> None:
         if self.args.fault != kind or step != self.args.fault_step:
+            return
+        if self.args.fault_rank not in (-1, self.rank):
             return
         if kind == "oom":
             raise torch.OutOfMemoryError(f"injected out of memory at step {step} (test fault)")
@@ -175,11 +166,11 @@ class Trainer:
             raise RuntimeError(f"injected crash at step {step} (test fault)")
 
     def train(self) -> None:
-        """The batch is built and the fault hooks run outside the clock; the window holds the step and the
-        device sync that ends it. Losses stay on the device and are averaged over ranks once at the end
-        (one all-reduce, for loss parity and NaN detection): a NaN run costs at most the rest of a short
-        benchmark run, and no step pays a collective or a host sync for bookkeeping. Peak memory counters
-        restart with the steady state, so they describe the timed steps."""
+        """The batch is built and the fault hooks run outside the clock (but hang, which never ends); the
+        window holds the step and the device sync that ends it. Losses stay on the device and are averaged
+        over ranks once at the end (one all-reduce, for loss parity and NaN detection): a NaN run costs at
+        most the rest of a short benchmark run, and no step pays a collective or a host sync for
+        bookkeeping. Peak memory counters restart with the steady state, so they describe the timed steps."""
         local_losses = []
         for step in range(self.spec.steps):
             if step == self.spec.warmup_steps and self.device.type == "cuda":
@@ -191,7 +182,6 @@ class Trainer:
             loss = self.step(batch, step)
             _sync(self.device)
             elapsed = time.perf_counter() - t0
-            self._fault(step, "hang")
             self._fault(step, "crash")
             self.step_times.append(elapsed)
             local_losses.append(loss)
@@ -268,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         emit("summary", status="rendezvous_error",
              error=f"world size {dist.get_world_size()} != nodes x gpus_per_node = {args.spec.world_size}")
         return EXIT_RDZV
+    dump_on_sigterm(rank)  # stopped by the harness or by torchrun: leave the flight recorder's dump
     sampler = NvmlSampler(device.index if device.type == "cuda" else None, args.nvml_interval_s,
                           lambda s: emit("nvml", **s))
     trainer = Trainer(args, device, emit)
@@ -284,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             emit("summary", **summary)
     except Exception as e:
         sampler.stop()
+        write_dump(rank)  # this rank's collectives when it failed (kept if NCCL's watchdog wrote one)
         code, status = (EXIT_OOM, "oom") if _is_oom(e) else (
             (EXIT_NAN, "nan_loss") if isinstance(e, NanLoss) else (EXIT_FAILED, "failed"))
         emit("summary", status=status, error=f"{type(e).__name__}: {e}", failed_step=len(trainer.step_times),

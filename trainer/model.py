@@ -16,6 +16,21 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, T5Confi
 from bench.core.models import ModelArch
 
 INIT_STD = 0.02
+# Our batches are whole, unpadded, unpacked sequences: SDPA's own causal flag is the whole mask. Under this
+# name transformers builds no mask at all (it is not one of its mask functions), so a step takes the same
+# path with real tensors and with the fake ones the memory measurement uses; "sdpa" would build a T x T
+# mask under fake tensors, where it cannot prove the batch is not packed.
+CAUSAL_SDPA = "fsdpbench_causal_sdpa"
+
+
+def _attention(family: str, attn_impl: str) -> str:
+    """The attention implementation transformers runs: causal SDPA without a mask for decoder-only models."""
+    if family != "llama" or attn_impl != "sdpa":
+        return attn_impl
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    AttentionInterface.register(CAUSAL_SDPA, sdpa_attention_forward)
+    return CAUSAL_SDPA
 
 
 def hf_config(a: ModelArch, attn_impl: str = "sdpa") -> LlamaConfig | T5Config:
@@ -34,7 +49,7 @@ def hf_config(a: ModelArch, attn_impl: str = "sdpa") -> LlamaConfig | T5Config:
                        num_layers=a.layers, num_decoder_layers=a.layers, vocab_size=a.vocab,
                        feed_forward_proj=a.t5_ff, tie_word_embeddings=True, use_cache=False,
                        dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0)
-    cfg._attn_implementation = attn_impl
+    cfg._attn_implementation = _attention(a.family, attn_impl)
     return cfg
 
 

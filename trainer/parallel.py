@@ -21,8 +21,9 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 from transformers import PreTrainedModel
 
 from bench.core.flops import checkpointed_blocks
+from bench.core.models import ModelArch
 from bench.core.schema import RunSpec
-from trainer.model import transformer_blocks
+from trainer.model import build_meta_model, transformer_blocks
 
 DTYPES = {"fp32": torch.float32, "bf16_mixed": torch.float32, "fp16_mixed": torch.float32,
           "bf16_pure": torch.bfloat16, "fp8_tensorwise": torch.float32}
@@ -149,3 +150,52 @@ def apply_fsdp(model: PreTrainedModel, spec: RunSpec, mesh: DeviceMesh, reshard:
         for parent, _, i in transformer_blocks(model):
             fully_shard(parent[i], **kwargs)
     fully_shard(model, **kwargs)
+
+
+@dataclass(frozen=True)
+class Parallelized:
+    """The sharded model on the meta device, and what was built (echoed in the meta record)."""
+
+    model: PreTrainedModel
+    mesh: MeshInfo
+    float8_linears: int
+    checkpointed_blocks: int
+    compiled_blocks: int
+
+
+def parallelize(spec: RunSpec, arch: ModelArch, device: torch.device,
+                attn_impl: str = "sdpa") -> Parallelized:
+    """The worker's model for a spec, in the order above, still on the meta device. The trainer and the
+    memory measurement (trainer/memory.py) both build through here, so the prediction follows any change."""
+    model = build_meta_model(arch, DTYPES[spec.precision], attn_impl)
+    n_fp8 = convert_float8(model, device) if spec.precision == "fp8_tensorwise" else 0
+    n_ckpt = apply_activation_checkpointing(model, spec.activation_checkpointing)
+    n_compiled = compile_blocks(model) if spec.compile else 0
+    mesh, reshard = build_mesh(spec, device.type)
+    apply_fsdp(model, spec, mesh, reshard, device)
+    return Parallelized(model, mesh_info(mesh, reshard), n_fp8, n_ckpt, n_compiled)
+
+
+def build_optimizer(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+    """AdamW over the sharded parameters (foreach: one kernel per step and state, as torchtitan)."""
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, foreach=True)
+
+
+def grad_scaler(precision: str, device: torch.device):
+    """fp16 needs loss scaling; ShardedGradScaler skips a step on every rank if any rank saw inf."""
+    if precision != "fp16_mixed":
+        return None
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+    return ShardedGradScaler(device=device.type)
+
+
+def backward_and_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, scaler) -> None:
+    """Backward, optimizer step and zeroing of the gradients: the rest of one training step."""
+    if scaler is not None:
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        loss.backward()
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)

@@ -69,6 +69,15 @@ def hardware_flops_per_token(a: ModelArch, seq_len: int, ac: str) -> float:
 # estimate keeps 2 (the BF16 copies and the attention stay), erring towards launching less.
 _STATE_BYTES = {"fp32": 16, "bf16_mixed": 16, "fp16_mixed": 16, "bf16_pure": 8, "fp8_tensorwise": 16}
 COMPUTE_BYTES = {"fp32": 4, "bf16_mixed": 2, "fp16_mixed": 2, "bf16_pure": 2, "fp8_tensorwise": 2}
+# The mixed-precision policy's reduce dtype (trainer/parallel.py: mp_policy): gradients are reduced in fp32
+# except in pure bf16.
+REDUCE_BYTES = {"fp32": 4, "bf16_mixed": 4, "fp16_mixed": 4, "bf16_pure": 2, "fp8_tensorwise": 4}
+
+
+def state_bytes_per_param(precision: str) -> int:
+    """Bytes of parameter, gradient and AdamW moments per parameter (fp32 master weights under mixed
+    precision: 4 + 4 + 8)."""
+    return _STATE_BYTES[precision]
 
 
 def shard_size(sharding: str, nodes: int, gpus_per_node: int) -> int:
@@ -85,12 +94,11 @@ class MemoryEstimate:
     states: float  # sharded params + grads + AdamW moments (0 with offload: they are in host memory)
     unsharded: float  # gathered compute-dtype params/grads alive at the peak
     activations: float
-    overhead: float
     host: float = 0.0  # this GPU's share of host memory: its offloaded states (offload=cpu)
 
     @property
     def total(self) -> float:
-        return self.states + self.unsharded + self.activations + self.overhead
+        return self.states + self.unsharded + self.activations
 
     @property
     def total_gib(self) -> float:
@@ -106,7 +114,7 @@ def _activation_elements_per_token_block(a: ModelArch) -> float:
 
 def estimate_memory(a: ModelArch, *, sharding: str, precision: str, ac: str, wrap_policy: str,
                     nodes: int, gpus_per_node: int, micro_batch: int, seq_len: int, offload: str = "none",
-                    overhead_gib: float = 2.0) -> MemoryEstimate:
+                    ) -> MemoryEstimate:
     """Peak bytes per GPU for one training step of FSDP2 with AdamW.
 
     offload=cpu (CPUOffloadPolicy) keeps the sharded parameters, gradients and AdamW state in host memory
@@ -117,7 +125,7 @@ def estimate_memory(a: ModelArch, *, sharding: str, precision: str, ac: str, wra
     """
     params = count_params(a)
     c = COMPUTE_BYTES[precision]
-    states = params * _STATE_BYTES[precision] / shard_size(sharding, nodes, gpus_per_node)
+    states = params * state_bytes_per_param(precision) / shard_size(sharding, nodes, gpus_per_node)
     host = states if offload == "cpu" else 0.0
     states -= host
     biggest_block = max(block_params(a))
@@ -134,11 +142,9 @@ def estimate_memory(a: ModelArch, *, sharding: str, precision: str, ac: str, wra
         kept = 3 * a.hidden + 2 * inner + 2 * kv + (2 if a.family == "llama" else 1) * a.ffn
         acts = a.blocks * kept * c * tokens + per_block  # plus one block rebuilt during its backward
         acts += tokens * a.vocab * (c + 8)
-        return MemoryEstimate(states=states, unsharded=unsharded, activations=acts,
-                              overhead=overhead_gib * GIB, host=host)
+        return MemoryEstimate(states=states, unsharded=unsharded, activations=acts, host=host)
     acts = (a.blocks - n_ckpt) * per_block + n_ckpt * a.hidden * c * tokens
     if n_ckpt:
         acts += per_block  # one block's activations rebuilt during its backward
     acts += tokens * a.vocab * (c + 8)  # logits, their fp32 upcast and the loss gradient
-    return MemoryEstimate(states=states, unsharded=unsharded, activations=acts,
-                          overhead=overhead_gib * GIB, host=host)
+    return MemoryEstimate(states=states, unsharded=unsharded, activations=acts, host=host)

@@ -19,8 +19,11 @@ from typing import Any, NoReturn, TextIO
 from bench.core.schema import SCHEMA_VERSION
 
 RECORD_PREFIX = "@@fsdpbench@@ "
-RECORD_KINDS = ("meta", "step", "summary", "nvml", "nccl")
+RECORD_KINDS = ("meta", "step", "summary", "nvml", "nccl", "memory", "flight")  # memory, flight: commands
 RECORDS_DIR = "records"
+# The worker's process-group timeout, from the harness (bench.launchers.base.job_env): a collective that
+# waits longer fails the run, and its ranks leave flight-recorder dumps (trainer/flight.py).
+COLLECTIVE_TIMEOUT_ENV = "FSDPBENCH_COLLECTIVE_TIMEOUT_S"
 
 
 def records_path(run_dir: Path, rank: int) -> Path:

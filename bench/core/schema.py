@@ -160,6 +160,7 @@ def add_fault_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fault", default="none", choices=FAULTS)
     parser.add_argument("--fault-step", type=int, default=1)
     parser.add_argument("--fault-seconds", type=float, default=0.0, help="fault sleep: seconds, no work")
+    parser.add_argument("--fault-rank", type=int, default=-1, help="only this global rank (-1: every rank)")
 
 
 def spec_from_namespace(ns: argparse.Namespace) -> RunSpec:
@@ -204,7 +205,14 @@ class RunSummary:
     compile_s: float | None = None  # compile=true: warm-up time beyond steady steps (compilation)
     loss_first: float | None = None
     loss_last: float | None = None
-    est_mem_gib: float | None = None
+    est_mem_gib: float | None = None  # the analytic estimate (bench/core/flops.py)
+    pred_mem_gib: float | None = None  # what the plan judged by: peak measured on fake tensors, else analytic
+    pred_mem_source: str | None = None  # "measured" or "analytic"
+    pred_step_time_s: float | None = None  # bench/perf.py's prediction, made when the run was planned
+    pred_tokens_per_s_per_gpu: float | None = None
+    pred_mfu: float | None = None
+    pred_scaling_efficiency: float | None = None  # against the smallest planned node count of its config
+    pred_bound: str | None = None  # compute-bound, memory-bandwidth-bound or network-bound
     device_name: str | None = None
     torch_version: str | None = None
     host: str | None = None

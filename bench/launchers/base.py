@@ -6,12 +6,17 @@ or deletes on its own account inside poll; the runner decides on timeouts and st
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import os
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from bench.config import SweepConfig
+from bench.core.records import COLLECTIVE_TIMEOUT_ENV
 from bench.core.schema import RunSpec
 from nccl.command import nccl_env, split_env
 
@@ -111,7 +116,13 @@ def torchrun_argv(python: str, spec: RunSpec, endpoint: str, rdzv_id: str,
             "--monitor-interval=0.5", "--rdzv-conf=" + ",".join(f"{k}={v}" for k, v in rdzv_conf.items())]
 
 
+_PR_SET_PDEATHSIG = 1
 TRACE_PREFIX = "nccl_trace_rank_"  # torch appends the rank: the flight recorder's dump of each rank
+
+
+def collective_timeout_s(cfg: SweepConfig) -> float:
+    """How long a collective may wait before it fails the run: set, else 2/3 of the run's timeout."""
+    return cfg.launcher.collective_timeout_s or cfg.launcher.timeout_s * 2 / 3
 
 
 def job_env(cfg: SweepConfig, spec: RunSpec, run_dir: str | None) -> dict[str, str]:
@@ -125,7 +136,8 @@ def job_env(cfg: SweepConfig, spec: RunSpec, run_dir: str | None) -> dict[str, s
     env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     if spec.kind == "train":
         env.update({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_NCCL_TRACE_BUFFER_SIZE": "20000",
-                    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"})
+                    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+                    COLLECTIVE_TIMEOUT_ENV: f"{collective_timeout_s(cfg):g}"})
         if run_dir:
             env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = f"{run_dir.rstrip('/')}/{TRACE_PREFIX}"
     if cfg.cluster.gpu is not None:
@@ -141,8 +153,23 @@ def fault_args(cfg: SweepConfig, spec: RunSpec) -> list[str]:
         if all(getattr(spec, k, None) in (v if isinstance(v, (list, tuple)) else [v])
                for k, v in rule.match.items()):
             argv = ["--fault", rule.fault, "--fault-step", str(rule.step)]
+            argv += ["--fault-rank", str(rule.rank)] if rule.rank is not None else []
             return argv + (["--fault-seconds", str(rule.seconds)] if rule.fault == "sleep" else [])
     return []
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A preexec_fn that makes the child get SIGTERM when this process dies (Linux); None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    parent = os.getpid()
+
+    def preexec() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the sweep died between fork and prctl
+            os.kill(os.getpid(), signal.SIGTERM)
+    return preexec
 
 
 def python_executable(cfg: SweepConfig) -> str:

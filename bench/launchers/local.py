@@ -13,27 +13,24 @@ cluster names no GPU (`cluster.gpu: null`, the smoke sweep's), and is refused be
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, Any
 
 from bench import rundir
 from bench.config import ConfigError, SweepConfig
 from bench.core.schema import RunSpec
 from bench.gpus import agent_devices, local_gpus
-from bench.launchers.base import (DONE, RUNNING, Outcome, Poll, Submission, fault_args, job_env,
-                                  python_executable, rendezvous_conf, torchrun_argv, worker_module_argv)
+from bench.launchers.base import (DONE, RUNNING, Outcome, Poll, Submission, die_with_parent, fault_args,
+                                  job_env, python_executable, rendezvous_conf, torchrun_argv,
+                                  worker_module_argv)
 
 PORT_TOKEN = "@RDZV_PORT@"  # replaced by a free port when the run is submitted (render stays pure)
-_PR_SET_PDEATHSIG = 1
 
 
 def free_port() -> int:
@@ -41,20 +38,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def die_with_parent() -> Callable[[], None] | None:
-    """A preexec_fn that makes the child get SIGTERM when this process dies (Linux); None elsewhere."""
-    if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    parent = os.getpid()
-
-    def preexec() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() != parent:  # the sweep died between fork and prctl
-            os.kill(os.getpid(), signal.SIGTERM)
-    return preexec
 
 
 def process_start_time(pid: int) -> int | None:

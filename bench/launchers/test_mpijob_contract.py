@@ -86,7 +86,8 @@ def _run(tmp_path: Path, shared_data: Path) -> subprocess.CompletedProcess:
                         # on stderr: only rank 0 writes stdout, as all_reduce_perf does, so no line is split
                         'echo "fsdpbench-env PATH=$PATH LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >&2\n'
                         # the recorded table without the mpirun tags it was captured with (this mpirun adds
-                        # them), a line at a time as all_reduce_perf flushes it: a 4 KB block ends mid-row
+                        # them), a line at a time; mpirun tags each piece it reads, so a row now and then
+                        # arrives with a second tag in its middle, which the parser must take
                         f'[ "$OMPI_COMM_WORLD_RANK" = 0 ] && sed -u -E "s/^\\[[0-9]+,[0-9]+\\]<std(out|err)>://" '
                         f'{shared_data}/nccl-tests/sample_01.txt\n'
                         "exit 0\n")

@@ -18,7 +18,7 @@ from bench.launchers.base import Outcome
 from bench.launchers.slurm import SlurmLauncher, _parse_job_record, render_script
 from bench.plan import expand
 from bench.sweep import compose
-from bench.test_concurrency import SMOKE_SHAPE
+from conftest import SMOKE_SHAPE
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
@@ -218,6 +218,7 @@ def run_sweep(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slurm
+@pytest.mark.slow  # a real cluster, minutes each: .ci/run's slow step
 def test_smoke_on_slurm_matches_the_local_launcher(slurm_cluster, tmp_path: Path) -> None:
     axes = ["axes.sharding=[HYBRID_SHARD]", "steps=4", "warmup_steps=1"]
     slurm = run_sweep(tmp_path / "slurm", "cluster=slurm_local", "launcher=slurm", *axes)
@@ -238,6 +239,7 @@ def test_smoke_on_slurm_matches_the_local_launcher(slurm_cluster, tmp_path: Path
 
 
 @pytest.mark.slurm
+@pytest.mark.slow  # a real cluster, minutes each: .ci/run's slow step
 def test_failures_on_slurm_are_classified(slurm_cluster, tmp_path: Path) -> None:
     proc = run_sweep(tmp_path, "cluster=slurm_local", "launcher=slurm", "axes.nodes=[1]",
                      "axes.sharding=[FULL_SHARD]", "axes.activation_checkpointing=[none]",
@@ -261,6 +263,7 @@ def _spans(sweep_dir: Path) -> dict[str, tuple[float, float, int, str]]:
 
 
 @pytest.mark.slurm
+@pytest.mark.slow  # a real cluster, minutes each: .ci/run's slow step
 def test_slurm_runs_share_the_cluster_and_probes_and_full_width_runs_run_alone(slurm_cluster, tmp_path) -> None:
     from bench.test_concurrency import overlaps
     proc = run_sweep(tmp_path, "cluster=slurm_local", "launcher=slurm", "cluster.slurm.exclusive=true",
@@ -278,6 +281,7 @@ def test_slurm_runs_share_the_cluster_and_probes_and_full_width_runs_run_alone(s
 
 
 @pytest.mark.slurm
+@pytest.mark.slow  # a real cluster, minutes each: .ci/run's slow step
 def test_a_job_held_in_the_queue_is_given_up_and_a_running_one_times_out(slurm_cluster, tmp_path) -> None:
     base = ["cluster=slurm_local", "launcher=slurm", *[a for a in ONE_RUN]]
     held = run_sweep(tmp_path / "held", *base, "cluster.slurm.extra_sbatch=['--hold']",
@@ -299,9 +303,11 @@ ONE_RUN = ["axes.nodes=[1]", "axes.sharding=[FULL_SHARD]", "axes.activation_chec
 
 
 @pytest.mark.slurm
+@pytest.mark.slow  # a real cluster, minutes each: .ci/run's slow step
 def test_a_rerun_reattaches_to_the_job_a_killed_sweep_left_running(slurm_cluster, tmp_path) -> None:
     import signal
     import time
+
     from bench import rundir
     args = ["cluster=slurm_local", "launcher=slurm", *ONE_RUN, "faults=[{match:{},fault:sleep,seconds:20}]"]
     first = subprocess.Popen([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={tmp_path}",

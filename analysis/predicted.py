@@ -1,0 +1,105 @@
+"""What the plan predicted before launch, beside what the runs measured, with the error of each.
+
+Throughput: bench/perf.py's tokens/s per GPU, MFU and scaling efficiency against the timed steps, and one
+sentence naming the largest miss and what the model held to bound that run (compute, memory bandwidth or
+network), which is where a miss most likely comes from.
+
+Memory: the peak the planner measured on fake tensors (bench/memory.py; the analytic estimate where it
+could not) against torch's allocator peak on the GPU (`torch.cuda.max_memory_allocated`, max over ranks),
+and the planner's headroom assumptions against what each GPU run showed: reserved / allocated (allocator
+fragmentation) and NVML used - reserved (CUDA context and NCCL buffers, outside the allocator).
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from analysis.scaling import configuration_label
+from bench.memory import CUDA_CONTEXT_GIB, FRAGMENTATION
+
+
+def _placement(rows: pd.DataFrame) -> pd.Series:
+    return rows["nodes"].astype(int).astype(str) + "x" + rows["gpus_per_node"].astype(int).astype(str)
+
+
+def memory_table(agg: pd.DataFrame) -> pd.DataFrame:
+    """Per configuration and node count: predicted and measured peak per GPU, the error, and the headroom
+    checks. Empty where no run has a prediction (results from before predictions were recorded)."""
+    if "pred_mem_gib" not in agg or agg["pred_mem_gib"].isna().all():
+        return pd.DataFrame()
+    rows = agg[agg["pred_mem_gib"].notna()]
+    measured = rows["mem_peak_alloc_gib"]
+    return pd.DataFrame({
+        "model": rows["model"], "configuration": rows.apply(configuration_label, axis=1),
+        "nodes": rows["nodes"], "placement": _placement(rows), "pred_mem_gib": rows["pred_mem_gib"],
+        "pred_mem_source": rows["pred_mem_source"],
+        "mem_peak_alloc_gib": measured, "mem_error": (rows["pred_mem_gib"] - measured) / measured,
+        "reserved_ratio": rows["mem_peak_reserved_gib"] / measured,
+        "outside_allocator_gib": rows["nvml_mem_used_gib"] - rows["mem_peak_reserved_gib"],
+        "est_mem_gib": rows["est_mem_gib"], "status": rows["status"]}).reset_index(drop=True)
+
+
+def memory_notes(table: pd.DataFrame) -> list[str]:
+    """One sentence on how far the memory predictions were off and whether the headroom held."""
+    if table.empty:
+        return []
+    both = table[table["mem_error"].notna()]
+    if both.empty:
+        return ["memory: predicted per run; no run measured device memory (CPU runs have no device "
+                "allocator)"]
+    worst = both.loc[both["mem_error"].abs().idxmax()]
+    text = (f"memory: predicted within {both['mem_error'].abs().median():.1%} of the measured peak (median), "
+            f"worst {worst['mem_error']:+.1%} ({worst['model']} {worst['configuration']} at "
+            f"{int(worst['nodes'])} nodes)")
+    ratio = both["reserved_ratio"].max()
+    if pd.notna(ratio):
+        text += (f"; reserved / allocated up to {ratio:.2f} (the plan allows {1 + FRAGMENTATION:.2f})")
+    outside = both["outside_allocator_gib"].max()
+    if pd.notna(outside):
+        text += (f"; outside the allocator up to {outside:.1f} GiB (the plan allows {CUDA_CONTEXT_GIB:g} "
+                 "+ NCCL)")
+    return [text]
+
+
+CAUSES = {  # what a miss most likely means, by what the model said bounds the step
+    "compute-bound": "the matmuls ran at another fraction of the GPU's peak than calibrated (kernels, "
+                     "clocks, a power cap)",
+    "memory-bandwidth-bound": "the elementwise work and optimizer moved more or fewer bytes than modelled "
+                              "(fusion: compile; unfused norms)",
+    "network-bound": "the network delivered another bandwidth than assumed (compare the all-reduce probe "
+                     "with the cluster's published figure)",
+}
+
+
+def throughput_table(agg: pd.DataFrame) -> pd.DataFrame:
+    """Per configuration and node count: predicted and measured tokens/s/GPU, MFU and scaling efficiency."""
+    if "pred_tokens_per_s_per_gpu" not in agg or agg["pred_tokens_per_s_per_gpu"].isna().all():
+        return pd.DataFrame()
+    rows = agg[agg["pred_tokens_per_s_per_gpu"].notna()]
+    measured = rows["tokens_per_s"] / (rows["nodes"] * rows["gpus_per_node"])
+    return pd.DataFrame({
+        "model": rows["model"], "configuration": rows.apply(configuration_label, axis=1),
+        "nodes": rows["nodes"], "placement": _placement(rows),
+        "pred_tokens_per_s_per_gpu": rows["pred_tokens_per_s_per_gpu"],
+        "tokens_per_s_per_gpu": measured, "error": measured / rows["pred_tokens_per_s_per_gpu"] - 1,
+        "pred_mfu": rows["pred_mfu"], "mfu": rows["mfu"],
+        "pred_scaling_efficiency": rows["pred_scaling_efficiency"],
+        "scaling_efficiency": rows["scaling_efficiency"], "pred_bound": rows["pred_bound"],
+        "pred_step_time_s": rows["pred_step_time_s"], "step_time_s": rows["step_time_s"],
+        "status": rows["status"]}).reset_index(drop=True)
+
+
+def largest_miss(table: pd.DataFrame, cpu: bool) -> list[str]:
+    """The run furthest from its prediction, in one sentence with the likely cause."""
+    both = table[table["error"].notna()] if not table.empty else table
+    if both.empty:
+        return []
+    row = both.loc[both["error"].abs().idxmax()]
+    ratio = row["tokens_per_s_per_gpu"] / row["pred_tokens_per_s_per_gpu"]
+    how = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
+    cause = ("CPU predictions are uncalibrated (bench/perf.py fits GPU clusters; a tiny model on CPU is "
+             "dominated by per-operator overhead the model has no term for)" if cpu
+             else CAUSES.get(row["pred_bound"], "unknown"))
+    return [f"prediction: measured tokens/s/GPU within {both['error'].abs().median():.0%} of the predicted "
+            f"(median over {len(both)}); largest miss {row['model']} {row['configuration']} at "
+            f"{int(row['nodes'])} nodes ran {how} than predicted ({row['tokens_per_s_per_gpu']:,.0f} vs "
+            f"{row['pred_tokens_per_s_per_gpu']:,.0f}); the model held it {row['pred_bound']}: {cause}"]

@@ -1,0 +1,287 @@
+"""Each planned run's per-GPU memory before launch: measured by the worker's own code on fake tensors
+(`python -m trainer.memory`, which this module runs as a command: bench never imports torch), cached per
+configuration, and the analytic estimate (bench/core/flops.py) where a measurement cannot run.
+
+A configuration is every spec field that changes memory (MEMORY_FIELDS) plus a fingerprint of what measured
+it: the worker's sources and the torch, transformers and torchao versions. A change to the worker or a
+library measures again; a new sweep over known configurations plans at once.
+
+What a GPU needs beyond the tensors the tracker counts is the headroom below: each figure is a planning
+assumption, and the report checks it on every GPU run (reserved / allocated for fragmentation, NVML used
+- reserved for the CUDA context and NCCL).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from bench.config import SweepConfig
+from bench.core.flops import GIB, estimate_memory, shard_size, state_bytes_per_param
+from bench.core.models import count_params, get_arch
+from bench.core.records import parse_records
+from bench.core.schema import RunSpec
+from bench.launchers.base import PROJECT_ROOT, die_with_parent
+from bench.rundir import atomic_write_text
+
+MEMORY_FIELDS = ("model", "nodes", "gpus_per_node", "sharding", "precision", "activation_checkpointing",
+                 "wrap_policy", "offload", "micro_batch", "seq_len")
+WORKER_SOURCES = ("trainer", "bench/core")  # the code the measurement runs
+LIBRARIES = ("torch", "transformers", "torchao")
+
+# Headroom beyond the tracker's peak (per GPU):
+CUDA_CONTEXT_GIB = 0.5  # CUDA context, cuBLAS/cuDNN handles, loaded kernels: outside torch's allocator
+# NCCL's buffers per communicator: NCCL_BUFFSIZE (4 MiB, NCCL's environment-variable docs) for each of the 2
+# ring neighbours, 32 channels (NCCL_MAX_NCHANNELS' default) and 2 protocols (Simple, LL128) = 0.5 GiB.
+NCCL_GIB_PER_COMMUNICATOR = 0.5
+FRAGMENTATION = 0.10  # torch's caching allocator: reserved beyond allocated, as a fraction of the peak
+
+
+MEASURE_OFF = "memory.measure=false"
+
+
+def communicators(spec: RunSpec) -> int:
+    """NCCL communicators a rank holds: the world's; HYBRID_SHARD adds its intra- and inter-node groups."""
+    return 3 if spec.sharding == "HYBRID_SHARD" else 1
+
+
+@dataclass(frozen=True)
+class MemoryFigure:
+    """What the planner knows of one run's memory, and where it came from."""
+
+    gpu_gib: float  # per GPU: the measured peak of allocated tensors, else the analytic estimate
+    host_gib: float  # per GPU: offloaded state in host memory (offload=cpu)
+    analytic_gib: float  # the analytic estimate, always: the plan shows it beside the measurement
+    source: str  # "measured" (fake tensors) or "analytic"
+    note: str | None = None  # why analytic, where it is
+    categories: dict[str, float] = field(default_factory=dict)  # measured: GiB per tracker category
+
+    def need_gib(self, spec: RunSpec) -> float:
+        """Per GPU, with the headroom: what the run needs of the GPU's memory."""
+        return (self.gpu_gib * (1 + FRAGMENTATION) + CUDA_CONTEXT_GIB
+                + NCCL_GIB_PER_COMMUNICATOR * communicators(spec))
+
+
+def analytic(spec: RunSpec, note: str | None) -> MemoryFigure:
+    est = estimate_memory(get_arch(spec.model), sharding=spec.sharding, precision=spec.precision,
+                          ac=spec.activation_checkpointing, wrap_policy=spec.wrap_policy, nodes=spec.nodes,
+                          gpus_per_node=spec.gpus_per_node, micro_batch=spec.micro_batch,
+                          seq_len=spec.seq_len, offload=spec.offload)
+    return MemoryFigure(est.total_gib, est.host / GIB, est.total_gib, "analytic", note)
+
+
+def states_floor_gib(spec: RunSpec) -> float:
+    """Per GPU, the sharded parameters, gradients and AdamW state alone: a lower bound of any peak."""
+    params = count_params(get_arch(spec.model))
+    return params * state_bytes_per_param(spec.precision) / shard_size(spec.sharding, spec.nodes,
+                                                                         spec.gpus_per_node) / GIB
+
+
+def memory_key(spec: RunSpec) -> str:
+    fields = {name: getattr(spec, name) for name in MEMORY_FIELDS}
+    return hashlib.sha256(json.dumps([fields, fingerprint()], sort_keys=True).encode()).hexdigest()[:16]
+
+
+@functools.cache
+def fingerprint() -> str:
+    """The worker's sources and the library versions that measure: a change to either measures again."""
+    digest = hashlib.sha256()
+    for package in WORKER_SOURCES:
+        for path in sorted((PROJECT_ROOT / package).glob("*.py")):
+            if not path.name.startswith("test_"):
+                digest.update(path.name.encode() + path.read_bytes())
+    for lib in LIBRARIES:
+        try:
+            digest.update(f"{lib}={importlib.metadata.version(lib)}".encode())
+        except importlib.metadata.PackageNotFoundError:
+            digest.update(f"{lib}=none".encode())
+    return digest.hexdigest()[:16]
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fsdpbench"
+
+
+class MemoryPlanner:
+    """Measured memory figures for a sweep's runs: cached ones at once, missing ones measured by
+    `memory.workers` worker processes side by side, each fed the next configuration when it answers."""
+
+    def __init__(self, cfg: SweepConfig, out: TextIO | None = None) -> None:
+        self.cfg, self.out = cfg, out or sys.stdout  # looked up now: the stdout of whoever plans
+        self.dir = Path(cfg.memory.cache_dir or default_cache_dir()) / "memory"
+        self.measured = self.cached = 0
+        self.unavailable = None if importlib.util.find_spec("torch") else (
+            "torch is not installed where the sweep plans (pip install torch to measure)")
+        self._known: dict[str, MemoryFigure] = {}
+
+    def figure(self, spec: RunSpec) -> MemoryFigure:
+        """The run's memory figure, measuring its configuration now if nobody has yet."""
+        self.prefetch([spec])
+        return self._known[memory_key(spec)]
+
+    def prefetch(self, specs: Iterable[RunSpec]) -> None:
+        """Measure every distinct configuration among specs that is not known yet, in parallel."""
+        todo: dict[str, RunSpec] = {}
+        for spec in specs:
+            key = memory_key(spec)
+            if key in self._known or key in todo:
+                continue
+            if figure := self._without_measuring(spec):
+                self._known[key] = figure
+            elif cached := self._read(key, spec):
+                self._known[key], self.cached = cached, self.cached + 1
+            else:
+                todo[key] = spec
+        if todo:
+            self._measure(todo)
+
+    def _without_measuring(self, spec: RunSpec) -> MemoryFigure | None:
+        """The analytic figure where measuring is off, impossible, or cannot change the answer."""
+        if not self.cfg.memory.measure:
+            return analytic(spec, MEASURE_OFF)
+        if self.unavailable:
+            return analytic(spec, self.unavailable)
+        limit = self.cfg.cluster.gpu_memory_gib
+        floor = states_floor_gib(spec)
+        if limit is not None and spec.offload == "none" and floor > limit:
+            return analytic(spec, f"not measured: parameters, gradients and AdamW state alone are "
+                                  f"{floor:.0f} GiB/GPU > {limit:g}")
+        return None
+
+    def _read(self, key: str, spec: RunSpec) -> MemoryFigure | None:
+        try:
+            data = json.loads((self.dir / f"{key}.json").read_text())
+            return _figure(spec, data)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # absent or unreadable: measure again
+
+    def _measure(self, todo: dict[str, RunSpec]) -> None:
+        workers = min(self.cfg.memory.workers, len(todo))
+        print(f"memory: measuring {len(todo)} configuration(s) on fake tensors with {workers} process(es), "
+              f"cached in {self.dir}", file=self.out, flush=True)
+        biggest_first = sorted(todo.values(), key=lambda s: -count_params(get_arch(s.model)) * s.world_size)
+        for done, (spec, result) in enumerate(measure_in_workers(biggest_first, workers,
+                                                                 self.cfg.memory.timeout_s), 1):
+            key = memory_key(spec)
+            if "error" in result:
+                figure = analytic(spec, f"fake-tensor measurement failed: {result['error']}")
+            else:
+                atomic_write_text(self.dir / f"{key}.json", json.dumps(_cache_entry(spec, result)))
+                figure, self.measured = _figure(spec, result), self.measured + 1
+            self._known[key] = figure
+            shown = f"{figure.gpu_gib:.3g} GiB/GPU" if figure.source == "measured" else figure.note
+            print(f"memory: [{done}/{len(todo)}] {spec.label}: {shown} ({result.get('seconds', 0):.0f} s)",
+                  file=self.out, flush=True)
+
+    def summary(self) -> str:
+        return f"memory: {self.measured} measured, {self.cached} from the cache ({self.dir})"
+
+
+def _cache_entry(spec: RunSpec, result: dict[str, Any]) -> dict[str, Any]:
+    return {"configuration": {name: getattr(spec, name) for name in MEMORY_FIELDS},
+            "fingerprint": fingerprint(),
+            **{k: result[k] for k in ("peak_gib", "host_gib", "categories", "seconds", "torch")}}
+
+
+def _figure(spec: RunSpec, data: dict[str, Any]) -> MemoryFigure:
+    note = "compile measured eager" if spec.compile else None
+    return MemoryFigure(float(data["peak_gib"]), float(data["host_gib"]), analytic(spec, None).analytic_gib,
+                        "measured", note, {k: float(v) for k, v in data["categories"].items()})
+
+
+class _Worker:
+    """One `python -m trainer.memory` process, given one spec at a time; a thread posts its answers. Started
+    on the main thread, which lives as long as the sweep: the process dies with it (PR_SET_PDEATHSIG)."""
+
+    def __init__(self, answers: queue.Queue) -> None:
+        self.stderr = tempfile.TemporaryFile(mode="w+")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT),
+                                                                          os.environ.get("PYTHONPATH")]))}
+        self.proc = subprocess.Popen([sys.executable, "-m", "trainer.memory"], cwd=PROJECT_ROOT, env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
+                                     text=True, preexec_fn=die_with_parent())  # dies with the sweep
+        self.spec: RunSpec | None = None
+        self.since = 0.0
+        threading.Thread(target=self._read, args=(answers,), daemon=True).start()
+
+    def give(self, spec: RunSpec) -> None:
+        assert self.proc.stdin is not None
+        self.spec, self.since = spec, time.monotonic()
+        self.proc.stdin.write(json.dumps(spec.to_dict()) + "\n")
+        self.proc.stdin.flush()
+
+    def _read(self, answers: queue.Queue) -> None:
+        assert self.proc.stdout is not None
+        for record in parse_records(self.proc.stdout):
+            answers.put((self, record))
+        answers.put((self, None))  # the process is gone
+
+    def last_words(self) -> str:
+        self.stderr.seek(0)
+        lines = [ln.strip() for ln in self.stderr.read().splitlines() if ln.strip()]
+        return lines[-1][:300] if lines else f"exit code {self.proc.poll()}"
+
+    def stop(self) -> None:
+        for step in (self.proc.terminate, self.proc.kill):
+            if self.proc.poll() is None:
+                step()
+                try:
+                    self.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    continue
+        self.stderr.close()
+
+
+def measure_in_workers(specs: list[RunSpec], workers: int,
+                       timeout_s: float) -> Iterable[tuple[RunSpec, dict[str, Any]]]:
+    """Yield (spec, memory record) as the worker processes answer, in the order they finish. A spec whose
+    process died or stayed silent past timeout_s gets a record with `error` (and a fresh process takes the
+    rest). Every process is gone when this returns or raises, Ctrl-C included."""
+    answers: queue.Queue = queue.Queue()
+    todo, live = list(specs), [_Worker(answers) for _ in range(workers)]
+
+    def retire(worker: _Worker) -> None:
+        worker.stop()
+        live.remove(worker)
+        if todo:
+            live.append(_Worker(answers))
+
+    try:
+        while todo or any(w.spec for w in live):
+            for worker in live:
+                if worker.spec is None and todo:
+                    worker.give(todo.pop(0))
+            try:
+                worker, record = answers.get(timeout=1.0)
+            except queue.Empty:
+                late = [w for w in live if w.spec and time.monotonic() - w.since > timeout_s]
+                for worker in late:
+                    yield worker.spec, {"error": f"no answer within memory.timeout_s={timeout_s:g} s"}
+                    retire(worker)
+                continue
+            if worker not in live:
+                continue  # a stopped worker's last words
+            if record is None:  # died: its spec fails, a new process takes the rest
+                if worker.spec:
+                    yield worker.spec, {"error": f"the measuring process died: {worker.last_words()}"}
+                retire(worker)
+                continue
+            spec, worker.spec = worker.spec, None
+            if spec is not None:
+                yield spec, record
+    finally:
+        for worker in live:
+            worker.stop()

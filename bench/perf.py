@@ -1,0 +1,297 @@
+"""What a planned run will deliver, before it runs: step time, tokens/s/GPU, MFU and scaling efficiency.
+
+One training step per GPU is modelled as
+
+    step = matmuls + elementwise + optimizer + exposed communication + contention
+
+- matmuls: the run's hardware FLOPs (bench/core/flops.py, recompute of activation checkpointing included)
+  at MATMUL_EFFICIENCY of the GPU's dense peak;
+- elementwise: the memory traffic of everything that is not a matmul (norms, activations, rotary embedding,
+  residual adds: ELEMENTWISE_BYTES per hidden unit, token, block and pass) at the GPU's HBM bandwidth;
+  this term is why an H100, 3.2x an A100's FLOPs with 1.6x its bandwidth, trains only about 2x faster;
+- optimizer: AdamW reads and writes 28 bytes per sharded parameter at HBM bandwidth;
+- communication: FSDP's collectives per step (all-gathers of the parameters in forward and backward,
+  reduce-scatter of the gradients; HYBRID_SHARD's inter-node all-reduce; NO_SHARD's all-reduce), each
+  taking the longer of its intra-node leg (the GPUs' all-reduce bus bandwidth) and its network leg (bytes
+  a node's adapters carry / the node's measured all-reduce throughput). FSDP2 prefetches the next unit's
+  gather while a unit computes, so only what outlasts its phase's compute is exposed, plus the first
+  unit's gather and the last unit's reduction, which nothing hides;
+- contention: communication that overlaps still slows compute (NCCL's kernels take SMs and HBM
+  bandwidth): a fraction of the hidden communication time.
+
+compile=true keeps a fraction of the elementwise traffic (inductor fuses a block's elementwise operators);
+fp8_tensorwise runs the block linears at the FP8 peak and gathers their weights in one byte (torchao's
+float8 all-gather). The calibrated constants (CALIBRATION: one per GPU family, three shared) were fitted
+to published FSDP throughput
+rows, each cited in bench/published.py; `python benchmarks/perf_model.py` fits them again and prints every
+row's error, with llm-foundry's table held out as a check. Everything else is a datasheet figure or a
+measured nccl-tests output (bench/core/hardware.py).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from bench.core.flops import COMPUTE_BYTES, REDUCE_BYTES, hardware_flops_per_token, model_flops_per_token
+from bench.core.hardware import GPUS, INSTANCES, GpuSpec, compute_dtype, gpu_spec
+from bench.core.models import ModelArch, block_params, count_params, get_arch
+from bench.core.schema import RunSpec
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The fitted constants (benchmarks/perf_model.py fits them; rows and sources in bench/published.py)."""
+
+    matmul_efficiency: dict[str, float]  # per GPU family: fraction of the dense peak its matmuls reach
+    elementwise_bytes: float  # bytes of non-matmul memory traffic per hidden unit, token, block and pass
+    contention: float  # fraction of overlapped communication time that still costs step time
+    compile_traffic: float  # fraction of the elementwise traffic left once torch.compile fuses each block
+
+
+CALIBRATION = Calibration(matmul_efficiency={"A100": 0.857, "H100": 0.678}, elementwise_bytes=380.0,
+                          contention=0.356, compile_traffic=0.726)
+# Fixed, not fitted:
+OPTIMIZER_BYTES = 28  # AdamW per sharded fp32 parameter: read param, grad, 2 moments; write param, moments
+RDMA_EFFICIENCY = 0.9  # of line rate, InfiniBand/RoCE clusters: GCP a3-mega H100s, 2 nodes, 8 GiB all-reduce
+# (shared/data/nccl-tests/sample_05.txt: 180.7 GB/s of 200). EFA instances use their published measurement.
+SOCKET_NODE_GBS = 2.5  # 0 EFA, NCCL's socket transport: 2 TCP flows at EC2's 10 Gb/s single-flow limit
+# inside a cluster placement group (EC2 user guide, "instance network bandwidth"); an assumption the
+# study's own 0-EFA probe replaces
+CPU = GpuSpec("cpu", 0, {"fp32": 0.0}, "this machine's cores", hbm_tbs=0.02, intra_busbw_gbs=2.0,
+              family="cpu")
+CPU_EFFICIENCY = 0.25  # uncalibrated: CPU runs are the pipeline's smoke test, not a study
+
+
+@dataclass(frozen=True)
+class Network:
+    """What a node's adapters carry for FSDP's collectives, and where that figure comes from."""
+
+    node_gbs: float  # GB/s of node-level all-reduce throughput (algbw x 2(N-1)/N) at FSDP's message sizes
+    source: str
+
+
+@dataclass(frozen=True)
+class Collective:
+    kind: str  # "all_gather", "reduce_scatter", "all_reduce"
+    size: float  # bytes of the whole gathered or reduced tensor
+    ranks: int  # ranks in one group
+    nodes: int  # nodes the group spans
+    phase: str  # "forward" or "backward"
+
+
+def float8_params(arch: ModelArch) -> int:
+    """Parameters of the linears torchao converts: every block's matmul weights (norm weights excluded)."""
+    norms = 2 * arch.hidden if arch.family == "llama" else 3 * arch.hidden
+    return sum(block_params(arch)) - norms * arch.blocks
+
+
+def collectives(spec: RunSpec, arch: ModelArch) -> list[Collective]:
+    """FSDP's collectives of one step (parameters gathered in the compute dtype, Float8 linears in one byte;
+    gradients reduced in the mixed-precision policy's reduce dtype; trainer/parallel.py's mapping of the
+    four strategies)."""
+    params = count_params(arch)
+    gather = params * COMPUTE_BYTES[spec.precision]
+    if spec.precision == "fp8_tensorwise":  # float8 all-gather of the converted linears
+        gather -= float8_params(arch) * (COMPUTE_BYTES[spec.precision] - 1)
+    grads = params * REDUCE_BYTES[spec.precision]
+    world, g, n = spec.world_size, spec.gpus_per_node, spec.nodes
+    if spec.sharding == "FULL_SHARD":
+        return [Collective("all_gather", gather, world, n, "forward"),
+                Collective("all_gather", gather, world, n, "backward"),
+                Collective("reduce_scatter", grads, world, n, "backward")]
+    if spec.sharding == "SHARD_GRAD_OP":
+        return [Collective("all_gather", gather, world, n, "forward"),
+                Collective("reduce_scatter", grads, world, n, "backward")]
+    if spec.sharding == "HYBRID_SHARD":  # shard within a node, then each shard's all-reduce across nodes
+        return [Collective("all_gather", gather, g, 1, "forward"),
+                Collective("all_gather", gather, g, 1, "backward"),
+                Collective("reduce_scatter", grads, g, 1, "backward"),
+                Collective("all_reduce", grads, n, n, "backward")]  # g groups at once: all of grads per node
+    return [Collective("all_reduce", grads, world, n, "backward")]  # NO_SHARD
+
+
+def _factor(kind: str, ranks: int) -> float:
+    """Bus bytes per byte of the tensor (nccl-tests' definitions): (R-1)/R, twice that for all-reduce."""
+    return (2 if kind == "all_reduce" else 1) * (ranks - 1) / ranks
+
+
+def collective_s(c: Collective, gpu: GpuSpec, network: Network) -> float:
+    """The longer of the intra-node leg and the network leg (a hierarchical collective pipelines both)."""
+    per_node = c.ranks // c.nodes
+    intra = _factor(c.kind, per_node) * c.size / (gpu.intra_busbw_gbs * 1e9) if per_node > 1 else 0.0
+    net = _factor(c.kind, c.nodes) * c.size / (network.node_gbs * 1e9) if c.nodes > 1 else 0.0
+    return max(intra, net)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    step_time_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float | None
+    matmul_s: float
+    memory_s: float  # elementwise + optimizer: HBM-bandwidth bound
+    comm_s: float  # every collective of the step, as if nothing overlapped
+    exposed_s: float  # communication the step waits for, contention included
+    network: Network
+    calibrated: bool  # False: a GPU family (or the CPU) no published row calibrated
+
+    @property
+    def bound(self) -> str:
+        """What most of the step is: compute-bound, network-bound or memory-bandwidth-bound."""
+        parts = {"compute-bound": self.matmul_s, "memory-bandwidth-bound": self.memory_s,
+                 "network-bound": self.exposed_s}
+        return max(parts, key=parts.__getitem__)
+
+    def fields(self) -> dict[str, Any]:
+        """As results-table columns (prefixed pred_)."""
+        return {"pred_step_time_s": self.step_time_s, "pred_tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
+                "pred_mfu": self.mfu, "pred_bound": self.bound}
+
+
+def _step(spec: RunSpec, arch: ModelArch, gpu: GpuSpec, network: Network, peak: float, fp8_peak: float,
+          efficiency: float, cal: Calibration) -> Prediction:
+    tokens = spec.micro_batch * spec.seq_len
+    hw_flops = hardware_flops_per_token(arch, spec.seq_len, spec.activation_checkpointing) * tokens
+    linear8 = 6 * float8_params(arch) * tokens if spec.precision == "fp8_tensorwise" else 0.0
+    matmul = ((hw_flops - linear8) / peak + linear8 / fp8_peak) / efficiency
+    recompute = hw_flops / (model_flops_per_token(arch, spec.seq_len) * tokens) - 1  # forward passes redone
+    hbm = gpu.hbm_tbs * 1e12
+    traffic = cal.elementwise_bytes * (cal.compile_traffic if spec.compile else 1.0)
+    elementwise = traffic * arch.hidden * tokens * arch.blocks * (3 + 3 * recompute) / hbm
+    shard = {"FULL_SHARD": spec.world_size, "SHARD_GRAD_OP": spec.world_size,
+             "HYBRID_SHARD": spec.gpus_per_node, "NO_SHARD": 1}[spec.sharding]
+    optimizer = OPTIMIZER_BYTES * count_params(arch) / shard / hbm if spec.offload == "none" else 0.0
+    compute = matmul + elementwise
+    forward_share = model_flops_per_token(arch, spec.seq_len) / 3 / (hw_flops / tokens)
+    window = {"forward": compute * forward_share, "backward": compute * (1 - forward_share)}
+    units = len(block_params(arch)) + 1  # each block and the root: what FSDP gathers one at a time
+    exposed = hidden = total = 0.0
+    for phase, budget in window.items():
+        comm = sum(collective_s(c, gpu, network) for c in collectives(spec, arch) if c.phase == phase)
+        shown = min(comm, max(0.0, comm - budget) + comm / units)  # past its compute, plus first/last unit
+        exposed, hidden, total = exposed + shown, hidden + comm - shown, total + comm
+    exposed += cal.contention * hidden
+    step = compute + optimizer + exposed
+    model_flops = model_flops_per_token(arch, spec.seq_len) * tokens
+    return Prediction(step, tokens / step, model_flops / step / peak if peak else None, matmul,
+                      elementwise + optimizer, total, exposed, network,
+                      calibrated=gpu.family in cal.matmul_efficiency)
+
+
+def predict(spec: RunSpec, gpu: GpuSpec, network: Network, arch: ModelArch | None = None,
+            cal: Calibration = CALIBRATION) -> Prediction:
+    """The model for one run on a GPU (or this machine's CPU) and node network; arch defaults to the spec's
+    preset."""
+    arch = arch or get_arch(spec.model)
+    if gpu.family == "cpu":
+        return _step(spec, arch, gpu, network, cpu_peak_flops(), cpu_peak_flops(), CPU_EFFICIENCY, cal)
+    peak = gpu.peak_tflops[compute_dtype(spec.precision)] * 1e12
+    fp8_peak = gpu.peak_tflops.get("fp8", peak / 1e12) * 1e12
+    efficiency = cal.matmul_efficiency.get(gpu.family, min(cal.matmul_efficiency.values()))
+    return _step(spec, arch, gpu, network, peak, fp8_peak, efficiency, cal)
+
+
+@functools.cache
+def cpu_peak_flops() -> float:
+    """One core's fp32 peak (each CPU rank runs one thread): SIMD lanes x 2 FMA units x 2 x clock, from
+    /proc/cpuinfo; 2 GHz with AVX2 where it cannot be read."""
+    lanes, ghz = 8, 2.0
+    try:
+        info = open("/proc/cpuinfo").read()
+        lanes = 16 if " avx512f" in info else 8
+        ghz = float(next(ln.split(":")[1] for ln in info.splitlines() if ln.startswith("cpu MHz"))) / 1000
+    except (OSError, StopIteration, ValueError):
+        pass
+    return lanes * 2 * 2 * ghz * 1e9
+
+
+def network_for(instance_type: str, efa: int, probe: Network | None = None) -> Network:
+    """The study's own all-reduce probe where it has one at this node and EFA count; else the instance's
+    published measurement scaled to the adapters in use; else line rate at RDMA_EFFICIENCY."""
+    if probe is not None:
+        return probe
+    if efa == 0:
+        return Network(SOCKET_NODE_GBS, "0 EFA: NCCL sockets over TCP (assumed; probe it)")
+    inst = INSTANCES.get(instance_type)
+    if inst and inst.allreduce_node_gbs and inst.efa:
+        return Network(inst.allreduce_node_gbs * min(efa, inst.efa) / inst.efa,
+                       f"{inst.name} with {efa} EFA: {inst.allreduce_source}")
+    gbps = inst.network_gbps * min(efa, inst.efa) / inst.efa if inst and inst.efa else 100.0 * efa
+    return Network(gbps / 8 * RDMA_EFFICIENCY, f"{gbps:g} Gb/s line rate x {RDMA_EFFICIENCY}")
+
+
+FSDP_MESSAGE = 2**29  # bytes: about one unit's gather of a 7B-70B model, and the published figures' size
+
+
+def probe_network(nodes: int, sizes: list[dict[str, Any]]) -> Network | None:
+    """An all-reduce probe (nccl-tests' per-size rows: size, algbw) as node-level throughput at the size
+    nearest FSDP_MESSAGE: algbw x 2(N-1)/N. None for one node (no network) or no usable row."""
+    rows = [r for r in sizes if r.get("size") and r.get("algbw")]
+    if nodes < 2 or not rows:
+        return None
+    row = min(rows, key=lambda r: abs(math.log(r["size"] / FSDP_MESSAGE)))
+    return Network(row["algbw"] * 2 * (nodes - 1) / nodes,
+                   f"the study's all-reduce probe at {nodes} nodes ({row['size'] / 2**20:.0f} MiB)")
+
+
+def gpu_for(name: str | None) -> GpuSpec:
+    """The cluster's GPU, or this machine's CPU cores for a cluster that names none."""
+    return GPUS[name] if name else CPU
+
+
+def efficiencies(predictions: dict[tuple[Any, int], Prediction]) -> dict[tuple[Any, int], float]:
+    """Scaling efficiency of each (configuration, nodes) against the configuration's smallest node count:
+    tokens/s per GPU at n / at the base (the report's definition, per GPU)."""
+    out: dict[tuple[Any, int], float] = {}
+    bases: dict[Any, int] = {}
+    for config, nodes in predictions:
+        bases[config] = min(nodes, bases.get(config, math.inf))
+    for (config, nodes), pred in predictions.items():
+        base = predictions[(config, bases[config])]
+        out[(config, nodes)] = pred.tokens_per_s_per_gpu / base.tokens_per_s_per_gpu
+    return out
+
+
+class Predictor:
+    """Predictions for one sweep: each run on the cluster's GPU (a local cluster: this machine's GPU where
+    the run fits on its GPUs, else its CPU cores), over the study's own all-reduce probe at the run's node
+    and EFA count where the sweep dir has one, else the instance's published measurement."""
+
+    def __init__(self, cfg: Any, probes: dict[tuple[int, int], Network] | None = None) -> None:
+        self.cfg, self.probes = cfg, probes or {}
+        self._local: tuple[list[str], str | None] | None = None
+
+    def device(self, spec: RunSpec) -> GpuSpec | None:
+        if self.cfg.cluster.gpu:
+            return GPUS[self.cfg.cluster.gpu]
+        if self.cfg.launcher.name not in ("local", "dryrun"):
+            return None  # GPUs the cluster file does not name: no peak to predict against
+        if self._local is None:
+            from bench.gpus import local_gpu_name, local_gpus
+            self._local = (local_gpus(), local_gpu_name())
+        gpus, name = self._local
+        if gpus and spec.world_size <= len(gpus):
+            return gpu_spec(name or "")
+        return CPU
+
+    def predict(self, spec: RunSpec) -> Prediction | None:
+        gpu = self.device(spec) if spec.kind == "train" else None
+        if gpu is None:
+            return None
+        probe = self.probes.get((spec.nodes, spec.efa_per_node))
+        return predict(spec, gpu, network_for(self.cfg.cluster.instance_type, spec.efa_per_node, probe))
+
+
+def sweep_probes(sweep_dir: Any) -> dict[tuple[int, int], Network]:
+    """The finished all-reduce probes of a sweep dir (a resumed or re-planned study) by (nodes, EFA)."""
+    from bench import rundir
+    out: dict[tuple[int, int], Network] = {}
+    for run_dir in rundir.iter_run_dirs(sweep_dir):
+        summary = rundir.read_summary(run_dir)
+        if summary and summary.spec.kind == "nccl" and summary.status == "ok":
+            network = probe_network(summary.spec.nodes, summary.extra.get("sizes", []))
+            if network:
+                out[(summary.spec.nodes, summary.spec.efa_per_node)] = network
+    return out

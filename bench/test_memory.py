@@ -1,0 +1,138 @@
+"""The planner's memory before launch (bench/memory.py): what it measures, caches and falls back on, and
+that its measuring processes never outlive the sweep."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import bench.memory as memory
+from bench.config import from_dict
+from bench.core.schema import RunSpec
+from bench.memory import MemoryPlanner, fingerprint, memory_key
+from bench.plan import expand, feasibility
+from bench.sweep import compose
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cfg_for(tmp_path: Path, *overrides: str):
+    raw, _ = compose([*overrides, f"memory.cache_dir={tmp_path / 'cache'}"])
+    return from_dict(raw)
+
+
+def test_each_configuration_is_measured_once_then_read_from_the_cache(tmp_path: Path, capsys) -> None:
+    cfg = cfg_for(tmp_path, "+sweep=smoke", "axes.nodes=[1]", "axes.gpus_per_node=[2]", "nccl.enabled=false",
+                  "axes.precision=[bf16_mixed]", "axes.compile=[false]", "axes.activation_checkpointing=[none,full]",
+                  "axes.sharding=[FULL_SHARD]")
+    first = MemoryPlanner(cfg)
+    plan = expand(cfg, first)
+    assert first.measured == 2 and first.cached == 0
+    assert {p.memory.source for p in plan} == {"measured"}
+    again = MemoryPlanner(cfg)
+    replan = expand(cfg, again)
+    assert again.measured == 0 and again.cached == 2
+    assert [p.memory for p in replan] == [p.memory for p in plan]  # the cache holds what was measured
+    full, none = sorted(plan, key=lambda p: p.spec.activation_checkpointing)
+    assert full.memory.categories["activations"] < none.memory.categories["activations"]
+    assert "memory: [2/2]" in capsys.readouterr().out  # progress, one line per configuration
+
+
+def test_a_measurement_past_its_time_limit_is_planned_on_the_analytic_estimate(tmp_path: Path) -> None:
+    cfg = cfg_for(tmp_path, "+sweep=p5_scaling", "axes.model=[llama2_7b]", "axes.nodes=[2]",
+                  "axes.sharding=[FULL_SHARD]", "nccl.enabled=false", "memory.timeout_s=1")
+    started = time.monotonic()
+    (run,) = expand(cfg, MemoryPlanner(cfg))
+    assert run.memory.source == "analytic" and "no answer within memory.timeout_s=1 s" in run.memory.note
+    assert run.feasible and time.monotonic() - started < 30  # given up, not waited for
+    assert not list((tmp_path / "cache").glob("memory/*.json"))  # nothing half-measured is cached
+
+
+def test_without_torch_where_the_sweep_plans_every_figure_is_analytic_and_says_why(tmp_path: Path,
+                                                                                  monkeypatch) -> None:
+    monkeypatch.setattr(memory.importlib.util, "find_spec", lambda name: None)
+    cfg = cfg_for(tmp_path, "+sweep=smoke", "nccl.enabled=false")
+    plan = expand(cfg, MemoryPlanner(cfg))
+    assert {p.memory.source for p in plan} == {"analytic"}
+    assert {p.memory.note for p in plan} == {"torch is not installed where the sweep plans (pip install torch "
+                                             "to measure)"}
+
+
+def test_a_run_whose_state_alone_cannot_fit_is_infeasible_without_measuring(tmp_path: Path) -> None:
+    """Llama 2 70B NO_SHARD on 8 GPUs: every GPU holds all 69B parameters' fp32 state (1 TB)."""
+    cfg = cfg_for(tmp_path, "+sweep=p5_scaling", "axes.model=[llama2_70b]", "axes.nodes=[1]",
+                  "axes.sharding=[NO_SHARD]", "nccl.enabled=false")
+    planner = MemoryPlanner(cfg)
+    (run,) = expand(cfg, planner)
+    assert not run.feasible and planner.measured == 0
+    assert "not measured: parameters, gradients and AdamW state alone are 1028 GiB/GPU > 80" in run.reason
+
+
+def test_a_change_to_the_worker_measures_again(tmp_path: Path, monkeypatch) -> None:
+    """The cache key holds a hash of the code that measures: edit trainer/parallel.py, get a new key."""
+    copy = tmp_path / "project"
+    for package in memory.WORKER_SOURCES:
+        shutil.copytree(ROOT / package, copy / package)
+    spec = RunSpec()
+    before = memory_key(spec)
+    monkeypatch.setattr(memory, "PROJECT_ROOT", copy)
+    fingerprint.cache_clear()
+    try:
+        assert memory_key(spec) == before  # the same sources: the same key
+        with open(copy / "trainer" / "parallel.py", "a") as f:
+            f.write("\n# a change to the parallelization\n")
+        fingerprint.cache_clear()
+        assert memory_key(spec) != before
+    finally:
+        fingerprint.cache_clear()
+    assert memory_key(replace(spec, micro_batch=2)) != memory_key(spec)  # a field that changes memory
+    assert memory_key(replace(spec, steps=20)) == memory_key(spec)  # one that does not
+
+
+def test_the_headroom_is_what_the_plan_needs_beyond_the_peak(tmp_path: Path) -> None:
+    cfg = cfg_for(tmp_path, "+sweep=p5_scaling", "axes.model=[llama2_13b]", "axes.nodes=[2]",
+                  "nccl.enabled=false", "memory.measure=false")
+    runs = {p.spec.sharding: p for p in expand(cfg)}
+    full, hybrid = runs["FULL_SHARD"].memory, runs["HYBRID_SHARD"].memory
+    assert full.need_gib(runs["FULL_SHARD"].spec) == pytest.approx(full.gpu_gib * 1.10 + 0.5 + 0.5)
+    assert hybrid.need_gib(runs["HYBRID_SHARD"].spec) == pytest.approx(hybrid.gpu_gib * 1.10 + 0.5 + 3 * 0.5)
+    tight = replace(cfg, cluster=replace(cfg.cluster, gpu_memory_gib=full.gpu_gib * 1.05))
+    assert not feasibility(tight, runs["FULL_SHARD"].spec)[1]  # fits the peak, not the headroom
+
+
+def test_killing_the_sweep_while_it_measures_leaves_no_measuring_process(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "bench.sweep", "+sweep=p5_scaling", "--dry-run",
+                             f"results_root={tmp_path}", f"memory.cache_dir={tmp_path / 'cache'}"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("memory: measuring"):
+            break
+    workers = lambda: subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "trainer.memory"],  # noqa: E731
+                                     capture_output=True, text=True).stdout.split()
+    deadline = time.monotonic() + 30
+    while not workers() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    children = workers()
+    assert children, "no measuring process started"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while any(map(_alive, children)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(map(_alive, children)), "a measuring process outlived the sweep"
+
+
+def _alive(pid: str) -> bool:
+    """Running, not a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
