@@ -113,4 +113,15 @@ def load(path: Path) -> Loaded:
                                                           "mfu", "hfu", "_first", "_last"))]
     for column in numeric:
         frame[column] = pd.to_numeric(frame[column], errors="coerce")
-    return Loaded(frame=frame, sweeps=sweeps, notes=notes)
+    return Loaded(frame=_older_estimates(frame), sweeps=sweeps, notes=notes)
+
+
+def _older_estimates(frame: pd.DataFrame) -> pd.DataFrame:
+    """Studies planned before the memory was measured carry the analytic estimate they were judged by
+    (est_mem_gib, formula since removed): it is their prediction."""
+    if "est_mem_gib" not in frame:
+        return frame
+    older = frame["pred_mem_gib"].isna() & pd.to_numeric(frame["est_mem_gib"], errors="coerce").notna()
+    frame.loc[older, "pred_mem_gib"] = pd.to_numeric(frame.loc[older, "est_mem_gib"])
+    frame.loc[older, "pred_mem_source"] = "analytic"
+    return frame.drop(columns="est_mem_gib")

@@ -4,8 +4,9 @@ Throughput: bench/perf.py's tokens/s per GPU, MFU and scaling efficiency against
 sentence naming the largest miss and what the model held to bound that run (compute, memory bandwidth or
 network), which is where a miss most likely comes from.
 
-Memory: the peak the planner measured on fake tensors (bench/memory.py; the analytic estimate where it
-could not) against torch's allocator peak on the GPU (`torch.cuda.max_memory_allocated`, max over ranks),
+Memory: the peak the planner measured on fake tensors (bench/memory.py; the lower bound of the state where
+it could not, the analytic estimate in studies planned before) against torch's allocator peak on the GPU
+(`torch.cuda.max_memory_allocated`, max over ranks),
 and the planner's headroom assumptions against what each GPU run showed: reserved / allocated (allocator
 fragmentation) and NVML used - reserved (CUDA context and NCCL buffers, outside the allocator).
 """
@@ -35,7 +36,7 @@ def memory_table(agg: pd.DataFrame) -> pd.DataFrame:
         "mem_peak_alloc_gib": measured, "mem_error": (rows["pred_mem_gib"] - measured) / measured,
         "reserved_ratio": rows["mem_peak_reserved_gib"] / measured,
         "outside_allocator_gib": rows["nvml_mem_used_gib"] - rows["mem_peak_reserved_gib"],
-        "est_mem_gib": rows["est_mem_gib"], "status": rows["status"]}).reset_index(drop=True)
+        "status": rows["status"]}).reset_index(drop=True)
 
 
 def memory_notes(table: pd.DataFrame) -> list[str]:

@@ -45,9 +45,10 @@ DEFINITIONS = """\
 - Memory: peak allocated/reserved by torch per GPU (max over ranks), NVML memory used (max over GPUs and
   samples); on CPU, the host RSS peak per process. **Predicted** memory is what the plan judged the run
   by: rank 0's peak of one steady training step of the run's own model, parallelization and optimizer on
-  fake tensors (FSDPMemTracker), else the analytic estimate; error = (predicted - measured peak allocated)
-  / measured. The plan adds headroom for what the allocator's peak does not hold: reserved / allocated and
-  NVML used - reserved show what each GPU run really needed.
+  fake tensors (FSDPMemTracker), else the lower bound of its state (studies planned before: the analytic
+  estimate); error = (predicted - measured peak allocated) / measured. The plan adds headroom for what
+  the allocator's peak does not hold: reserved / allocated and NVML used - reserved show what each GPU run
+  really needed.
 - **Predicted** throughput (bench/perf.py, made when the run was planned): step = matmuls at a calibrated
   fraction of the dense peak + elementwise and optimizer memory traffic at HBM bandwidth + the FSDP
   communication prefetch cannot hide (network: the study's probe, else the instance's published
@@ -73,7 +74,7 @@ SCALING_COLUMNS = {
     "mfu": "MFU", "hfu": "HFU", "step_time_s": "step time (s)", "step_time_s_std": "step time std (s)",
     "mem_peak_alloc_gib": "peak alloc (GiB/GPU)", "mem_peak_reserved_gib": "peak reserved (GiB/GPU)",
     "nvml_mem_used_gib": "NVML used (GiB/GPU)", "mem_rss_gib": "host RSS (GiB/proc)",
-    "est_mem_gib": "estimate (GiB/GPU)", "scaling_efficiency": "scaling efficiency",
+    "pred_mem_gib": "predicted (GiB/GPU)", "scaling_efficiency": "scaling efficiency",
     "base_nodes": "base nodes",
 }
 # What a reader compares; the full-width table stays in scaling.csv.
@@ -114,7 +115,8 @@ COMM_COLUMNS = {"sweep": "sweep", "model": "model", "sharding": "sharding", "pre
                 "lost_s": "step time lost vs base (s)", "comm_growth_s": "comm growth vs base (s)",
                 "verdict": "verdict"}
 COMM_SHORT = {"model": "model", "sharding": "sharding", "nodes": "nodes",
-              "comm_gb_per_gpu": "comm (GB/GPU/step)", "comm_s": "modelled comm (s)", "step_time_s": "step time (s)", "comm_fraction": "comm / step",
+              "comm_gb_per_gpu": "comm (GB/GPU/step)", "comm_s": "modelled comm (s)",
+              "step_time_s": "step time (s)", "comm_fraction": "comm / step",
               "verdict": "verdict"}  # comm_model.csv keeps every column
 MEMORY_COLUMNS = {"model": "model", "configuration": "configuration", "placement": "nodes x GPUs",
                   "pred_mem_gib": "predicted (GiB/GPU)",

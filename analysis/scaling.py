@@ -18,7 +18,7 @@ METRICS = {  # column -> how repeats are combined (all by median; spread from mi
     "tokens_per_s": "median", "tokens_per_s_per_gpu": "median", "samples_per_s": "median",
     "tflops_per_gpu": "median", "mfu": "median", "hfu": "median", "step_time_s": "median",
     "mem_peak_alloc_gib": "max", "mem_peak_reserved_gib": "max", "nvml_mem_used_gib": "max",
-    "mem_rss_gib": "max", "est_mem_gib": "max", "compile_s": "median",
+    "mem_rss_gib": "max", "compile_s": "median",
 }
 PREDICTED = ("pred_mem_gib", "pred_mem_source", "pred_step_time_s", "pred_tokens_per_s_per_gpu", "pred_mfu",
              "pred_scaling_efficiency", "pred_bound")  # bench/plan.py's predictions, one per configuration
@@ -243,7 +243,8 @@ def nccl_sizes(frame: pd.DataFrame) -> pd.DataFrame:
             rows.append({"nodes": r["nodes"], "efa_per_node": r["efa_per_node"], "size_bytes": s["size"],
                          "busbw_gbs": s["busbw"], "algbw_gbs": s["algbw"], "time_us": s["time_us"]})
     if not rows:
-        return pd.DataFrame(columns=["nodes", "efa_per_node", "size_bytes", "busbw_gbs", "algbw_gbs", "time_us"])
+        return pd.DataFrame(columns=["nodes", "efa_per_node", "size_bytes", "busbw_gbs", "algbw_gbs",
+                                     "time_us"])
     sizes = pd.DataFrame(rows)
     return sizes.groupby(["nodes", "efa_per_node", "size_bytes"], as_index=False).median()
 

@@ -144,11 +144,12 @@ def test_nccl_table_medians_by_nodes_and_efa(tmp_path: Path) -> None:
 
 
 def test_a_probe_only_study_gets_an_answer_sentence(tmp_path: Path) -> None:
-    """2 nodes: TCP (0 EFA) at 1.0 GB/s, 4 EFA at 8.2 GB/s (repeats 8.0/8.2/8.4): 8.2x TCP, first on the page."""
+    """2 nodes: TCP (0 EFA) at 1.0 GB/s, 4 EFA at 8.2 GB/s (repeats 8.0/8.2/8.4): 8.2x TCP, in the answer."""
     sweep = tmp_path / "efa"
     for efa, bws in ((0, [1.0]), (4, [8.0, 8.4, 8.2])):
         for repeat, bw in enumerate(bws):
-            spec = RunSpec(kind="nccl", model="none", nodes=2, gpus_per_node=8, efa_per_node=efa, repeat=repeat)
+            spec = RunSpec(kind="nccl", model="none", nodes=2, gpus_per_node=8, efa_per_node=efa,
+                           repeat=repeat)
             rundir.write_summary(rundir.run_dir(sweep, spec), RunSummary(
                 run_id=spec.run_id, sweep="efa", status="ok", spec=spec, nccl_busbw_avg_gbs=bw,
                 nccl_busbw_max_gbs=1.5 * bw))

@@ -144,12 +144,12 @@ class MicroBatchSearch:
 @dataclass
 class MemoryConfig:
     """How the planner knows each run's memory before launch (bench/memory.py): the worker's own step on
-    fake tensors, per distinct configuration, cached; the analytic estimate where that cannot run."""
+    fake tensors, per distinct configuration, cached; the lower bound of the state where that cannot run."""
 
-    measure: bool = True  # false: the analytic estimate only (instant, within tens of percent)
+    measure: bool = True  # false: the lower bound only (instant; prunes only what surely cannot fit)
     cache_dir: str | None = None  # None = $XDG_CACHE_HOME/fsdpbench, else ~/.cache/fsdpbench
     workers: int = 2  # measuring processes side by side (each holds ~0.5 GiB; no GPU needed)
-    timeout_s: float = 900  # per configuration; past it that run is planned on the analytic estimate
+    timeout_s: float = 900  # per configuration; past it that run is planned on the lower bound
 
 
 @dataclass

@@ -22,9 +22,8 @@ One training step per GPU is modelled as
 compile=true keeps a fraction of the elementwise traffic (inductor fuses a block's elementwise operators);
 fp8_tensorwise runs the block linears at the FP8 peak and gathers their weights in one byte (torchao's
 float8 all-gather). The calibrated constants (CALIBRATION: one per GPU family, three shared) were fitted
-to published FSDP throughput
-rows, each cited in bench/published.py; `python benchmarks/perf_model.py` fits them again and prints every
-row's error, with llm-foundry's table held out as a check. Everything else is a datasheet figure or a
+to published FSDP throughput rows, each cited in bench/published.py; `python benchmarks/perf_model.py`
+fits them again and prints every row's error, with llm-foundry's table held out as a check. Everything else is a datasheet figure or a
 measured nccl-tests output (bench/core/hardware.py).
 """
 from __future__ import annotations

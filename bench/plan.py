@@ -1,8 +1,8 @@
 """Expand a sweep into frozen RunSpecs: cartesian product of the axes, minus exclusions, plus probes.
 
 Every training run gets a per-GPU memory figure (bench/memory.py: measured on fake tensors where the sweep
-measures, else the analytic estimate); runs that cannot fit the cluster's GPUs are planned as infeasible
-(recorded, never launched).
+measures, else the exact lower bound of its state); runs that cannot fit the cluster's GPUs are planned as
+infeasible (recorded, never launched).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from bench.config import AUTO, AXES, ConfigError, SweepConfig
 from bench.core.schema import RunSpec
-from bench.memory import MemoryFigure, analytic
+from bench.memory import MemoryFigure, lower_bound
 from bench.perf import Prediction, Predictor
 
 HOST_FRACTION = 0.8  # offload=cpu: host memory also holds the OS, the workers and pinned staging buffers
@@ -46,7 +46,7 @@ class PlannedRun:
         m, perf = self.memory, self.perf
         out: dict[str, Any] = {}
         if m:
-            out |= {"est_mem_gib": m.analytic_gib, "pred_mem_gib": m.gpu_gib, "pred_mem_source": m.source}
+            out |= {"pred_mem_gib": m.gpu_gib, "pred_mem_source": m.source}
         if perf:
             out |= {**perf.fields(), "pred_scaling_efficiency": self.pred_efficiency}
         return out
@@ -93,14 +93,14 @@ def _spec(cfg: SweepConfig, point: dict[str, Any], repeat: int, **override: Any)
 def feasibility(cfg: SweepConfig, spec: RunSpec, memory: MemorySource | None = None
                 ) -> tuple[MemoryFigure, bool, str | None]:
     """The run's memory figure, whether it fits the cluster's GPUs (and host, under offload), and why not."""
-    figure = memory.figure(spec) if memory else analytic(spec, None)
+    figure = memory.figure(spec) if memory else lower_bound(spec, "not measured")
     host, host_limit = figure.host_gib * spec.gpus_per_node, cfg.cluster.host_memory_gib
     if host_limit is not None and host > HOST_FRACTION * host_limit:
         return figure, False, (f"offload: {figure.source} {host:.0f} GiB of host memory per node > "
                                f"{HOST_FRACTION:.0%} of {host_limit:g} GiB")
     limit, need = cfg.cluster.gpu_memory_gib, figure.need_gib(spec)
     if limit is not None and need > limit:
-        measured = f"{figure.source} peak {figure.gpu_gib:.1f} GiB"
+        measured = f"{figure.source} {figure.gpu_gib:.1f} GiB"
         parts = ", ".join(f"{k} {v:.1f}" for k, v in sorted(figure.categories.items(), key=lambda kv: -kv[1]))
         detail = f": {parts}" if parts else ""
         note = f"; {figure.note}" if figure.note else ""
@@ -147,7 +147,7 @@ def _probe_specs(cfg: SweepConfig) -> list[RunSpec]:
 def expand(cfg: SweepConfig, memory: MemorySource | None = None,
            predictor: Predictor | None = None) -> list[PlannedRun]:
     """The plan: training runs (each with its memory figure and performance prediction) then all-reduce
-    probes; duplicates removed. Without a memory source every figure is the analytic estimate (instant);
+    probes; duplicates removed. Without a memory source every figure is the lower bound (instant);
     with one, every distinct configuration is measured (in parallel, cached) before the runs are judged.
     Predictions use the cluster's published network figures unless the predictor holds the study's probes."""
     specs: list[RunSpec] = []

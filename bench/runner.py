@@ -31,7 +31,7 @@ from bench.config import SweepConfig
 from bench.core.schema import RETRYABLE_STATUSES, RunSpec, RunSummary
 from bench.cost import estimated_seconds
 from bench.launchers.base import DONE, PROJECT_ROOT, RUNNING, Launcher, Outcome
-from bench.memory import analytic
+from bench.memory import lower_bound
 from bench.perf import Predictor
 from bench.plan import PlannedRun
 from bench.progress import Progress
@@ -319,8 +319,9 @@ def _search_micro_batch(sweep: _Sweep, planned: PlannedRun, rd: Path) -> RunStep
         m //= 2
     if last is not None and last.status == "ok":
         final = replace(spec, micro_batch=trials[-1]["micro_batch"])
-        found = planned if final == planned.first_spec else PlannedRun(
-            final, analytic(final, "below the planned start"), True, perf=Predictor(cfg).predict(final))
+        below = lower_bound(final, "not measured: below the planned start")
+        found = planned if final == planned.first_spec else PlannedRun(final, below, True,
+                                                                       perf=Predictor(cfg).predict(final))
         summary = yield from _attempt(sweep, replace(found, spec=final), rd)
     else:  # every size ran out of memory, another failure, or a stop: the run ends as its last trial did
         summary = last or RunSummary(run_id=spec.run_id, sweep=cfg.sweep_name, status="cancelled", spec=spec,

@@ -83,10 +83,10 @@ def make_launcher(cfg: SweepConfig) -> Any:
     return KubernetesLauncher(cfg)
 
 
-PLAN_MEMORY = (f"memory per GPU in GiB: the analytic estimate, the peak measured on fake tensors, and what "
-               f"the run needs (measured x {1 + FRAGMENTATION:g} allocator, + {CUDA_CONTEXT_GIB:g} CUDA "
-               f"context, + {NCCL_GIB_PER_COMMUNICATOR:g} per NCCL communicator); host: offloaded state per "
-               "GPU")
+PLAN_MEMORY = (f"memory per GPU in GiB: the peak measured on fake tensors (>= where not measured: the lower "
+               f"bound of parameters, gradients and AdamW state), and what the run needs (peak x "
+               f"{1 + FRAGMENTATION:g} allocator, + {CUDA_CONTEXT_GIB:g} CUDA context, + "
+               f"{NCCL_GIB_PER_COMMUNICATOR:g} per NCCL communicator); host: offloaded state per GPU")
 
 
 def _gib(value: float) -> str:
@@ -106,25 +106,24 @@ def _perf_cells(p: PlannedRun) -> list[str]:
 
 
 def format_plan(plan: list[PlannedRun]) -> str:
-    rows = [("run", "id", "analytic", "measured", "need", "host", "tok/s/GPU", "MFU", "eff", "bound",
-             "status")]
+    rows = [("run", "id", "peak", "need", "host", "tok/s/GPU", "MFU", "eff", "bound", "status")]
     for p in plan:
         m = p.memory
         status = "planned" if p.feasible else f"infeasible: {p.reason}"
         if p.micro_batch_start and p.feasible:
             status += f" (micro batch search from {p.micro_batch_start})"
-        if m and m.note and p.feasible and m.note != MEASURE_OFF:
-            status += f" ({m.source}: {m.note})"
-        cells = ([_gib(m.analytic_gib), _gib(m.gpu_gib) if m.source == "measured" else "-",
-                  _gib(m.need_gib(p.first_spec)), _gib(m.host_gib) if m.host_gib else "-"] if m
-                 else ["-"] * 4)
+        if m and m.note and p.feasible and MEASURE_OFF not in m.note:
+            status += f" ({m.note})"
+        bound = "" if m is None or m.source == "measured" else ">="
+        cells = ([bound + _gib(m.gpu_gib), bound + _gib(m.need_gib(p.first_spec)),
+                  bound + _gib(m.host_gib) if m.host_gib else "-"] if m else ["-"] * 3)
         rows.append((p.spec.label, p.spec.run_id, *cells, *_perf_cells(p), status))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = ["  ".join([r[0].ljust(widths[0]), r[1].ljust(widths[1]),
                         *(c.rjust(w) for c, w in zip(r[2:-1], widths[2:])), r[-1]]) for r in rows]
     networks = sorted({p.perf.network.source for p in plan if p.perf and p.feasible})
-    off = [f"memory: the analytic estimate only ({MEASURE_OFF})"] if any(
-        p.memory and p.memory.note == MEASURE_OFF for p in plan) else []
+    off = [f"memory: not measured ({MEASURE_OFF}): only runs whose state alone cannot fit are pruned"] if any(
+        p.memory and MEASURE_OFF in (p.memory.note or "") for p in plan) else []
     return "\n".join([PLAN_MEMORY, *off, PLAN_PERF, *(f"network: {n}" for n in networks), *lines])
 
 
@@ -139,7 +138,7 @@ def render_all(launcher: Any, plan: list[PlannedRun], sweep_dir: Path, admit: bo
     cheap), and let the scheduler judge it where it can without running it (Kubernetes server-side dry
     run): a value only a launcher can judge (a path outside the container's mounts, a manifest the CRD or a
     webhook refuses) is one ConfigError now, not after minutes of memory measurement or as a launch_error
-    per run later. Runs the analytic estimate rejects are judged too: measured, they may fit."""
+    per run later. Infeasible runs are judged too: a bigger cluster or GPU may fit them."""
     check = getattr(launcher, "admit", None) if admit else None
     for p in plan:
         submission = launcher.render(p.spec, rundir.run_dir(sweep_dir, p.spec))

@@ -56,7 +56,7 @@ def test_plan_prints_the_cost_and_the_price_is_overridable(capsys, tmp_path) -> 
     assert "at $98.32/h per p5.48xlarge instance" in line and "GPU-hours" in line
     assert main([*args, "cluster.price_per_hour=9.832"]) == 0
     cheaper = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("cost estimate"))
-    usd = [float(x.split(" ")[-1].strip("$").replace(",", "")) for x in (line.split(" at $")[0], cheaper.split(" at $")[0])]
+    usd = [float(x.split(" at $")[0].split(" ")[-1].strip("$").replace(",", "")) for x in (line, cheaper)]
     assert usd[1] == pytest.approx(usd[0] / 10, rel=1e-3)
     assert main(["+sweep=smoke", "--dry-run", f"results_root={tmp_path}"]) == 0
     assert "no price_per_hour for local" in capsys.readouterr().out

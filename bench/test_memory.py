@@ -15,10 +15,11 @@ import pytest
 
 import bench.memory as memory
 from bench.config import from_dict
+from bench.core.models import count_params, get_arch
 from bench.core.schema import RunSpec
 from bench.memory import MemoryPlanner, fingerprint, memory_key
 from bench.plan import expand, feasibility
-from bench.sweep import compose
+from bench.sweep import _gib, compose, format_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,8 +31,8 @@ def cfg_for(tmp_path: Path, *overrides: str):
 
 def test_each_configuration_is_measured_once_then_read_from_the_cache(tmp_path: Path, capsys) -> None:
     cfg = cfg_for(tmp_path, "+sweep=smoke", "axes.nodes=[1]", "axes.gpus_per_node=[2]", "nccl.enabled=false",
-                  "axes.precision=[bf16_mixed]", "axes.compile=[false]", "axes.activation_checkpointing=[none,full]",
-                  "axes.sharding=[FULL_SHARD]")
+                  "axes.precision=[bf16_mixed]", "axes.compile=[false]", "axes.sharding=[FULL_SHARD]",
+                  "axes.activation_checkpointing=[none,full]")
     first = MemoryPlanner(cfg)
     plan = expand(cfg, first)
     assert first.measured == 2 and first.cached == 0
@@ -45,24 +46,27 @@ def test_each_configuration_is_measured_once_then_read_from_the_cache(tmp_path: 
     assert "memory: [2/2]" in capsys.readouterr().out  # progress, one line per configuration
 
 
-def test_a_measurement_past_its_time_limit_is_planned_on_the_analytic_estimate(tmp_path: Path) -> None:
+def test_a_measurement_past_its_time_limit_is_planned_on_the_lower_bound(tmp_path: Path) -> None:
     cfg = cfg_for(tmp_path, "+sweep=p5_scaling", "axes.model=[llama2_7b]", "axes.nodes=[2]",
                   "axes.sharding=[FULL_SHARD]", "nccl.enabled=false", "memory.timeout_s=1")
     started = time.monotonic()
     (run,) = expand(cfg, MemoryPlanner(cfg))
-    assert run.memory.source == "analytic" and "no answer within memory.timeout_s=1 s" in run.memory.note
+    assert run.memory.source == "lower bound" and "no answer within memory.timeout_s=1 s" in run.memory.note
+    assert run.memory.gpu_gib == pytest.approx(6_738_415_616 * 16 / 16 / 2**30)  # 16 B/param over 16 GPUs
     assert run.feasible and time.monotonic() - started < 30  # given up, not waited for
     assert not list((tmp_path / "cache").glob("memory/*.json"))  # nothing half-measured is cached
 
 
-def test_without_torch_where_the_sweep_plans_every_figure_is_analytic_and_says_why(tmp_path: Path,
-                                                                                  monkeypatch) -> None:
+def test_without_torch_where_the_sweep_plans_every_figure_is_a_lower_bound_and_says_why(tmp_path: Path,
+                                                                                        monkeypatch) -> None:
     monkeypatch.setattr(memory.importlib.util, "find_spec", lambda name: None)
     cfg = cfg_for(tmp_path, "+sweep=smoke", "nccl.enabled=false")
     plan = expand(cfg, MemoryPlanner(cfg))
-    assert {p.memory.source for p in plan} == {"analytic"}
-    assert {p.memory.note for p in plan} == {"torch is not installed where the sweep plans (pip install torch "
-                                             "to measure)"}
+    assert {p.memory.source for p in plan} == {"lower bound"}
+    assert {p.memory.note for p in plan} == {"not measured: torch is not installed where the sweep plans "
+                                             "(pip install torch to measure)"}
+    text = format_plan(plan)
+    assert all(f">={_gib(p.memory.gpu_gib)}  " in text for p in plan) and "not measured: torch" in text
 
 
 def test_a_run_whose_state_alone_cannot_fit_is_infeasible_without_measuring(tmp_path: Path) -> None:
@@ -72,7 +76,8 @@ def test_a_run_whose_state_alone_cannot_fit_is_infeasible_without_measuring(tmp_
     planner = MemoryPlanner(cfg)
     (run,) = expand(cfg, planner)
     assert not run.feasible and planner.measured == 0
-    assert "not measured: parameters, gradients and AdamW state alone are 1028 GiB/GPU > 80" in run.reason
+    assert run.memory.gpu_gib == pytest.approx(count_params(get_arch("llama2_70b")) * 16 / 2**30)  # 1027.8
+    assert "(lower bound 1027.8 GiB" in run.reason and "AdamW state alone do not fit" in run.reason
 
 
 def test_a_change_to_the_worker_measures_again(tmp_path: Path, monkeypatch) -> None:

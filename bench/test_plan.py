@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from bench.config import ConfigError, from_dict
 from bench.core.models import count_params, get_arch
+from bench.core.schema import RunSpec
+from bench.memory import MemoryFigure
 from bench.plan import expand
 from bench.sweep import compose, main
 
@@ -154,19 +157,27 @@ def test_config_error_type_is_raised_by_from_dict() -> None:
         from_dict(raw)
 
 
-def test_auto_micro_batch_starts_at_the_largest_power_of_two_that_fits() -> None:
-    from dataclasses import replace
+class GrowingMemory:
+    """A memory source whose peak grows with the micro batch: 10 GiB + 3 GiB per sequence."""
 
-    from bench.plan import feasibility
+    def prefetch(self, specs: list[RunSpec]) -> None:
+        pass
+
+    def figure(self, spec: RunSpec) -> MemoryFigure:
+        return MemoryFigure(10.0 + 3.0 * spec.micro_batch, 0.0, "measured")
+
+
+def test_auto_micro_batch_starts_at_the_largest_power_of_two_that_fits() -> None:
+    """On 80 GiB: (10 + 3m) x 1.10 + 0.5 + NCCL <= 80 holds up to m = 20, so the search starts at 16."""
     raw, _ = compose(["+sweep=p5_scaling", "axes.model=[llama2_13b]", "axes.nodes=[1]", "axes.micro_batch=[auto]",
                       "axes.activation_checkpointing=[none]", "nccl.enabled=false"])
     cfg = from_dict(raw)
-    for p in expand(cfg):
-        assert p.spec.micro_batch == 0 and "mbauto" in p.spec.label and p.feasible
-        start = p.micro_batch_start
-        assert feasibility(cfg, replace(p.spec, micro_batch=start))[1]
-        assert start == 64 or not feasibility(cfg, replace(p.spec, micro_batch=2 * start))[1]
-        assert 1 <= start < 64  # 13B at 4096 tokens without AC cannot hold 64 sequences per 80 GB GPU
+    plan = expand(cfg, GrowingMemory())
+    assert plan and all(p.spec.micro_batch == 0 and "mbauto" in p.spec.label and p.feasible for p in plan)
+    assert {p.micro_batch_start for p in plan} == {16}
+    assert {p.memory.gpu_gib for p in plan} == {10.0 + 3.0 * 16}  # the figure of the size that launches first
+    unmeasured = expand(cfg)  # the lower bound does not grow with the micro batch: start at the top
+    assert {p.micro_batch_start for p in unmeasured} == {cfg.micro_batch_search.max}
     local = plan_for("+sweep=smoke", "axes.micro_batch=[auto,2]", "micro_batch_search.max=6", "nccl.enabled=false")
     assert {p.micro_batch_start for p in local if p.spec.micro_batch == 0} == {4}  # no memory limit: 4 <= 6
     assert {p.spec.micro_batch for p in local} == {0, 2}
@@ -218,15 +229,12 @@ def test_bad_combinations_of_the_new_axes_are_one_line(overrides, message, capsy
 
 
 def test_offload_moves_the_states_to_host_memory_and_checks_it() -> None:
-    from bench.core.flops import estimate_memory
-    arch = get_arch("llama2_70b")
-    kw = dict(sharding="FULL_SHARD", precision="bf16_mixed", ac="full", wrap_policy="transformer_block",
-              nodes=1, gpus_per_node=8, micro_batch=1, seq_len=4096)
-    on_gpu, offloaded = estimate_memory(arch, **kw), estimate_memory(arch, **kw, offload="cpu")
-    states = count_params(arch) * 16 / 8  # fp32 params + grads + 2 AdamW moments, sharded over 8 GPUs
-    assert on_gpu.states == pytest.approx(states) and on_gpu.host == 0
-    assert offloaded.states == 0 and offloaded.host == pytest.approx(states)
-    assert offloaded.activations == on_gpu.activations and offloaded.unsharded == on_gpu.unsharded
+    from bench.memory import lower_bound
+    spec = RunSpec(model="llama2_70b", nodes=1, gpus_per_node=8, precision="bf16_mixed")
+    on_gpu, offloaded = lower_bound(spec, "-"), lower_bound(replace(spec, offload="cpu"), "-")
+    states = count_params(get_arch("llama2_70b")) * 16 / 8 / 2**30  # fp32 params + grads + 2 AdamW moments
+    assert (on_gpu.gpu_gib, on_gpu.host_gib) == (pytest.approx(states), 0.0)
+    assert (offloaded.gpu_gib, offloaded.host_gib) == (0.0, pytest.approx(states))
     # 70B on p4de: 8 x 140 GB of state = 1043 GiB per node > 80% of its 1152 GiB at 1 node, fits at 2
     plan = {(p.spec.nodes, p.spec.offload): p for p in plan_for(
         "+sweep=ablation", "axes.model=[llama2_70b]", "axes.nodes=[1,2]", "axes.offload=[none,cpu]",

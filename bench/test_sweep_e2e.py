@@ -177,7 +177,8 @@ def test_auto_micro_batch_backs_off_from_an_injected_oom(tmp_path: Path) -> None
     search = json.loads(frame.extra[0])["micro_batch_search"]
     assert [(t["micro_batch"], t["status"]) for t in search] == [(8, "oom"), (4, "oom"), (2, "ok")]
     run = next((tmp_path / "smoke" / "runs").iterdir())
-    assert "mbauto" in run.name and sorted(p.name for p in (run / "search").iterdir()) == ["mb2", "mb4", "mb8"]
+    assert "mbauto" in run.name
+    assert sorted(p.name for p in (run / "search").iterdir()) == ["mb2", "mb4", "mb8"]
     assert frame.tokens_per_s[0] > 0  # the real run (3 steps), not the 2-step trial
     assert json.loads((run / rundir.SUMMARY_JSON).read_text())["steps"] == 3
     assert "skipped 1" in sweep(tmp_path, *args).stdout  # resume finds it done

@@ -37,7 +37,7 @@ def synthesize(sweep_dir: Path, n_runs: int = 10_000) -> None:
         summary = RunSummary(run_id=spec.run_id, sweep=sweep_dir.name, status="ok" if ok else "oom", spec=spec,
                              tokens_per_s=tps if ok else None, tflops_per_gpu=tps * 4e-11 if ok else None,
                              mfu=tps * 4e-14 if ok else None, mem_peak_alloc_gib=40.0 if ok else None,
-                             est_mem_gib=38.0, step_time_s=1.0 if ok else None,
+                             pred_mem_gib=38.0, pred_mem_source="measured", step_time_s=1.0 if ok else None,
                              error=None if ok else "OutOfMemoryError: CUDA out of memory", wall_s=300.0,
                              extra={"losses": [11.0 - 0.1 * i for i in range(10)]} if ok else {})
         d = rundir.run_dir(sweep_dir, spec)

@@ -1,4 +1,4 @@
-"""Model FLOPs (for MFU/HFU) and a per-GPU memory estimate (for the planner), from the architecture.
+"""Model FLOPs (for MFU/HFU) and the state bytes per GPU (the planner's lower bound), from the architecture.
 
 FLOPs per token follow the convention torchtitan and llm-foundry share: 6*N + 12*L*H*Q*T, with N the
 parameters without the input embedding (every matmul weight, forward 2 and backward 4 FLOPs per
@@ -7,9 +7,7 @@ head forward, times 3 with backward). Causal masking is not discounted, as in th
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from bench.core.models import ModelArch, block_params, count_params, non_embedding_params
+from bench.core.models import ModelArch, block_params, non_embedding_params
 from bench.core.schema import AC_MODES  # one owner of the list
 
 GIB = 1024**3
@@ -85,66 +83,3 @@ def shard_size(sharding: str, nodes: int, gpus_per_node: int) -> int:
     world = nodes * gpus_per_node
     return {"FULL_SHARD": world, "SHARD_GRAD_OP": world, "HYBRID_SHARD": gpus_per_node,
             "NO_SHARD": 1}[sharding]
-
-
-@dataclass(frozen=True)
-class MemoryEstimate:
-    """Per-GPU bytes by category; `total` is what the planner compares to device memory."""
-
-    states: float  # sharded params + grads + AdamW moments (0 with offload: they are in host memory)
-    unsharded: float  # gathered compute-dtype params/grads alive at the peak
-    activations: float
-    host: float = 0.0  # this GPU's share of host memory: its offloaded states (offload=cpu)
-
-    @property
-    def total(self) -> float:
-        return self.states + self.unsharded + self.activations
-
-    @property
-    def total_gib(self) -> float:
-        return self.total / GIB
-
-
-def _activation_elements_per_token_block(a: ModelArch) -> float:
-    inner = a.heads * a.head_dim
-    kv = a.kv_heads * a.head_dim
-    ffn_tensors = 5 if a.family == "llama" else 3  # SwiGLU keeps gate, up, act, product, down input
-    return 9 * a.hidden + 2 * kv + inner + ffn_tensors * a.ffn
-
-
-def estimate_memory(a: ModelArch, *, sharding: str, precision: str, ac: str, wrap_policy: str,
-                    nodes: int, gpus_per_node: int, micro_batch: int, seq_len: int, offload: str = "none",
-                    ) -> MemoryEstimate:
-    """Peak bytes per GPU for one training step of FSDP2 with AdamW.
-
-    offload=cpu (CPUOffloadPolicy) keeps the sharded parameters, gradients and AdamW state in host memory
-    (the optimizer steps there); the GPU holds what is gathered for compute and the activations.
-
-    A planning estimate (within tens of percent), not an allocator simulation: it decides which runs are
-    worth launching and is drawn against the measured peak in the report.
-    """
-    params = count_params(a)
-    c = COMPUTE_BYTES[precision]
-    states = params * state_bytes_per_param(precision) / shard_size(sharding, nodes, gpus_per_node)
-    host = states if offload == "cpu" else 0.0
-    states -= host
-    biggest_block = max(block_params(a))
-    root = params - sum(block_params(a))  # embeddings, final norms, lm_head: the root FSDP unit
-    if wrap_policy == "whole_model" or sharding in ("SHARD_GRAD_OP", "NO_SHARD"):
-        unsharded = params * c + (params * 4 if wrap_policy == "whole_model" else 0)
-    else:
-        unsharded = root * c + biggest_block * (2 * c + 4)  # current + prefetched unit, its grads
-    tokens = micro_batch * seq_len
-    per_block = _activation_elements_per_token_block(a) * c * tokens
-    n_ckpt = len(checkpointed_blocks(ac, a.blocks))
-    if ac == "selective_op":  # kept: block input, q/k/v, attention output, o_proj, the FFN matmuls' outputs
-        inner, kv = a.heads * a.head_dim, a.kv_heads * a.head_dim
-        kept = 3 * a.hidden + 2 * inner + 2 * kv + (2 if a.family == "llama" else 1) * a.ffn
-        acts = a.blocks * kept * c * tokens + per_block  # plus one block rebuilt during its backward
-        acts += tokens * a.vocab * (c + 8)
-        return MemoryEstimate(states=states, unsharded=unsharded, activations=acts, host=host)
-    acts = (a.blocks - n_ckpt) * per_block + n_ckpt * a.hidden * c * tokens
-    if n_ckpt:
-        acts += per_block  # one block's activations rebuilt during its backward
-    acts += tokens * a.vocab * (c + 8)  # logits, their fp32 upcast and the loss gradient
-    return MemoryEstimate(states=states, unsharded=unsharded, activations=acts, host=host)

@@ -205,9 +205,8 @@ class RunSummary:
     compile_s: float | None = None  # compile=true: warm-up time beyond steady steps (compilation)
     loss_first: float | None = None
     loss_last: float | None = None
-    est_mem_gib: float | None = None  # the analytic estimate (bench/core/flops.py)
-    pred_mem_gib: float | None = None  # what the plan judged by: peak measured on fake tensors, else analytic
-    pred_mem_source: str | None = None  # "measured" or "analytic"
+    pred_mem_gib: float | None = None  # what the plan judged by: peak measured on fake tensors, else the
+    pred_mem_source: str | None = None  # lower bound of the state: "measured" or "lower bound"
     pred_step_time_s: float | None = None  # bench/perf.py's prediction, made when the run was planned
     pred_tokens_per_s_per_gpu: float | None = None
     pred_mfu: float | None = None
