@@ -179,6 +179,13 @@ def _percent(frame: pd.DataFrame, *columns: str) -> pd.DataFrame:
     return out
 
 
+def _sizes_by_column(sizes: pd.DataFrame) -> pd.DataFrame:
+    """Bus bandwidth per message size, one column per node and EFA count."""
+    table = sizes.pivot_table(index="size_bytes", columns=["nodes", "efa_per_node"], values="busbw_gbs")
+    table.columns = [f"busbw (GB/s) {int(n)} nodes {int(e)} EFA" for n, e in table.columns]
+    return table.reset_index().rename(columns={"size_bytes": "size (B)"})
+
+
 def provenance(frame: pd.DataFrame) -> list[str]:
     def values(column: str) -> str:
         found = sorted({str(v) for v in frame[column].dropna().unique()}) if column in frame else []
@@ -218,11 +225,9 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
     runs_cost.to_csv(out / "cost_runs.csv", index=False)
     sizes = nccl_sizes(frame)
     if not sizes.empty:
-        tables["nccl_sizes"] = sizes.pivot_table(index="size_bytes", columns=["nodes", "efa_per_node"],
-                                                 values="busbw_gbs")
-        tables["nccl_sizes"].columns = [f"busbw (GB/s) {int(n)} nodes {int(e)} EFA"
-                                        for n, e in tables["nccl_sizes"].columns]
-        tables["nccl_sizes"] = tables["nccl_sizes"].reset_index().rename(columns={"size_bytes": "size (B)"})
+        tables["nccl_sizes"] = _sizes_by_column(sizes)
+        most = _sizes_by_column(sizes[sizes["nodes"] == sizes["nodes"].max()])
+        tables["nccl_sizes_short"] = most.iloc[:, :8]  # the page: size + at most 7 EFA counts
     memory, predicted = memory_table(agg), throughput_table(agg)  # every column in memory.csv, predicted.csv
     if not memory.empty:
         tables["memory"] = memory
@@ -292,7 +297,8 @@ def _sections(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], charts: dict
         sections.append(("NCCL all-reduce by node count and EFA count (every column in nccl.csv)",
                          tables["nccl_short"]))
     if "nccl_sizes" in tables:
-        sections.append(("NCCL all-reduce bus bandwidth per message size", tables["nccl_sizes"]))
+        sections.append(("NCCL all-reduce bus bandwidth per message size, most nodes probed (every node "
+                         "count in nccl_sizes.csv)", tables["nccl_sizes_short"]))
     if "comm_model" in tables:
         sections.append(("Communication model (FSDP bus bytes per step at the probed bandwidth; every column "
                          "in comm_model.csv)", tables["comm_model_short"]))

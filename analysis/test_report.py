@@ -160,6 +160,36 @@ def test_a_probe_only_study_gets_an_answer_sentence(tmp_path: Path) -> None:
             "0 EFA gave 1.0 GB/s avg bus bandwidth (max 1.5)") in answer
 
 
+def test_an_efa_study_keeps_its_nccl_tables_to_8_columns_on_the_page(tmp_path: Path) -> None:
+    """efa_probe's shape: 5 node counts x 4 EFA counts. The page shows the per-size table at 16 nodes (size +
+    4 EFA columns, 16 nodes' figures), the by-node table in 8 columns; the CSVs keep all 20 placements."""
+    sweep = tmp_path / "efa"
+    for nodes in (1, 2, 4, 8, 16):
+        for efa in (0, 1, 4, 32):
+            bw = 1.0 + efa + nodes / 100
+            spec = RunSpec(kind="nccl", model="none", nodes=nodes, gpus_per_node=8, efa_per_node=efa)
+            sizes = [{"size": size, "busbw": bw * i, "algbw": bw * i / 2, "time_us": 10.0 * i}
+                     for i, size in enumerate((1 << 20, 1 << 25, 1 << 30), 1)]
+            rundir.write_summary(rundir.run_dir(sweep, spec), RunSummary(
+                run_id=spec.run_id, sweep="efa", status="ok", spec=spec, nccl_busbw_avg_gbs=2 * bw,
+                nccl_busbw_max_gbs=3 * bw, extra={"sizes": sizes}))
+    assert main([str(sweep)]) == 0
+    text = (sweep / "report" / "report.md").read_text()
+    widths = {}
+    for section in text.split("\n## ")[1:]:
+        title, _, body = section.partition("\n")
+        header = next((line for line in body.splitlines() if line.startswith("|")), None)
+        if header:
+            widths[title] = header.count("|") - 1
+    per_size = next(t for t in widths if t.startswith("NCCL all-reduce bus bandwidth per message size"))
+    by_nodes = next(t for t in widths if t.startswith("NCCL all-reduce by node count"))
+    assert widths[per_size] == 5 and widths[by_nodes] <= 8, widths
+    assert "busbw (GB/s) 16 nodes 32 EFA" in text and "busbw (GB/s) 8 nodes" not in text
+    assert "| 99.48 |" in text  # 16 nodes, 32 EFA, 1 GiB: (1 + 32 + 0.16) x 3
+    full = pd.read_csv(sweep / "report" / "nccl_sizes.csv")
+    assert len(full.columns) == 21 and len(pd.read_csv(sweep / "report" / "nccl.csv").columns) > 8
+
+
 def test_empty_dir_is_one_clear_error(tmp_path: Path, capsys) -> None:
     assert main([str(tmp_path)]) == 2
     err = capsys.readouterr().err
