@@ -88,8 +88,8 @@ HEADLINE_COLUMNS = {"model": "model", "configuration": "configuration", "nodes":
                     "tokens_per_s_per_gpu": "tokens/s/GPU", "tflops_per_gpu": "TFLOPS/GPU", "mfu": "MFU",
                     "mem_peak_alloc_gib": "peak alloc (GiB/GPU)", "scaling_efficiency": "scaling efficiency",
                     "status": "status"}
-EFA_COLUMNS = {"nodes": "nodes", "efa_per_node": "EFA adapters", "transport": "transport (NCCL)",
-               "nics": "NICs found", "busbw_avg_gbs": "avg busbw (GB/s)", "busbw_max_gbs": "max busbw (GB/s)",
+EFA_COLUMNS = {"nodes": "nodes", "gpus_per_node": "GPUs/node", "efa_per_node": "EFA adapters",
+               "transport": "transport (NCCL)", "nics": "NICs found", "busbw_avg_gbs": "avg busbw (GB/s)", "busbw_max_gbs": "max busbw (GB/s)",
                "ok_runs": "ok runs"}
 ABLATION_COLUMNS = {"factor": "factor", "baseline": "baseline", "optimised": "optimised", "model": "model",
                     "nodes": "nodes", "baseline_tokens_per_s": "baseline tokens/s",

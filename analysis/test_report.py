@@ -158,6 +158,7 @@ def test_a_probe_only_study_gets_an_answer_sentence(tmp_path: Path) -> None:
     answer = text.split("## The answer", 1)[1].split("##", 1)[0]
     assert ("2 nodes: 4 EFA gave 8.2 GB/s avg bus bandwidth (max 12.3), 8.2x TCP; "
             "0 EFA gave 1.0 GB/s avg bus bandwidth (max 1.5)") in answer
+    assert "| nodes | GPUs/node | EFA adapters |" in text  # a probe of 1 GPU/node is not one of 8
 
 
 def test_an_efa_study_keeps_its_nccl_tables_to_8_columns_on_the_page(tmp_path: Path) -> None:
