@@ -235,24 +235,6 @@ def probe_network(nodes: int, sizes: list[dict[str, Any]]) -> Network | None:
                    f"the study's all-reduce probe at {nodes} nodes ({row['size'] / 2**20:.0f} MiB)")
 
 
-def gpu_for(name: str | None) -> GpuSpec:
-    """The cluster's GPU, or this machine's CPU cores for a cluster that names none."""
-    return GPUS[name] if name else CPU
-
-
-def efficiencies(predictions: dict[tuple[Any, int], Prediction]) -> dict[tuple[Any, int], float]:
-    """Scaling efficiency of each (configuration, nodes) against the configuration's smallest node count:
-    tokens/s per GPU at n / at the base (the report's definition, per GPU)."""
-    out: dict[tuple[Any, int], float] = {}
-    bases: dict[Any, int] = {}
-    for config, nodes in predictions:
-        bases[config] = min(nodes, bases.get(config, math.inf))
-    for (config, nodes), pred in predictions.items():
-        base = predictions[(config, bases[config])]
-        out[(config, nodes)] = pred.tokens_per_s_per_gpu / base.tokens_per_s_per_gpu
-    return out
-
-
 class Predictor:
     """Predictions for one sweep: each run on the cluster's GPU (a local cluster: this machine's GPU where
     the run fits on its GPUs, else its CPU cores), over the study's own all-reduce probe at the run's node
