@@ -42,7 +42,7 @@ class PlannedRun:
         return replace(self.spec, micro_batch=self.micro_batch_start) if self.micro_batch_start else self.spec
 
     def predicted(self) -> dict[str, Any]:
-        """What the plan said before the run: the results table's est_/pred_ columns."""
+        """What the plan said before the run: the results table's pred_ columns."""
         m, perf = self.memory, self.perf
         out: dict[str, Any] = {}
         if m:

@@ -32,7 +32,7 @@ from bench.core.schema import RETRYABLE_STATUSES, RunSpec, RunSummary
 from bench.cost import estimated_seconds
 from bench.launchers.base import DONE, PROJECT_ROOT, RUNNING, Launcher, Outcome
 from bench.memory import lower_bound
-from bench.perf import Predictor
+from bench.perf import Predictor, sweep_probes
 from bench.plan import PlannedRun
 from bench.progress import Progress
 
@@ -303,7 +303,7 @@ def _watch(cfg: SweepConfig, launcher: Launcher, handle: Any, stop: threading.Ev
 
 
 def _search_micro_batch(sweep: _Sweep, planned: PlannedRun, rd: Path) -> RunSteps:
-    """micro_batch auto: short trial runs (in rd/search/mbN) from the estimate's start, halving on OOM,
+    """micro_batch auto: short trial runs (in rd/search/mbN) from the planned start, halving on OOM,
     then the real run at the size that fitted. The search is recorded in the summary's extra."""
     cfg, spec = sweep.cfg, planned.spec
     search = cfg.micro_batch_search
@@ -319,9 +319,10 @@ def _search_micro_batch(sweep: _Sweep, planned: PlannedRun, rd: Path) -> RunStep
         m //= 2
     if last is not None and last.status == "ok":
         final = replace(spec, micro_batch=trials[-1]["micro_batch"])
-        below = lower_bound(final, "not measured: below the planned start")
-        found = planned if final == planned.first_spec else PlannedRun(final, below, True,
-                                                                       perf=Predictor(cfg).predict(final))
+        found = planned
+        if final != planned.first_spec:  # below the planned start: no figure was made for this size
+            found = PlannedRun(final, lower_bound(final, "not measured: below the planned start"), True,
+                               perf=Predictor(cfg, sweep_probes(sweep.sweep_dir)).predict(final))
         summary = yield from _attempt(sweep, replace(found, spec=final), rd)
     else:  # every size ran out of memory, another failure, or a stop: the run ends as its last trial did
         summary = last or RunSummary(run_id=spec.run_id, sweep=cfg.sweep_name, status="cancelled", spec=spec,
