@@ -20,7 +20,8 @@ _SUMMARY_FIELDS = {f.name for f in fields(RunSummary)} - {"run_id", "sweep", "st
                                                           "extra", "run_dir", "schema_version"}
 _EXTRA_KEYS = ("losses", "step_times_s", "per_rank", "sizes", "transport", "transport_evidence", "nics",
                "network_measurement", "groups", "nccl_tests_version",
-               "ranks", "failed_step", "mfu_note", "nvml_available", "nvml_reason", "source")
+               "ranks", "failed_step", "mfu_note", "nvml_available", "nvml_reason", "source",
+               "backend")
 
 
 def log_tail(run_dir_: Path) -> str:

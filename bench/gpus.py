@@ -54,3 +54,18 @@ def agent_devices(world_size: int, nodes: int, gpus: list[str]) -> list[str] | N
         return None
     per_node = world_size // nodes
     return [",".join(gpus[k * per_node:(k + 1) * per_node]) for k in range(nodes)]
+
+
+def local_gpu_memory_gib(env: Mapping[str, str] | None = None) -> float | None:
+    """The first GPU's memory as the driver reports it (`nvidia-smi --query-gpu=memory.total`, MiB): what
+    a run may really use (81559 MiB on an 'H100 80GB', not the datasheet's 80 GB); None without one."""
+    env = os.environ if env is None else env
+    smi = shutil.which("nvidia-smi", path=env.get("PATH"))
+    if smi is None:
+        return None
+    try:
+        proc = subprocess.run([smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=30)
+        return float(proc.stdout.split()[0]) / 1024 if proc.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None

@@ -108,29 +108,44 @@ def feasibility(cfg: SweepConfig, spec: RunSpec, memory: MemorySource | None = N
     return figure, True, None
 
 
-def auto_start(cfg: SweepConfig, spec: RunSpec, memory: MemorySource | None = None
-               ) -> tuple[int, MemoryFigure, bool, str | None]:
-    """micro_batch auto: the largest power of two up to micro_batch_search.max that fits, by bisection over
-    the exponents (memory grows with the micro batch).
+def auto_starts(cfg: SweepConfig, specs: list[RunSpec], memory: MemorySource | None = None
+                ) -> dict[str, tuple[int, MemoryFigure, bool, str | None]]:
+    """micro_batch auto: for each spec, the largest power of two up to micro_batch_search.max that fits, by
+    bisection over the exponents (memory grows with the micro batch). The specs bisect in lockstep: each
+    round's candidates are measured together (in parallel), so a sweep of many auto runs costs about
+    log2(max) measurement rounds, not that many per run.
 
-    Returns (start, its figure, feasible, reason): infeasible when not even 1 fits.
+    Returns, by run id, (start, its figure, feasible, reason): infeasible when not even 1 fits.
     """
-    def fits(exponent: int) -> tuple[MemoryFigure, bool, str | None]:
-        return feasibility(cfg, replace(spec, micro_batch=1 << exponent), memory)
+    def sized(spec: RunSpec, exponent: int) -> RunSpec:
+        return replace(spec, micro_batch=1 << exponent)
 
-    low, high = 0, cfg.micro_batch_search.max.bit_length() - 1  # 2**high <= max
-    figure, ok, reason = fits(low)
-    if not ok:
-        return 1, figure, False, reason
-    best = (low, figure)
-    while low < high:
-        mid = (low + high + 1) // 2
-        figure, ok, _ = fits(mid)
-        if ok:
-            low, best = mid, (mid, figure)
-        else:
-            high = mid - 1
-    return 1 << best[0], best[1], True, None
+    top = cfg.micro_batch_search.max.bit_length() - 1  # 2**top <= max
+    bounds = {s.run_id: [0, top] for s in specs}  # [low, high]: low fits once checked, high may
+    best: dict[str, tuple[int, MemoryFigure]] = {}
+    out: dict[str, tuple[int, MemoryFigure, bool, str | None]] = {}
+    pending = {s.run_id: (s, 0) for s in specs}  # the exponent each spec tries this round
+    while pending:
+        if memory:
+            memory.prefetch([sized(s, e) for s, e in pending.values()])
+        after: dict[str, tuple[RunSpec, int]] = {}
+        for run_id, (spec, exponent) in pending.items():
+            figure, ok, reason = feasibility(cfg, sized(spec, exponent), memory)
+            low, high = bounds[run_id]
+            if exponent == 0 and not ok:
+                out[run_id] = (1, figure, False, reason)
+                continue
+            if ok:
+                low, best[run_id] = exponent, (exponent, figure)
+            else:
+                high = exponent - 1
+            bounds[run_id] = [low, high]
+            if low < high:
+                after[run_id] = (spec, (low + high + 1) // 2)
+            else:
+                out[run_id] = (1 << best[run_id][0], best[run_id][1], True, None)
+        pending = after
+    return out
 
 
 def _probe_specs(cfg: SweepConfig) -> list[RunSpec]:
@@ -160,10 +175,11 @@ def expand(cfg: SweepConfig, memory: MemorySource | None = None,
                 specs.append(spec)
     if memory:
         memory.prefetch([s for s in specs if not s.auto_micro_batch])
+    starts = auto_starts(cfg, [s for s in specs if s.auto_micro_batch], memory)
     plan: list[PlannedRun] = []
     for spec in specs:
         if spec.auto_micro_batch:
-            start, figure, ok, reason = auto_start(cfg, spec, memory)
+            start, figure, ok, reason = starts[spec.run_id]
             plan.append(PlannedRun(spec, figure, ok, reason, micro_batch_start=start))
         else:
             figure, ok, reason = feasibility(cfg, spec, memory)

@@ -131,7 +131,7 @@ class Trainer:
                 "reshard_after_forward": mesh.reshard_after_forward,
                 "local_param_numel": local_numel, "checkpointed_blocks": self.built.checkpointed_blocks,
                 "float8_linears": self.built.float8_linears, "compiled_blocks": self.built.compiled_blocks,
-                "param_device": str(next(self.model.parameters()).device),
+                "param_device": str(next(self.model.parameters()).device), "backend": dist.get_backend(),
                 "offload_policy": _offload_policy(self.model),
                 **_versions(self.device)}
 
@@ -223,6 +223,7 @@ class Trainer:
         per_rank: list[dict[str, Any]] = [{}] * dist.get_world_size()
         dist.all_gather_object(per_rank, {**_memory(self.device), **nvml})
         out: dict[str, Any] = {"status": "ok", **stats, "world_size": dist.get_world_size(),
+                               "backend": dist.get_backend(),
                                "loss_first": self.losses[0], "loss_last": self.losses[-1],
                                "losses": self.losses, "step_times_s": self.step_times,
                                "device_name": device_name, "torch_version": torch.__version__,

@@ -37,6 +37,7 @@ class NvmlSampler:
         self._thread: threading.Thread | None = None
         self._handle = None
         self._index: int | str | None = None
+        self.limits: dict[str, float] = {}
         if local_index is None:
             self.reason = "no GPU"
             return
@@ -50,9 +51,17 @@ class NvmlSampler:
                 self._handle = nvml.nvmlDeviceGetHandleByIndex(self._index)
             else:
                 self._handle = nvml.nvmlDeviceGetHandleByUUID(self._index)
+            self.limits = self._limits()
             self.available = True
         except Exception as e:  # ImportError, NVMLError_LibraryNotFound, driver mismatch ...
             self.reason = f"{type(e).__name__}: {e}"
+
+    def _limits(self) -> dict[str, float]:
+        """What the GPU allows (its memory, the power limit the driver enforces): the ceilings a reading is
+        checked against (bench/gpucheck.py)."""
+        n, h = self.nvml, self._handle
+        return {"nvml_mem_total_gib": n.nvmlDeviceGetMemoryInfo(h).total / 2**30,
+                "nvml_power_limit_w": n.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0}
 
     def sample(self) -> dict[str, Any]:
         n, h = self.nvml, self._handle
@@ -86,7 +95,7 @@ class NvmlSampler:
             self._thread.join(timeout=5)
         if not self.samples:
             return {"nvml_available": self.available, "nvml_reason": self.reason}
-        return {"nvml_available": True, "nvml_samples": len(self.samples),
+        return {"nvml_available": True, "nvml_samples": len(self.samples), **self.limits,
                 "nvml_mem_used_gib": max(s["mem_used_gib"] for s in self.samples),
                 "nvml_util_pct": sum(s["util_pct"] for s in self.samples) / len(self.samples),
                 "nvml_power_w": sum(s["power_w"] for s in self.samples) / len(self.samples)}

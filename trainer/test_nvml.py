@@ -36,6 +36,9 @@ class FakeNvml:
     def nvmlDeviceGetPowerUsage(self, h) -> int:
         return 650_000  # milliwatts
 
+    def nvmlDeviceGetEnforcedPowerLimit(self, h) -> int:
+        return 700_000  # milliwatts
+
     def nvmlDeviceGetTemperature(self, h, sensor) -> int:
         return 61
 
@@ -67,6 +70,7 @@ def test_the_sampler_reads_the_gpu_this_rank_uses(monkeypatch, visible: str, ope
     agg = sampler.stop()
     assert seen and seen[0]["mem_used_gib"] == 30 and seen[0]["power_w"] == 650.0
     assert agg["nvml_mem_used_gib"] == 30 and agg["nvml_util_pct"] == 97 and agg["nvml_power_w"] == 650.0
+    assert agg["nvml_mem_total_gib"] == 80 and agg["nvml_power_limit_w"] == 700.0  # the ceilings, in units
 
 
 def test_no_gpu_or_no_library_is_a_recorded_reason() -> None:

@@ -1,0 +1,180 @@
+"""bench.gpucheck where no GPU is: the no-GPU path, its checks on known figures, the evidence rendered from a
+real smoke sweep, and the steps driven end to end behind a stand-in nvidia-smi (the one boundary a CPU machine
+cannot cross: its output is the one a real H100 printed, see bench/test_gpus.py), workers on CPU."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from bench import gpucheck, rundir
+from bench.core.schema import RunSpec, RunSummary
+from bench.gpucheck import Step
+from conftest import ROOT
+
+H100 = "NVIDIA H100 80GB HBM3"
+CHECK_NAMES = ("every run ends ok", "smoke one-rank runs on the GPU with NCCL", "MFU",
+               "memory: fake-tensor peak", "headroom: allocator", "headroom: outside the allocator",
+               "NVML readings during a run", "time")
+
+
+def _run(spec: RunSpec, sweep: str = "gpucheck_memory", **metrics) -> RunSummary:
+    defaults = dict(device_name=H100, torch_version="2.11.0+cu130", pred_mem_source="measured",
+                    pred_mem_gib=10.0, mem_peak_alloc_gib=10.0, mem_peak_reserved_gib=10.5,
+                    nvml_mem_used_gib=11.2, nvml_util_pct=95.0, nvml_power_w=600.0)
+    extra = {"backend": "nccl", "per_rank": [{"nvml_power_limit_w": 700.0, "nvml_mem_total_gib": 79.6}]}
+    return RunSummary(run_id=spec.run_id, sweep=sweep, status="ok", spec=spec, extra=extra,
+                      **{**defaults, **metrics})
+
+
+def _specs(n: int) -> list[RunSpec]:
+    return [RunSpec(model="llama3_2_1b", seq_len=2048, micro_batch=m) for m in range(1, n + 1)]
+
+
+def _by_name(runs: list[RunSummary]) -> dict[str, gpucheck.Check]:
+    return {c.name: c for c in gpucheck.all_checks(runs, [])}
+
+
+def test_mfu_is_judged_on_the_best_bf16_row_of_an_h100_only() -> None:
+    rows = [_run(s, "gpucheck_mfu", mfu=m) for s, m in zip(_specs(2), (0.34, 0.36))]
+    fp8 = _run(replace(_specs(3)[2], precision="fp8_tensorwise"), "gpucheck_mfu", mfu=0.50)
+    assert gpucheck.check_mfu(rows + [fp8]).passed is True  # 0.36 counts; Float8's 0.50 is not a bf16 row
+    low = gpucheck.check_mfu(rows[:1] + [fp8])
+    assert low.passed is False and "0.340" in low.failures[0] and "< 0.35" in low.failures[0]
+    a100 = gpucheck.check_mfu([_run(_specs(1)[0], "gpucheck_mfu", mfu=0.2,
+                                    device_name="NVIDIA A100-SXM4-80GB")])
+    assert a100.passed is None and a100.verdict == "not judged"
+    assert gpucheck.check_mfu([]).passed is False  # nothing measured is no proof
+
+
+def test_the_memory_check_holds_every_run_to_five_percent_and_wants_six() -> None:
+    six = [_run(s, pred_mem_gib=10.49) for s in _specs(6)]  # +4.9%
+    check = gpucheck.check_fake_peak(six)
+    assert check.passed is True and "+4.9%" in check.measured
+    off = six[:5] + [_run(_specs(6)[5], pred_mem_gib=10.51)]
+    failed = gpucheck.check_fake_peak(off)
+    assert failed.passed is False and failed.failures == [f"{_specs(6)[5].label}: predicted +5.1%"]
+    assert gpucheck.check_fake_peak(six[:5]).failures == ["only 5 configurations (at least 6)"]
+    bound = [_run(s, pred_mem_source="lower bound", pred_mem_gib=3.0) for s in _specs(6)]
+    assert gpucheck.check_fake_peak(bound).passed is False  # a lower bound is not a prediction to check
+
+
+def test_the_headroom_checks_use_the_plans_constants() -> None:
+    spec = _specs(1)[0]
+    assert gpucheck.check_fragmentation([_run(spec, mem_peak_reserved_gib=10.9)]).passed is True
+    frag = gpucheck.check_fragmentation([_run(spec, mem_peak_reserved_gib=11.2)])  # 1.12 > 1.10
+    assert frag.passed is False and "1.12x > 1.10x" in frag.failures[0]
+    # outside the allocator: 0.5 GiB context + 0.5 per communicator; FULL_SHARD holds 1, HYBRID_SHARD 3
+    over = gpucheck.check_outside_allocator([_run(spec, nvml_mem_used_gib=11.7)])  # 1.2 > 1.0
+    assert over.passed is False and "1.20 GiB > 1.00 GiB" in over.failures[0]
+    hybrid = replace(spec, sharding="HYBRID_SHARD", nodes=2, gpus_per_node=2)
+    assert gpucheck.check_outside_allocator([_run(hybrid, nvml_mem_used_gib=11.7)]).passed is True
+
+
+def test_nvml_readings_must_be_nonzero_and_within_the_gpus_limits() -> None:
+    spec = _specs(1)[0]
+    assert gpucheck.check_nvml([_run(spec)]).passed is True
+    for bad in ({"nvml_power_w": None}, {"nvml_power_w": 720.0}, {"nvml_mem_used_gib": 80.0},
+                {"nvml_util_pct": 0.0}):
+        check = gpucheck.check_nvml([_run(spec, **bad)])
+        assert check.passed is False and check.failures[0].startswith(spec.label), bad
+
+
+def test_without_a_gpu_it_says_so_and_measures_nothing(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "bench.gpucheck", "--results-root", str(tmp_path / "r"),
+                           "--out", str(tmp_path / "ev")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines() == [
+        "gpucheck: no CUDA GPU on this machine (CUDA_VISIBLE_DEVICES / nvidia-smi -L list none): "
+        "nothing measured"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    for source in (tmp_path / "absent", tmp_path):  # no such dir; a dir without runs
+        proc = subprocess.run([sys.executable, "-m", "bench.gpucheck", "--from", str(source), "--out",
+                               str(tmp_path / "ev")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "ev").exists()
+
+
+def test_evidence_from_a_smoke_sweep_names_every_check_and_threshold(smoke_results: Path,
+                                                                    tmp_path: Path) -> None:
+    """The smoke sweep ran on CPU: the evidence must say so, check by check, and fail."""
+    proc = subprocess.run([sys.executable, "-m", "bench.gpucheck", "--from", str(smoke_results), "--out",
+                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    summaries = [rundir.read_summary(d) for d in rundir.iter_run_dirs(smoke_results / "smoke")]
+    torch_version, date = summaries[0].torch_version, max(s.started_at for s in summaries)[:10]
+    name = f"cpu_torch-{torch_version.replace('+', '-')}_{date}"  # e.g. cpu_torch-2.13.0-cpu_2026-11-25
+    md, js = tmp_path / f"{name}.md", tmp_path / f"{name}.json"
+    assert sorted(tmp_path.iterdir()) == [js, md]
+    text, evidence = md.read_text(), json.loads(js.read_text())
+    for name in CHECK_NAMES:
+        assert f"| {name} |" in text
+    for threshold in ("0.35", "within 5% of torch.cuda.max_memory_allocated", "<= 1.10",
+                      "0.5 GiB context + 0.5 GiB per NCCL communicator",
+                      "within 540 s"):
+        assert threshold in text
+    checks = {c["name"]: c for c in evidence["checks"]}
+    assert len(evidence["runs"]) == len(summaries) > 0
+    assert checks["every run ends ok"]["measured"] == f"{len(summaries)} of {len(summaries)} ok"
+    # that smoke sweep ran two ranks per node (conftest.SMOKE_SHAPE): no one-rank run, so nothing proven
+    gpu = checks["smoke one-rank runs on the GPU with NCCL"]
+    assert gpu["passed"] is False and gpu["failures"] == ["no one-rank smoke run recorded"]
+    assert "FAILED MFU: no llama3_2_1b bf16_mixed run with an MFU" in proc.stdout
+    for row in text.split("## Checks")[1].split("\n\n")[1].splitlines()[2:]:  # a cell with a | breaks the row
+        assert row.count("|") == 5, row
+    assert checks["time"]["passed"] is None  # rendered, not run: no step times
+
+
+@pytest.fixture
+def stand_in_gpu(tmp_path: Path, monkeypatch) -> None:
+    """nvidia-smi answering as the device tool's H100 did (-L; --query-gpu=memory.total in MiB)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text('#!/bin/sh\ncase "$1" in\n  -L) echo "GPU 0: NVIDIA H100 80GB HBM3 '
+                   '(UUID: GPU-5f3e2a61-7c1b-4d2e-9f80-1a2b3c4d5e6f)";;\n  *) echo 81559;;\nesac\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+ONE_RUN = (*gpucheck.SMOKE_ONE_RANK, "axes.precision=[bf16_mixed]", "axes.activation_checkpointing=[none]",
+           "axes.compile=[false]", "nccl.enabled=false", "steps=3", "warmup_steps=1")
+
+
+def test_steps_run_under_their_budgets_and_an_overrun_is_stopped_and_named(stand_in_gpu, tmp_path: Path,
+                                                                            capsys) -> None:
+    steps = (Step("smoke", "smoke", "one tiny run", ONE_RUN, 120),
+             Step("slow", "slow", "a run that sleeps past its step's budget",
+                  (*ONE_RUN, "sweep_name=slow", "faults=[{match:{},fault:sleep,seconds:300}]"), 12))
+    root = tmp_path / "results"
+    assert gpucheck.measure(root, steps) == gpucheck.EXIT_OK
+    out = capsys.readouterr().out
+    assert "gpucheck: NVIDIA H100 80GB HBM3 (H100-SXM)" in out and "[smoke] " in out  # the sweep's own lines
+    recorded = gpucheck.load_steps(root)
+    assert [r.name for r in recorded] == ["smoke", "slow"]
+    assert recorded[0].returncode == 0 and recorded[1].returncode is None
+    assert 12 <= recorded[1].elapsed_s < 12 + 60  # SIGINT at the budget, the sweep's own shutdown after
+    slow = rundir.read_summary(next(rundir.iter_run_dirs(root / "slow")))
+    assert slow.status == "cancelled"  # the stopped sweep wrote its run down, and left nothing running
+    leftover = subprocess.run(["pgrep", "-f", slow.run_id], capture_output=True, text=True)
+    assert leftover.stdout == ""
+    code, files = gpucheck.write_evidence(root, tmp_path / "ev", "python -m bench.gpucheck")
+    checks = {c["name"]: c for c in json.loads(files[1].read_text())["checks"]}
+    assert code == gpucheck.EXIT_FAILED
+    assert checks["time"]["failures"] == ["step slow: stopped at its budget of 12 s"]
+    # planned against the H100 the stand-in names (its 81559 MiB), but the worker ran on this CPU
+    smoke = rundir.read_summary(next(rundir.iter_run_dirs(root / "smoke")))
+    assert smoke.status == "ok" and smoke.pred_mem_source == "measured" and smoke.pred_mfu is not None
+    assert checks["smoke one-rank runs on the GPU with NCCL"]["failures"] == [
+        f"{smoke.spec.label}: on cpu, backend gloo"]
+    assert (root / "smoke.log").read_text().count("sweep smoke: 1 runs planned") == 1

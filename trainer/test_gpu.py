@@ -1,0 +1,79 @@
+"""The worker on a real CUDA GPU: device mapping, NCCL on one rank, memory predicted vs measured, Float8,
+NVML. `python -m pytest -m gpu` on a machine with one; skipped, with the reason, everywhere else."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from bench.core.hardware import gpu_spec
+from bench.core.models import get_arch
+from bench.core.records import parse_records
+from bench.core.schema import RunSpec
+from conftest import ROOT, run_torchrun
+from trainer.test_axes import _expected_float8_linears
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                  reason="no CUDA device (these run with pytest -m gpu)")]
+SPEC = RunSpec(model="small_llama", micro_batch=4, seq_len=512, steps=6, warmup_steps=2)
+
+
+def _train(spec: RunSpec, env: dict[str, str] | None = None):
+    run = run_torchrun(["trainer", *spec.to_argv()], nproc=1, timeout=600, env=env)
+    assert run.returncode == 0, run.output[-3000:]
+    return run
+
+
+def test_a_rank_trains_on_the_gpu_it_was_given_with_nccl() -> None:
+    """The local launcher gives each simulated node its own devices through CUDA_VISIBLE_DEVICES: the
+    worker's cuda:0 must then be that GPU (the last one here, so a wrong mapping shows on a multi-GPU box)."""
+    last = str(torch.cuda.device_count() - 1)
+    run = _train(RunSpec(model="tiny_llama", micro_batch=2, seq_len=128, steps=4, warmup_steps=1),
+                 env={"CUDA_VISIBLE_DEVICES": last})
+    meta, summary = run.of_kind("meta")[0], run.summary
+    assert meta["device"] == "cuda:0" and meta["cuda_visible_devices"] == last
+    assert meta["backend"] == summary["backend"] == "nccl"
+    assert summary["status"] == "ok" and summary["device_name"] == torch.cuda.get_device_name(int(last))
+    assert 0 < summary["mem_peak_alloc_gib"] <= summary["mem_peak_reserved_gib"]
+    if gpu_spec(summary["device_name"]):
+        assert 0 < summary["mfu"] < 1
+
+
+def test_the_fake_tensor_peak_matches_the_device_peak() -> None:
+    """What the planner measures on fake tensors (trainer.memory) against torch.cuda.max_memory_allocated
+    of the same configuration's steady steps, within the 5% bench.gpucheck holds the plan to."""
+    fake = subprocess.run([sys.executable, "-m", "trainer.memory"], cwd=ROOT, capture_output=True, text=True,
+                          input=json.dumps(SPEC.to_dict()) + "\n", timeout=600,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    predicted = next(r for r in parse_records(fake.stdout.splitlines()) if r["kind"] == "memory")["peak_gib"]
+    measured = _train(SPEC).summary["mem_peak_alloc_gib"]
+    assert abs(predicted / measured - 1) <= 0.05, (predicted, measured)
+
+
+def test_float8_converts_the_block_linears_on_cuda() -> None:
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip(f"{torch.cuda.get_device_name()} has no FP8 tensor cores (needs sm_89 or later)")
+    run = _train(RunSpec(model="small_llama", precision="fp8_tensorwise", micro_batch=4, seq_len=512, steps=4,
+                         warmup_steps=1))
+    meta = run.of_kind("meta")[0]
+    assert meta["float8_linears"] == _expected_float8_linears(get_arch("small_llama")) == 7 * 8
+    assert run.summary["status"] == "ok" and run.summary["backend"] == "nccl"
+
+
+def test_nvml_reads_the_gpu_within_its_limits() -> None:
+    from trainer.nvml import NvmlSampler
+    sampler = NvmlSampler(0, 0.05, lambda s: None)
+    assert sampler.available, sampler.reason
+    x = torch.randn(8192, 8192, device="cuda")
+    sampler.start()
+    for _ in range(50):
+        x = x @ x / 8192
+    torch.cuda.synchronize()
+    agg = sampler.stop()
+    assert 0 < agg["nvml_power_w"] <= agg["nvml_power_limit_w"] * 1.05  # a mean can brush the cap
+    assert 0 < agg["nvml_mem_used_gib"] <= agg["nvml_mem_total_gib"]
+    assert 0 <= agg["nvml_util_pct"] <= 100
