@@ -173,7 +173,7 @@ def _present(frame: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
 def _percent(frame: pd.DataFrame, *columns: str) -> pd.DataFrame:
     """Ratios as a reader takes them on the page ("+35%", "98%"); the CSVs keep the numbers."""
     out = frame.copy()
-    for c in columns:
+    for c in (c for c in columns if c in frame):
         signed = c.endswith("error")
         out[c] = [None if pd.isna(v) else (f"{v:+.0%}" if signed else f"{v:.0%}") for v in frame[c]]
     return out
@@ -212,8 +212,11 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
     sentences, best = headline(agg)
     probes = nccl_summary(frame)
     sentences = sentences or probe_sentences(probes)  # a probe-only study: what each EFA count gave
-    tables = {"headline": _present(best, HEADLINE_COLUMNS), "efa": _present(probes, EFA_COLUMNS),
-              "scaling": _present(agg, SCALING_COLUMNS), "scaling_short": _present(agg, SCALING_SHORT),
+    one_rank = probes[probes["nodes"] * probes["gpus_per_node"] == 1] if not probes.empty else probes
+    tables = {"headline": _present(_percent(best, "scaling_efficiency"), HEADLINE_COLUMNS),
+              "efa": _present(probes.drop(one_rank.index), EFA_COLUMNS),
+              "scaling": _present(agg, SCALING_COLUMNS),
+              "scaling_short": _present(_percent(agg, "scaling_efficiency"), SCALING_SHORT),
               "ablation": _present(ablation(agg), ABLATION_COLUMNS),
               "nccl": _present(probes, NCCL_COLUMNS), "nccl_short": _present(probes, NCCL_SHORT),
               "status": status_table(frame),
@@ -254,6 +257,9 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
     cpu = frame["device_name"].fillna("").eq("cpu").any()
     notes = (loaded.notes + missing_baselines(agg) + departures(parity) + memory_notes(memory)
              + largest_miss(predicted, cpu))
+    if not one_rank.empty:
+        notes.append(f"{len(one_rank)} one-rank all-reduce probe(s) measured no network (bus bandwidth is 0 "
+                     "by definition on one rank): left out of the EFA table, kept in nccl.csv")
     unpriced = sorted(c for c in frame["cluster"].dropna().unique() if price_table.get(c) is None)
     if unpriced:
         notes.append(f"no price for cluster(s) {', '.join(map(str, unpriced))}: costs are left empty "

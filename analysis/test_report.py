@@ -56,6 +56,10 @@ def test_the_answer_comes_first_with_the_known_efficiency(tmp_path: Path) -> Non
     md = (out / "report.md").read_text()
     assert ("- llama2_7b, FULL_SHARD bf16_mixed + full AC: 87% scaling efficiency from 1 to 16 nodes, "
             "109 tokens/s/GPU") in md
+    best = md.split("## Best configuration at each node count", 1)[1].split("##", 1)[0]
+    scaling = md.split("## Scaling (per configuration", 1)[1].split("##", 1)[0]
+    for table in (best, scaling):  # efficiency in one format on the page: percent, as the sentence says it
+        assert "| 87% |" in table and "0.87" not in table
     assert "- llama2_7b, HYBRID_SHARD bf16_mixed: oom at 16 nodes" in md
     assert md.index("## The answer") < md.index("## Best configuration at each node count") < md.index(
         "## Throughput vs nodes") < md.index("## Scaling (per configuration") < md.index("## Provenance")
@@ -159,6 +163,22 @@ def test_a_probe_only_study_gets_an_answer_sentence(tmp_path: Path) -> None:
     assert ("2 nodes: 4 EFA gave 8.2 GB/s avg bus bandwidth (max 12.3), 8.2x TCP; "
             "0 EFA gave 1.0 GB/s avg bus bandwidth (max 1.5)") in answer
     assert "| nodes | GPUs/node | EFA adapters |" in text  # a probe of 1 GPU/node is not one of 8
+
+
+def test_a_one_rank_probe_is_not_shown_as_network_bandwidth(tmp_path: Path) -> None:
+    """One rank's busbw is 0 by definition: the EFA table leaves it out and says so; nccl.csv keeps it."""
+    sweep = tmp_path / "efa"
+    for nodes, gpus, bw in ((1, 1, 0.0), (2, 8, 8.2)):
+        spec = RunSpec(kind="nccl", model="none", nodes=nodes, gpus_per_node=gpus, efa_per_node=4)
+        rundir.write_summary(rundir.run_dir(sweep, spec), RunSummary(
+            run_id=spec.run_id, sweep="efa", status="ok", spec=spec, nccl_busbw_avg_gbs=bw,
+            nccl_busbw_max_gbs=bw, nccl_algbw_max_gbs=3.0))
+    assert main([str(sweep)]) == 0
+    out = sweep / "report"
+    efa = pd.read_csv(out / "efa.csv")
+    assert efa["nodes"].tolist() == [2] and len(pd.read_csv(out / "nccl.csv")) == 2
+    assert ("1 one-rank all-reduce probe(s) measured no network (bus bandwidth is 0 by definition on one "
+            "rank): left out of the EFA table, kept in nccl.csv") in (out / "report.md").read_text()
 
 
 def test_an_efa_study_keeps_its_nccl_tables_to_8_columns_on_the_page(tmp_path: Path) -> None:

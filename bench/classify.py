@@ -35,12 +35,28 @@ _TEXT_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
 # NCCL's watchdog (torch ProcessGroupNCCL.cpp): the commonest failure of a multi-node run.
 _WATCHDOG = re.compile(r"\[Rank (\d+)\] Watchdog caught collective operation timeout: "
                        r"WorkNCCL\(SeqNum=(\d+), OpType=(\w+).*?\) ran for (\d+) milliseconds")
-# torch's desync report (TraceUtils.h, TORCH_NCCL_DESYNC_DEBUG=1): who lagged.
+# torch's desync report (TraceUtils.h, TORCH_NCCL_DESYNC_DEBUG=1): who lagged, in its three forms. The
+# ranks it names sit at the lowest sequence number: never joined any collective, stuck inside one, or done
+# with one and never at the next (the one the other ranks wait in).
 _NEVER_JOINED = re.compile(r"ranks \[([\d, ]+)\] are the lagging ranks that caused this timeout")
 _DID_NOT_FINISH = re.compile(r"\[([\d, ]+)\] joined but didn't finish collective #(\d+)")
+_NOT_AT_NEXT = re.compile(r"\[([\d, ]+)\] finished collective #(\d+), but didn't join collective #(\d+)")
 # torchrun's ChildFailedError summary: the root cause's rank, host and exit code (negative: a signal).
 _ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):\s*\[\d+\]:(.*?)(?:\n=|$)", re.S)
 _FIELD = re.compile(r"^\s*(host|rank|exitcode)\s*:\s*(\S+)", re.M)
+
+
+def desync(text: str) -> str | None:
+    """The lagging ranks and collective torch's desync report names, in one clause; None without one."""
+    if lagging := _NEVER_JOINED.search(text):
+        return f"desync report: ranks [{lagging.group(1)}] never joined any collective"
+    if lagging := _DID_NOT_FINISH.search(text):
+        return f"desync report: ranks [{lagging.group(1)}] joined but did not finish collective #{lagging.group(2)}"
+    if lagging := _NOT_AT_NEXT.search(text):
+        ranks, done, waited = lagging.groups()
+        return (f"desync report: ranks [{ranks}] finished collective #{done} but never joined #{waited}, "
+                "which the other ranks waited in")
+    return None
 
 
 def diagnose(text: str) -> tuple[str, str] | None:
@@ -50,11 +66,9 @@ def diagnose(text: str) -> tuple[str, str] | None:
     if watchdog := _WATCHDOG.search(text):
         rank, seq, op, ms = watchdog.groups()
         reason = f"NCCL watchdog timeout: {op} #{seq} did not finish on rank {rank} within {int(ms) / 1000:.0f} s"
-        if lagging := _NEVER_JOINED.search(text):
-            reason += f"; desync report: ranks [{lagging.group(1)}] never joined it"
-        elif lagging := _DID_NOT_FINISH.search(text):
-            reason += f"; desync report: ranks [{lagging.group(1)}] joined but did not finish #{lagging.group(2)}"
-        return "nccl_error", reason
+        return "nccl_error", f"{reason}; {report}" if (report := desync(text)) else reason
+    if report := desync(text):
+        return "nccl_error", report
     if root := _ROOT_CAUSE.search(text):
         fields = dict(_FIELD.findall(root.group(1)))
         if fields.get("exitcode") == "-9":
@@ -116,7 +130,8 @@ def classify(outcome: Outcome, summaries: list[dict[str, Any]], log_text: str) -
         status = worst["status"]
         if status == "failed":
             status = classify_text(worst.get("error") or "") or "failed"
-        return status, worst.get("error")
+        report = desync(log_text) if status in ("nccl_error", "failed") else None
+        return status, f"{report}; {worst.get('error')}" if report else worst.get("error")
     if outcome.timed_out:
         return "timeout", f"no result within the run's time limit ({outcome.wall_s or 0:.0f} s); killed"
     if outcome.launch_error:

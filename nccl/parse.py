@@ -82,9 +82,6 @@ class NcclResult:
     nics: int | None = None  # NICs aws-ofi-nccl found ("found N nics"), the most any rank reported
     rows: list[NcclRow] = field(default_factory=list)  # one per message size and placement, in table order
 
-    def add_rows(self, rows: list[NcclRow]) -> None:
-        self.rows.extend(rows)
-
     @property
     def avg_busbw(self) -> float | None:
         """Mean busbw over every size and placement: nccl-tests' definition of its Avg line."""
