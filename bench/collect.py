@@ -133,7 +133,7 @@ def infeasible_summary(spec: RunSpec, sweep: str, run_dir_: Path, predicted: dic
 def results_frame(sweep_dir: Path) -> Any:
     """All run summaries of a sweep dir as a DataFrame with the schema's columns, in a stable order."""
     import pandas as pd
-    rows = [s.to_row() for d in rundir.iter_run_dirs(sweep_dir) if (s := rundir.read_summary(d))]
+    rows = [s.to_row() for s in rundir.read_summaries(sweep_dir)]
     frame = pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
     return frame.sort_values(["kind", "model", "sharding", "nodes", "repeat", "run_id"], kind="stable",
                              ignore_index=True)

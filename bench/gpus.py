@@ -20,15 +20,20 @@ def parse_nvidia_smi_list(text: str) -> list[tuple[str, str]]:
     return [(m.group(1), m.group(2)) for line in text.splitlines() if (m := _GPU_LINE.match(line.rstrip()))]
 
 
-def _nvidia_smi_list(env: Mapping[str, str]) -> list[tuple[str, str]]:
+def _nvidia_smi(args: list[str], env: Mapping[str, str]) -> str | None:
+    """nvidia-smi's output; None where there is none, or it fails (no driver)."""
     smi = shutil.which("nvidia-smi", path=env.get("PATH"))
     if smi is None:
-        return []
+        return None
     try:
-        proc = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
+        proc = subprocess.run([smi, *args], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
-        return []
-    return parse_nvidia_smi_list(proc.stdout) if proc.returncode == 0 else []
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def _nvidia_smi_list(env: Mapping[str, str]) -> list[tuple[str, str]]:
+    return parse_nvidia_smi_list(_nvidia_smi(["-L"], env) or "")
 
 
 def local_gpus(env: Mapping[str, str] | None = None) -> list[str]:
@@ -59,13 +64,9 @@ def agent_devices(world_size: int, nodes: int, gpus: list[str]) -> list[str] | N
 def local_gpu_memory_gib(env: Mapping[str, str] | None = None) -> float | None:
     """The first GPU's memory as the driver reports it (`nvidia-smi --query-gpu=memory.total`, MiB): what
     a run may really use (81559 MiB on an 'H100 80GB', not the datasheet's 80 GB); None without one."""
-    env = os.environ if env is None else env
-    smi = shutil.which("nvidia-smi", path=env.get("PATH"))
-    if smi is None:
-        return None
+    text = _nvidia_smi(["--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                       os.environ if env is None else env)
     try:
-        proc = subprocess.run([smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=30)
-        return float(proc.stdout.split()[0]) / 1024 if proc.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return float(text.split()[0]) / 1024 if text else None
+    except (ValueError, IndexError):
         return None

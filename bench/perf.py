@@ -269,9 +269,8 @@ def sweep_probes(sweep_dir: Any) -> dict[tuple[int, int], Network]:
     """The finished all-reduce probes of a sweep dir (a resumed or re-planned study) by (nodes, EFA)."""
     from bench import rundir
     out: dict[tuple[int, int], Network] = {}
-    for run_dir in rundir.iter_run_dirs(sweep_dir):
-        summary = rundir.read_summary(run_dir)
-        if summary and summary.spec.kind == "nccl" and summary.status == "ok":
+    for summary in rundir.read_summaries(sweep_dir):
+        if summary.spec.kind == "nccl" and summary.status == "ok":
             network = probe_network(summary.spec.nodes, summary.extra.get("sizes", []))
             if network:
                 out[(summary.spec.nodes, summary.spec.efa_per_node)] = network

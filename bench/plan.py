@@ -121,17 +121,15 @@ def auto_starts(cfg: SweepConfig, specs: list[RunSpec], memory: MemorySource | N
         return replace(spec, micro_batch=1 << exponent)
 
     top = cfg.micro_batch_search.max.bit_length() - 1  # 2**top <= max
-    bounds = {s.run_id: [0, top] for s in specs}  # [low, high]: low fits once checked, high may
-    best: dict[str, tuple[int, MemoryFigure]] = {}
+    pending = {s.run_id: (s, 0, top, 0) for s in specs}  # spec, low, high, the exponent this round tries
+    best: dict[str, tuple[int, MemoryFigure]] = {}  # the largest exponent that fitted so far
     out: dict[str, tuple[int, MemoryFigure, bool, str | None]] = {}
-    pending = {s.run_id: (s, 0) for s in specs}  # the exponent each spec tries this round
     while pending:
         if memory:
-            memory.prefetch([sized(s, e) for s, e in pending.values()])
-        after: dict[str, tuple[RunSpec, int]] = {}
-        for run_id, (spec, exponent) in pending.items():
+            memory.prefetch([sized(s, e) for s, _, _, e in pending.values()])
+        after: dict[str, tuple[RunSpec, int, int, int]] = {}
+        for run_id, (spec, low, high, exponent) in pending.items():
             figure, ok, reason = feasibility(cfg, sized(spec, exponent), memory)
-            low, high = bounds[run_id]
             if exponent == 0 and not ok:
                 out[run_id] = (1, figure, False, reason)
                 continue
@@ -139,9 +137,8 @@ def auto_starts(cfg: SweepConfig, specs: list[RunSpec], memory: MemorySource | N
                 low, best[run_id] = exponent, (exponent, figure)
             else:
                 high = exponent - 1
-            bounds[run_id] = [low, high]
             if low < high:
-                after[run_id] = (spec, (low + high + 1) // 2)
+                after[run_id] = (spec, low, high, (low + high + 1) // 2)
             else:
                 out[run_id] = (1 << best[run_id][0], best[run_id][1], True, None)
         pending = after
@@ -173,9 +170,11 @@ def expand(cfg: SweepConfig, memory: MemorySource | None = None,
             if spec.run_id not in seen:
                 seen.add(spec.run_id)
                 specs.append(spec)
-    if memory:
-        memory.prefetch([s for s in specs if not s.auto_micro_batch])
-    starts = auto_starts(cfg, [s for s in specs if s.auto_micro_batch], memory)
+    auto = [s for s in specs if s.auto_micro_batch]
+    if memory:  # with the auto runs' first size (micro batch 1), so one batch of workers measures both
+        memory.prefetch([s for s in specs if not s.auto_micro_batch]
+                        + [replace(s, micro_batch=1) for s in auto])
+    starts = auto_starts(cfg, auto, memory)
     plan: list[PlannedRun] = []
     for spec in specs:
         if spec.auto_micro_batch:

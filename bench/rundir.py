@@ -178,6 +178,11 @@ def iter_run_dirs(sweep_dir: Path) -> Iterator[Path]:
         yield from sorted(p for p in runs.iterdir() if p.is_dir())
 
 
+def read_summaries(sweep_dir: Path) -> list[RunSummary]:
+    """The readable summaries of a sweep dir's runs (a run without one is not finished)."""
+    return [s for d in iter_run_dirs(sweep_dir) if (s := read_summary(d))]
+
+
 def read_records(run_dir_: Path) -> list[dict[str, Any]]:
     """All metric records of a run: from the worker's record files, else from its logs.
 
