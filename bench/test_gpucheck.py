@@ -1,6 +1,7 @@
-"""bench.gpucheck where no GPU is: the no-GPU path, its checks on known figures, the evidence rendered from a
-real smoke sweep, and the steps driven end to end behind a stand-in nvidia-smi (the one boundary a CPU machine
-cannot cross: its output is the one a real H100 printed, see bench/test_gpus.py), workers on CPU."""
+"""bench.gpucheck and bench.evidence where no GPU is: the no-GPU path, the checks on known figures, the
+evidence rendered from a real smoke sweep, and the steps driven end to end behind a stand-in nvidia-smi (the
+one boundary a CPU machine cannot cross: its output is the one a real H100 printed, see bench/test_gpus.py),
+workers on CPU."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import gpucheck, rundir
+from bench import evidence, gpucheck, rundir
 from bench.core.schema import RunSpec, RunSummary
 from bench.gpucheck import Step
 from conftest import ROOT
@@ -36,52 +37,52 @@ def _specs(n: int) -> list[RunSpec]:
     return [RunSpec(model="llama3_2_1b", seq_len=2048, micro_batch=m) for m in range(1, n + 1)]
 
 
-def _by_name(runs: list[RunSummary]) -> dict[str, gpucheck.Check]:
-    return {c.name: c for c in gpucheck.all_checks(runs, [])}
+def _by_name(runs: list[RunSummary]) -> dict[str, evidence.Check]:
+    return {c.name: c for c in evidence.all_checks(runs, [])}
 
 
 def test_mfu_is_judged_on_the_best_bf16_row_of_an_h100_only() -> None:
     rows = [_run(s, "gpucheck_mfu", mfu=m) for s, m in zip(_specs(2), (0.34, 0.36))]
     fp8 = _run(replace(_specs(3)[2], precision="fp8_tensorwise"), "gpucheck_mfu", mfu=0.50)
-    assert gpucheck.check_mfu(rows + [fp8]).passed is True  # 0.36 counts; Float8's 0.50 is not a bf16 row
-    low = gpucheck.check_mfu(rows[:1] + [fp8])
+    assert evidence.check_mfu(rows + [fp8]).passed is True  # 0.36 counts; Float8's 0.50 is not a bf16 row
+    low = evidence.check_mfu(rows[:1] + [fp8])
     assert low.passed is False and "0.340" in low.failures[0] and "< 0.35" in low.failures[0]
-    a100 = gpucheck.check_mfu([_run(_specs(1)[0], "gpucheck_mfu", mfu=0.2,
+    a100 = evidence.check_mfu([_run(_specs(1)[0], "gpucheck_mfu", mfu=0.2,
                                     device_name="NVIDIA A100-SXM4-80GB")])
     assert a100.passed is None and a100.verdict == "not judged"
-    assert gpucheck.check_mfu([]).passed is False  # nothing measured is no proof
+    assert evidence.check_mfu([]).passed is False  # nothing measured is no proof
 
 
 def test_the_memory_check_holds_every_run_to_five_percent_and_wants_six() -> None:
     six = [_run(s, pred_mem_gib=10.49) for s in _specs(6)]  # +4.9%
-    check = gpucheck.check_fake_peak(six)
+    check = evidence.check_fake_peak(six)
     assert check.passed is True and "+4.9%" in check.measured
     off = six[:5] + [_run(_specs(6)[5], pred_mem_gib=10.51)]
-    failed = gpucheck.check_fake_peak(off)
+    failed = evidence.check_fake_peak(off)
     assert failed.passed is False and failed.failures == [f"{_specs(6)[5].label}: predicted +5.1%"]
-    assert gpucheck.check_fake_peak(six[:5]).failures == ["only 5 configurations (at least 6)"]
+    assert evidence.check_fake_peak(six[:5]).failures == ["only 5 configurations (at least 6)"]
     bound = [_run(s, pred_mem_source="lower bound", pred_mem_gib=3.0) for s in _specs(6)]
-    assert gpucheck.check_fake_peak(bound).passed is False  # a lower bound is not a prediction to check
+    assert evidence.check_fake_peak(bound).passed is False  # a lower bound is not a prediction to check
 
 
 def test_the_headroom_checks_use_the_plans_constants() -> None:
     spec = _specs(1)[0]
-    assert gpucheck.check_fragmentation([_run(spec, mem_peak_reserved_gib=10.9)]).passed is True
-    frag = gpucheck.check_fragmentation([_run(spec, mem_peak_reserved_gib=11.2)])  # 1.12 > 1.10
+    assert evidence.check_fragmentation([_run(spec, mem_peak_reserved_gib=10.9)]).passed is True
+    frag = evidence.check_fragmentation([_run(spec, mem_peak_reserved_gib=11.2)])  # 1.12 > 1.10
     assert frag.passed is False and "1.12x > 1.10x" in frag.failures[0]
     # outside the allocator: 0.5 GiB context + 0.5 per communicator; FULL_SHARD holds 1, HYBRID_SHARD 3
-    over = gpucheck.check_outside_allocator([_run(spec, nvml_mem_used_gib=11.7)])  # 1.2 > 1.0
+    over = evidence.check_outside_allocator([_run(spec, nvml_mem_used_gib=11.7)])  # 1.2 > 1.0
     assert over.passed is False and "1.20 GiB > 1.00 GiB" in over.failures[0]
     hybrid = replace(spec, sharding="HYBRID_SHARD", nodes=2, gpus_per_node=2)
-    assert gpucheck.check_outside_allocator([_run(hybrid, nvml_mem_used_gib=11.7)]).passed is True
+    assert evidence.check_outside_allocator([_run(hybrid, nvml_mem_used_gib=11.7)]).passed is True
 
 
 def test_nvml_readings_must_be_nonzero_and_within_the_gpus_limits() -> None:
     spec = _specs(1)[0]
-    assert gpucheck.check_nvml([_run(spec)]).passed is True
+    assert evidence.check_nvml([_run(spec)]).passed is True
     for bad in ({"nvml_power_w": None}, {"nvml_power_w": 720.0}, {"nvml_mem_used_gib": 80.0},
                 {"nvml_util_pct": 0.0}):
-        check = gpucheck.check_nvml([_run(spec, **bad)])
+        check = evidence.check_nvml([_run(spec, **bad)])
         assert check.passed is False and check.failures[0].startswith(spec.label), bad
 
 
@@ -160,7 +161,7 @@ def test_steps_run_under_their_budgets_and_an_overrun_is_stopped_and_named(stand
     assert gpucheck.measure(root, steps) == gpucheck.EXIT_OK
     out = capsys.readouterr().out
     assert "gpucheck: NVIDIA H100 80GB HBM3 (H100-SXM)" in out and "[smoke] " in out  # the sweep's own lines
-    recorded = gpucheck.load_steps(root)
+    recorded = evidence.load_steps(root)
     assert [r.name for r in recorded] == ["smoke", "slow"]
     assert recorded[0].returncode == 0 and recorded[1].returncode is None
     assert 12 <= recorded[1].elapsed_s < 12 + 60  # SIGINT at the budget, the sweep's own shutdown after
@@ -168,9 +169,9 @@ def test_steps_run_under_their_budgets_and_an_overrun_is_stopped_and_named(stand
     assert slow.status == "cancelled"  # the stopped sweep wrote its run down, and left nothing running
     leftover = subprocess.run(["pgrep", "-f", slow.run_id], capture_output=True, text=True)
     assert leftover.stdout == ""
-    code, files = gpucheck.write_evidence(root, tmp_path / "ev", "python -m bench.gpucheck")
+    code, files = evidence.write_evidence(root, tmp_path / "ev", "python -m bench.gpucheck")
     checks = {c["name"]: c for c in json.loads(files[1].read_text())["checks"]}
-    assert code == gpucheck.EXIT_FAILED
+    assert code == evidence.EXIT_FAILED
     assert checks["time"]["failures"] == ["step slow: stopped at its budget of 12 s"]
     # planned against the H100 the stand-in names (its 81559 MiB), but the worker ran on this CPU
     smoke = rundir.read_summary(next(rundir.iter_run_dirs(root / "smoke")))

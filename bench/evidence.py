@@ -1,0 +1,349 @@
+"""GPU evidence: the checks bench.gpucheck holds a GPU's runs to, each with its threshold, and the files that
+keep what they found (`<gpu>_torch-<version>_<date>.{md,json}`).
+
+Everything here reads run summaries and the steps' record only, never a GPU: `python -m bench.gpucheck
+--from RESULTS_ROOT` judges runs made elsewhere, and the tests judge known figures and a real smoke sweep.
+The thresholds are the planner's own constants (bench/memory.py's headroom) or a published figure (MFU).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench import rundir
+from bench.core.hardware import gpu_spec
+from bench.core.schema import RunSummary
+from bench.memory import CUDA_CONTEXT_GIB, FRAGMENTATION, NCCL_GIB_PER_COMMUNICATOR, communicators
+
+STEPS_JSON = "gpucheck_steps.json"  # in the results root: each step's time, budget and exit status
+EXIT_OK, EXIT_FAILED = 0, 1
+SHOWN_FAILURES = 5  # per check on the terminal; the evidence file lists every one
+
+MFU_MIN = 0.35  # the best llama3_2_1b bf16 row on an H100/H200 (torchtitan's Llama 3 8B: 0.38-0.43 MFU)
+MFU_GPUS = ("H100-SXM", "H100-PCIe", "H100-NVL", "H200")  # where MFU_MIN is a claim
+MEMORY_TOLERANCE = 0.05  # |fake-tensor peak / torch.cuda.max_memory_allocated - 1|
+TOTAL_BUDGET_S = 540  # within 10 minutes a command, with a minute left for installing and the evidence
+
+
+@dataclass
+class StepResult:
+    name: str
+    budget_s: float
+    elapsed_s: float
+    returncode: int | None  # None: stopped at its budget
+    log: str
+
+
+@dataclass
+class Check:
+    name: str
+    threshold: str
+    measured: str
+    passed: bool | None  # None: not judged here (e.g. a threshold set for another GPU)
+    failures: list[str] = field(default_factory=list)  # the lines that failed it, each naming its run
+
+    @property
+    def verdict(self) -> str:
+        return {True: "pass", False: "FAIL", None: "not judged"}[self.passed]
+
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+def load_runs(root: Path) -> list[RunSummary]:
+    """Every run summary under the results root (each step's sweep dir)."""
+    return [s for sweep_dir in sorted(p for p in root.iterdir() if p.is_dir())
+            for s in rundir.read_summaries(sweep_dir)]
+
+
+def load_steps(root: Path) -> list[StepResult]:
+    try:
+        return [StepResult(**s) for s in json.loads((root / STEPS_JSON).read_text())]
+    except (OSError, ValueError, TypeError):
+        return []
+
+
+def on_gpu(s: RunSummary) -> bool:
+    return bool(s.device_name) and s.device_name != "cpu"
+
+
+def _trains(runs: list[RunSummary]) -> list[RunSummary]:
+    return [s for s in runs if s.spec.kind == "train"]
+
+
+def _limit(s: RunSummary, key: str) -> float | None:
+    values = [r[key] for r in s.extra.get("per_rank", []) if isinstance(r, dict) and r.get(key) is not None]
+    return max(values) if values else None
+
+
+# ---------------------------------------------------------------------------------------------- checks
+
+def _first_line(text: str | None) -> str:
+    return text.splitlines()[0][:160] if text else ""
+
+
+def check_runs_ok(runs: list[RunSummary], steps: list[StepResult]) -> Check:
+    bad = [f"{s.sweep} {s.spec.label}: {s.status} ({_first_line(s.error)})" for s in runs if s.status != "ok"]
+    bad += [f"step {r.name}: sweep exited {r.returncode}" for r in steps if r.returncode not in (0, 1)]
+    ok = sum(s.status == "ok" for s in runs)
+    return Check("every run ends ok", "every run ok, none failed, cancelled or out of memory",
+                 f"{ok} of {len(runs)} ok", bool(runs) and not bad, bad)
+
+
+def check_gpu_nccl(runs: list[RunSummary]) -> Check:
+    """The smoke sweep's one-rank runs (those a one-GPU machine runs on its GPU; wider ones go to CPU)."""
+    smoke = [s for s in runs if s.sweep == "smoke" and s.spec.world_size == 1]
+    bad = [f"{s.spec.label}: on {s.device_name or 'unknown device'}, backend {s.extra.get('backend', '?')}"
+           for s in smoke if not (on_gpu(s) and s.extra.get("backend") == "nccl")]
+    return Check("smoke one-rank runs on the GPU with NCCL",
+                 "every one-rank smoke run on a CUDA device, NCCL backend",
+                 f"{len(smoke) - len(bad)} of {len(smoke)} on the GPU with NCCL", bool(smoke) and not bad,
+                 bad or ([] if smoke else ["no one-rank smoke run recorded"]))
+
+
+def mfu_rows(runs: list[RunSummary]) -> list[RunSummary]:
+    return [s for s in _trains(runs) if s.spec.model == "llama3_2_1b" and s.sweep == "gpucheck_mfu"]
+
+
+def check_mfu(runs: list[RunSummary]) -> Check:
+    bf16 = [s for s in mfu_rows(runs) if s.spec.precision == "bf16_mixed" and s.mfu is not None]
+    threshold = f"best llama3_2_1b bf16_mixed row >= {MFU_MIN} on {', '.join(MFU_GPUS)}"
+    if not bf16:
+        return Check("MFU", threshold, "no llama3_2_1b bf16_mixed run measured MFU", False,
+                     ["no llama3_2_1b bf16_mixed run with an MFU"])
+    best = max(bf16, key=lambda s: s.mfu or 0.0)
+    spec = gpu_spec(best.device_name or "")
+    measured = f"{best.mfu:.3f} ({best.spec.label} on {best.device_name})"
+    if spec is None or spec.name not in MFU_GPUS:
+        return Check("MFU", threshold, measured, None)
+    passed = best.mfu >= MFU_MIN
+    return Check("MFU", threshold, measured, passed, [] if passed else [f"{measured} < {MFU_MIN}"])
+
+
+def memory_rows(runs: list[RunSummary]) -> list[RunSummary]:
+    """GPU training runs with both the plan's fake-tensor peak and the device's allocator peak."""
+    return [s for s in _trains(runs) if on_gpu(s) and s.pred_mem_source == "measured"
+            and s.pred_mem_gib and s.mem_peak_alloc_gib]
+
+
+def check_fake_peak(runs: list[RunSummary]) -> Check:
+    rows = memory_rows(runs)
+    threshold = (f"fake-tensor peak within {MEMORY_TOLERANCE:.0%} of torch.cuda.max_memory_allocated, "
+                 "every run")
+    if not rows:
+        return Check("memory: fake-tensor peak", threshold, "no GPU run with both figures", False,
+                     ["no GPU run measured device memory beside a fake-tensor prediction"])
+    errors = {s.spec.label: s.pred_mem_gib / s.mem_peak_alloc_gib - 1 for s in rows}
+    bad = [f"{label}: predicted {e:+.1%}" for label, e in errors.items() if abs(e) > MEMORY_TOLERANCE]
+    worst = max(errors, key=lambda k: abs(errors[k]))
+    return Check("memory: fake-tensor peak", threshold,
+                 f"{len(rows)} runs, median |error| "
+                 f"{statistics.median(abs(e) for e in errors.values()):.1%}, "
+                 f"worst {errors[worst]:+.1%} ({worst})", not bad and len(rows) >= 6,
+                 bad or ([] if len(rows) >= 6 else [f"only {len(rows)} configurations (at least 6)"]))
+
+
+def _headroom_check(name: str, threshold: str, rows: list[tuple[str, float, float]], unit: str) -> Check:
+    """rows: (label, measured, allowed)."""
+    if not rows:
+        return Check(name, threshold, "no GPU run measured it", False, ["no GPU run measured it"])
+    bad = [f"{label}: {value:.2f}{unit} > {allowed:.2f}{unit}" for label, value, allowed in rows
+           if value > allowed]
+    label, value, allowed = max(rows, key=lambda r: r[1] - r[2])
+    measured = f"up to {value:.2f}{unit} ({label}; allowed {allowed:.2f}{unit})"
+    return Check(name, threshold, measured, not bad, bad)
+
+
+def check_fragmentation(runs: list[RunSummary]) -> Check:
+    rows = [(s.spec.label, s.mem_peak_reserved_gib / s.mem_peak_alloc_gib, 1 + FRAGMENTATION)
+            for s in _trains(runs) if on_gpu(s) and s.mem_peak_reserved_gib and s.mem_peak_alloc_gib]
+    return _headroom_check("headroom: allocator", f"reserved / allocated <= {1 + FRAGMENTATION:.2f} "
+                           "(bench/memory.py FRAGMENTATION)", rows, "x")
+
+
+def check_outside_allocator(runs: list[RunSummary]) -> Check:
+    rows = [(s.spec.label, s.nvml_mem_used_gib - s.mem_peak_reserved_gib,
+             CUDA_CONTEXT_GIB + NCCL_GIB_PER_COMMUNICATOR * communicators(s.spec))
+            for s in _trains(runs) if on_gpu(s) and s.nvml_mem_used_gib and s.mem_peak_reserved_gib]
+    return _headroom_check("headroom: outside the allocator",
+                           f"NVML used - reserved <= {CUDA_CONTEXT_GIB:g} GiB context + "
+                           f"{NCCL_GIB_PER_COMMUNICATOR:g} GiB per NCCL communicator", rows, " GiB")
+
+
+def check_nvml(runs: list[RunSummary]) -> Check:
+    threshold = "power, utilisation, memory used > 0 and below the GPU's limits (NVML's power limit, memory)"
+    rows = [s for s in _trains(runs) if on_gpu(s)]
+    bad = []
+    for s in rows:
+        power, util, used = s.nvml_power_w, s.nvml_util_pct, s.nvml_mem_used_gib
+        cap, total = _limit(s, "nvml_power_limit_w"), _limit(s, "nvml_mem_total_gib")
+        if not (power and util and used):
+            bad.append(f"{s.spec.label}: power {power}, util {util}, used {used} "
+                       f"({s.extra.get('nvml_reason') or 'no reading'})")
+        elif (cap and power > cap) or util > 100 or (total and used > total):
+            bad.append(f"{s.spec.label}: power {power:.0f} W (limit {cap}), util {util:.0f}%, used "
+                       f"{used:.1f} GiB (of {total})")
+    if not rows:
+        return Check("NVML readings during a run", threshold, "no GPU run", False, ["no GPU run"])
+    powers = [s.nvml_power_w for s in rows if s.nvml_power_w]
+    measured = (f"{len(rows) - len(bad)} of {len(rows)} runs; mean power up to {max(powers):.0f} W"
+                if powers else f"0 of {len(rows)} runs read")
+    return Check("NVML readings during a run", threshold, measured, not bad, bad)
+
+
+def check_budget(steps: list[StepResult]) -> Check:
+    threshold = f"each step within its budget, all within {TOTAL_BUDGET_S} s"
+    if not steps:
+        return Check("time", threshold, "steps not recorded (rendered from a results dir)", None)
+    total = sum(r.elapsed_s for r in steps)
+    bad = [f"step {r.name}: stopped at its budget of {r.budget_s:.0f} s"
+           for r in steps if r.returncode is None]
+    bad += [f"all steps: {total:.0f} s > {TOTAL_BUDGET_S} s"] if total > TOTAL_BUDGET_S else []
+    return Check("time", threshold, ", ".join(f"{r.name} {r.elapsed_s:.0f} s" for r in steps)
+                 + f"; total {total:.0f} s", not bad, bad)
+
+
+CHECKS: tuple[Callable[[list[RunSummary]], Check], ...] = (
+    check_gpu_nccl, check_mfu, check_fake_peak, check_fragmentation, check_outside_allocator, check_nvml)
+
+
+def all_checks(runs: list[RunSummary], steps: list[StepResult]) -> list[Check]:
+    return [check_runs_ok(runs, steps), *(c(runs) for c in CHECKS), check_budget(steps)]
+
+
+# ---------------------------------------------------------------------------------------------- evidence
+
+def _f(value: Any, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    if not rows:
+        return ["(none)", ""]
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(r) + " |" for r in rows), ""]
+
+
+def _options(s: RunSummary) -> str:
+    spec = s.spec
+    parts = [spec.precision, f"AC {spec.activation_checkpointing}", f"seq {spec.seq_len}",
+             f"mb {spec.micro_batch}"]
+    parts += ["compile"] if spec.compile else []
+    parts += [f"offload {spec.offload}"] if spec.offload != "none" else []
+    return ", ".join(parts)
+
+
+def _error(pred: float | None, measured: float | None) -> str:
+    return f"{measured / pred - 1:+.1%}" if pred and measured else "-"
+
+
+def render_markdown(meta: dict[str, Any], checks: list[Check], runs: list[RunSummary],
+                    steps: list[StepResult]) -> str:
+    lines = [f"# GPU evidence: {meta['gpu']}, torch {meta['torch']}, {meta['date']}", "",
+             f"Made by `{meta['command']}` (bench/gpucheck.py) at git {meta['git_rev'] or '?'}; runs under "
+             f"`{meta['results_root']}`. Verdict: **{meta['verdict']}**.", "", "## Checks", ""]
+    lines += _table(["check", "threshold", "measured", "verdict"],
+                    [[c.name, c.threshold, c.measured, c.verdict] for c in checks])
+    for c in checks:
+        lines += [f"- {c.name}: {line}" for line in c.failures]
+    lines += ["", "## Steps", ""]
+    lines += _table(["step", "elapsed s", "budget s", "sweep exit"],
+                    [[r.name, f"{r.elapsed_s:.0f}", f"{r.budget_s:.0f}",
+                      "stopped at budget" if r.returncode is None else str(r.returncode)] for r in steps])
+    lines += ["## Throughput: llama3_2_1b on one GPU (MFU against the dense BF16 peak)", ""]
+    lines += _table(["options", "micro batch", "tokens/s/GPU", "TFLOPS/GPU", "MFU", "compile s", "status"],
+                    [[_options(s), str(s.spec.micro_batch), _f(s.tokens_per_s_per_gpu, ",.0f"),
+                      _f(s.tflops_per_gpu, ".1f"), _f(s.mfu, ".3f"), _f(s.compile_s, ".1f"), s.status]
+                     for s in mfu_rows(runs)])
+    lines += ["## Memory: the plan's fake-tensor peak beside torch.cuda.max_memory_allocated", ""]
+    lines += _table(["run", "options", "predicted GiB", "measured GiB", "error", "reserved/alloc",
+                     "NVML - reserved GiB"],
+                    [[s.sweep, _options(s), _f(s.pred_mem_gib, ".2f"), _f(s.mem_peak_alloc_gib, ".2f"),
+                      _error(s.mem_peak_alloc_gib, s.pred_mem_gib),
+                      _f(s.mem_peak_reserved_gib / s.mem_peak_alloc_gib, ".3f"),
+                      _f((s.nvml_mem_used_gib or 0) - s.mem_peak_reserved_gib, ".2f")
+                      if s.nvml_mem_used_gib and s.mem_peak_reserved_gib else "-"]
+                     for s in _trains(runs) if s.mem_peak_alloc_gib])
+    lines += ["## Performance model (bench/perf.py): predicted before launch beside measured", "",
+              prediction_sentence(runs), ""]
+    lines += _table(["run", "model", "options", "pred tokens/s/GPU", "tokens/s/GPU", "error", "pred MFU",
+                     "MFU", "bound"],
+                    [[s.sweep, s.spec.model, _options(s), _f(s.pred_tokens_per_s_per_gpu, ",.0f"),
+                      _f(s.tokens_per_s_per_gpu, ",.0f"),
+                      _error(s.pred_tokens_per_s_per_gpu, s.tokens_per_s_per_gpu), _f(s.pred_mfu, ".3f"),
+                      _f(s.mfu, ".3f"), s.pred_bound or "-"] for s in _trains(runs)])
+    lines += ["## NVML during each run (means over the run's samples; memory: the maximum)", ""]
+    lines += _table(["run", "model", "options", "power W", "power limit W", "util %", "used GiB",
+                     "total GiB"],
+                    [[s.sweep, s.spec.model, _options(s), _f(s.nvml_power_w, ".0f"),
+                      _f(_limit(s, "nvml_power_limit_w"), ".0f"), _f(s.nvml_util_pct, ".0f"),
+                      _f(s.nvml_mem_used_gib, ".1f"), _f(_limit(s, "nvml_mem_total_gib"), ".1f")]
+                     for s in _trains(runs)])
+    return "\n".join(lines)
+
+
+def prediction_sentence(runs: list[RunSummary]) -> str:
+    """How far the model's tokens/s/GPU was from the GPU runs (no threshold: the model's first check on a
+    GPU of ours, its constants fitted to published rows)."""
+    errors = [s.tokens_per_s_per_gpu / s.pred_tokens_per_s_per_gpu - 1 for s in _trains(runs)
+              if on_gpu(s) and s.tokens_per_s_per_gpu and s.pred_tokens_per_s_per_gpu]
+    if not errors:
+        return "No GPU run has both a prediction and a measurement."
+    return (f"Measured tokens/s/GPU against the prediction: median {statistics.median(errors):+.1%}, "
+            f"median |error| {statistics.median(abs(e) for e in errors):.1%}, over {len(errors)} GPU runs.")
+
+
+RUN_COLUMNS = ("sweep", "status", "error", "device_name", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu",
+               "compile_s", "pred_tokens_per_s_per_gpu", "pred_mfu", "pred_bound", "pred_mem_gib",
+               "pred_mem_source", "mem_peak_alloc_gib", "mem_peak_reserved_gib", "nvml_mem_used_gib",
+               "nvml_util_pct", "nvml_power_w", "torch_version")
+
+
+def evidence_json(meta: dict[str, Any], checks: list[Check], runs: list[RunSummary],
+                  steps: list[StepResult]) -> dict[str, Any]:
+    return {**meta, "checks": [asdict(c) for c in checks], "steps": [asdict(r) for r in steps],
+            "runs": [{"label": s.spec.label, "spec": s.spec.to_dict(),
+                      **{k: getattr(s, k) for k in RUN_COLUMNS},
+                      "nvml_power_limit_w": _limit(s, "nvml_power_limit_w"),
+                      "backend": s.extra.get("backend")} for s in runs]}
+
+
+def evidence_name(gpu: str, torch: str, date: str) -> str:
+    """A file name the device tool brings back (letters, digits, '.', '_', '-')."""
+    def slug(text: str) -> str:
+        return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-")
+    return f"{slug(gpu)}_torch-{slug(torch)}_{date}"
+
+
+def write_evidence(root: Path, out_dir: Path, command: str) -> tuple[int, list[Path]]:
+    """Check the runs under root and write the evidence; (exit status, files written)."""
+    runs, steps = load_runs(root), load_steps(root)
+    if not runs:
+        raise ValueError(f"no runs under {root}")
+    checks = all_checks(runs, steps)
+    gpu_run = next((s for s in runs if on_gpu(s)), runs[0])
+    started = sorted(s.started_at for s in runs if s.started_at)
+    failed = [c for c in checks if c.passed is False]
+    meta = {"gpu": gpu_run.device_name or "unknown", "torch": gpu_run.torch_version or "unknown",
+            "date": (started[-1][:10] if started else dt.date.today().isoformat()),
+            "git_rev": gpu_run.git_rev, "results_root": str(root), "command": command,
+            "verdict": "every check holds" if not failed else f"{len(failed)} check(s) failed"}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = evidence_name(meta["gpu"], meta["torch"], meta["date"])
+    md, js = out_dir / f"{name}.md", out_dir / f"{name}.json"
+    rundir.atomic_write_text(md, render_markdown(meta, checks, runs, steps) + "\n")
+    rundir.write_json(js, evidence_json(meta, checks, runs, steps))
+    for c in checks:
+        print(f"{c.verdict:>10}  {c.name}: {c.measured}  [{c.threshold}]")
+        for line in c.failures[:SHOWN_FAILURES]:
+            print(f"{'':>10}  FAILED {c.name}: {line}")
+        if len(c.failures) > SHOWN_FAILURES:
+            print(f"{'':>10}  ... and {len(c.failures) - SHOWN_FAILURES} more (every one in {md.name})")
+    print(f"evidence: {md} and {js.name}")
+    return (EXIT_FAILED if failed else EXIT_OK), [md, js]
