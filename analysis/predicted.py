@@ -1,10 +1,10 @@
 """What the plan predicted before launch, beside what the runs measured, with the error of each.
 
-Throughput: bench/perf.py's tokens/s per GPU, MFU and scaling efficiency against the timed steps, and one
+Throughput: bench/predict/perf.py's tokens/s per GPU, MFU and scaling efficiency against the timed steps, and one
 sentence naming the largest miss and what the model held to bound that run (compute, memory bandwidth or
 network), which is where a miss most likely comes from.
 
-Memory: the peak the planner measured on fake tensors (bench/memory.py; the lower bound of the state where
+Memory: the peak the planner measured on fake tensors (bench/predict/memory.py; the lower bound of the state where
 it could not, the analytic estimate in studies planned before) against torch's allocator peak on the GPU
 (`torch.cuda.max_memory_allocated`, max over ranks),
 and the planner's headroom assumptions against what each GPU run showed: reserved / allocated (allocator
@@ -15,7 +15,7 @@ from __future__ import annotations
 import pandas as pd
 
 from analysis.scaling import configuration_label
-from bench.memory import CUDA_CONTEXT_GIB, FRAGMENTATION
+from bench.predict.memory import CUDA_CONTEXT_GIB, FRAGMENTATION
 
 
 def _placement(rows: pd.DataFrame) -> pd.Series:
@@ -97,7 +97,7 @@ def largest_miss(table: pd.DataFrame, cpu: bool) -> list[str]:
     row = both.loc[both["error"].abs().idxmax()]
     ratio = row["tokens_per_s_per_gpu"] / row["pred_tokens_per_s_per_gpu"]
     how = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
-    cause = ("CPU predictions are uncalibrated (bench/perf.py fits GPU clusters; a tiny model on CPU is "
+    cause = ("CPU predictions are uncalibrated (bench/predict/perf.py fits GPU clusters; a tiny model on CPU is "
              "dominated by per-operator overhead the model has no term for)" if cpu
              else CAUSES.get(row["pred_bound"], "unknown"))
     return [f"prediction: measured tokens/s/GPU within {both['error'].abs().median():.0%} of the predicted "

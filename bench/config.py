@@ -143,7 +143,7 @@ class MicroBatchSearch:
 
 @dataclass
 class MemoryConfig:
-    """How the planner knows each run's memory before launch (bench/memory.py): the worker's own step on
+    """How the planner knows each run's memory before launch (bench/predict/memory.py): the worker's own step on
     fake tensors, per distinct configuration, cached; the lower bound of the state where that cannot run."""
 
     measure: bool = True  # false: the lower bound only (instant; prunes only what surely cannot fit)

@@ -3,7 +3,7 @@ keep what they found (`<gpu>_torch-<version>_<date>.{md,json}`).
 
 Everything here reads run summaries and the steps' record only, never a GPU: `python -m bench.gpucheck
 --from RESULTS_ROOT` judges runs made elsewhere, and the tests judge known figures and a real smoke sweep.
-The thresholds are the planner's own constants (bench/memory.py's headroom) or a published figure (MFU).
+The thresholds are the planner's own constants (bench/predict/memory.py's headroom) or a published figure (MFU).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typing import Any
 from bench import rundir
 from bench.core.hardware import gpu_spec
 from bench.core.schema import RunSummary
-from bench.memory import CUDA_CONTEXT_GIB, FRAGMENTATION, NCCL_GIB_PER_COMMUNICATOR, communicators
+from bench.predict.memory import CUDA_CONTEXT_GIB, FRAGMENTATION, NCCL_GIB_PER_COMMUNICATOR, communicators
 
 STEPS_JSON = "gpucheck_steps.json"  # in the results root: each step's time, budget and exit status
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -164,7 +164,7 @@ def check_fragmentation(runs: list[RunSummary]) -> Check:
     rows = [(s.spec.label, s.mem_peak_reserved_gib / s.mem_peak_alloc_gib, 1 + FRAGMENTATION)
             for s in _trains(runs) if on_gpu(s) and s.mem_peak_reserved_gib and s.mem_peak_alloc_gib]
     return _headroom_check("headroom: allocator", f"reserved / allocated <= {1 + FRAGMENTATION:.2f} "
-                           "(bench/memory.py FRAGMENTATION)", rows, "x")
+                           "(bench/predict/memory.py FRAGMENTATION)", rows, "x")
 
 
 def check_outside_allocator(runs: list[RunSummary]) -> Check:
@@ -270,7 +270,7 @@ def render_markdown(meta: dict[str, Any], checks: list[Check], runs: list[RunSum
                       _f((s.nvml_mem_used_gib or 0) - s.mem_peak_reserved_gib, ".2f")
                       if s.nvml_mem_used_gib and s.mem_peak_reserved_gib else "-"]
                      for s in _trains(runs) if s.mem_peak_alloc_gib])
-    lines += ["## Performance model (bench/perf.py): predicted before launch beside measured", "",
+    lines += ["## Performance model (bench/predict/perf.py): predicted before launch beside measured", "",
               prediction_sentence(runs), ""]
     lines += _table(["run", "model", "options", "pred tokens/s/GPU", "tokens/s/GPU", "error", "pred MFU",
                      "MFU", "bound"],

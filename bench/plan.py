@@ -1,6 +1,6 @@
 """Expand a sweep into frozen RunSpecs: cartesian product of the axes, minus exclusions, plus probes.
 
-Every training run gets a per-GPU memory figure (bench/memory.py: measured on fake tensors where the sweep
+Every training run gets a per-GPU memory figure (bench/predict/memory.py: measured on fake tensors where the sweep
 measures, else the exact lower bound of its state); runs that cannot fit the cluster's GPUs are planned as
 infeasible (recorded, never launched).
 """
@@ -12,14 +12,14 @@ from typing import Any, Protocol
 
 from bench.config import AUTO, AXES, ConfigError, SweepConfig
 from bench.core.schema import RunSpec
-from bench.memory import MemoryFigure, lower_bound
-from bench.perf import Prediction, Predictor
+from bench.predict.memory import MemoryFigure, lower_bound
+from bench.predict.perf import Prediction, Predictor
 
 HOST_FRACTION = 0.8  # offload=cpu: host memory also holds the OS, the workers and pinned staging buffers
 
 
 class MemorySource(Protocol):
-    """Where the plan's memory figures come from (bench.memory.MemoryPlanner measures them)."""
+    """Where the plan's memory figures come from (bench.predict.memory.MemoryPlanner measures them)."""
 
     def prefetch(self, specs: list[RunSpec]) -> None: ...
 
@@ -33,7 +33,7 @@ class PlannedRun:
     feasible: bool
     reason: str | None = None  # why infeasible
     micro_batch_start: int | None = None  # micro_batch auto: where the search starts
-    perf: Prediction | None = None  # bench/perf.py: step time, tokens/s/GPU, MFU (of first_spec)
+    perf: Prediction | None = None  # bench/predict/perf.py: step time, tokens/s/GPU, MFU (of first_spec)
     pred_efficiency: float | None = None  # against the smallest feasible planned node count of its config
 
     @property

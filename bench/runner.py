@@ -29,10 +29,10 @@ from bench import rundir, schedule
 from bench.collect import infeasible_summary, summarize_run, write_results
 from bench.config import SweepConfig
 from bench.core.schema import RETRYABLE_STATUSES, RunSpec, RunSummary
-from bench.cost import estimated_seconds
+from bench.predict.cost import estimated_seconds
 from bench.launchers.base import DONE, PROJECT_ROOT, RUNNING, Launcher, Outcome
-from bench.memory import lower_bound
-from bench.perf import Predictor, sweep_probes
+from bench.predict.memory import lower_bound
+from bench.predict.perf import Predictor, sweep_probes
 from bench.plan import PlannedRun
 from bench.progress import Progress
 

@@ -16,11 +16,11 @@ from typing import Any
 
 from bench import rundir, schedule
 from bench.config import ConfigError, SweepConfig, from_dict, omegaconf_message, register_schema
-from bench.cost import plan_cost
+from bench.predict.cost import plan_cost
 from bench.launchers.base import PROJECT_ROOT
-from bench.memory import (CUDA_CONTEXT_GIB, FRAGMENTATION, MEASURE_OFF, NCCL_GIB_PER_COMMUNICATOR,
+from bench.predict.memory import (CUDA_CONTEXT_GIB, FRAGMENTATION, MEASURE_OFF, NCCL_GIB_PER_COMMUNICATOR,
                           MemoryPlanner)
-from bench.perf import Predictor, sweep_probes
+from bench.predict.perf import Predictor, sweep_probes
 from bench.plan import PlannedRun, expand
 
 CONFIG_DIR = PROJECT_ROOT / "sweeps"
@@ -93,7 +93,7 @@ def _gib(value: float) -> str:
     return f"{value:.1f}" if value >= 10 else f"{value:.3g}"
 
 
-PLAN_PERF = ("predicted (bench/perf.py): tokens/s per GPU, MFU, scaling efficiency against the smallest "
+PLAN_PERF = ("predicted (bench/predict/perf.py): tokens/s per GPU, MFU, scaling efficiency against the smallest "
              "planned node count of the same configuration, and what bounds the step")
 
 

@@ -9,7 +9,7 @@ import pytest
 from bench.config import ConfigError, from_dict
 from bench.core.models import count_params, get_arch
 from bench.core.schema import RunSpec
-from bench.memory import MemoryFigure
+from bench.predict.memory import MemoryFigure
 from bench.plan import expand
 from bench.sweep import compose, main
 
@@ -229,7 +229,7 @@ def test_bad_combinations_of_the_new_axes_are_one_line(overrides, message, capsy
 
 
 def test_offload_moves_the_states_to_host_memory_and_checks_it() -> None:
-    from bench.memory import lower_bound
+    from bench.predict.memory import lower_bound
     spec = RunSpec(model="llama2_70b", nodes=1, gpus_per_node=8, precision="bf16_mixed")
     on_gpu, offloaded = lower_bound(spec, "-"), lower_bound(replace(spec, offload="cpu"), "-")
     states = count_params(get_arch("llama2_70b")) * 16 / 8 / 2**30  # fp32 params + grads + 2 AdamW moments

@@ -144,7 +144,7 @@ def test_smoke_sweep_end_to_end_then_resume(smoke_results: Path) -> None:
 
 @pytest.mark.slow
 def test_the_smoke_report_puts_predictions_beside_measurements_on_cpu(smoke_results: Path) -> None:
-    """Every ok training run has its plan-time prediction (bench/perf.py on this machine's cores) and its
+    """Every ok training run has its plan-time prediction (bench/predict/perf.py on this machine's cores) and its
     measured tokens/s side by side, the error between them, and the plan's memory figure (measured on
     fake tensors) beside it; the notes name the largest miss and why."""
     frame = table(smoke_results)

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.config import from_dict  # noqa: E402
-from bench.memory import MemoryPlanner, lower_bound  # noqa: E402
+from bench.predict.memory import MemoryPlanner, lower_bound  # noqa: E402
 from bench.plan import expand  # noqa: E402
 from bench.sweep import compose  # noqa: E402
 

@@ -1,8 +1,8 @@
-"""The performance model (bench/perf.py) against every published row it used: fits its calibrated
-constants to bench/published.py's CALIBRATION_ROWS, prints each row's prediction and error with its
+"""The performance model (bench/predict/perf.py) against every published row it used: fits its calibrated
+constants to bench/predict/published.py's CALIBRATION_ROWS, prints each row's prediction and error with its
 source, and the same for CHECK_ROWS (llm-foundry's table and torchtitan's Float8 rows, never fitted to).
 
-    python benchmarks/perf_model.py          # fit, compare with bench/perf.py's CALIBRATION, print the tables
+    python benchmarks/perf_model.py          # fit, compare with bench/predict/perf.py's CALIBRATION, print the tables
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.perf import CALIBRATION, Calibration, predict  # noqa: E402
-from bench.published import CALIBRATION_ROWS, CHECK_ROWS, PublishedRow  # noqa: E402
+from bench.predict.perf import CALIBRATION, Calibration, predict  # noqa: E402
+from bench.predict.published import CALIBRATION_ROWS, CHECK_ROWS, PublishedRow  # noqa: E402
 
 NAMES = ("A100", "H100", "elementwise_bytes", "contention", "compile_traffic")
 BOUNDS = ((0.3, 0.98), (0.3, 0.98), (0.0, 2000.0), (0.0, 1.0), (0.1, 1.0))
@@ -101,7 +101,7 @@ def main() -> None:
     start = [shipped.matmul_efficiency["A100"], shipped.matmul_efficiency["H100"], shipped.elementwise_bytes,
              shipped.contention, shipped.compile_traffic]
     fitted = fit(list(start))
-    print("constants   shipped (bench/perf.py)   refitted here")
+    print("constants   shipped (bench/predict/perf.py)   refitted here")
     for name, a, b in zip(NAMES, start, fitted):
         print(f"  {name:<18} {a:>10.3f}            {b:>10.3f}")
     print(f"loss: shipped {loss(tuple(start)):.4f}, refitted {loss(tuple(fitted)):.4f}\n")

@@ -7,7 +7,7 @@ the run's world size, and torch's FSDPMemTracker follows every tensor rank 0 hol
 Llama 2 70B on 128 ranks measures on a laptop. A change to the worker changes the measurement by itself.
 
 Reads RunSpec dicts, one JSON object per line, on stdin; writes one `memory` metric record per spec on stdout
-(bench/memory.py runs this command and caches what it prints; the orchestration never imports torch).
+(bench/predict/memory.py runs this command and caches what it prints; the orchestration never imports torch).
 
 Where the measured step differs from the run on its GPUs (the planner's headroom covers what is not here):
 - the device is the CPU: FSDP2 on a CUDA mesh needs CUDA streams, which a CPU build of torch lacks. Model,

@@ -17,7 +17,7 @@ class GpuSpec:
     source: str
     hbm_tbs: float = 0.0  # memory bandwidth, TB/s (same datasheet)
     intra_busbw_gbs: float = 0.0  # all-reduce bus bandwidth among a node's GPUs (nccl-tests), GB/s
-    family: str = ""  # which calibration of the performance model (bench/perf.py) applies
+    family: str = ""  # which calibration of the performance model (bench/predict/perf.py) applies
 
 
 GPUS: dict[str, GpuSpec] = {g.name: g for g in [
@@ -55,7 +55,7 @@ GPUS: dict[str, GpuSpec] = {g.name: g for g in [
 # direction per the datasheet): 240, about 80% of it, the fraction NCCL's ring reaches without NVLink SHARP
 # (an assumption; no 8-GPU A100 output is among the reference data). B200 (NVLink 5, twice NVLink 4): 936.
 # PCIe parts (H100 PCIe/NVL pairs, A10G, L4): PCIe Gen4/5 x16 rings, 12-25 GB/s (assumption).
-# family: the calibration of bench/perf.py that applies (A10G and L4 borrow A100's, B200 H100's: both
+# family: the calibration of bench/predict/perf.py that applies (A10G and L4 borrow A100's, B200 H100's: both
 # uncalibrated).
 
 # torch.cuda.get_device_name() patterns -> table key; first match wins, so order matters. Whole words:

@@ -207,7 +207,7 @@ class RunSummary:
     loss_last: float | None = None
     pred_mem_gib: float | None = None  # what the plan judged by: peak measured on fake tensors, else the
     pred_mem_source: str | None = None  # lower bound of the state: "measured" or "lower bound"
-    pred_step_time_s: float | None = None  # bench/perf.py's prediction, made when the run was planned
+    pred_step_time_s: float | None = None  # bench/predict/perf.py's prediction, made when the run was planned
     pred_tokens_per_s_per_gpu: float | None = None
     pred_mfu: float | None = None
     pred_scaling_efficiency: float | None = None  # against the smallest planned node count of its config

@@ -22,7 +22,7 @@ One training step per GPU is modelled as
 compile=true keeps a fraction of the elementwise traffic (inductor fuses a block's elementwise operators);
 fp8_tensorwise runs the block linears at the FP8 peak and gathers their weights in one byte (torchao's
 float8 all-gather). The calibrated constants (CALIBRATION: one per GPU family, three shared) were fitted
-to published FSDP throughput rows, each cited in bench/published.py; `python benchmarks/perf_model.py`
+to published FSDP throughput rows, each cited in bench/predict/published.py; `python benchmarks/perf_model.py`
 fits them again and prints every row's error, with llm-foundry's table held out as a check. Everything else is a datasheet figure or a
 measured nccl-tests output (bench/core/hardware.py).
 """
@@ -41,7 +41,7 @@ from bench.core.schema import RunSpec
 
 @dataclass(frozen=True)
 class Calibration:
-    """The fitted constants (benchmarks/perf_model.py fits them; rows and sources in bench/published.py)."""
+    """The fitted constants (benchmarks/perf_model.py fits them; rows and sources in bench/predict/published.py)."""
 
     matmul_efficiency: dict[str, float]  # per GPU family: fraction of the dense peak its matmuls reach
     elementwise_bytes: float  # bytes of non-matmul memory traffic per hidden unit, token, block and pass

@@ -1,4 +1,4 @@
-"""The performance model (bench/perf.py) against the published rows it was calibrated on, and against the
+"""The performance model (bench/predict/perf.py) against the published rows it was calibrated on, and against the
 physics a model that ignored the network would get wrong."""
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from bench.config import from_dict
 from bench.core.hardware import GPUS
 from bench.core.models import get_arch
 from bench.core.schema import RunSpec
-from bench.perf import CALIBRATION, Network, Predictor, collectives, network_for, predict, probe_network
+from bench.predict.perf import CALIBRATION, Network, Predictor, collectives, network_for, predict, probe_network
 from bench.plan import expand
-from bench.published import CALIBRATION_ROWS, CHECK_ROWS
+from bench.predict.published import CALIBRATION_ROWS, CHECK_ROWS
 from bench.sweep import compose
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import perf_model  # noqa: E402  (the benchmark's fit and error are what the tolerances are stated for)
 
 THROUGHPUT_TOLERANCE = 0.15  # every calibration row's tokens/s/GPU (the worst is +11.7%)
@@ -108,7 +108,7 @@ def test_the_plan_carries_predictions_and_times_the_schedule_with_them() -> None
     assert full[1].pred_efficiency == 1.0 and 0.85 < full[16].pred_efficiency < 1.0
     assert full[16].perf.tokens_per_s_per_gpu < full[1].perf.tokens_per_s_per_gpu
     assert full[16].predicted()["pred_tokens_per_s_per_gpu"] == full[16].perf.tokens_per_s_per_gpu
-    from bench.cost import STARTUP_S, estimated_seconds
+    from bench.predict.cost import STARTUP_S, estimated_seconds
     assert estimated_seconds(full[2], "slurm") == pytest.approx(STARTUP_S + 30 * full[2].perf.step_time_s)
 
 

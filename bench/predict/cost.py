@@ -1,7 +1,7 @@
 """What a sweep will cost before it launches: instance-hours, GPU-hours and dollars from the price table.
 
 A run's time is a fixed start-up (launch, rendezvous, model materialisation, which dominate short benchmark
-runs) plus its steps at the step time the performance model predicts (bench/perf.py). The timeout gives a
+runs) plus its steps at the step time the performance model predicts (bench/predict/perf.py). The timeout gives a
 hard upper bound that assumes nothing.
 """
 from __future__ import annotations

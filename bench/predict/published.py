@@ -1,4 +1,4 @@
-"""Published FSDP throughput rows: what bench/perf.py's constants were fitted to (CALIBRATION_ROWS) and what
+"""Published FSDP throughput rows: what bench/predict/perf.py's constants were fitted to (CALIBRATION_ROWS) and what
 checks them without having been fitted (CHECK_ROWS: llm-foundry's table). Each row cites its source.
 
 A row is a run as this harness would describe it, on the publisher's hardware and network. Where the
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from bench.core.hardware import GPUS, GpuSpec
 from bench.core.models import ModelArch, get_arch
 from bench.core.schema import RunSpec
-from bench.perf import RDMA_EFFICIENCY, Network, network_for
+from bench.predict.perf import RDMA_EFFICIENCY, Network, network_for
 
 IBM = ("PyTorch blog, \"Maximizing training throughput using PyTorch FSDP\" (IBM and Meta, 2024-03-13), "
        "Table 1; sharding per foundation-model-stack/fms-fsdp README")

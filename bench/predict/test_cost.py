@@ -6,7 +6,7 @@ import pytest
 from bench.config import from_dict
 from bench.core.flops import model_flops_per_token
 from bench.core.models import get_arch
-from bench.cost import LOCAL_STARTUP_S, STARTUP_S, estimated_seconds, plan_cost
+from bench.predict.cost import LOCAL_STARTUP_S, STARTUP_S, estimated_seconds, plan_cost
 from bench.plan import expand
 from bench.sweep import compose, main
 
@@ -29,7 +29,7 @@ def test_timeout_bound_and_gpu_hours_have_exact_answers() -> None:
 
 def test_run_time_is_start_up_plus_steps_at_the_predicted_step_time() -> None:
     """No AC: model FLOPs per token are the 6N rule plus attention; a run's time is its launcher's start-up
-    plus its steps at bench/perf.py's predicted step time, which activation checkpointing lengthens."""
+    plus its steps at bench/predict/perf.py's predicted step time, which activation checkpointing lengthens."""
     flops = 6 * (6_738_415_616 - 32000 * 4096) + 12 * 32 * 4096 * 4096  # Llama-2-7b without its input embedding
     assert model_flops_per_token(get_arch("llama2_7b"), 4096) == flops
     cfg = cfg_for("+sweep=p5_scaling", "axes.model=[llama2_7b]", "axes.nodes=[2]",

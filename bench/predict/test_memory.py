@@ -1,4 +1,4 @@
-"""The planner's memory before launch (bench/memory.py): what it measures, caches and falls back on, and
+"""The planner's memory before launch (bench/predict/memory.py): what it measures, caches and falls back on, and
 that its measuring processes never outlive the sweep."""
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-import bench.memory as memory
+import bench.predict.memory as memory
 from bench.config import from_dict
 from bench.core.models import count_params, get_arch
 from bench.core.schema import RunSpec
-from bench.memory import MemoryPlanner, fingerprint, memory_key
+from bench.predict.memory import MemoryPlanner, fingerprint, memory_key
 from bench.plan import expand, feasibility
 from bench.sweep import _gib, compose, format_plan
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def cfg_for(tmp_path: Path, *overrides: str):
