@@ -12,9 +12,13 @@ fragmentation) and NVML used - reserved (CUDA context and NCCL buffers, outside 
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pandas as pd
 
 from analysis.scaling import configuration_label
+from bench import rundir
 from bench.predict.memory import CUDA_CONTEXT_GIB, FRAGMENTATION
 
 
@@ -86,21 +90,65 @@ def throughput_table(agg: pd.DataFrame) -> pd.DataFrame:
         "pred_scaling_efficiency": rows["pred_scaling_efficiency"],
         "scaling_efficiency": rows["scaling_efficiency"], "pred_bound": rows["pred_bound"],
         "pred_step_time_s": rows["pred_step_time_s"], "step_time_s": rows["step_time_s"],
+        "pred_source": rows["pred_source"].fillna("published constants"),
         "status": rows["status"]}).reset_index(drop=True)
 
 
 def largest_miss(table: pd.DataFrame, cpu: bool) -> list[str]:
-    """The run furthest from its prediction, in one sentence with the likely cause."""
+    """The run furthest from its prediction, in one sentence with the likely cause; and how many runs the
+    study's own calibration predicted (bench/predict/calibrate.py), with their median error apart."""
     both = table[table["error"].notna()] if not table.empty else table
     if both.empty:
         return []
     row = both.loc[both["error"].abs().idxmax()]
     ratio = row["tokens_per_s_per_gpu"] / row["pred_tokens_per_s_per_gpu"]
     how = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
-    cause = ("CPU predictions are uncalibrated (bench/predict/perf.py fits GPU clusters; a tiny model on CPU is "
-             "dominated by per-operator overhead the model has no term for)" if cpu
+    own = both[both["pred_source"].str.startswith("this study")]
+    cause = ("predicted with the published constants, which no CPU run calibrated: the study's own runs "
+             "calibrate the runs after them" if cpu and not str(row["pred_source"]).startswith("this study")
              else CAUSES.get(row["pred_bound"], "unknown"))
-    return [f"prediction: measured tokens/s/GPU within {both['error'].abs().median():.0%} of the predicted "
-            f"(median over {len(both)}); largest miss {row['model']} {row['configuration']} at "
-            f"{int(row['nodes'])} nodes ran {how} than predicted ({row['tokens_per_s_per_gpu']:,.0f} vs "
-            f"{row['pred_tokens_per_s_per_gpu']:,.0f}); the model held it {row['pred_bound']}: {cause}"]
+    text = (f"prediction: measured tokens/s/GPU within {both['error'].abs().median():.0%} of the predicted "
+            f"(median over {len(both)})")
+    if not own.empty:
+        text += (f"; {len(own)} of them predicted with this study's own calibration: within "
+                 f"{own['error'].abs().median():.0%} (median)")
+    return [text + f"; largest miss {row['model']} {row['configuration']} at {int(row['nodes'])} nodes ran "
+            f"{how} than predicted ({row['tokens_per_s_per_gpu']:,.0f} vs {row['pred_tokens_per_s_per_gpu']:,.0f}; "
+            f"{row['pred_source']}); the model held it {row['pred_bound']}: {cause}"]
+
+
+def extrapolation_table(sweeps: list[Path]) -> tuple[pd.DataFrame, list[str]]:
+    """Each sweep's runs above its smallest node count as its calibration file predicted them from the
+    smallest node count's runs alone, beside what they measured; notes for files that cannot be read."""
+    frames, notes = [], []
+    for sweep in sweeps:
+        path = sweep / rundir.CALIBRATION_JSON
+        if not path.is_file():
+            continue
+        try:
+            rows = json.loads(path.read_text())["extrapolation"]
+            frame = pd.DataFrame(rows, columns=EXTRAPOLATION_FIELDS)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            notes.append(f"{path}: unreadable ({type(e).__name__}): no extrapolation check from it")
+            continue
+        frames.append(frame.assign(sweep=sweep.name))
+    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    return (table.sort_values(["sweep", "nodes", "label"], ignore_index=True) if not table.empty else table), notes
+
+
+EXTRAPOLATION_FIELDS = ["label", "model", "nodes", "base_nodes", "base_runs", "predicted", "measured", "error"]
+
+
+def extrapolation_sentence(table: pd.DataFrame) -> list[str]:
+    """How far calibrating on the smallest node count and predicting the largest missed."""
+    if table.empty:
+        return []
+    out = []
+    for sweep, rows in table.groupby("sweep"):
+        top = rows[rows["nodes"] == rows["nodes"].max()]
+        worst = top.loc[top["error"].abs().idxmax()]
+        out.append(f"extrapolation ({sweep}): calibrated on its {int(worst['base_runs'])} runs at "
+                   f"{int(worst['base_nodes'])} node(s) alone, the prediction of its largest node count "
+                   f"({int(worst['nodes'])}) missed by {top['error'].abs().median():.0%} (median over "
+                   f"{len(top)} runs), at worst {worst['error']:+.0%} ({worst['label']})")
+    return out

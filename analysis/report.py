@@ -19,7 +19,8 @@ from analysis.comm import comm_model
 from analysis.cost import config_costs, parse_price_overrides, run_costs, sweep_costs, sweep_prices
 from analysis.load import Loaded, NoResults, load
 from analysis.parity import departures, loss_parity
-from analysis.predicted import largest_miss, memory_notes, memory_table, throughput_table
+from analysis.predicted import (extrapolation_sentence, extrapolation_table, largest_miss, memory_notes, memory_table,
+                                throughput_table)
 from analysis.scaling import (ablation, aggregate, headline, missing_baselines, nccl_sizes, nccl_summary,
                               probe_sentences, status_table)
 from bench.core.schema import ADDED_DEFAULTS
@@ -128,6 +129,9 @@ PREDICTED_COLUMNS = {"model": "model", "configuration": "configuration", "placem
                      "tokens_per_s_per_gpu": "measured tokens/s/GPU", "error": "error",
                      "pred_scaling_efficiency": "predicted efficiency",
                      "scaling_efficiency": "measured efficiency"}
+EXTRAPOLATION_COLUMNS = {"sweep": "sweep", "label": "run", "base_nodes": "calibrated at nodes",
+                         "nodes": "nodes", "predicted": "predicted tokens/s/GPU",
+                         "measured": "measured tokens/s/GPU", "error": "error"}
 TRAIN_TOKENS = 1e12
 COST_COLUMNS = {"sweep": "sweep", "model": "model", "sharding": "sharding", "precision": "precision",
                 "activation_checkpointing": "AC", "nodes": "nodes",
@@ -232,6 +236,9 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
         most = _sizes_by_column(sizes[sizes["nodes"] == sizes["nodes"].max()])
         tables["nccl_sizes_short"] = most.iloc[:, :8]  # the page: size + at most 7 EFA counts
     memory, predicted = memory_table(agg), throughput_table(agg)  # every column in memory.csv, predicted.csv
+    extrapolated, unreadable = extrapolation_table(loaded.sweeps)
+    if not extrapolated.empty:
+        tables["extrapolation"] = _present(_percent(extrapolated, "error"), EXTRAPOLATION_COLUMNS)
     if not memory.empty:
         tables["memory"] = memory
         tables["memory_short"] = _present(_percent(memory, "mem_error"), MEMORY_COLUMNS)
@@ -256,7 +263,7 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
             charts[name] = title
     cpu = frame["device_name"].fillna("").eq("cpu").any()
     notes = (loaded.notes + missing_baselines(agg) + departures(parity) + memory_notes(memory)
-             + largest_miss(predicted, cpu))
+             + largest_miss(predicted, cpu) + extrapolation_sentence(extrapolated) + unreadable)
     if not one_rank.empty:
         notes.append(f"{len(one_rank)} one-rank all-reduce probe(s) measured no network (bus bandwidth is 0 "
                      "by definition on one rank): left out of the EFA table, kept in nccl.csv")
@@ -294,6 +301,10 @@ def _sections(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], charts: dict
     if "predicted" in tables:
         sections.append(("Throughput: predicted before launch vs measured (MFU, bound and step times in "
                          "predicted.csv)", tables["predicted_short"]))
+    if "extrapolation" in tables:
+        sections.append(("Extrapolation: each run above the smallest node count, predicted from the smallest "
+                         "node count's runs alone (the study's calibration, bench/predict/calibrate.py), vs "
+                         "measured", tables["extrapolation"]))
     if "memory" in tables:
         sections.append(("Memory per GPU: predicted before launch vs measured (every column in memory.csv)",
                          tables["memory_short"]))

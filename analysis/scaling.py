@@ -21,7 +21,7 @@ METRICS = {  # column -> how repeats are combined (all by median; spread from mi
     "mem_rss_gib": "max", "compile_s": "median",
 }
 PREDICTED = ("pred_mem_gib", "pred_mem_source", "pred_step_time_s", "pred_tokens_per_s_per_gpu", "pred_mfu",
-             "pred_scaling_efficiency", "pred_bound")  # bench/plan.py's predictions, one per configuration
+             "pred_scaling_efficiency", "pred_bound", "pred_source")  # bench/plan.py's predictions, one per configuration
 ABLATION_FACTORS = [  # (factor, baseline value(s), optimised value): one row per pair that differs in it only
     ("precision", ("fp32",), "bf16_mixed"),
     ("precision", ("bf16_mixed",), "fp8_tensorwise"),

@@ -32,8 +32,8 @@ from bench.core.schema import RETRYABLE_STATUSES, RunSpec, RunSummary
 from bench.predict.cost import estimated_seconds
 from bench.launchers.base import DONE, PROJECT_ROOT, RUNNING, Launcher, Outcome
 from bench.predict.memory import lower_bound
-from bench.predict.perf import Predictor, sweep_probes
-from bench.plan import PlannedRun
+from bench.plan import PlannedRun, with_predictions
+from bench.predict.calibrate import study_predictor
 from bench.progress import Progress
 
 SEARCH_DIR = "search"  # an auto micro batch run's trials: <run dir>/search/mb<N>/
@@ -101,11 +101,13 @@ class _Sweep:
     """What the runs of one invocation share: config, launcher, sweep dir, stop event, progress."""
 
     def __init__(self, cfg: SweepConfig, launcher: Launcher, sweep_dir: Path, stop: threading.Event,
-                 progress: Progress) -> None:
+                 progress: Progress, plan: list[PlannedRun]) -> None:
         self.cfg, self.launcher, self.sweep_dir = cfg, launcher, sweep_dir
-        self.stop, self.progress = stop, progress
+        self.stop, self.progress, self.plan = stop, progress, plan
         self.rev = git_revision()
         self.counts: Counter[str] = Counter()
+        self.predictor = study_predictor(cfg, sweep_dir)[0]
+        self.learned = False  # a run ended ok since the waiting runs were last predicted
 
     def end(self, planned: PlannedRun, summary: RunSummary) -> None:
         rd = rundir.run_dir(self.sweep_dir, planned.spec)
@@ -114,13 +116,25 @@ class _Sweep:
         self.counts[summary.status] += 1
         self.progress.finish(planned.spec.label, summary.status, summary.wall_s,
                              summary.error if summary.status != "ok" else None)
+        if summary.status == "ok":  # a probe or a training run: the study's calibration learns from it
+            self.predictor = study_predictor(self.cfg, self.sweep_dir)[0]
+            self.learned = True
+
+    def repredict(self, waiting: list[PlannedRun]) -> list[PlannedRun]:
+        """The waiting runs predicted again with what the study has learned (each summary keeps the
+        prediction its run had when it started)."""
+        if not self.learned:
+            return waiting
+        self.learned = False
+        fresh = {p.spec.run_id: p for p in with_predictions(self.plan, self.predictor)}
+        return [fresh.get(p.spec.run_id, p) for p in waiting]
 
 
 def execute(cfg: SweepConfig, plan: list[PlannedRun], launcher: Launcher, sweep_dir: Path) -> dict[str, int]:
     """Run the plan; returns counts by status of this invocation (skipped runs under 'skipped')."""
     budget = node_budget(cfg)
     with stop_on_signals() as stop, Progress(len(plan), cfg.progress, budget) as progress:
-        sweep = _Sweep(cfg, launcher, sweep_dir, stop, progress)
+        sweep = _Sweep(cfg, launcher, sweep_dir, stop, progress, plan)
         active: dict[str, tuple[PlannedRun, RunSteps]] = {}
         try:
             write_results(sweep_dir)  # a table from the start, so a crash never leaves none
@@ -168,6 +182,7 @@ def _drive(sweep: _Sweep, waiting: list[PlannedRun], active: dict[str, tuple[Pla
         if sweep.stop.is_set():
             waiting.clear()
         in_flight = [jobs[key] for key in active]
+        waiting[:] = sweep.repredict(waiting)
         for job in schedule.pick([jobs[p.spec.run_id] for p in waiting], in_flight, budget,
                                  cfg.launcher.probes_alone):
             planned = next(p for p in waiting if p.spec.run_id == job.key)
@@ -322,7 +337,7 @@ def _search_micro_batch(sweep: _Sweep, planned: PlannedRun, rd: Path) -> RunStep
         found = planned
         if final != planned.first_spec:  # below the planned start: no figure was made for this size
             found = PlannedRun(final, lower_bound(final, "not measured: below the planned start"), True,
-                               perf=Predictor(cfg, sweep_probes(sweep.sweep_dir)).predict(final))
+                               perf=sweep.predictor.predict(final))
         summary = yield from _attempt(sweep, replace(found, spec=final), rd)
     else:  # every size ran out of memory, another failure, or a stop: the run ends as its last trial did
         summary = last or RunSummary(run_id=spec.run_id, sweep=cfg.sweep_name, status="cancelled", spec=spec,

@@ -20,7 +20,7 @@ from bench.predict.cost import plan_cost
 from bench.launchers.base import PROJECT_ROOT
 from bench.predict.memory import (CUDA_CONTEXT_GIB, FRAGMENTATION, MEASURE_OFF, NCCL_GIB_PER_COMMUNICATOR,
                           MemoryPlanner)
-from bench.predict.perf import Predictor, sweep_probes
+from bench.predict.calibrate import study_predictor
 from bench.plan import PlannedRun, expand
 
 CONFIG_DIR = PROJECT_ROOT / "sweeps"
@@ -93,15 +93,19 @@ def _gib(value: float) -> str:
     return f"{value:.1f}" if value >= 10 else f"{value:.3g}"
 
 
-PLAN_PERF = ("predicted (bench/predict/perf.py): tokens/s per GPU, MFU, scaling efficiency against the smallest "
-             "planned node count of the same configuration, and what bounds the step")
+PLAN_PERF = ("predicted (bench/predict/perf.py): tokens/s per GPU (with a ~90% interval where the study's own "
+             "runs calibrate it), MFU, scaling efficiency against the smallest planned node count of the same "
+             "configuration, and what bounds the step")
 
 
 def _perf_cells(p: PlannedRun) -> list[str]:
     perf = p.perf
     if perf is None or not p.feasible:
         return ["-"] * 4
-    return [f"{perf.tokens_per_s_per_gpu:,.0f}", f"{perf.mfu:.2f}" if perf.mfu is not None else "-",
+    tokens = f"{perf.tokens_per_s_per_gpu:,.0f}"
+    if perf.interval:  # a calibrated prediction: its ~90% interval
+        tokens += f" ({perf.interval[0]:,.0f}-{perf.interval[1]:,.0f})"
+    return [tokens, f"{perf.mfu:.2f}" if perf.mfu is not None else "-",
             f"{p.pred_efficiency:.0%}" if p.pred_efficiency is not None else "-", perf.bound.split("-")[0]]
 
 
@@ -225,8 +229,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with rundir.locked(sweep_dir):
             memory = MemoryPlanner(cfg)
-            plan = expand(cfg, memory, Predictor(cfg, sweep_probes(sweep_dir)))
+            predictor, calibration = study_predictor(cfg, sweep_dir)
+            plan = expand(cfg, memory, predictor)
             print(f"planned in {time.perf_counter() - started:.1f} s; {memory.summary()}")
+            if calibration:
+                print(calibration)
             return _plan_and_launch(cfg, plan, launcher, sweep_dir, yaml_text)
     except rundir.SweepDirBusy as e:
         print(f"error: {e}", file=sys.stderr)

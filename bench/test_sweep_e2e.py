@@ -162,7 +162,37 @@ def test_the_smoke_report_puts_predictions_beside_measurements_on_cpu(smoke_resu
     assert len(memory) == 14 and (memory.pred_mem_gib > 0).all()
     text = (out / "report.md").read_text()
     assert "## Throughput: predicted before launch vs measured" in text
-    assert "largest miss" in text and "CPU predictions are uncalibrated" in text
+    assert "largest miss" in text and ("predicted with the published constants" in text
+                                       or "this study's" in text)
+    # the runs after the first ones were predicted with the study's own calibration, the report says so
+    assert predicted.pred_source.str.startswith("this study's").sum() >= len(predicted) - 2
+    assert "predicted with this study's own calibration" in text
+    extrapolation = pd.read_csv(out / "extrapolation.csv")
+    assert set(extrapolation.nodes) == {2} and "## Extrapolation" in text and "extrapolation (smoke)" in text
+
+
+@pytest.mark.slow
+def test_a_staged_study_predicts_its_two_node_runs_from_its_one_node_runs(tmp_path: Path) -> None:
+    """As a user sizes a study: the one-node runs first, then --dry-run of the whole sweep on the same
+    results dir shows the two-node runs calibrated on them with intervals, then the whole sweep runs them
+    (keeping the one-node runs) with those predictions on record."""
+    axes = ["axes.sharding=[FULL_SHARD,NO_SHARD]", "axes.precision=[bf16_mixed]",
+            "axes.activation_checkpointing=[none]", "steps=4", "warmup_steps=1"]
+    first = sweep(tmp_path, *axes, "axes.nodes=[1]", "nccl.nodes=[1]")
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert json.loads((tmp_path / "smoke" / rundir.CALIBRATION_JSON).read_text())["nodes"] == [1]
+    dry = sweep(tmp_path, *axes, "--dry-run")
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    assert "predictions calibrated on 2 runs at 1 node of this study" in dry.stdout
+    two_node = [ln for ln in dry.stdout.splitlines() if ln.startswith("tiny_llama-n2x2")]
+    assert len(two_node) == 2 and all(" (" in ln and "-" in ln.split(" (")[1] for ln in two_node)  # intervals
+    whole = sweep(tmp_path, *axes)
+    assert whole.returncode == 0 and "skipped 3" in whole.stdout, whole.stderr[-2000:]
+    frame = table(tmp_path)
+    runs = frame[(frame.kind == "train") & (frame.nodes == 2)]
+    assert len(runs) == 2 and runs.pred_source.str.match(r"this study's [2-3] runs").all()
+    error = (runs.tokens_per_s_per_gpu / runs.pred_tokens_per_s_per_gpu - 1).abs()
+    assert (error < 0.5).all(), error.tolist()  # uncalibrated, these were predicted at 3.6x what they ran
 
 
 @pytest.mark.slow

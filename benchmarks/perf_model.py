@@ -14,6 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.predict.calibrate import Observation, fit as fit_study  # noqa: E402
 from bench.predict.perf import CALIBRATION, Calibration, predict  # noqa: E402
 from bench.predict.published import CALIBRATION_ROWS, CHECK_ROWS, PublishedRow  # noqa: E402
 
@@ -90,6 +91,31 @@ def efficiency_pairs(rows: list[PublishedRow], cal: Calibration) -> list[float]:
     return errors
 
 
+def staged(rows: list[PublishedRow], cal: Calibration) -> tuple[list[float], list[float]]:
+    """Each configuration a source published at two or more node counts, as a staged study sees it: its
+    calibration (bench/predict/calibrate.py) fitted on the smallest node count's row alone, the largest
+    node count predicted. Returns (calibrated, published-constants) errors of those largest rows."""
+    groups: dict[tuple, list[PublishedRow]] = {}
+    for row in rows:
+        if row.tokens_per_s_per_gpu:
+            key = (row.source, row.arch.name, row.gpu.name, replace(row.spec, nodes=1))
+            groups.setdefault(key, []).append(row)
+    calibrated, published = [], []
+    for group in groups.values():
+        if len({r.spec.nodes for r in group}) < 2:
+            continue
+        small, large = min(group, key=lambda r: r.spec.nodes), max(group, key=lambda r: r.spec.nodes)
+        seen = Observation(small.label, small.spec, small.gpu, small.network, small.arch,
+                           small.tokens_per_s_per_gpu)
+        study = fit_study([seen], cal)
+        assert study is not None
+        calibrated.append(_tokens(large, study.calibration) / large.tokens_per_s_per_gpu - 1)
+        published.append(error(large, cal))
+        print(f"  {large.label:<86} from {small.spec.nodes} node(s): published {large.tokens_per_s_per_gpu:,.0f}, "
+              f"calibrated {calibrated[-1]:+6.1%}, published constants {published[-1]:+6.1%}  [{large.source[:40]}]")
+    return calibrated, published
+
+
 def summary(name: str, errors: list[float]) -> None:
     worst = max(errors, key=abs)
     print(f"{name}: {len(errors)} rows, median |error| {statistics.median(map(abs, errors)):.1%}, "
@@ -111,7 +137,11 @@ def main() -> None:
     check = table(CHECK_ROWS, shipped)
     print("\nScaling efficiency where a source published two node counts (tokens/s/GPU ratio):")
     pairs = efficiency_pairs(CALIBRATION_ROWS + CHECK_ROWS, shipped)
+    print("\nCalibrate on the smallest node count, predict the largest (a staged study on published rows):")
+    stage_cal, stage_pub = staged(CALIBRATION_ROWS + CHECK_ROWS, shipped)
     print()
+    summary("staged: calibrated on the smallest node count", stage_cal)
+    summary("staged: the same rows with the published constants", stage_pub)
     summary("calibration, tokens/s/GPU and MFU (one ratio: MFU = tokens/s x FLOPs/token / peak)", calib)
     summary("check (held out), tokens/s/GPU and MFU", check)
     summary("scaling efficiency, published pairs and AWS's 87%", pairs + [calib[-1]])

@@ -212,6 +212,8 @@ class RunSummary:
     pred_mfu: float | None = None
     pred_scaling_efficiency: float | None = None  # against the smallest planned node count of its config
     pred_bound: str | None = None  # compute-bound, memory-bandwidth-bound or network-bound
+    pred_source: str | None = None  # the constants it was predicted with: "published constants" or "this
+    # study's N runs" (bench/predict/calibrate.py)
     device_name: str | None = None
     torch_version: str | None = None
     host: str | None = None

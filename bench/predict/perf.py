@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
-from typing import Any
+import os
+from dataclasses import dataclass, replace
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from bench.core.flops import COMPUTE_BYTES, REDUCE_BYTES, hardware_flops_per_token, model_flops_per_token
 from bench.core.hardware import GPUS, INSTANCES, GpuSpec, compute_dtype, gpu_spec
@@ -41,12 +43,32 @@ from bench.core.schema import RunSpec
 
 @dataclass(frozen=True)
 class Calibration:
-    """The fitted constants (benchmarks/perf_model.py fits them; rows and sources in bench/predict/published.py)."""
+    """The fitted constants: the shipped ones (benchmarks/perf_model.py fits them to the rows of
+    bench/predict/published.py), or a study's own (bench/predict/calibrate.py refits them to its runs)."""
 
-    matmul_efficiency: dict[str, float]  # per GPU family: fraction of the dense peak its matmuls reach
+    matmul_efficiency: dict[str, float]  # fraction of the dense peak its matmuls reach, per GPU family
+    # ("H100"), or per family and compute dtype ("cpu:fp16": a CPU without fp16 units emulates them)
     elementwise_bytes: float  # bytes of non-matmul memory traffic per hidden unit, token, block and pass
     contention: float  # fraction of overlapped communication time that still costs step time
     compile_traffic: float  # fraction of the elementwise traffic left once torch.compile fuses each block
+    cpu_capacity: float | None = None  # a local CPU cluster: ranks the machine runs at one rank's speed
+    # (None: its core count; hyperthreads and memory bandwidth make it fewer)
+    source: str = "published constants"  # or "this study's N runs": the results table's pred_source
+
+    def efficiency(self, family: str, dtype: str) -> float:
+        """The matmul efficiency for a family and compute dtype: the dtype's own where a study measured it,
+        else the family's, else (an uncalibrated family) the lowest calibrated one."""
+        table = self.matmul_efficiency
+        if f"{family}:{dtype}" in table:
+            return table[f"{family}:{dtype}"]
+        if family in table:
+            return table[family]
+        if family == "cpu":
+            return CPU_EFFICIENCY
+        return min(v for k, v in table.items() if ":" not in k and k != "cpu")
+
+    def capacity(self) -> float:
+        return self.cpu_capacity if self.cpu_capacity is not None else float(os.cpu_count() or 1)
 
 
 CALIBRATION = Calibration(matmul_efficiency={"A100": 0.857, "H100": 0.678}, elementwise_bytes=380.0,
@@ -60,7 +82,16 @@ SOCKET_NODE_GBS = 2.5  # 0 EFA, NCCL's socket transport: 2 TCP flows at EC2's 10
 # study's own 0-EFA probe replaces
 CPU = GpuSpec("cpu", 0, {"fp32": 0.0}, "this machine's cores", hbm_tbs=0.02, intra_busbw_gbs=2.0,
               family="cpu")
-CPU_EFFICIENCY = 0.25  # uncalibrated: CPU runs are the pipeline's smoke test, not a study
+CPU_EFFICIENCY = 0.25  # the prior of a CPU study: its own runs calibrate it (bench/predict/calibrate.py)
+
+
+# Latency of one step of NCCL's ring (a collective over R ranks takes R-1 steps, an all-reduce 2(R-1)),
+# where the study has not probed it: an 8-byte all-reduce's time over its ring steps in real nccl-tests
+# outputs (shared/data/nccl-tests): 2 nodes x 8 H100, 135.8 us / 30 steps (sample_05); one node of 8 GPUs,
+# 22.8 us / 14 steps (sample_09). The study's own all-reduce probe replaces both (probe_network).
+INTER_NODE_STEP_S = 4.5e-6
+INTRA_NODE_STEP_S = 1.6e-6
+LATENCY_MAX_BYTES = 65536  # probe rows up to this size are latency, not bandwidth, bound
 
 
 @dataclass(frozen=True)
@@ -69,6 +100,7 @@ class Network:
 
     node_gbs: float  # GB/s of node-level all-reduce throughput (algbw x 2(N-1)/N) at FSDP's message sizes
     source: str
+    step_latency_s: float = INTER_NODE_STEP_S  # one ring step: what each of FSDP's many collectives pays
 
 
 @dataclass(frozen=True)
@@ -116,12 +148,21 @@ def _factor(kind: str, ranks: int) -> float:
     return (2 if kind == "all_reduce" else 1) * (ranks - 1) / ranks
 
 
-def collective_s(c: Collective, gpu: GpuSpec, network: Network) -> float:
-    """The longer of the intra-node leg and the network leg (a hierarchical collective pipelines both)."""
+def collective_s(c: Collective, gpu: GpuSpec, network: Network, units: int = 1) -> float:
+    """The longer of the intra-node leg and the network leg (a hierarchical collective pipelines both),
+    plus the ring's step latency once per FSDP unit (each unit gathers and reduces on its own)."""
     per_node = c.ranks // c.nodes
     intra = _factor(c.kind, per_node) * c.size / (gpu.intra_busbw_gbs * 1e9) if per_node > 1 else 0.0
     net = _factor(c.kind, c.nodes) * c.size / (network.node_gbs * 1e9) if c.nodes > 1 else 0.0
-    return max(intra, net)
+    return max(intra, net) + units * ring_steps(c, gpu) * network.step_latency_s
+
+
+def ring_steps(c: Collective, gpu: GpuSpec) -> int:
+    """Steps of the ring a collective takes: R-1 for a gather or reduce-scatter, 2(R-1) for an all-reduce;
+    on the CPU, gloo's reduce-scatter reduces the whole input, as an all-reduce does (the copy of its input
+    that the CPU memory check measured)."""
+    full = c.kind == "all_reduce" or (c.kind == "reduce_scatter" and gpu.family == "cpu")
+    return (2 if full else 1) * (c.ranks - 1)
 
 
 @dataclass(frozen=True)
@@ -134,7 +175,17 @@ class Prediction:
     comm_s: float  # every collective of the step, as if nothing overlapped
     exposed_s: float  # communication the step waits for, contention included
     network: Network
-    calibrated: bool  # False: a GPU family (or the CPU) no published row calibrated
+    calibrated: bool  # False: a GPU family (or the CPU) that neither published rows nor the study calibrated
+    source: str = CALIBRATION.source  # which constants: published, or this study's N runs
+    spread: float | None = None  # half-width of the ~90% interval, log units: tokens/s x exp(+-spread)
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        """tokens/s/GPU low and high: from the study's calibration residuals (none for published constants)."""
+        if self.spread is None:
+            return None
+        return (self.tokens_per_s_per_gpu * math.exp(-self.spread),
+                self.tokens_per_s_per_gpu * math.exp(self.spread))
 
     @property
     def bound(self) -> str:
@@ -146,7 +197,7 @@ class Prediction:
     def fields(self) -> dict[str, Any]:
         """As results-table columns (prefixed pred_)."""
         return {"pred_step_time_s": self.step_time_s, "pred_tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
-                "pred_mfu": self.mfu, "pred_bound": self.bound}
+                "pred_mfu": self.mfu, "pred_bound": self.bound, "pred_source": self.source}
 
 
 def _step(spec: RunSpec, arch: ModelArch, gpu: GpuSpec, network: Network, peak: float, fp8_peak: float,
@@ -168,15 +219,15 @@ def _step(spec: RunSpec, arch: ModelArch, gpu: GpuSpec, network: Network, peak: 
     units = len(block_params(arch)) + 1  # each block and the root: what FSDP gathers one at a time
     exposed = hidden = total = 0.0
     for phase, budget in window.items():
-        comm = sum(collective_s(c, gpu, network) for c in collectives(spec, arch) if c.phase == phase)
+        comm = sum(collective_s(c, gpu, network, units) for c in collectives(spec, arch) if c.phase == phase)
         shown = min(comm, max(0.0, comm - budget) + comm / units)  # past its compute, plus first/last unit
         exposed, hidden, total = exposed + shown, hidden + comm - shown, total + comm
     exposed += cal.contention * hidden
     step = compute + optimizer + exposed
     model_flops = model_flops_per_token(arch, spec.seq_len) * tokens
+    calibrated = gpu.family in cal.matmul_efficiency or cal.source != CALIBRATION.source
     return Prediction(step, tokens / step, model_flops / step / peak if peak else None, matmul,
-                      elementwise + optimizer, total, exposed, network,
-                      calibrated=gpu.family in cal.matmul_efficiency)
+                      elementwise + optimizer, total, exposed, network, calibrated, cal.source)
 
 
 def predict(spec: RunSpec, gpu: GpuSpec, network: Network, arch: ModelArch | None = None,
@@ -184,12 +235,23 @@ def predict(spec: RunSpec, gpu: GpuSpec, network: Network, arch: ModelArch | Non
     """The model for one run on a GPU (or this machine's CPU) and node network; arch defaults to the spec's
     preset."""
     arch = arch or get_arch(spec.model)
-    if gpu.family == "cpu":
-        return _step(spec, arch, gpu, network, cpu_peak_flops(), cpu_peak_flops(), CPU_EFFICIENCY, cal)
+    efficiency = cal.efficiency(gpu.family, compute_dtype(spec.precision))
+    if gpu.family == "cpu":  # every rank of a local study on this machine's cores: each gets its share
+        share = cpu_share(spec.world_size, cal.capacity())
+        cpu = replace(gpu, hbm_tbs=gpu.hbm_tbs * share)
+        return _step(spec, arch, cpu, network, cpu_peak_flops() * share, cpu_peak_flops() * share, efficiency,
+                     cal)
     peak = gpu.peak_tflops[compute_dtype(spec.precision)] * 1e12
     fp8_peak = gpu.peak_tflops.get("fp8", peak / 1e12) * 1e12
-    efficiency = cal.matmul_efficiency.get(gpu.family, min(cal.matmul_efficiency.values()))
     return _step(spec, arch, gpu, network, peak, fp8_peak, efficiency, cal)
+
+
+def cpu_share(ranks: int, capacity: float) -> float:
+    """The fraction of one rank's solo speed each of `ranks` ranks keeps on a machine that runs `capacity`
+    ranks at full speed: about 1 below capacity, capacity / ranks well above it, smooth in between (a
+    soft minimum: cores share caches and memory bandwidth before they run out; and a calibration needs a
+    slope to move the capacity from anywhere)."""
+    return (1 + (ranks / capacity) ** 4) ** -0.25
 
 
 @functools.cache
@@ -206,42 +268,63 @@ def cpu_peak_flops() -> float:
     return lanes * 2 * 2 * ghz * 1e9
 
 
-def network_for(instance_type: str, efa: int, probe: Network | None = None) -> Network:
+def network_for(instance_type: str, efa: int, probe: Network | None = None, nodes: int = 2) -> Network:
     """The study's own all-reduce probe where it has one at this node and EFA count; else the instance's
-    published measurement scaled to the adapters in use; else line rate at RDMA_EFFICIENCY."""
+    published measurement scaled to the adapters in use; else line rate at RDMA_EFFICIENCY. One node's
+    collectives take NVLink's ring steps, not the network's."""
     if probe is not None:
         return probe
+    latency = INTER_NODE_STEP_S if nodes > 1 else INTRA_NODE_STEP_S
     if efa == 0:
-        return Network(SOCKET_NODE_GBS, "0 EFA: NCCL sockets over TCP (assumed; probe it)")
+        return Network(SOCKET_NODE_GBS, "0 EFA: NCCL sockets over TCP (assumed; probe it)", latency)
     inst = INSTANCES.get(instance_type)
     if inst and inst.allreduce_node_gbs and inst.efa:
         return Network(inst.allreduce_node_gbs * min(efa, inst.efa) / inst.efa,
-                       f"{inst.name} with {efa} EFA: {inst.allreduce_source}")
+                       f"{inst.name} with {efa} EFA: {inst.allreduce_source}", latency)
     gbps = inst.network_gbps * min(efa, inst.efa) / inst.efa if inst and inst.efa else 100.0 * efa
-    return Network(gbps / 8 * RDMA_EFFICIENCY, f"{gbps:g} Gb/s line rate x {RDMA_EFFICIENCY}")
+    return Network(gbps / 8 * RDMA_EFFICIENCY, f"{gbps:g} Gb/s line rate x {RDMA_EFFICIENCY}", latency)
 
 
 FSDP_MESSAGE = 2**29  # bytes: about one unit's gather of a 7B-70B model, and the published figures' size
 
 
-def probe_network(nodes: int, sizes: list[dict[str, Any]]) -> Network | None:
-    """An all-reduce probe (nccl-tests' per-size rows: size, algbw) as node-level throughput at the size
-    nearest FSDP_MESSAGE: algbw x 2(N-1)/N. None for one node (no network) or no usable row."""
+def probe_network(nodes: int, sizes: list[dict[str, Any]], ranks: int | None = None) -> Network | None:
+    """An all-reduce probe (nccl-tests' per-size rows: size, algbw, time_us) as node-level throughput at
+    the size nearest FSDP_MESSAGE (algbw x 2(N-1)/N), and its ring's step latency: the median time of the
+    latency-bound rows over the all-reduce's 2(R-1) steps. None without usable rows; one node's probe
+    measures no network (its throughput is not used), only its latency, and needs two ranks for it."""
     rows = [r for r in sizes if r.get("size") and r.get("algbw")]
-    if nodes < 2 or not rows:
+    ranks = ranks or nodes
+    if not rows or ranks < 2:
         return None
+    small = sorted(r["time_us"] for r in rows if r["size"] <= LATENCY_MAX_BYTES and r.get("time_us"))
+    latency = (small[len(small) // 2] * 1e-6 / (2 * (ranks - 1)) if small
+               else INTER_NODE_STEP_S if nodes > 1 else INTRA_NODE_STEP_S)
+    if nodes < 2:
+        return Network(0.0, f"the study's all-reduce probe on one node ({ranks} ranks)", latency)
     row = min(rows, key=lambda r: abs(math.log(r["size"] / FSDP_MESSAGE)))
     return Network(row["algbw"] * 2 * (nodes - 1) / nodes,
-                   f"the study's all-reduce probe at {nodes} nodes ({row['size'] / 2**20:.0f} MiB)")
+                   f"the study's all-reduce probe at {nodes} nodes ({row['size'] / 2**20:.0f} MiB)", latency)
+
+
+class StudyFit(Protocol):
+    """A study's calibration (bench/predict/calibrate.py's Fit): its constants, and how uncertain a
+    prediction made with them is."""
+
+    calibration: Calibration
+
+    def spread(self, tokens: Callable[[Calibration], float]) -> float: ...
 
 
 class Predictor:
     """Predictions for one sweep: each run on the cluster's GPU (a local cluster: this machine's GPU where
     the run fits on its GPUs, else its CPU cores), over the study's own all-reduce probe at the run's node
-    and EFA count where the sweep dir has one, else the instance's published measurement."""
+    and EFA count where the sweep dir has one, else the instance's published measurement; with the study's
+    own calibration where it has one (bench/predict/calibrate.py), else the published constants."""
 
-    def __init__(self, cfg: Any, probes: dict[tuple[int, int], Network] | None = None) -> None:
-        self.cfg, self.probes = cfg, probes or {}
+    def __init__(self, cfg: Any, probes: dict[tuple[int, int], Network] | None = None,
+                 fit: StudyFit | None = None) -> None:
+        self.cfg, self.probes, self.fit = cfg, probes or {}, fit
         self._local: tuple[list[str], str | None] | None = None
 
     def device(self, spec: RunSpec) -> GpuSpec | None:
@@ -257,21 +340,43 @@ class Predictor:
             return gpu_spec(name or "")
         return CPU
 
-    def predict(self, spec: RunSpec) -> Prediction | None:
+    def setting(self, spec: RunSpec) -> tuple[GpuSpec, Network] | None:
+        """Where a training run runs: its device and network; None where there is nothing to predict on."""
         gpu = self.device(spec) if spec.kind == "train" else None
         if gpu is None:
             return None
         probe = self.probes.get((spec.nodes, spec.efa_per_node))
-        return predict(spec, gpu, network_for(self.cfg.cluster.instance_type, spec.efa_per_node, probe))
+        network = network_for(self.cfg.cluster.instance_type, spec.efa_per_node, probe, spec.nodes)
+        near = sorted(k for k in self.probes if k[1] == spec.efa_per_node)
+        if probe is None and near and self.cfg.launcher.name in ("local", "dryrun"):
+            # one machine: every simulated node's loopback is the same, so the nearest probe's latency holds
+            borrowed = self.probes[min(near, key=lambda k: abs(k[0] - spec.nodes))]
+            network = replace(network, step_latency_s=borrowed.step_latency_s,
+                              source=f"{network.source}; ring step latency from {borrowed.source}")
+        return gpu, network
+
+    def predict(self, spec: RunSpec) -> Prediction | None:
+        where = self.setting(spec)
+        if where is None:
+            return None
+        gpu, network = where
+        if self.fit is None:
+            return predict(spec, gpu, network)
+        pred = predict(spec, gpu, network, cal=self.fit.calibration)
+        spread = self.fit.spread(lambda cal: predict(spec, gpu, network, cal=cal).tokens_per_s_per_gpu)
+        return replace(pred, spread=spread)
 
 
 def sweep_probes(sweep_dir: Any) -> dict[tuple[int, int], Network]:
-    """The finished all-reduce probes of a sweep dir (a resumed or re-planned study) by (nodes, EFA)."""
+    """The finished all-reduce probes of a sweep dir (a resumed or re-planned study) by (nodes, EFA); of
+    several at one node and EFA count, the one over the most ranks (the longest ring)."""
     from bench import rundir
-    out: dict[tuple[int, int], Network] = {}
+    out: dict[tuple[int, int], tuple[int, Network]] = {}
     for summary in rundir.read_summaries(sweep_dir):
-        if summary.spec.kind == "nccl" and summary.status == "ok":
-            network = probe_network(summary.spec.nodes, summary.extra.get("sizes", []))
-            if network:
-                out[(summary.spec.nodes, summary.spec.efa_per_node)] = network
-    return out
+        spec = summary.spec
+        if spec.kind == "nccl" and summary.status == "ok":
+            network = probe_network(spec.nodes, summary.extra.get("sizes", []), spec.world_size)
+            key = (spec.nodes, spec.efa_per_node)
+            if network and (key not in out or spec.world_size > out[key][0]):
+                out[key] = (spec.world_size, network)
+    return {key: network for key, (_, network) in out.items()}

@@ -113,11 +113,16 @@ def test_the_plan_carries_predictions_and_times_the_schedule_with_them() -> None
 
 
 def test_no_predicted_efficiency_exceeds_linear_scaling() -> None:
-    """On this CPU the model alone predicts the smoke's two-node runs faster per rank than one node (each
-    rank's share of AdamW halves): the plan holds them to the one-node figure, efficiency 100% at most."""
+    """On a CPU of many cores the model alone predicts the smoke's two-node runs faster per rank than one
+    node (each rank's share of AdamW halves): the plan holds them to the one-node figure, efficiency 100%
+    at most, whatever calibration predicts them."""
+    from types import SimpleNamespace
+
+    from bench.plan import with_predictions
     cfg = from_dict(compose(["+sweep=smoke", "memory.measure=false"])[0])
-    plan = expand(cfg)
-    predictor = Predictor(cfg)
+    many_cores = SimpleNamespace(calibration=replace(CALIBRATION, cpu_capacity=64.0), spread=lambda tokens: 0.1)
+    predictor = Predictor(cfg, fit=many_cores)
+    plan = with_predictions(expand(cfg), predictor)
     base = {p.spec.label.replace("-n2x", "-n1x"): p for p in plan if p.spec.nodes == 1 and p.perf}
     faster = [(p, base[p.spec.label.replace("-n2x", "-n1x")]) for p in plan if p.spec.nodes == 2 and p.perf
               and predictor.predict(p.spec).tokens_per_s_per_gpu
@@ -127,4 +132,5 @@ def test_no_predicted_efficiency_exceeds_linear_scaling() -> None:
         assert two.pred_efficiency == 1.0
         assert two.perf.tokens_per_s_per_gpu == one.perf.tokens_per_s_per_gpu
         assert two.perf.step_time_s > predictor.predict(two.spec).step_time_s  # held back, not sped up
+        assert two.perf.interval[1] / two.perf.interval[0] == pytest.approx(math.exp(0.2))  # interval kept
     assert max(p.pred_efficiency for p in plan if p.pred_efficiency is not None) <= 1.0

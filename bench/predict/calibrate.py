@@ -1,0 +1,330 @@
+"""The performance model calibrated on the study's own runs: its constants refitted to the runs that
+finished ok on this cluster, with the published constants as the prior.
+
+Why: bench/predict/perf.py's constants were fitted to other people's clusters. The study measures the
+truth on its first, cheap runs; refitted to them, the model predicts the expensive runs of the same
+cluster from that cluster's own behaviour (a staged study: `axes.nodes=[1,2]` first, then `--dry-run` of
+the whole sweep on the same results dir).
+
+The fit is a maximum a posteriori one in log space: each run's residual is log(predicted / measured) with
+a noise of SIGMA, and each constant's log departure from the published value is held by a prior of width
+PRIOR_WIDTH, so one run moves a constant only as far as its evidence goes and a constant the runs cannot
+see (contention on one-rank runs) stays where it was published. Levenberg-Marquardt on at most six
+constants: deterministic, well under a second for 100 runs. The inverse curvature at the optimum gives
+each later prediction an interval (`Fit.spread`): parameter uncertainty plus the runs' own scatter.
+
+The fit is kept with the study (calibration.json in the sweep dir, written only by this module through
+bench.rundir) and used for every later prediction of that cluster. A file from another cluster, another
+model set, an older prior or a corrupt one is refused with one line, and the published constants are used.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from bench.core.hardware import GpuSpec, compute_dtype
+from bench.core.models import ModelArch, get_arch
+from bench.core.schema import RunSpec, RunSummary
+from bench.predict.perf import CALIBRATION, Calibration, Network, Predictor, predict, sweep_probes
+
+FORMAT = 1
+SIGMA = 0.05  # log scatter of one run's tokens/s about the model: repeats of a run differ by a few percent
+PRIOR_WIDTH = {"efficiency": 0.3, "elementwise_bytes": 0.7, "contention": 0.7, "compile_traffic": 0.3,
+               "cpu_capacity": 1.0}  # log widths: how far the study's evidence may move each constant
+Z90 = 1.645  # a ~90% interval, two-sided
+STEP = 1e-4  # finite-difference step in log space
+
+
+class Refused(ValueError):
+    """A calibration file that must not be used; the message says which and why, in one line."""
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One finished run as the fit sees it: where it ran and what it measured."""
+
+    run_id: str
+    spec: RunSpec
+    gpu: GpuSpec
+    network: Network
+    arch: ModelArch
+    tokens_per_s_per_gpu: float
+
+    def predicted(self, cal: Calibration) -> float:
+        return predict(self.spec, self.gpu, self.network, self.arch, cal).tokens_per_s_per_gpu
+
+
+def _width(name: str) -> float:
+    return PRIOR_WIDTH[name.split(":")[0]]
+
+
+def parameters(observations: list[Observation]) -> tuple[str, ...]:
+    """The constants these runs can inform: the matmul efficiency of each device family and compute dtype
+    they ran, the elementwise traffic, contention where ranks communicate, compile's share where a run
+    compiled, and the CPU capacity of a local CPU study."""
+    names = sorted({f"efficiency:{o.gpu.family}:{compute_dtype(o.spec.precision)}" for o in observations})
+    names.append("elementwise_bytes")
+    if any(o.spec.world_size > 1 for o in observations):
+        names.append("contention")
+    if any(o.spec.compile for o in observations):
+        names.append("compile_traffic")
+    if any(o.gpu.family == "cpu" for o in observations):
+        names.append("cpu_capacity")
+    return tuple(names)
+
+
+def _prior_value(name: str, prior: Calibration) -> float:
+    if name.startswith("efficiency:"):
+        _, family, dtype = name.split(":")
+        return prior.efficiency(family, dtype)
+    if name == "cpu_capacity":
+        return prior.capacity()
+    return float(getattr(prior, name))
+
+
+def apply(prior: Calibration, names: tuple[str, ...], theta: Iterable[float], source: str) -> Calibration:
+    """The prior with each named constant multiplied by exp(theta); fractions held at most 1."""
+    efficiency, fields = dict(prior.matmul_efficiency), {}
+    for name, t in zip(names, theta):
+        value = _prior_value(name, prior) * math.exp(t)
+        if name.startswith("efficiency:"):
+            efficiency[name.split(":", 1)[1]] = min(value, 1.0)
+        else:
+            fields[name] = min(value, 1.0) if name in ("contention", "compile_traffic") else value
+    return replace(prior, matmul_efficiency=efficiency, source=source, **fields)
+
+
+@dataclass(frozen=True)
+class Fit:
+    calibration: Calibration
+    prior: Calibration
+    names: tuple[str, ...]
+    theta: tuple[float, ...]
+    covariance: tuple[tuple[float, ...], ...]
+    residual: float  # root mean square of log(predicted / measured) over the runs, after the fit
+    runs: tuple[str, ...]
+    nodes: tuple[int, ...]  # the node counts the runs were at
+
+    def spread(self, tokens: Callable[[Calibration], float]) -> float:
+        """Half-width, in log units, of a ~90% interval for a prediction `tokens(calibration)`: the
+        constants' uncertainty through the prediction's sensitivity to each, plus the runs' own scatter."""
+        base = math.log(tokens(self.calibration))
+        grad = []
+        for j in range(len(self.names)):
+            theta = [t + (STEP if i == j else 0.0) for i, t in enumerate(self.theta)]
+            grad.append((math.log(tokens(apply(self.prior, self.names, theta, ""))) - base) / STEP)
+        var = sum(grad[i] * self.covariance[i][j] * grad[j] for i in range(len(grad)) for j in range(len(grad)))
+        return Z90 * math.sqrt(max(var, 0.0) + max(self.residual, SIGMA) ** 2)
+
+    @property
+    def line(self) -> str:
+        low, high = min(self.nodes), max(self.nodes)
+        at = f"{low}" if low == high else f"{low}-{high}"
+        return (f"calibrated on {len(self.runs)} runs at {at} node{'s' if high > 1 else ''} of this study "
+                f"(residual {self.residual:.0%})")
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float]:
+    """a x = b by Gaussian elimination with partial pivoting (a is small and positive definite)."""
+    n = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    for c in range(n):
+        pivot = max(range(c, n), key=lambda r: abs(m[r][c]))
+        m[c], m[pivot] = m[pivot], m[c]
+        for r in range(c + 1, n):
+            f = m[r][c] / m[c][c]
+            for k in range(c, n + 1):
+                m[r][k] -= f * m[c][k]
+    x = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        x[r] = (m[r][n] - sum(m[r][k] * x[k] for k in range(r + 1, n))) / m[r][r]
+    return x
+
+
+def _residuals(observations: list[Observation], prior: Calibration, names: tuple[str, ...],
+               theta: list[float]) -> list[float]:
+    """Each run's log(predicted / measured) with the constants at theta."""
+    cal = apply(prior, names, theta, "")
+    return [math.log(o.predicted(cal) / o.tokens_per_s_per_gpu) for o in observations]
+
+
+def _normal(observations: list[Observation], prior: Calibration, names: tuple[str, ...],
+            theta: list[float], runs: list[float], scatter: float = SIGMA) -> tuple[list[list[float]], list[float]]:
+    """The Gauss-Newton system of the weighted residuals, runs (at `scatter`) and prior together:
+    J^T W J and J^T W r, the run columns by finite differences."""
+    k = len(names)
+    columns = []
+    for j in range(k):
+        moved = [t + (STEP if i == j else 0.0) for i, t in enumerate(theta)]
+        columns.append([(r2 - r1) / STEP for r1, r2 in zip(runs, _residuals(observations, prior, names, moved))])
+    w_run, w_prior = 1 / scatter ** 2, [1 / _width(n) ** 2 for n in names]
+    h = [[w_run * sum(a * b for a, b in zip(columns[i], columns[j])) + (w_prior[i] if i == j else 0.0)
+          for j in range(k)] for i in range(k)]
+    g = [w_run * sum(a * r for a, r in zip(columns[i], runs)) + w_prior[i] * theta[i] for i in range(k)]
+    return h, g
+
+
+def _cost(runs: list[float], theta: list[float], names: tuple[str, ...]) -> float:
+    return (sum(r * r for r in runs) / SIGMA ** 2
+            + sum((t / _width(n)) ** 2 for t, n in zip(theta, names)))
+
+
+def fit(observations: list[Observation], prior: Calibration = CALIBRATION) -> Fit | None:
+    """The constants that best explain these runs, held by the prior; None without runs."""
+    if not observations:
+        return None
+    names = parameters(observations)
+    theta, damping = [0.0] * len(names), 1e-3
+    runs = _residuals(observations, prior, names, theta)
+    cost = _cost(runs, theta, names)
+    for _ in range(100):
+        h, g = _normal(observations, prior, names, theta, runs)
+        step = _solve([[v * (1 + damping) if i == j else v for j, v in enumerate(row)] for i, row in enumerate(h)],
+                      [-x for x in g])
+        trial = [t + s for t, s in zip(theta, step)]
+        trial_runs = _residuals(observations, prior, names, trial)
+        trial_cost = _cost(trial_runs, trial, names)
+        if trial_cost < cost:
+            theta, runs, cost, damping = trial, trial_runs, trial_cost, max(damping / 10, 1e-9)
+            if max(map(abs, step)) < 1e-7:
+                break
+        else:
+            damping *= 10
+            if damping > 1e9:
+                break
+    residual = math.sqrt(sum(r * r for r in runs) / len(runs))
+    # the constants are as sure as the runs agree: at their actual scatter where it exceeds SIGMA
+    h, _ = _normal(observations, prior, names, theta, runs, max(residual, SIGMA))
+    covariance = [_solve(h, [1.0 if i == j else 0.0 for i in range(len(names))]) for j in range(len(names))]
+    source = f"this study's {len(observations)} runs"
+    return Fit(apply(prior, names, theta, source), prior, names, tuple(theta),
+               tuple(tuple(row) for row in covariance), residual,
+               tuple(o.run_id for o in observations), tuple(sorted({o.spec.nodes for o in observations})))
+
+
+def observations(predictor: Predictor, summaries: Iterable[RunSummary]) -> list[Observation]:
+    """The study's training runs that ended ok on this cluster, on the device the predictor predicts for
+    (a local run that went to the CPU is not evidence about the GPU), sorted by run id (the fit is the
+    same whatever order the run dirs are read in)."""
+    out = []
+    for s in summaries:
+        spec = s.spec
+        if (s.status != "ok" or spec is None or spec.kind != "train" or not s.tokens_per_s_per_gpu
+                or spec.micro_batch < 1 or spec.cluster != predictor.cfg.cluster.name):
+            continue
+        where = predictor.setting(spec)
+        if where is None or (s.device_name == "cpu") != (where[0].family == "cpu"):
+            continue
+        try:
+            arch = get_arch(spec.model)
+        except (KeyError, ValueError):
+            continue
+        out.append(Observation(s.run_id, spec, where[0], where[1], arch, float(s.tokens_per_s_per_gpu)))
+    return sorted(out, key=lambda o: o.run_id)
+
+
+def extrapolation(observations: list[Observation], prior: Calibration = CALIBRATION) -> list[dict[str, Any]]:
+    """Every run above the smallest node count, predicted from the smallest node count's runs alone (held
+    to the linear scaling of its configuration there), beside what it measured: how far a staged study's
+    extrapolation would have missed."""
+    if not observations:
+        return []
+    smallest = min(o.spec.nodes for o in observations)
+    base = fit([o for o in observations if o.spec.nodes == smallest], prior)
+    rows = []
+    for o in observations:
+        if base is None or o.spec.nodes == smallest:
+            continue
+        predicted = o.predicted(base.calibration)
+        at_base = replace(o, spec=replace(o.spec, nodes=smallest)).predicted(base.calibration)
+        predicted = min(predicted, at_base)
+        rows.append({"run_id": o.run_id, "label": o.spec.label, "model": o.spec.model, "nodes": o.spec.nodes,
+                     "base_nodes": smallest, "base_runs": len(base.runs), "predicted": predicted,
+                     "measured": o.tokens_per_s_per_gpu, "error": o.tokens_per_s_per_gpu / predicted - 1})
+    return rows
+
+
+# --- the study's file ---------------------------------------------------------------------------------
+
+def identity(cfg: Any) -> dict[str, Any]:
+    """What a calibration belongs to: the cluster as the sweep names it."""
+    c = cfg.cluster
+    return {"name": c.name, "instance_type": c.instance_type, "gpu": c.gpu}
+
+
+def _prior_key(prior: Calibration) -> dict[str, Any]:
+    return asdict(prior)
+
+
+def to_json(fit_: Fit, cfg: Any, summaries: list[RunSummary], extra: list[dict[str, Any]]) -> dict[str, Any]:
+    used = [s for s in summaries if s.run_id in set(fit_.runs)]
+    return {"format": FORMAT, "cluster": identity(cfg), "models": sorted({s.spec.model for s in used}),
+            "constants": asdict(fit_.calibration), "prior": _prior_key(fit_.prior), "parameters": list(fit_.names),
+            "theta": list(fit_.theta), "covariance": [list(r) for r in fit_.covariance],
+            "residual": fit_.residual, "runs": list(fit_.runs), "nodes": list(fit_.nodes),
+            "torch_versions": sorted({s.torch_version for s in used if s.torch_version}),
+            "devices": sorted({s.device_name for s in used if s.device_name}),
+            "fitted_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "extrapolation": extra}
+
+
+def from_json(path: Path, cfg: Any, models: Iterable[str]) -> Fit:
+    """The fit a study's file holds, or Refused naming the file and why."""
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise Refused(f"{path}: not a calibration file of format {FORMAT}")
+        if data["cluster"] != identity(cfg):
+            raise Refused(f"{path}: fitted on cluster {data['cluster'].get('name')!r} "
+                          f"({data['cluster'].get('instance_type')}, gpu {data['cluster'].get('gpu')}), "
+                          f"not this sweep's {cfg.cluster.name!r}")
+        if not set(data["models"]) & set(models):
+            raise Refused(f"{path}: fitted on models {', '.join(data['models'])}, none of which this sweep "
+                          "trains")
+        if data["prior"] != _prior_key(CALIBRATION):
+            raise Refused(f"{path}: fitted against other published constants (an older fsdpbench)")
+        names, theta = tuple(data["parameters"]), tuple(float(t) for t in data["theta"])
+        cov = tuple(tuple(float(v) for v in row) for row in data["covariance"])
+        if len(theta) != len(names) or len(cov) != len(names) or any(len(r) != len(names) for r in cov):
+            raise Refused(f"{path}: parameters, theta and covariance disagree in size")
+        if any(not math.isfinite(t) or abs(t) > 20 for t in theta):
+            raise Refused(f"{path}: a constant out of range")
+        runs = tuple(data["runs"])
+        source = f"this study's {len(runs)} runs"
+        return Fit(apply(CALIBRATION, names, theta, source), CALIBRATION, names, theta, cov,
+                   float(data["residual"]), runs, tuple(int(n) for n in data["nodes"]))
+    except Refused:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise Refused(f"{path}: unreadable ({type(e).__name__}: {e})") from None
+
+
+def study_predictor(cfg: Any, sweep_dir: Path) -> tuple[Predictor, str | None]:
+    """The sweep's predictor: the study's probes, and its calibration (refitted and written when runs
+    finished since the file was written); with a one-line note: what it is calibrated on, or why the file
+    was refused (then the published constants; the file is left as it is)."""
+    from bench import rundir
+    probes = sweep_probes(sweep_dir)
+    published = Predictor(cfg, probes)
+    path = sweep_dir / rundir.CALIBRATION_JSON
+    stored = None
+    if path.exists():
+        try:
+            stored = from_json(path, cfg, cfg.axes.model)
+        except Refused as e:
+            return published, (f"calibration: refusing {e}; predicting with the published constants (delete "
+                               "the file to refit on this study's runs)")
+    summaries = rundir.read_summaries(sweep_dir) if sweep_dir.is_dir() else []
+    seen = observations(published, summaries)
+    if not seen:
+        return published, None
+    current = stored if stored and stored.runs == tuple(o.run_id for o in seen) else None
+    if current is None:
+        current = fit(seen)
+        assert current is not None
+        rundir.atomic_write_text(path, json.dumps(to_json(current, cfg, summaries, extrapolation(seen)), indent=1))
+    return Predictor(cfg, probes, current), f"predictions {current.line}: {path.name}"

@@ -1,0 +1,176 @@
+"""The study's own calibration (bench/predict/calibrate.py): the fit recovers constants that generated the
+runs, holds what the runs cannot see at the prior, is deterministic, and its file is refused when it
+belongs to another cluster or model set or is corrupt."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from bench import rundir
+from bench.config import from_dict
+from bench.core.hardware import GPUS
+from bench.core.models import get_arch
+from bench.core.schema import RunSpec, RunSummary
+from bench.predict import calibrate
+from bench.predict.calibrate import Observation, Refused, fit
+from bench.predict.perf import CALIBRATION, CPU, Network, Predictor, predict
+from bench.sweep import compose
+
+H100 = GPUS["H100-SXM"]
+EFA = Network(200.0, "test network", 4.5e-6)
+LOOPBACK = Network(0.5, "test loopback", 1e-3)
+# what a study's cluster "really" is: other constants than the published ones (contention as published:
+# one node's NVLink collectives hide almost entirely, so its runs cannot tell it)
+TRUE_GPU = replace(CALIBRATION, matmul_efficiency={**CALIBRATION.matmul_efficiency, "H100": 0.5},
+                   elementwise_bytes=500.0)
+TRUE_CPU = replace(CALIBRATION, matmul_efficiency={"cpu": 0.35}, elementwise_bytes=250.0, cpu_capacity=1.1)
+
+
+def _runs(cal: object, gpu: object, network: Network, nodes: int, model: str = "llama3_2_1b",
+          gpus: int = 8, shardings: tuple[str, ...] = ("FULL_SHARD", "HYBRID_SHARD", "SHARD_GRAD_OP"),
+          **fields: object) -> list[Observation]:
+    out = []
+    for sharding in shardings:
+        for ac in ("none", "full"):
+            spec = RunSpec(model=model, nodes=nodes, gpus_per_node=gpus, sharding=sharding,
+                           activation_checkpointing=ac, micro_batch=2, seq_len=2048, **fields)
+            truth = predict(spec, gpu, network, get_arch(model), cal).tokens_per_s_per_gpu
+            out.append(Observation(spec.run_id, spec, gpu, network, get_arch(model), truth))
+    return out
+
+
+def test_no_runs_no_fit() -> None:
+    assert fit([]) is None
+
+
+def test_the_fit_learns_a_cluster_from_its_one_node_runs_and_predicts_its_larger_ones() -> None:
+    one_node = _runs(TRUE_GPU, H100, EFA, 1)
+    f = fit(one_node)
+    assert f.names == ("efficiency:H100:bf16", "elementwise_bytes", "contention")
+    assert f.calibration.source == "this study's 6 runs" and f.nodes == (1,)
+    for o in _runs(TRUE_GPU, H100, EFA, 4):  # never seen: the calibration carries to 4 nodes
+        published = o.predicted(CALIBRATION) / o.tokens_per_s_per_gpu - 1
+        calibrated = o.predicted(f.calibration) / o.tokens_per_s_per_gpu - 1
+        assert abs(published) > 0.15 and abs(calibrated) < 0.03, (o.spec.label, published, calibrated)
+
+
+def test_a_cpu_study_learns_how_its_ranks_share_the_machine() -> None:
+    runs = (_runs(TRUE_CPU, CPU, LOOPBACK, 1, "tiny_llama", gpus=1, shardings=("FULL_SHARD",))
+            + _runs(TRUE_CPU, CPU, LOOPBACK, 1, "tiny_llama", gpus=2))
+    f = fit(runs)
+    assert "cpu_capacity" in f.names and f.calibration.cpu_capacity == pytest.approx(1.1, rel=0.15)
+    four = _runs(TRUE_CPU, CPU, LOOPBACK, 2, "tiny_llama", gpus=2)
+    errors = [abs(o.predicted(f.calibration) / o.tokens_per_s_per_gpu - 1) for o in four]
+    assert max(errors) < 0.05
+
+
+def test_the_prior_holds_what_runs_cannot_see_and_one_run_moves_only_its_own() -> None:
+    spec = RunSpec(model="llama3_2_1b", nodes=1, gpus_per_node=1, micro_batch=2, seq_len=2048)
+    slow = predict(spec, H100, EFA).tokens_per_s_per_gpu / 2  # one run at half the published speed
+    f = fit([Observation("x", spec, H100, EFA, get_arch("llama3_2_1b"), slow)])
+    assert "contention" not in f.names  # one rank communicates nothing: nothing to learn of contention
+    assert f.calibration.contention == CALIBRATION.contention
+    assert f.calibration.matmul_efficiency["A100"] == CALIBRATION.matmul_efficiency["A100"]
+    moved = predict(spec, H100, EFA, cal=f.calibration).tokens_per_s_per_gpu
+    assert slow < moved < 1.1 * slow  # most of the way: one run's evidence outweighs a 30% prior
+    assert f.spread(lambda cal: predict(spec, H100, EFA, cal=cal).tokens_per_s_per_gpu) > 0
+
+
+def test_the_fit_is_deterministic_and_ignores_the_order_runs_are_read_in() -> None:
+    runs = _runs(TRUE_GPU, H100, EFA, 1) + _runs(TRUE_GPU, H100, EFA, 2)
+    runs[0] = replace(runs[0], tokens_per_s_per_gpu=runs[0].tokens_per_s_per_gpu * 1.3)  # scatter
+    a, b = fit(sorted(runs, key=lambda o: o.run_id)), fit(sorted(runs, key=lambda o: o.run_id))
+    assert a == b and a.residual > 0.01
+
+
+def test_the_interval_covers_the_runs_scatter() -> None:
+    runs = _runs(TRUE_GPU, H100, EFA, 1)
+    noisy = [replace(o, tokens_per_s_per_gpu=o.tokens_per_s_per_gpu * (1.2 if i % 2 else 0.8))
+             for i, o in enumerate(runs)]
+    tight, loose = fit(runs), fit(noisy)
+    o = runs[0]
+    width = [f.spread(lambda cal: o.predicted(cal)) for f in (tight, loose)]
+    assert width[0] < width[1] and width[1] > calibrate.Z90 * 0.15  # the scatter (~20%) widens it
+
+
+# --- the study's file ----------------------------------------------------------------------------------
+
+def _cfg(tmp_path: Path, *overrides: str) -> object:
+    return from_dict(compose(["+sweep=smoke", f"results_root={tmp_path}", *overrides])[0])
+
+
+def _finished(sweep_dir: Path, cfg: object, nodes: int, gpus: int, tokens: float, **fields: object) -> RunSummary:
+    spec = RunSpec(model="tiny_llama", nodes=nodes, gpus_per_node=gpus, micro_batch=2, seq_len=128,
+                   cluster=cfg.cluster.name, **fields)
+    summary = RunSummary(run_id=spec.run_id, sweep="smoke", status="ok", spec=spec,
+                         tokens_per_s_per_gpu=tokens, device_name="cpu", torch_version="2.13.0+cpu")
+    rundir.write_summary(rundir.run_dir(sweep_dir, spec), summary)
+    return summary
+
+
+def test_a_study_writes_its_calibration_and_predicts_with_it(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path)
+    sweep_dir = tmp_path / "smoke"
+    predictor, note = calibrate.study_predictor(cfg, sweep_dir)
+    assert predictor.fit is None and note is None  # no runs yet: the published constants
+    _finished(sweep_dir, cfg, 1, 1, 7000.0)
+    _finished(sweep_dir, cfg, 1, 2, 3700.0)
+    _finished(sweep_dir, cfg, 2, 2, 1500.0)
+    predictor, note = calibrate.study_predictor(cfg, sweep_dir)
+    assert note == "predictions calibrated on 3 runs at 1-2 nodes of this study " \
+                   f"(residual {predictor.fit.residual:.0%}): calibration.json"
+    data = json.loads((sweep_dir / rundir.CALIBRATION_JSON).read_text())
+    assert data["cluster"]["name"] == "local" and data["models"] == ["tiny_llama"]
+    assert data["torch_versions"] == ["2.13.0+cpu"] and len(data["runs"]) == 3
+    assert [r["nodes"] for r in data["extrapolation"]] == [2]  # the 2-node run, from the 1-node ones
+    spec = RunSpec(model="tiny_llama", nodes=2, gpus_per_node=2, micro_batch=2, seq_len=128, cluster="local")
+    pred = predictor.predict(spec)
+    assert pred.source == "this study's 3 runs" and pred.fields()["pred_source"] == pred.source
+    assert pred.interval[0] < pred.tokens_per_s_per_gpu < pred.interval[1]
+    published = Predictor(cfg).predict(spec).tokens_per_s_per_gpu
+    assert published / 1500 > 1.5 and abs(pred.tokens_per_s_per_gpu / 1500 - 1) < 0.25  # it learnt 2 x 2 ranks
+    again, _ = calibrate.study_predictor(cfg, sweep_dir)  # read back from the file: the same fit
+    assert again.fit == predictor.fit
+
+
+@pytest.mark.parametrize("damage, why", [
+    (lambda d: {**d, "cluster": {**d["cluster"], "name": "p5-prod"}}, "fitted on cluster 'p5-prod'"),
+    (lambda d: {**d, "models": ["llama2_70b"]}, "fitted on models llama2_70b, none of which this sweep trains"),
+    (lambda d: {**d, "prior": {**d["prior"], "contention": 0.1}}, "other published constants"),
+    (lambda d: {**d, "theta": d["theta"][:-1]}, "disagree in size"),
+    (lambda d: "{not json", "unreadable (JSONDecodeError"),
+])
+def test_a_foreign_or_corrupt_calibration_is_refused_in_one_line(tmp_path: Path, damage: object,
+                                                                   why: str) -> None:
+    cfg = _cfg(tmp_path)
+    sweep_dir = tmp_path / "smoke"
+    _finished(sweep_dir, cfg, 1, 1, 7000.0)
+    calibrate.study_predictor(cfg, sweep_dir)
+    path = sweep_dir / rundir.CALIBRATION_JSON
+    bad = damage(json.loads(path.read_text()))
+    path.write_text(bad if isinstance(bad, str) else json.dumps(bad))
+    before = path.read_text()
+    predictor, note = calibrate.study_predictor(cfg, sweep_dir)
+    assert predictor.fit is None and "\n" not in note
+    assert note.startswith(f"calibration: refusing {path}: ") and why in note
+    assert "published constants" in note and path.read_text() == before  # left for the user to judge
+    spec = RunSpec(model="tiny_llama", nodes=1, gpus_per_node=1, micro_batch=2, seq_len=128, cluster="local")
+    assert predictor.predict(spec).source == "published constants"
+
+
+def test_runs_of_another_cluster_or_device_are_not_evidence(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path)
+    sweep_dir = tmp_path / "smoke"
+    _finished(sweep_dir, cfg, 1, 1, 7000.0)
+    other = _finished(sweep_dir, replace(cfg, cluster=replace(cfg.cluster, name="elsewhere")), 1, 2, 1.0)
+    gpu_run = _finished(sweep_dir, cfg, 1, 1, 50000.0, precision="fp32")
+    gpu_run.device_name = "NVIDIA H100 80GB HBM3"  # ran on a GPU this machine does not have now
+    rundir.write_summary(rundir.run_dir(sweep_dir, gpu_run.spec), gpu_run)
+    seen = calibrate.observations(Predictor(cfg), rundir.read_summaries(sweep_dir))
+    assert [o.run_id for o in seen] == [s.run_id for s in rundir.read_summaries(sweep_dir)
+                                        if s.run_id not in (other.run_id, gpu_run.run_id)]
+    assert math.isclose(seen[0].tokens_per_s_per_gpu, 7000.0)
