@@ -346,7 +346,7 @@ def test_a_job_left_by_a_dead_sweep_is_reattached_not_created_again(tmp_path, sh
     stop = threading.Event()
     from bench.progress import Progress
     from bench.runner import _run, _Sweep
-    steps = _run(_Sweep(cfg, launcher, sweep_dir, stop, Progress(1, False)), plan[0])
+    steps = _run(_Sweep(cfg, launcher, sweep_dir, stop, Progress(1, False), plan), plan[0])
     next(steps)  # submitted and watched once; then the sweep "dies": its generator is simply dropped
     created = list(fake.jobs)
     assert len(created) == 1
