@@ -30,7 +30,7 @@ from typing import Any
 from bench.core.hardware import GpuSpec, compute_dtype
 from bench.core.models import ModelArch, get_arch
 from bench.core.schema import RunSpec, RunSummary
-from bench.predict.perf import CALIBRATION, Calibration, Network, Predictor, predict, sweep_probes
+from bench.predict.perf import CALIBRATION, Calibration, Network, Predictor, predict, probes_of
 
 FORMAT = 1
 SIGMA = 0.05  # log scatter of one run's tokens/s about the model: repeats of a run differ by a few percent
@@ -257,14 +257,10 @@ def identity(cfg: Any) -> dict[str, Any]:
     return {"name": c.name, "instance_type": c.instance_type, "gpu": c.gpu}
 
 
-def _prior_key(prior: Calibration) -> dict[str, Any]:
-    return asdict(prior)
-
-
 def to_json(fit_: Fit, cfg: Any, summaries: list[RunSummary], extra: list[dict[str, Any]]) -> dict[str, Any]:
     used = [s for s in summaries if s.run_id in set(fit_.runs)]
     return {"format": FORMAT, "cluster": identity(cfg), "models": sorted({s.spec.model for s in used}),
-            "constants": asdict(fit_.calibration), "prior": _prior_key(fit_.prior), "parameters": list(fit_.names),
+            "constants": asdict(fit_.calibration), "prior": asdict(fit_.prior), "parameters": list(fit_.names),
             "theta": list(fit_.theta), "covariance": [list(r) for r in fit_.covariance],
             "residual": fit_.residual, "runs": list(fit_.runs), "nodes": list(fit_.nodes),
             "torch_versions": sorted({s.torch_version for s in used if s.torch_version}),
@@ -285,7 +281,7 @@ def from_json(path: Path, cfg: Any, models: Iterable[str]) -> Fit:
         if not set(data["models"]) & set(models):
             raise Refused(f"{path}: fitted on models {', '.join(data['models'])}, none of which this sweep "
                           "trains")
-        if data["prior"] != _prior_key(CALIBRATION):
+        if data["prior"] != asdict(CALIBRATION):
             raise Refused(f"{path}: fitted against other published constants (an older fsdpbench)")
         names, theta = tuple(data["parameters"]), tuple(float(t) for t in data["theta"])
         cov = tuple(tuple(float(v) for v in row) for row in data["covariance"])
@@ -308,7 +304,8 @@ def study_predictor(cfg: Any, sweep_dir: Path) -> tuple[Predictor, str | None]:
     finished since the file was written); with a one-line note: what it is calibrated on, or why the file
     was refused (then the published constants; the file is left as it is)."""
     from bench import rundir
-    probes = sweep_probes(sweep_dir)
+    summaries = rundir.read_summaries(sweep_dir)  # once: the probes and the runs both come from them
+    probes = probes_of(summaries)
     published = Predictor(cfg, probes)
     path = sweep_dir / rundir.CALIBRATION_JSON
     stored = None
@@ -318,7 +315,6 @@ def study_predictor(cfg: Any, sweep_dir: Path) -> tuple[Predictor, str | None]:
         except Refused as e:
             return published, (f"calibration: refusing {e}; predicting with the published constants (delete "
                                "the file to refit on this study's runs)")
-    summaries = rundir.read_summaries(sweep_dir) if sweep_dir.is_dir() else []
     seen = observations(published, summaries)
     if not seen:
         return published, None

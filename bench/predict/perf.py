@@ -31,14 +31,14 @@ from __future__ import annotations
 import functools
 import math
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from collections.abc import Callable
 from typing import Any, Protocol
 
 from bench.core.flops import COMPUTE_BYTES, REDUCE_BYTES, hardware_flops_per_token, model_flops_per_token
 from bench.core.hardware import GPUS, INSTANCES, GpuSpec, compute_dtype, gpu_spec
 from bench.core.models import ModelArch, block_params, count_params, get_arch
-from bench.core.schema import RunSpec
+from bench.core.schema import RunSpec, RunSummary
 
 
 @dataclass(frozen=True)
@@ -347,8 +347,8 @@ class Predictor:
             return None
         probe = self.probes.get((spec.nodes, spec.efa_per_node))
         network = network_for(self.cfg.cluster.instance_type, spec.efa_per_node, probe, spec.nodes)
-        near = sorted(k for k in self.probes if k[1] == spec.efa_per_node)
-        if probe is None and near and self.cfg.launcher.name in ("local", "dryrun"):
+        local = self.cfg.launcher.name in ("local", "dryrun")
+        if probe is None and local and (near := sorted(k for k in self.probes if k[1] == spec.efa_per_node)):
             # one machine: every simulated node's loopback is the same, so the nearest probe's latency holds
             borrowed = self.probes[min(near, key=lambda k: abs(k[0] - spec.nodes))]
             network = replace(network, step_latency_s=borrowed.step_latency_s,
@@ -368,11 +368,16 @@ class Predictor:
 
 
 def sweep_probes(sweep_dir: Any) -> dict[tuple[int, int], Network]:
-    """The finished all-reduce probes of a sweep dir (a resumed or re-planned study) by (nodes, EFA); of
-    several at one node and EFA count, the one over the most ranks (the longest ring)."""
+    """The finished all-reduce probes of a sweep dir (a resumed or re-planned study) by (nodes, EFA)."""
     from bench import rundir
+    return probes_of(rundir.read_summaries(sweep_dir))
+
+
+def probes_of(summaries: Iterable[RunSummary]) -> dict[tuple[int, int], Network]:
+    """The ok all-reduce probes among summaries by (nodes, EFA); of several at one node and EFA count, the
+    one over the most ranks (the longest ring)."""
     out: dict[tuple[int, int], tuple[int, Network]] = {}
-    for summary in rundir.read_summaries(sweep_dir):
+    for summary in summaries:
         spec = summary.spec
         if spec.kind == "nccl" and summary.status == "ok":
             network = probe_network(spec.nodes, summary.extra.get("sizes", []), spec.world_size)
