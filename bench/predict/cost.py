@@ -7,13 +7,25 @@ hard upper bound that assumes nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from bench.config import ClusterConfig
-from bench.plan import PlannedRun
+from bench.core.schema import RunSpec
+from bench.predict.perf import Prediction
 
 STARTUP_S = 120.0  # scheduling, image start, rendezvous and materialisation of a cluster job
 LOCAL_STARTUP_S = 8.0  # torchrun on this machine (the smoke sweep's runs: 2-11 s each, steps included)
 PROBE_S = 60.0  # an all-reduce size sweep after start-up
+
+
+class Costed(Protocol):
+    """A planned run as cost sees it (bench.plan.PlannedRun): the plan imports prediction, not the reverse."""
+
+    @property
+    def first_spec(self) -> RunSpec: ...
+
+    @property
+    def perf(self) -> Prediction | None: ...
 
 
 def overhead_s(launcher: str, kind: str = "train") -> float:
@@ -24,13 +36,13 @@ def overhead_s(launcher: str, kind: str = "train") -> float:
     return STARTUP_S + (PROBE_S if kind == "nccl" else 0.0)
 
 
-def estimated_seconds(planned: PlannedRun, launcher: str) -> float | None:
+def estimated_seconds(planned: Costed, launcher: str) -> float | None:
     """Wall time of one run; None where nothing predicts its steps (GPUs the cluster file does not name)."""
-    if planned.spec.kind == "nccl":
+    if planned.first_spec.kind == "nccl":
         return overhead_s(launcher, "nccl")
     if planned.perf is None:
         return None
-    return overhead_s(launcher) + planned.spec.steps * planned.perf.step_time_s
+    return overhead_s(launcher) + planned.first_spec.steps * planned.perf.step_time_s
 
 
 @dataclass(frozen=True)
@@ -58,7 +70,7 @@ def _usd(instance_s: float | None, price: float | None) -> float | None:
     return None if instance_s is None or price is None else instance_s / 3600 * price
 
 
-def plan_cost(planned: list[PlannedRun], cluster: ClusterConfig, timeout_s: float, launcher: str) -> PlanCost:
+def plan_cost(planned: list[Costed], cluster: ClusterConfig, timeout_s: float, launcher: str) -> PlanCost:
     """Cost of launching these runs (infeasible ones excluded by the caller) on this cluster; GPU-hours only
     for a cluster that names its GPU."""
     specs = [p.first_spec for p in planned]
