@@ -62,6 +62,9 @@ def summarize_run(spec: RunSpec, sweep: str, run_dir_: Path, outcome: Outcome, *
         if source.get(key) is not None:
             setattr(summary, f"nccl_{key}", source[key])
     summary.extra = {k: source[k] for k in _EXTRA_KEYS if k in source}
+    nccl = source.get("nccl_version") or (metas[0].get("nccl") if metas else None)  # probe, or a GPU worker
+    if nccl:
+        summary.extra["nccl_version"] = nccl
     if status != "ok" and not summary.error:
         summary.error = f"exit codes {outcome.returncodes}"
     dumps = sorted(run_dir_.glob(f"{TRACE_PREFIX}*"))

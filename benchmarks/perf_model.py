@@ -1,6 +1,7 @@
 """The performance model (bench/predict/perf.py) against every published row it used: fits its calibrated
 constants to bench/predict/published.py's CALIBRATION_ROWS, prints each row's prediction and error with its
-source, and the same for CHECK_ROWS (llm-foundry's table and torchtitan's Float8 rows, never fitted to).
+source, and the same for CHECK_ROWS (llm-foundry's whole table and torchtitan's Float8 rows, never fitted to),
+with llm-foundry's table summarised by section and model and its small models' scaling efficiency.
 
     python benchmarks/perf_model.py          # fit, compare with bench/predict/perf.py's CALIBRATION, print the tables
 """
@@ -16,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.predict.calibrate import Observation, fit as fit_study  # noqa: E402
 from bench.predict.perf import CALIBRATION, Calibration, predict  # noqa: E402
-from bench.predict.published import CALIBRATION_ROWS, CHECK_ROWS, PublishedRow  # noqa: E402
+from bench.predict.published import CALIBRATION_ROWS, CHECK_ROWS, PublishedRow, foundry_table  # noqa: E402
 
 NAMES = ("A100", "H100", "elementwise_bytes", "contention", "compile_traffic")
 BOUNDS = ((0.3, 0.98), (0.3, 0.98), (0.0, 2000.0), (0.0, 1.0), (0.1, 1.0))
@@ -116,6 +117,38 @@ def staged(rows: list[PublishedRow], cal: Calibration) -> tuple[list[float], lis
     return calibrated, published
 
 
+SMALL = ("mpt_125m", "mpt_350m", "mpt_760m", "mpt_1b", "mpt_3b")  # llm-foundry's models up to 3B
+
+
+def foundry() -> tuple[list[float], list[float]]:
+    """llm-foundry's whole table (216 rows, never fitted to): the median |error| per section and per model,
+    and the scaling efficiency of its small models at 16-64 nodes against the same configuration's smallest
+    node count, in points. Returns (tokens/s/GPU errors, efficiency errors in points)."""
+    rows = foundry_table()
+    errors = {id(r): error(r.row, CALIBRATION) for r in rows}
+    for key, label in ((lambda r: r.section, "section"), (lambda r: r.row.arch.name, "model")):
+        groups: dict[str, list[float]] = {}
+        for r in rows:
+            groups.setdefault(key(r), []).append(errors[id(r)])
+        for name, errs in groups.items():
+            print(f"  {label} {name:<54} {len(errs):>3} rows, median |error| "
+                  f"{statistics.median(map(abs, errs)):5.1%}, median {statistics.median(errs):+6.1%}")
+    points = []
+    by_config: dict[tuple, list[PublishedRow]] = {}
+    for r in rows:
+        if r.row.arch.name in SMALL:
+            by_config.setdefault((r.section, r.row.arch.name, replace(r.row.spec, nodes=1)), []).append(r.row)
+    for group in by_config.values():
+        base = min(group, key=lambda r: r.spec.nodes)
+        for large in (r for r in group if 16 <= r.spec.nodes <= 64 and r.spec.nodes > base.spec.nodes):
+            published = large.tokens_per_s_per_gpu / base.tokens_per_s_per_gpu
+            predicted = _tokens(large, CALIBRATION) / _tokens(base, CALIBRATION)
+            points.append(100 * (predicted - published))
+            print(f"  efficiency {large.label:<80} vs {base.spec.nodes:>2} node(s): published {published:6.1%}, "
+                  f"predicted {predicted:6.1%} ({points[-1]:+.1f} points)")
+    return list(errors.values()), points
+
+
 def summary(name: str, errors: list[float]) -> None:
     worst = max(errors, key=abs)
     print(f"{name}: {len(errors)} rows, median |error| {statistics.median(map(abs, errors)):.1%}, "
@@ -139,12 +172,17 @@ def main() -> None:
     pairs = efficiency_pairs(CALIBRATION_ROWS + CHECK_ROWS, shipped)
     print("\nCalibrate on the smallest node count, predict the largest (a staged study on published rows):")
     stage_cal, stage_pub = staged(CALIBRATION_ROWS + CHECK_ROWS, shipped)
+    print("\nllm-foundry's whole table (never fitted to), by section and model:")
+    whole, points = foundry()
     print()
     summary("staged: calibrated on the smallest node count", stage_cal)
     summary("staged: the same rows with the published constants", stage_pub)
     summary("calibration, tokens/s/GPU and MFU (one ratio: MFU = tokens/s x FLOPs/token / peak)", calib)
     summary("check (held out), tokens/s/GPU and MFU", check)
     summary("scaling efficiency, published pairs and AWS's 87%", pairs + [calib[-1]])
+    summary("llm-foundry's whole table, tokens/s/GPU", whole)
+    print(f"llm-foundry's models up to 3B at 16-64 nodes: {len(points)} efficiencies, median |error| "
+          f"{statistics.median(map(abs, points)):.1f} points, worst {max(points, key=abs):+.1f} points")
 
 
 if __name__ == "__main__":

@@ -264,6 +264,7 @@ def to_json(fit_: Fit, cfg: Any, summaries: list[RunSummary], extra: list[dict[s
             "theta": list(fit_.theta), "covariance": [list(r) for r in fit_.covariance],
             "residual": fit_.residual, "runs": list(fit_.runs), "nodes": list(fit_.nodes),
             "torch_versions": sorted({s.torch_version for s in used if s.torch_version}),
+            "nccl_versions": sorted({s.extra["nccl_version"] for s in summaries if s.extra.get("nccl_version")}),
             "devices": sorted({s.device_name for s in used if s.device_name}),
             "fitted_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "extrapolation": extra}
 

@@ -1,5 +1,6 @@
 """Published FSDP throughput rows: what bench/predict/perf.py's constants were fitted to (CALIBRATION_ROWS) and what
-checks them without having been fitted (CHECK_ROWS: llm-foundry's table). Each row cites its source.
+checks them without having been fitted (CHECK_ROWS: llm-foundry's whole table, read from
+data/llm_foundry_benchmarks.md, and torchtitan's Float8 rows). Each row cites its source.
 
 A row is a run as this harness would describe it, on the publisher's hardware and network. Where the
 publisher's setup differs from ours, the row says how it was mapped:
@@ -7,13 +8,16 @@ publisher's setup differs from ours, the row says how it was mapped:
   reductions are both 2 bytes, as theirs;
 - torchtitan's "selective op" AC recomputes every second matmul: half a forward pass, as layer-level
   `selective` (every second block) recomputes;
-- llm-foundry's MPT models (GELU MLP of 4 d, ALiBi) as Llama-family architectures of the same matmul
-  FLOPs (a SwiGLU MLP of 8d/3), vocab 50368;
+- llm-foundry's MPT models (GELU MLP of 4 d, learned position embeddings) as Llama-family architectures of
+  the same matmul FLOPs (a SwiGLU MLP of 8d/3), vocab 50368, sizes from its scripts/train/yamls/pretrain;
+  its amp_bf16 as bf16_mixed, bf16 PURE as bf16_pure, amp_fp8 (TransformerEngine) as fp8_tensorwise,
+  activation checkpointing True as full; its H100 network is not stated (taken as 3200 Gb/s per node);
 - torchtitan's H100s are the 96 GB HBM2e part at 500 W (2.4 TB/s); they compute MFU against the SXM peak.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from bench.core.hardware import GPUS, GpuSpec
 from bench.core.models import ModelArch, get_arch
@@ -28,8 +32,8 @@ TT_H100 = "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Table
 AWS = ("AWS ML blog, \"Scale LLMs with PyTorch 2.0 FSDP on Amazon EKS - Part 2\" (2024-04): 87% scaling "
        "efficiency at 16 p5.48xlarge nodes; the configuration is not stated: taken as this harness's "
        "p5_scaling (Llama 2 7B, FULL_SHARD, bf16, full AC, micro batch 1, seq 4096)")
-FOUNDRY = ("mosaicml/llm-foundry scripts/train/benchmarking/README.md (MPT, H100 80GB BF16; A100 80GB 1600 "
-           "Gbps RoCE)")
+FOUNDRY = "mosaicml/llm-foundry scripts/train/benchmarking/README.md @4952183"
+FOUNDRY_TABLE = Path(__file__).parent / "data" / "llm_foundry_benchmarks.md"
 
 CODELLAMA_34B = ModelArch("codellama_34b", "llama", 8192, 22016, 48, 64, 8, 128, 32000, False, 16384)
 H100_96GB_500W = GpuSpec("H100-96GB-500W", 96, GPUS["H100-SXM"].peak_tflops,
@@ -39,6 +43,12 @@ H100_96GB_500W = GpuSpec("H100-96GB-500W", 96, GPUS["H100-SXM"].peak_tflops,
 
 def _mpt(name: str, d: int, layers: int, heads: int) -> ModelArch:
     return ModelArch(name, "llama", d, round(8 * d / 3), layers, heads, heads, d // heads, 50368, True, 65536)
+
+
+MPT = {f"mpt_{size}": _mpt(f"mpt_{size}", d, layers, heads) for size, d, layers, heads in [
+    ("125m", 768, 12, 12), ("350m", 1024, 24, 16), ("760m", 1536, 24, 12), ("1b", 2048, 24, 16),
+    ("3b", 2560, 32, 20), ("7b", 4096, 32, 32), ("13b", 5120, 40, 40), ("30b", 7168, 48, 56),
+    ("70b", 8192, 80, 64)]}  # d_model, n_layers, n_heads of llm-foundry's yamls/pretrain/mpt-<size>.yaml
 
 
 @dataclass(frozen=True)
@@ -109,20 +119,42 @@ _p5 = RunSpec(model="llama2_7b", nodes=16, gpus_per_node=8, activation_checkpoin
 CALIBRATION_ROWS.append(PublishedRow(AWS, get_arch("llama2_7b"), GPUS[H100], _p5,
                                      network_for("p5.48xlarge", 32), scaling_efficiency=0.87, base_nodes=1))
 
-MPT = {name: _mpt(name, d, layers, heads) for name, d, layers, heads in [
-    ("mpt_70b", 8192, 80, 64), ("mpt_30b", 7168, 48, 64), ("mpt_13b", 5120, 40, 40), ("mpt_7b", 4096, 32, 32),
-    ("mpt_3b", 2560, 32, 20)]}
-CHECK_ROWS: list[PublishedRow] = [  # never fitted to (H100 network not stated: taken as 3200 Gb/s)
-    _row(FOUNDRY, MPT["mpt_70b"], H100, 8, "FULL_SHARD", "full", 8, 2048, 3200, 1039),
-    _row(FOUNDRY, MPT["mpt_70b"], H100, 4, "FULL_SHARD", "full", 2, 2048, 3200, 882),
-    _row(FOUNDRY, MPT["mpt_30b"], H100, 1, "FULL_SHARD", "full", 3, 2048, 3200, 2002),
-    _row(FOUNDRY, MPT["mpt_13b"], H100, 8, "FULL_SHARD", "none", 2, 2048, 3200, 4800),
-    _row(FOUNDRY, MPT["mpt_13b"], H100, 1, "FULL_SHARD", "none", 2, 2048, 3200, 4792),
-    _row(FOUNDRY, MPT["mpt_7b"], H100, 1, "FULL_SHARD", "none", 6, 2048, 3200, 10643),
-    _row(FOUNDRY, MPT["mpt_3b"], H100, 8, "FULL_SHARD", "none", 6, 2048, 3200, 22525),
-    _row(FOUNDRY, MPT["mpt_70b"], A100, 8, "FULL_SHARD", "full", 8, 2048, 1600, 410),
-    _row(FOUNDRY, MPT["mpt_30b"], A100, 1, "FULL_SHARD", "full", 3, 2048, 1600, 916),
-    _row(FOUNDRY, MPT["mpt_13b"], A100, 1, "FULL_SHARD", "none", 2, 2048, 1600, 2262),
+FOUNDRY_GPUS = {"h100_80gb": (H100, 3200), "a100_80gb": (A100, 1600), "a100_40gb": ("A100-SXM4-40GB", 1600)}
+FOUNDRY_PRECISION = {"amp_bf16": "bf16_mixed", "bf16": "bf16_pure", "amp_fp8": "fp8_tensorwise"}
+
+
+@dataclass(frozen=True)
+class FoundryRow:
+    """One row of llm-foundry's table as published, beside the run it maps to."""
+
+    row: PublishedRow
+    mfu: float  # their MFU, as a fraction
+    num_params: int  # their NumParams (learned position embeddings of seq_len x d_model included)
+    section: str
+
+
+def foundry_table(path: Path = FOUNDRY_TABLE) -> list[FoundryRow]:
+    """Every row of llm-foundry's published benchmark tables (data/llm_foundry_benchmarks.md)."""
+    out, section = [], ""
+    for line in path.read_text().splitlines():
+        if line.startswith("## "):
+            section = line[3:]
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not line.startswith("|") or f"mpt_{cells[0]}" not in MPT:
+            continue
+        size, seq, gpus, gpu, mfu, _, _, mb, _, _, _, _, tokens, _, precision, _, sharding, ac, _, n = cells
+        name, network = FOUNDRY_GPUS[gpu]
+        row = _row(FOUNDRY, MPT[f"mpt_{size}"], name, int(gpus) // 8, sharding, "full" if ac == "True" else "none",
+                   int(mb), int(seq), network, float(tokens), precision=FOUNDRY_PRECISION[precision])
+        out.append(FoundryRow(row, float(mfu) / 100, int(n), section))
+    return out
+
+
+def foundry_rows() -> list[PublishedRow]:
+    return [r.row for r in foundry_table()]
+
+
+CHECK_ROWS: list[PublishedRow] = foundry_rows() + [  # never fitted to
     # torchtitan's Float8 rows check the FP8 matmul and 1-byte gather terms, which nothing was fitted to
     _row(TT_H100, "llama3_1_8b", H100_96GB_500W, 1, "FULL_SHARD", "selective", 2, 8192, 3200, 8532,
          precision="fp8_tensorwise", compile=True),

@@ -119,13 +119,16 @@ def test_a_study_writes_its_calibration_and_predicts_with_it(tmp_path: Path) -> 
     assert predictor.fit is None and note is None  # no runs yet: the published constants
     _finished(sweep_dir, cfg, 1, 1, 7000.0)
     _finished(sweep_dir, cfg, 1, 2, 3700.0)
-    _finished(sweep_dir, cfg, 2, 2, 1500.0)
+    gpu_run = _finished(sweep_dir, cfg, 2, 2, 1500.0)
+    gpu_run.extra["nccl_version"] = "2.27.5"  # what collect takes from a GPU worker's meta record
+    rundir.write_summary(rundir.run_dir(sweep_dir, gpu_run.spec), gpu_run)
     predictor, note = calibrate.study_predictor(cfg, sweep_dir)
     assert note == "predictions calibrated on 3 runs at 1-2 nodes of this study " \
                    f"(residual {predictor.fit.residual:.0%}): calibration.json"
     data = json.loads((sweep_dir / rundir.CALIBRATION_JSON).read_text())
     assert data["cluster"]["name"] == "local" and data["models"] == ["tiny_llama"]
     assert data["torch_versions"] == ["2.13.0+cpu"] and len(data["runs"]) == 3
+    assert data["nccl_versions"] == ["2.27.5"]
     assert [r["nodes"] for r in data["extrapolation"]] == [2]  # the 2-node run, from the 1-node ones
     spec = RunSpec(model="tiny_llama", nodes=2, gpus_per_node=2, micro_batch=2, seq_len=128, cluster="local")
     pred = predictor.predict(spec)
