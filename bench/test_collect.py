@@ -1,4 +1,5 @@
-"""bench.collect lifts what the worker recorded into the run's summary: here the versions a calibration keeps."""
+"""bench.collect lifts what the worker recorded into the run's summary: here the versions a calibration
+keeps."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -3,7 +3,7 @@ constants to bench/predict/published.py's CALIBRATION_ROWS, prints each row's pr
 source, and the same for CHECK_ROWS (llm-foundry's whole table and torchtitan's Float8 rows, never fitted to),
 with llm-foundry's table summarised by section and model and its small models' scaling efficiency.
 
-    python benchmarks/perf_model.py          # fit, compare with bench/predict/perf.py's CALIBRATION, print the tables
+    python benchmarks/perf_model.py   # fit, compare with perf.py's CALIBRATION, print the tables
 """
 from __future__ import annotations
 
@@ -112,8 +112,9 @@ def staged(rows: list[PublishedRow], cal: Calibration) -> tuple[list[float], lis
         assert study is not None
         calibrated.append(_tokens(large, study.calibration) / large.tokens_per_s_per_gpu - 1)
         published.append(error(large, cal))
-        print(f"  {large.label:<86} from {small.spec.nodes} node(s): published {large.tokens_per_s_per_gpu:,.0f}, "
-              f"calibrated {calibrated[-1]:+6.1%}, published constants {published[-1]:+6.1%}  [{large.source[:40]}]")
+        print(f"  {large.label:<86} from {small.spec.nodes} node(s): "
+              f"published {large.tokens_per_s_per_gpu:,.0f}, calibrated {calibrated[-1]:+6.1%}, "
+              f"published constants {published[-1]:+6.1%}  [{large.source[:40]}]")
     return calibrated, published
 
 
@@ -144,8 +145,8 @@ def foundry() -> tuple[list[float], list[float]]:
             published = large.tokens_per_s_per_gpu / base.tokens_per_s_per_gpu
             predicted = _tokens(large, CALIBRATION) / _tokens(base, CALIBRATION)
             points.append(100 * (predicted - published))
-            print(f"  efficiency {large.label:<80} vs {base.spec.nodes:>2} node(s): published {published:6.1%}, "
-                  f"predicted {predicted:6.1%} ({points[-1]:+.1f} points)")
+            print(f"  efficiency {large.label:<80} vs {base.spec.nodes:>2} node(s): "
+                  f"published {published:6.1%}, predicted {predicted:6.1%} ({points[-1]:+.1f} points)")
     return list(errors.values()), points
 
 

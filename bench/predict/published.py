@@ -1,5 +1,5 @@
-"""Published FSDP throughput rows: what bench/predict/perf.py's constants were fitted to (CALIBRATION_ROWS) and what
-checks them without having been fitted (CHECK_ROWS: llm-foundry's whole table, read from
+"""Published FSDP throughput rows: what bench/predict/perf.py's constants were fitted to (CALIBRATION_ROWS)
+and what checks them without having been fitted (CHECK_ROWS: llm-foundry's whole table, read from
 data/llm_foundry_benchmarks.md, and torchtitan's Float8 rows). Each row cites its source.
 
 A row is a run as this harness would describe it, on the publisher's hardware and network. Where the
@@ -144,8 +144,9 @@ def foundry_table(path: Path = FOUNDRY_TABLE) -> list[FoundryRow]:
             continue
         size, seq, gpus, gpu, mfu, _, _, mb, _, _, _, _, tokens, _, precision, _, sharding, ac, _, n = cells
         name, network = FOUNDRY_GPUS[gpu]
-        row = _row(FOUNDRY, MPT[f"mpt_{size}"], name, int(gpus) // 8, sharding, "full" if ac == "True" else "none",
-                   int(mb), int(seq), network, float(tokens), precision=FOUNDRY_PRECISION[precision])
+        row = _row(FOUNDRY, MPT[f"mpt_{size}"], name, int(gpus) // 8, sharding,
+                   "full" if ac == "True" else "none", int(mb), int(seq), network, float(tokens),
+                   precision=FOUNDRY_PRECISION[precision])
         out.append(FoundryRow(row, float(mfu) / 100, int(n), section))
     return out
 

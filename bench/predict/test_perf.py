@@ -1,5 +1,5 @@
-"""The performance model (bench/predict/perf.py) against the published rows it was calibrated on, and against the
-physics a model that ignored the network would get wrong."""
+"""The performance model (bench/predict/perf.py) against the published rows it was calibrated on, and against
+the physics a model that ignored the network would get wrong."""
 from __future__ import annotations
 
 import math
@@ -14,7 +14,8 @@ from bench.config import from_dict
 from bench.core.hardware import GPUS
 from bench.core.models import count_params, get_arch
 from bench.core.schema import RunSpec
-from bench.predict.perf import CALIBRATION, Network, Predictor, collectives, network_for, predict, probe_network
+from bench.predict.perf import (CALIBRATION, Network, Predictor, collectives, network_for, predict,
+                                probe_network)
 from bench.plan import expand
 from bench.predict.published import CALIBRATION_ROWS, CHECK_ROWS, foundry_table
 from bench.sweep import compose
@@ -141,7 +142,8 @@ def test_no_predicted_efficiency_exceeds_linear_scaling() -> None:
 
     from bench.plan import with_predictions
     cfg = from_dict(compose(["+sweep=smoke", "memory.measure=false"])[0])
-    many_cores = SimpleNamespace(calibration=replace(CALIBRATION, cpu_capacity=64.0), spread=lambda tokens: 0.1)
+    many_cores = SimpleNamespace(calibration=replace(CALIBRATION, cpu_capacity=64.0),
+                                 spread=lambda tokens: 0.1)
     predictor = Predictor(cfg, fit=many_cores)
     plan = with_predictions(expand(cfg), predictor)
     base = {p.spec.label.replace("-n2x", "-n1x"): p for p in plan if p.spec.nodes == 1 and p.perf}
