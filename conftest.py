@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -49,6 +50,21 @@ def run_torchrun(module_args: list[str], nproc: int, timeout: float = 240, env: 
 @pytest.fixture
 def torchrun():
     return run_torchrun
+
+
+SLURM_CONF = "/tmp/fsdpbench-slurm/slurm.conf"  # scripts/slurm_cluster.sh's default FSDPBENCH_SLURM_DIR
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> str:
+    """The 4-node Slurm test cluster on this machine (real slurmctld and slurmd), started if it is not up."""
+    if shutil.which("slurmctld") is None or os.geteuid() != 0:
+        pytest.skip("slurm-wlm not installed or not root: run scripts/slurm_cluster.sh start as root")
+    proc = subprocess.run([str(ROOT / "scripts" / "slurm_cluster.sh"), "start"], capture_output=True, text=True,
+                          timeout=180)
+    if proc.returncode != 0:
+        pytest.fail(f"test cluster did not start:\n{proc.stdout}\n{proc.stderr}")
+    return SLURM_CONF
 
 
 @pytest.fixture(scope="session")

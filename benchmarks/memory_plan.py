@@ -8,6 +8,7 @@ The analytic peak formula the measurement replaced was compared the same way bef
 benchmarks/memory_plan.py`.
 
     python benchmarks/memory_plan.py [--cache-dir DIR]   # a fresh DIR measures cold
+    python benchmarks/memory_plan.py --quick             # the smoke sweep's configurations alone
 """
 from __future__ import annotations
 
@@ -30,11 +31,11 @@ from bench.sweep import compose  # noqa: E402
 SWEEPS = ("p5_scaling", "p4de_scaling", "ablation", "p5_options")
 
 
-def plan_seconds(cache: Path, *extra: str) -> float:
+def plan_seconds(cache: Path, *extra: str, sweep: str = "p5_scaling") -> float:
     """Wall time of the CLI's dry run (what a user waits for), in a fresh results root."""
     with tempfile.TemporaryDirectory() as results:
         started = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=p5_scaling", "--dry-run",
+        subprocess.run([sys.executable, "-m", "bench.sweep", f"+sweep={sweep}", "--dry-run",
                         f"results_root={results}", f"memory.cache_dir={cache}", *extra], cwd=ROOT, check=True,
                        stdout=subprocess.DEVNULL)
         return time.perf_counter() - started
@@ -68,21 +69,25 @@ def compare(sweep: str, cache: Path) -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--cache-dir", type=Path, default=None, help="default: a fresh one (cold)")
+    parser.add_argument("--quick", action="store_true", help="the smoke sweep alone (tiny models)")
     args = parser.parse_args()
     cache = args.cache_dir or Path(tempfile.mkdtemp(prefix="fsdpbench-memory-"))
-    cold, cached = plan_seconds(cache), plan_seconds(cache)
-    off = plan_seconds(cache, "memory.measure=false")
-    print(f"planning p5_scaling --dry-run: {cold:.1f} s cold (measuring), {cached:.1f} s cached, "
+    sweeps = ("smoke",) if args.quick else SWEEPS
+    cold, cached = plan_seconds(cache, sweep=sweeps[0]), plan_seconds(cache, sweep=sweeps[0])
+    off = plan_seconds(cache, "memory.measure=false", sweep=sweeps[0])
+    print(f"planning {sweeps[0]} --dry-run: {cold:.1f} s cold (measuring), {cached:.1f} s cached, "
           f"{off:.1f} s with memory.measure=false")
     everything = []
-    for sweep in SWEEPS:
+    for sweep in sweeps:
         errors = compare(sweep, cache)
         everything += errors
         if errors:
             print(f"  {sweep}: {len(errors)} configurations measured; the lower bound is a median "
                   f"{statistics.median(errors):.0%} of the peak (min {min(errors):.0%}, "
                   f"max {max(errors):.0%})")
-    print(f"\nall four: {len(everything)} configurations measured; lower bound / peak median "
+    if not everything:
+        sys.exit("no configuration was measured: the lower bound is compared with nothing")
+    print(f"\nall {len(sweeps)}: {len(everything)} configurations measured; lower bound / peak median "
           f"{statistics.median(everything):.0%}, min {min(everything):.0%}")
 
 

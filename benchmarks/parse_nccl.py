@@ -7,10 +7,11 @@
 
 Medians of repeated passes, measured side by side in one process.
 
-    python benchmarks/parse_nccl.py [../shared/data/nccl-tests]
+    python benchmarks/parse_nccl.py [../shared/data/nccl-tests] [--quick]   # quick: 3 passes, not 50
 """
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
@@ -45,14 +46,22 @@ def median_s(work, passes: int = PASSES) -> float:
 
 
 def main() -> None:
-    data_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "shared/data/nccl-tests"
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("data_dir", nargs="?", type=Path,
+                        default=Path(__file__).resolve().parents[2] / "shared/data/nccl-tests")
+    parser.add_argument("--quick", action="store_true", help="3 passes instead of 50")
+    args = parser.parse_args()
+    passes = 3 if args.quick else PASSES
+    data_dir = args.data_dir
     sweep = full_sweep(data_dir)
     result = parse(sweep)
     assert result.rows[-1].size == 16 * 2**30 and len(result.rows) == 2 * 35  # out-of-place + in-place
     samples = [p.read_text() for p in sorted(data_dir.glob("sample_*.txt"))]
     study = [samples[i % len(samples)] for i in range(60)]
-    one = median_s(lambda: parse(sweep))
-    whole = median_s(lambda: [parse(t).status for t in study], passes=10)
+    if len(samples) != 12:  # the study is stated for the 12 real samples cycled to 60 outputs
+        sys.exit(f"{data_dir} holds {len(samples)} sample_*.txt, not the 12 the study is built from")
+    one = median_s(lambda: parse(sweep), passes)
+    whole = median_s(lambda: [parse(t).status for t in study], passes=min(10, passes))
     print(f"full 0 B - 16 GiB sweep ({len(sweep) / 1024:.1f} KB, {len(result.rows)} rows): median "
           f"{one * 1e3:.2f} ms per parse (target < 2 ms)")
     print(f"efa_probe study, 60 outputs ({sum(map(len, study)) / 1024:.0f} KB): median {whole * 1e3:.1f} ms "

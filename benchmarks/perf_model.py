@@ -4,6 +4,7 @@ source, and the same for CHECK_ROWS (llm-foundry's whole table and torchtitan's 
 with llm-foundry's table summarised by section and model and its small models' scaling efficiency.
 
     python benchmarks/perf_model.py   # fit, compare with perf.py's CALIBRATION, print the tables
+    python benchmarks/perf_model.py --quick   # one round of the refit
 """
 from __future__ import annotations
 
@@ -160,7 +161,7 @@ def main() -> None:
     shipped = CALIBRATION
     start = [shipped.matmul_efficiency["A100"], shipped.matmul_efficiency["H100"], shipped.elementwise_bytes,
              shipped.contention, shipped.compile_traffic]
-    fitted = fit(list(start))
+    fitted = fit(list(start), rounds=1 if "--quick" in sys.argv[1:] else 12)
     print("constants   shipped (bench/predict/perf.py)   refitted here")
     for name, a, b in zip(NAMES, start, fitted):
         print(f"  {name:<18} {a:>10.3f}            {b:>10.3f}")

@@ -2,9 +2,11 @@
 the report of real smoke results (target: < 10 s), each as a fresh `python -m analysis.report` process.
 
     python benchmarks/report_10k.py [results/smoke]
+    python benchmarks/report_10k.py --quick    # 300 synthetic runs, no smoke results
 """
 from __future__ import annotations
 
+import argparse
 import itertools
 import random
 import shutil
@@ -26,10 +28,10 @@ def synthesize(sweep_dir: Path, n_runs: int = 10_000) -> None:
     """Run dirs with summaries (ok, with some failures; loss curves, wall times) and five all-reduce probes,
     and the results table, as a sweep leaves them."""
     rng = random.Random(0)
-    axes = itertools.product(["llama2_7b", "llama2_13b", "llama2_70b", "llama3_1_8b"],
+    axes = itertools.product(range(1000), ["llama2_7b", "llama2_13b", "llama2_70b", "llama3_1_8b"],
                              ["FULL_SHARD", "HYBRID_SHARD", "SHARD_GRAD_OP", "NO_SHARD"],
-                             ["bf16_mixed", "fp32"], ["none", "full"], [1, 2, 4, 8, 16], range(1000))
-    for model, sharding, precision, ac, nodes, repeat in itertools.islice(axes, n_runs):
+                             ["bf16_mixed", "fp32"], ["none", "full"], [1, 2, 4, 8, 16])
+    for repeat, model, sharding, precision, ac, nodes in itertools.islice(axes, n_runs):  # every config first
         spec = RunSpec(model=model, nodes=nodes, gpus_per_node=8, sharding=sharding, precision=precision,
                        activation_checkpointing=ac, repeat=repeat, cluster="p5.48xlarge", seq_len=4096)
         ok = rng.random() > 0.05
@@ -59,23 +61,35 @@ def timed_report(path: Path, out: Path) -> float:
     return time.perf_counter() - t0
 
 
-if __name__ == "__main__":
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("smoke", nargs="?", type=Path, default=ROOT / "results" / "smoke")
+    parser.add_argument("--quick", action="store_true", help="300 synthetic runs, no smoke results")
+    args = parser.parse_args()
+    n_runs = 300 if args.quick else 10_000
     tmp = Path(tempfile.mkdtemp(prefix="fsdpbench-report-"))
     try:
         sweep = tmp / "synthetic"
         t0 = time.perf_counter()
-        synthesize(sweep)
-        print(f"synthesized 10,000 runs in {time.perf_counter() - t0:.1f} s")
-        print(f"report of 10,000 runs (results table): {timed_report(sweep, tmp / 'r1'):.1f} s (target < 20 s)")
+        synthesize(sweep, n_runs)
+        made = sum(1 for _ in rundir.iter_run_dirs(sweep))
+        if made != n_runs + 5:  # the runs and five probes: the axes must still hold that many
+            sys.exit(f"synthesized {made} run dirs, not {n_runs} runs and 5 probes")
+        print(f"synthesized {n_runs:,} runs in {time.perf_counter() - t0:.1f} s")
+        print(f"report of {n_runs:,} runs (results table): {timed_report(sweep, tmp / 'r1'):.1f} s "
+              "(target < 20 s)")
         (sweep / rundir.RESULTS_PARQUET).unlink()
         (sweep / rundir.RESULTS_CSV).unlink()
-        print(f"report of 10,000 runs (rebuilt from run dirs): {timed_report(sweep, tmp / 'r2'):.1f} s "
+        print(f"report of {n_runs:,} runs (rebuilt from run dirs): {timed_report(sweep, tmp / 'r2'):.1f} s "
               "(target < 20 s)")
-        smoke = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "results" / "smoke"
-        if smoke.is_dir():
-            times = sorted(timed_report(smoke, tmp / "r3") for _ in range(3))
-            print(f"report of {smoke}: median {times[1]:.1f} s over 3 (target < 10 s)")
-        else:
-            print(f"no smoke results at {smoke}: run `python -m bench.sweep +sweep=smoke` first")
+        if not args.quick and args.smoke.is_dir():
+            times = sorted(timed_report(args.smoke, tmp / "r3") for _ in range(3))
+            print(f"report of {args.smoke}: median {times[1]:.1f} s over 3 (target < 10 s)")
+        elif not args.quick:
+            print(f"no smoke results at {args.smoke}: run `python -m bench.sweep +sweep=smoke` first")
     finally:
         shutil.rmtree(tmp)
+
+
+if __name__ == "__main__":
+    main()

@@ -4,12 +4,16 @@ The mix of issue 17: 8 runs of 1 node, 4 of 2 nodes, 2 of 4 nodes, every worker 
 for SLEEP_S seconds (so the 2 cores do not decide how long a run takes). Each run's real duration is
 Slurm's own (StartTime..EndTime in the job-completion log); the lower bound is
 max(total node-seconds / 4, longest run) over those durations. Prints the figures and the two ratios the
-issue sets: concurrent <= 1.15 x bound, concurrent <= 0.5 x sequential.
+issue sets: concurrent <= 1.15 x bound, concurrent <= 0.5 x sequential. The mix pins every axis of the
+smoke sweep it depends on, and the script stops before launching if it no longer plans those 14 runs.
 
-    scripts/slurm_cluster.sh start && python benchmarks/schedule_slurm.py [SLEEP_S]
+    scripts/slurm_cluster.sh start && python benchmarks/schedule_slurm.py [--sleep-s 15]
+    python benchmarks/schedule_slurm.py --quick    # the concurrent pass alone, workers sleep 2 s
 """
 from __future__ import annotations
 
+import argparse
+import collections
 import datetime as dt
 import re
 import subprocess
@@ -22,15 +26,29 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import rundir  # noqa: E402
+from bench.config import from_dict  # noqa: E402
+from bench.plan import expand  # noqa: E402
+from bench.sweep import compose  # noqa: E402
 
 SLURM_DIR = Path("/tmp/fsdpbench-slurm")
-SLEEP_S = int(sys.argv[1]) if len(sys.argv) > 1 else 15
 MIX = ["axes.nodes=[1,2,4]", "axes.precision=[fp32,bf16_mixed]", "axes.seq_len=[32,64,96,128]",
-       "axes.sharding=[FULL_SHARD]", "axes.activation_checkpointing=[none]", "nccl.enabled=false",
+       "axes.sharding=[FULL_SHARD]", "axes.activation_checkpointing=[none]", "axes.gpus_per_node=[2]",
+       "axes.compile=[false]", "nccl.enabled=false",
        # 8 x 1 node (2 precisions x 4 lengths), 4 x 2 nodes (bf16 only), 2 x 4 nodes (bf16, 2 lengths)
        "exclude=[{nodes:[2,4],precision:fp32},{nodes:4,seq_len:[32,64]}]",
-       f"faults=[{{match:{{}},fault:sleep,seconds:{SLEEP_S}}}]", "cluster=slurm_local", "launcher=slurm",
-       "launcher.poll_s=0.5", "cluster.slurm.exclusive=true", "progress=false"]
+       "cluster=slurm_local", "launcher=slurm", "launcher.poll_s=0.5", "cluster.slurm.exclusive=true",
+       "progress=false"]
+RUNS_BY_NODES = {1: 8, 2: 4, 4: 2}  # what the docstring and the lower bound are stated for
+
+
+def sleeping(seconds: int) -> list[str]:
+    return [*MIX, f"faults=[{{match:{{}},fault:sleep,seconds:{seconds}}}]"]
+
+
+def planned_mix() -> dict[int, int]:
+    """Runs of the mix by node count, as the sweep plans them (nothing launched, nothing measured)."""
+    cfg = from_dict(compose(["+sweep=smoke", *sleeping(1), "memory.measure=false"])[0])
+    return dict(collections.Counter(p.spec.nodes for p in expand(cfg)))
 
 
 def slurm_times(sweep_dir: Path) -> list[tuple[int, float, float]]:
@@ -46,31 +64,47 @@ def slurm_times(sweep_dir: Path) -> list[tuple[int, float, float]]:
     return out
 
 
-def run(results: Path, *extra: str) -> tuple[float, list[tuple[int, float, float]]]:
+def run(results: Path, sleep_s: int, *extra: str) -> tuple[float, list[tuple[int, float, float]]]:
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={results}",
-                           *MIX, *extra], cwd=ROOT, capture_output=True, text=True)
+                           *sleeping(sleep_s), *extra], cwd=ROOT, capture_output=True, text=True)
     wall = time.monotonic() - t0
     if proc.returncode not in (0, 1):  # sleep-mode runs have no summary: 1 is expected
         sys.exit(f"sweep failed ({proc.returncode}): {proc.stderr[-2000:]}")
     return wall, slurm_times(results / "smoke")
 
 
+def makespan(jobs: list[tuple[int, float, float]]) -> tuple[float, float]:
+    """Slurm's makespan of the jobs and its lower bound: max(node-seconds / 4 nodes, longest run)."""
+    span = max(e for _, _, e in jobs) - min(s for _, s, _ in jobs)
+    return span, max(sum(n * (e - s) for n, s, e in jobs) / 4, max(e - s for _, s, e in jobs))
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sleep-s", type=int, default=15, help="how long each worker sleeps")
+    parser.add_argument("--quick", action="store_true", help="the concurrent pass alone, workers sleep 2 s")
+    args = parser.parse_args()
+    sleep_s = 2 if args.quick else args.sleep_s
+    if (mix := planned_mix()) != RUNS_BY_NODES:
+        sys.exit(f"the mix plans {mix} runs by node count, not {RUNS_BY_NODES}: pin the smoke sweep's new axes")
+    passes = [("concurrent", [])] if args.quick else [("sequential", ["launcher.max_nodes=1"]), ("concurrent", [])]
+    results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        seq_wall, seq_jobs = run(Path(tmp) / "seq", "launcher.max_nodes=1")
-        con_wall, con_jobs = run(Path(tmp) / "con")
-    print(f"mix: {len(con_jobs)} runs (8 x 1 node, 4 x 2, 2 x 4), workers sleep {SLEEP_S} s, 4-node Slurm")
-    for name, wall, jobs in (("sequential", seq_wall, seq_jobs), ("concurrent", con_wall, con_jobs)):
-        durations = [e - s for _, s, e in jobs]
-        span = max(e for _, _, e in jobs) - min(s for _, s, _ in jobs)
-        bound = max(sum(n * (e - s) for n, s, e in jobs) / 4, max(durations))
+        for name, extra in passes:
+            results[name] = run(Path(tmp) / name, sleep_s, *extra)
+    print(f"mix: {sum(mix.values())} runs (8 x 1 node, 4 x 2, 2 x 4), workers sleep {sleep_s} s, 4-node Slurm")
+    for name, (wall, jobs) in results.items():
+        durations = sorted(e - s for _, s, e in jobs)
+        span, bound = makespan(jobs)
         print(f"{name:>10}: sweep wall {wall:6.1f} s, Slurm makespan {span:6.1f} s, "
-              f"median run {sorted(durations)[len(durations) // 2]:.0f} s, lower bound {bound:6.1f} s")
-    con_span = max(e for _, _, e in con_jobs) - min(s for _, s, _ in con_jobs)
-    con_bound = max(sum(n * (e - s) for n, s, e in con_jobs) / 4, max(e - s for _, s, e in con_jobs))
-    print(f"concurrent / lower bound = {con_span / con_bound:.2f} (target <= 1.15); "
-          f"concurrent / sequential wall = {con_wall / seq_wall:.2f} (target <= 0.5)")
+              f"median run {durations[len(durations) // 2]:.0f} s, lower bound {bound:6.1f} s")
+    span, bound = makespan(results["concurrent"][1])
+    line = f"concurrent / lower bound = {span / bound:.2f} (target <= 1.15)"
+    if "sequential" in results:
+        line += (f"; concurrent / sequential wall = {results['concurrent'][0] / results['sequential'][0]:.2f} "
+                 "(target <= 0.5)")
+    print(line)
 
 
 if __name__ == "__main__":

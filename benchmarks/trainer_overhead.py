@@ -2,6 +2,7 @@
 records and the NVML sampler, run side by side in alternating pairs (target: median ratio <= 1.02).
 
     python benchmarks/trainer_overhead.py [--pairs 4] [--model tiny_llama] [--nproc 2]
+    python benchmarks/trainer_overhead.py --quick    # one pair of 10 steps
 
 On a machine without GPU the sampler has nothing to sample (recorded as such), so the CPU figure covers
 the step records, memory queries and device synchronisation; on a GPU it includes the NVML thread.
@@ -36,7 +37,10 @@ if __name__ == "__main__":
     parser.add_argument("--model", default="tiny_llama")
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--quick", action="store_true", help="one pair of 10 steps")
     args = parser.parse_args()
+    if args.quick:
+        args.pairs, args.steps = 1, 10
     ratios, on_times, off_times = [], [], []
     for i in range(args.pairs):
         order = (True, False) if i % 2 == 0 else (False, True)  # alternate who goes first

@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,12 +17,10 @@ from bench.launchers.base import Outcome
 from bench.launchers.slurm import SlurmLauncher, _parse_job_record, render_script
 from bench.plan import expand
 from bench.sweep import compose
-from conftest import SMOKE_SHAPE
+from conftest import SLURM_CONF, SMOKE_SHAPE
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
-CLUSTER_SCRIPT = ROOT / "scripts" / "slurm_cluster.sh"
-SLURM_CONF = "/tmp/fsdpbench-slurm/slurm.conf"
 
 
 def cfg_for(*overrides: str):
@@ -199,16 +196,6 @@ def test_missing_sbatch_says_what_to_do(capsys, monkeypatch) -> None:
 
 
 # ---------------------------------------------------------------- the real cluster
-
-
-@pytest.fixture(scope="module")
-def slurm_cluster():
-    if shutil.which("slurmctld") is None or os.geteuid() != 0:
-        pytest.skip("slurm-wlm not installed or not root: run scripts/slurm_cluster.sh start as root")
-    proc = subprocess.run([str(CLUSTER_SCRIPT), "start"], capture_output=True, text=True, timeout=180)
-    if proc.returncode != 0:
-        pytest.fail(f"test cluster did not start:\n{proc.stdout}\n{proc.stderr}")
-    return SLURM_CONF
 
 
 def run_sweep(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:

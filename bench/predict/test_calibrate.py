@@ -16,7 +16,7 @@ from bench.core.hardware import GPUS
 from bench.core.models import get_arch
 from bench.core.schema import RunSpec, RunSummary
 from bench.predict import calibrate
-from bench.predict.calibrate import Observation, Refused, fit
+from bench.predict.calibrate import Observation, fit
 from bench.predict.perf import CALIBRATION, CPU, Network, Predictor, predict
 from bench.sweep import compose
 
@@ -177,16 +177,3 @@ def test_runs_of_another_cluster_or_device_are_not_evidence(tmp_path: Path) -> N
     assert [o.run_id for o in seen] == [s.run_id for s in rundir.read_summaries(sweep_dir)
                                         if s.run_id not in (other.run_id, gpu_run.run_id)]
     assert math.isclose(seen[0].tokens_per_s_per_gpu, 7000.0)
-
-
-@pytest.mark.slow
-def test_the_staged_study_benchmark_runs_in_its_quick_mode() -> None:
-    """benchmarks/calibration.py is code: its quick mode stages the smoke sweep and prints its table."""
-    import subprocess
-    import sys
-    root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([sys.executable, "benchmarks/calibration.py", "--quick"], cwd=root, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "predictions calibrated on 3 runs at 1 node of this study" in proc.stdout
-    assert proc.stdout.count("tiny_llama-n2x2") == 2 and "fit of 20 runs" in proc.stdout

@@ -1,0 +1,101 @@
+"""Benchmarks are code: each runs here in its quick mode (seconds to a minute, tiny sizes) and must still
+print the figures it exists for, so a sweep or an API that changes under it fails the slow suite instead
+of leaving a script that measures nothing. Its own setup is checked too: a mix that plans other runs than
+the docstring says, or a results tree laid out differently, stops the script (exit 1)."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def quick(script: str, *args: str, timeout: float = 600) -> str:
+    proc = subprocess.run([sys.executable, f"benchmarks/{script}", "--quick", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_the_slurm_schedule_mix_plans_exactly_its_fourteen_runs() -> None:
+    """The smoke sweep gained axes after the mix was written and it silently grew to 56 runs: the mix pins
+    them now, and the script refuses to run if the plan drifts again."""
+    import schedule_slurm
+    assert schedule_slurm.planned_mix() == schedule_slurm.RUNS_BY_NODES == {1: 8, 2: 4, 4: 2}
+
+
+def _figure(pattern: str, text: str) -> float:
+    found = re.search(pattern, text)
+    assert found, f"{pattern!r} not in:\n{text[-2000:]}"
+    return float(found.group(1))
+
+
+@pytest.mark.slow
+def test_plan_10k_plans_at_least_ten_thousand_runs() -> None:
+    out = quick("plan_10k.py")
+    assert _figure(r"planned (\d+) runs", out) >= 10_000 and "over 1 repetitions" in out
+
+
+@pytest.mark.slow
+def test_parse_nccl_parses_the_sixteen_gib_sweep_and_the_study(shared_data: Path) -> None:
+    out = quick("parse_nccl.py", str(shared_data / "nccl-tests"))
+    assert "(10.4 KB, 70 rows)" in out and _figure(r"median ([\d.]+) ms per parse", out) > 0
+    assert "efa_probe study, 60 outputs" in out
+
+
+@pytest.mark.slow
+def test_report_10k_reports_its_synthetic_tree_from_the_table_and_from_run_dirs() -> None:
+    out = quick("report_10k.py")
+    assert "synthesized 300 runs" in out
+    assert _figure(r"report of 300 runs \(results table\): ([\d.]+) s", out) > 0
+    assert _figure(r"report of 300 runs \(rebuilt from run dirs\): ([\d.]+) s", out) > 0
+
+
+@pytest.mark.slow
+def test_perf_model_prints_every_section() -> None:
+    out = quick("perf_model.py")
+    for section in ("Calibration rows", "Check rows", "llm-foundry's whole table", "Calibrate on the smallest"):
+        assert section in out
+    assert _figure(r"llm-foundry's whole table, tokens/s/GPU: (\d+) rows", out) == 216
+
+
+@pytest.mark.slow
+def test_memory_plan_measures_the_smoke_configurations() -> None:
+    out = quick("memory_plan.py")
+    assert _figure(r"planning smoke --dry-run: ([\d.]+) s cold", out) > 0
+    assert _figure(r"all 1: (\d+) configurations measured", out) >= 10
+
+
+@pytest.mark.slow
+def test_trainer_overhead_runs_a_pair() -> None:
+    out = quick("trainer_overhead.py")
+    assert _figure(r"median ratio ([\d.]+)", out) > 0 and "over 1 pairs of tiny_llama x2" in out
+
+
+@pytest.mark.slow
+def test_harness_overhead_compares_the_sweep_with_the_same_runs_under_bare_torchrun() -> None:
+    """The bare pass once found no submissions (they moved into attempt dirs) and compared the sweep with
+    nothing: it must start every run the sweep rendered, and each must exit 0."""
+    out = quick("harness_overhead.py")
+    assert "2 of 2 ok" in out and "bare torchrun" in out and "2 of 2 runs exited 0" in out
+    assert _figure(r"total wall-time ratio sweep/bare: ([\d.]+)", out) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_schedule_slurm_packs_its_mix_on_the_real_cluster(slurm_cluster: str) -> None:
+    out = quick("schedule_slurm.py")
+    assert "mix: 14 runs" in out
+    assert _figure(r"concurrent / lower bound = ([\d.]+)", out) >= 1.0  # a makespan is never under its bound
+
+
+@pytest.mark.slow
+def test_calibration_stages_the_smoke_sweep_and_prints_its_two_node_runs() -> None:
+    out = quick("calibration.py")
+    assert "predictions calibrated on 3 runs at 1 node of this study" in out
+    assert out.count("tiny_llama-n2x2") == 2 and "fit of 20 runs" in out
