@@ -23,7 +23,7 @@ import pandas as pd
 
 from analysis.scaling import CONFIG
 from bench.core.flops import COMPUTE_BYTES, REDUCE_BYTES  # gathered in the compute dtype, reduced in fp32
-from bench.core.models import count_params, get_arch
+from bench.core.models import arch_of, count_params
 
 COMM_BOUND = 0.9  # modelled comm time >= 90% of the step: nothing left to hide it behind
 EXPLAINED = 0.5  # comm growth covers >= half of the step-time growth
@@ -56,7 +56,7 @@ def busbw_at(sizes: pd.DataFrame, nodes: int, efa: float, message_bytes: float) 
 
 
 def _model_row(row: pd.Series, sizes: pd.DataFrame) -> dict[str, object]:
-    arch = get_arch(row["model"])
+    arch = arch_of(row["model"], row.get("model_config") or "")
     params = count_params(arch)
     nodes, gpn = int(row["nodes"]), int(row["gpus_per_node"])
     intra, world = bus_bytes(row["sharding"], row["precision"], params, nodes, gpn)

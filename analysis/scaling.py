@@ -12,8 +12,9 @@ import json
 import numpy as np
 import pandas as pd
 
-CONFIG = ["sweep", "cluster", "model", "gpus_per_node", "sharding", "precision", "activation_checkpointing",
-          "wrap_policy", "compile", "offload", "micro_batch", "seq_len", "efa_per_node"]
+CONFIG = ["sweep", "cluster", "model", "model_config", "gpus_per_node", "sharding", "precision",
+          "activation_checkpointing", "wrap_policy", "compile", "offload", "micro_batch", "seq_len",
+          "efa_per_node"]
 METRICS = {  # column -> how repeats are combined (all by median; spread from min/max)
     "tokens_per_s": "median", "tokens_per_s_per_gpu": "median", "samples_per_s": "median",
     "tflops_per_gpu": "median", "mfu": "median", "hfu": "median", "step_time_s": "median",

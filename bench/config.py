@@ -17,7 +17,7 @@ from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from bench.core.hardware import GPUS, supports_fp8
-from bench.core.models import PRESETS
+from bench.core.models import ModelError, model_source
 from bench.core.schema import AC_MODES, FAULTS, OFFLOADS, PRECISIONS, SHARDINGS, SPEC_FIELDS, WRAP_POLICIES
 
 AUTO = "auto"  # axes.micro_batch value: search the largest micro batch that fits
@@ -100,7 +100,8 @@ class LauncherConfig:
 class Axes:
     """The study's axes: the plan is their cartesian product minus `exclude`."""
 
-    model: list[str] = field(default_factory=lambda: ["tiny_llama"])  # presets of bench/core/models.py
+    model: list[str] = field(default_factory=lambda: ["tiny_llama"])  # presets of bench/core/models.py, files
+    # in sweeps/model/, or paths to a Hugging Face config.json (bench.core.models.model_source)
     nodes: list[int] = field(default_factory=lambda: [1])
     gpus_per_node: list[int | None] = field(default_factory=lambda: [None])  # None = the cluster's
     sharding: list[str] = field(default_factory=lambda: ["FULL_SHARD"])
@@ -221,8 +222,19 @@ def _positive(where: str, value: float | None, kind: str = "integer") -> None:
         raise ConfigError(f"{where} must be a positive {kind}, got {value!r}")
 
 
+def _check_models(axes: Axes) -> None:
+    """Every model reference resolves to a model the harness can train (each run's sequence length is
+    checked against it when the plan is expanded: excludes may leave the long ones out)."""
+    for ref in axes.model:
+        try:
+            model_source(ref)
+        except ModelError as e:
+            raise ConfigError(f"axes.model: {e}") from None
+
+
 def _check_axes(axes: Axes, cluster: ClusterConfig) -> None:
-    choices = {"model": PRESETS, "sharding": SHARDINGS, "precision": PRECISIONS,
+    _check_models(axes)
+    choices = {"sharding": SHARDINGS, "precision": PRECISIONS,
                "activation_checkpointing": AC_MODES, "wrap_policy": WRAP_POLICIES, "offload": OFFLOADS}
     for name, known in choices.items():
         for v in getattr(axes, name):

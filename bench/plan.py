@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from bench.config import AUTO, AXES, ConfigError, SweepConfig
+from bench.core.models import model_source
 from bench.core.schema import RunSpec
 from bench.predict.memory import MemoryFigure, lower_bound
 from bench.predict.perf import Prediction, Predictor
@@ -76,7 +77,9 @@ def _train_points(cfg: SweepConfig) -> list[dict[str, Any]]:
 
 def _spec(cfg: SweepConfig, point: dict[str, Any], repeat: int, **override: Any) -> RunSpec:
     efa, gpus = point.get("efa_per_node"), point.get("gpus_per_node")
-    values = {**point, "micro_batch": 0 if point.get("micro_batch") == AUTO else point.get("micro_batch", 1),
+    model, config = model_source(point["model"]) if "model" in point else ("none", "")
+    values = {**point, "model": model, "model_config": config,
+              "micro_batch": 0 if point.get("micro_batch") == AUTO else point.get("micro_batch", 1),
               "efa_per_node": cfg.cluster.efa_per_node if efa is None else efa,
               "gpus_per_node": cfg.cluster.gpus_per_node if gpus is None else gpus, "steps": cfg.steps,
               "warmup_steps": cfg.warmup_steps, "seed": cfg.seed, "cluster": cfg.cluster.name,
@@ -85,9 +88,14 @@ def _spec(cfg: SweepConfig, point: dict[str, Any], repeat: int, **override: Any)
               "nccl_min_bytes": cfg.nccl.min_bytes, "nccl_max_bytes": cfg.nccl.max_bytes,
               "nccl_iters": cfg.nccl.iters, **override}
     try:
-        return RunSpec(**values)
+        spec = RunSpec(**values)
     except ValueError as e:
         raise ConfigError(f"run {point}: {e}") from None
+    limit = spec.arch.max_seq_len if spec.kind == "train" else spec.seq_len
+    if spec.seq_len > limit:  # the worker would refuse it (trainer/config.py): refuse it here, before launch
+        raise ConfigError(f"axes.seq_len: {spec.seq_len} exceeds model {point['model']!r}'s "
+                          f"max_position_embeddings={limit}")
+    return spec
 
 
 def feasibility(cfg: SweepConfig, spec: RunSpec, memory: MemorySource | None = None

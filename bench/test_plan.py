@@ -91,7 +91,7 @@ def test_ablation_changes_one_factor_at_a_time() -> None:
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["axes.model=[gpt5]"], "unknown value 'gpt5'"),
+    (["axes.model=[gpt5]"], "model 'gpt5' is neither a preset"),
     (["axes.sharding=[FULLSHARD]"], "FULLSHARD"),
     (["cluster.gpus_per_node=1", "axes.gpus_per_node=[1]"], "HYBRID_SHARD needs >= 2 GPUs per node"),
     (["axes.nodes=[1,8]"], "exceed cluster local's max_nodes=4"),

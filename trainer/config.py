@@ -5,7 +5,6 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.core.models import get_arch
 from bench.core.schema import RunSpec, add_fault_arguments, add_spec_arguments, spec_from_namespace
 
 
@@ -40,7 +39,7 @@ def parse_args(argv: list[str] | None = None) -> TrainArgs:
     ns = parser.parse_args(argv)
     try:
         spec = spec_from_namespace(ns)
-        arch = get_arch(spec.model)
+        arch = spec.arch
         if spec.kind != "train":
             raise ValueError("the trainer runs kind=train specs; nccl probes run `python -m nccl.probe`")
         if spec.micro_batch < 1:

@@ -20,7 +20,6 @@ import torch.distributed as dist
 
 from bench.core.flops import hardware_flops_per_token, model_flops_per_token
 from bench.core.hardware import peak_tflops
-from bench.core.models import get_arch
 from bench.core.records import COLLECTIVE_TIMEOUT_ENV, Emitter
 from trainer.config import TrainArgs, parse_args
 from trainer.flight import dump_on_sigterm, write_dump
@@ -102,7 +101,7 @@ class Trainer:
     def __init__(self, args: TrainArgs, device: torch.device, emit: Emitter) -> None:
         self.args, self.spec, self.device, self.emit = args, args.spec, device, emit
         self.rank = dist.get_rank()
-        self.arch = get_arch(self.spec.model)
+        self.arch = self.spec.arch
         self.losses: list[float] = []
         self.step_times: list[float] = []
 

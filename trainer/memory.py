@@ -17,8 +17,10 @@ Where the measured step differs from the run on its GPUs (the planner's headroom
 - compile=true is measured eager: fake tensors are not compiled;
 - fp16_mixed runs without its loss scaler: unscaling works in place on the gradients, and the decision to
   skip a step reads a value, which a fake tensor does not have;
-- AdamW's state is created before the tracked step (one step on zero gradients), so the tracked step is a
-  steady one: the window the worker's own peak counters cover.
+- AdamW's state is created before the tracked step by a step of its own, so the tracked step is a steady
+  one: the window the worker's own peak counters cover. That first step is counted by torch's
+  FlopCounterMode (FLOPs per token, recompute included); counting the tracked step would change what the
+  tracker sees.
 """
 from __future__ import annotations
 
@@ -33,7 +35,6 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bench.core.models import get_arch
 from bench.core.records import format_record
 from bench.core.schema import RunSpec
 
@@ -46,6 +47,20 @@ CATEGORIES = {"Sharded Param": "params", "Unsharded Param": "params", "Buffer": 
               "Reduce Scatter": "temporaries", "Inputs": "temporaries"}
 # What CPUOffloadPolicy keeps in host memory: the sharded parameters, their gradients, AdamW's state.
 OFFLOADED = ("Sharded Param", "Sharded Grad", "OptState")
+
+
+def _count_cpu_attention() -> None:
+    """FlopCounterMode knows SDPA's GPU kernels; the measurement runs on the CPU, whose flash kernel it does
+    not know (and would count as 0). The same shapes do the same matmuls: count them as torch counts SDPA."""
+    from torch.utils import flop_counter as fc
+    aten = torch.ops.aten
+    if aten._scaled_dot_product_flash_attention_for_cpu in fc.flop_registry:
+        return
+    for cpu, gpu in ((aten._scaled_dot_product_flash_attention_for_cpu,
+                      aten._scaled_dot_product_flash_attention),
+                     (aten._scaled_dot_product_flash_attention_for_cpu_backward,
+                      aten._scaled_dot_product_flash_attention_backward)):
+        fc.register_flop_formula(cpu, get_raw=True)(fc.flop_registry[gpu])  # the GPU kernel's, as registered
 
 
 def _named(snapshot: dict[Any, int]) -> dict[str, int]:
@@ -92,13 +107,21 @@ def _categories(snapshot: dict[str, int], offloaded: bool) -> dict[str, float]:
     return out
 
 
-def _create_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """AdamW's state as a steady step finds it, from one step on zero gradients: cheaper than a whole
-    training step, and the state is all that step would leave behind."""
-    for param in model.parameters():
-        param.grad = torch.zeros_like(param)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+def counted_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 batch: dict[str, torch.Tensor]) -> tuple[int, int]:
+    """One training step under torch's FlopCounterMode: rank 0's (forward, backward) FLOPs, activation
+    checkpointing's recompute in the backward. It leaves AdamW's state behind, as a steady step finds it.
+    Never under the memory tracker: the counter's hooks change what the tracker sees (a 3x peak)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from trainer.parallel import backward_and_step
+    _count_cpu_attention()
+    counter = FlopCounterMode(display=False)
+    with counter:
+        loss = model(**batch).loss
+        forward = counter.get_total_flops()
+        backward_and_step(loss, optimizer, None)
+    return forward, counter.get_total_flops() - forward
 
 
 def track_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
@@ -120,13 +143,14 @@ def track_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
 
 
 def measure(spec: RunSpec) -> dict[str, Any]:
-    """One steady training step of the spec on fake tensors: rank 0's peak per GPU and on the host (GiB)."""
+    """One steady training step of the spec on fake tensors: rank 0's peak per GPU and on the host (GiB);
+    and the step before it, counted with FlopCounterMode: FLOPs per token (it costs no measurable time)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
 
     from trainer.data import synthetic_batch
     from trainer.parallel import build_optimizer, parallelize
-    arch, device, started = get_arch(spec.model), torch.device("cpu"), time.perf_counter()
+    arch, device, started = spec.arch, torch.device("cpu"), time.perf_counter()
     dist.init_process_group("fake", rank=0, world_size=spec.world_size, store=FakeStore())
     try:
         model = parallelize(replace(spec, compile=False), arch, device).model
@@ -134,15 +158,18 @@ def measure(spec: RunSpec) -> dict[str, Any]:
             model.to_empty(device=device)
             model.train()
             optimizer = build_optimizer(model, lr=1e-4)
-            _create_optimizer_state(model, optimizer)
             batch = synthetic_batch(vocab=arch.vocab, micro_batch=spec.micro_batch, seq_len=spec.seq_len,
                                     seed=spec.seed, dp_rank=0, step=0, device=device,
                                     encoder_decoder=arch.family == "t5")
+            forward, backward = counted_step(model, optimizer, batch)  # leaves AdamW's state behind
             peak = track_step(model, optimizer, batch, offloaded=spec.offload == "cpu")
     finally:
         dist.destroy_process_group()
+    tokens = spec.micro_batch * spec.seq_len  # rank 0's batch
+    # counted, not derived: model FLOPs are three forwards (a backward is two, recompute aside)
     return {"peak_gib": peak.device / GIB, "host_gib": peak.host / GIB,
             "categories": _categories(peak.snapshot, spec.offload == "cpu"),
+            "flops_per_token": 3 * forward / tokens, "hw_flops_per_token": (forward + backward) / tokens,
             "compile_measured_eager": spec.compile, "seconds": time.perf_counter() - started,
             "torch": torch.__version__}
 

@@ -1,4 +1,5 @@
-"""Hugging Face models from presets: built on the meta device, materialised after sharding.
+"""Hugging Face models from presets, or from the config a user brought (transformers' own class for its
+model_type, AutoModelForCausalLM): built on the meta device, materialised after sharding.
 
 Weights are random but deterministic per parameter name and seed, independent of how the parameter is
 sharded: every rank draws the full tensor for one parameter at a time on its device and keeps its own
@@ -7,11 +8,13 @@ host memory never holds more than one full parameter.
 """
 from __future__ import annotations
 
+import json
 import zlib
 
 import torch
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, T5Config, T5ForConditionalGeneration
+from transformers import (AutoConfig, AutoModelForCausalLM, LlamaConfig, PretrainedConfig, PreTrainedModel,
+                          T5Config, T5ForConditionalGeneration)
 
 from bench.core.models import ModelArch
 
@@ -33,9 +36,24 @@ def _attention(family: str, attn_impl: str) -> str:
     return CAUSAL_SDPA
 
 
-def hf_config(a: ModelArch, attn_impl: str = "sdpa") -> LlamaConfig | T5Config:
-    """The transformers config of a preset (random init; nothing is downloaded)."""
-    if a.family == "llama":
+# What a published config.json carries beyond the architecture: the checkpoint's provenance and dtype
+PROVENANCE = ("architectures", "_name_or_path", "transformers_version", "torch_dtype", "dtype", "model_type")
+
+
+def brought_config(config_json: str) -> PretrainedConfig:
+    """A user's config as transformers' class for its model_type reads it (defaults filled in)."""
+    fields = json.loads(config_json)
+    architecture = {k: v for k, v in fields.items() if k not in PROVENANCE}
+    return AutoConfig.for_model(fields["model_type"], **architecture)
+
+
+def hf_config(a: ModelArch, attn_impl: str = "sdpa") -> PretrainedConfig:
+    """The transformers config of a preset or of the config a user brought (random init; nothing is
+    downloaded)."""
+    if a.config_json:
+        cfg = brought_config(a.config_json)
+        cfg.use_cache = False
+    elif a.family == "llama":
         rope_scaling = ({"rope_type": "llama3", "factor": 8.0 if a.hidden > 3072 else 32.0,
                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                          "original_max_position_embeddings": 8192} if a.rope_llama3 else None)
@@ -55,26 +73,47 @@ def hf_config(a: ModelArch, attn_impl: str = "sdpa") -> LlamaConfig | T5Config:
 
 def build_meta_model(a: ModelArch, dtype: torch.dtype, attn_impl: str = "sdpa") -> PreTrainedModel:
     """The model with every parameter on the meta device (no memory), in `dtype`."""
-    cls = LlamaForCausalLM if a.family == "llama" else T5ForConditionalGeneration
+    cfg = hf_config(a, attn_impl)
     with torch.device("meta"):
-        model = cls(hf_config(a, attn_impl))
+        if a.family == "t5":
+            model = T5ForConditionalGeneration(cfg)
+        else:
+            try:
+                model = AutoModelForCausalLM.from_config(cfg, attn_implementation=cfg._attn_implementation)
+            except ValueError:  # a class SDPA cannot run as its config asks (Gemma 2's soft-capped logits)
+                model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    check_blocks(model)
     return model.to(dtype)
 
 
 def transformer_blocks(model: PreTrainedModel) -> list[tuple[nn.Module, str, int]]:
-    """(parent ModuleList, attribute path, index) of every transformer block, in forward order."""
-    if isinstance(model, LlamaForCausalLM):
-        stacks = [("model.layers", model.model.layers)]
-    else:
+    """(parent ModuleList, attribute path, index) of every transformer block, in forward order: a decoder's
+    `model.layers`, the modules of the class it names in `_no_split_modules` (what Accelerate and torchtitan
+    wrap per block; check_blocks)."""
+    if isinstance(model, T5ForConditionalGeneration):
         stacks = [("encoder.block", model.encoder.block), ("decoder.block", model.decoder.block)]
+    else:
+        stacks = [("model.layers", model.model.layers)]
     return [(blocks, path, i) for path, blocks in stacks for i in range(len(blocks))]
+
+
+def check_blocks(model: PreTrainedModel) -> None:
+    """The blocks found are the decoder-layer class the model names in `_no_split_modules` (before
+    activation checkpointing or compile wraps them): the unit FSDP shards, checkpointing wraps, compile
+    compiles."""
+    split = set(model._no_split_modules or ())
+    found = {type(parent[i]).__name__ for parent, _, i in transformer_blocks(model)}
+    if split and not found <= split:
+        raise TypeError(f"{type(model).__name__}'s blocks are {sorted(found)}, not its _no_split_modules "
+                        f"{sorted(split)}")
 
 
 def _init_value(name: str, shape: torch.Size, dtype: torch.dtype, device: torch.device,
                 seed: int) -> torch.Tensor:
     """Full initial value of one parameter, the same on every rank and under every sharding."""
-    if len(shape) == 1:
-        return torch.ones(shape, dtype=dtype, device=device)  # norm weights (the models have no biases)
+    if len(shape) == 1:  # norm weights 1, biases (Qwen2's q, k, v) 0
+        fill = torch.zeros if name.endswith(".bias") else torch.ones
+        return fill(shape, dtype=dtype, device=device)
     gen = torch.Generator(device=device)
     gen.manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
     out = torch.empty(shape, dtype=torch.float32, device=device)
@@ -112,16 +151,21 @@ def materialize(model: PreTrainedModel, device: torch.device, seed: int,
 
 
 def _rebuild_buffers(model: nn.Module, device: torch.device, names: set[str]) -> None:
-    """Recompute buffers that were created on meta (rotary inv_freq) by rebuilding their module."""
+    """Recompute buffers that were created on meta: by rebuilding their module where it takes the model
+    config (rotary inv_freq), else from the scalar the module keeps beside it (Gemma's embed_scale)."""
     done: set[str] = set()
     for mod_name, module in model.named_modules():
-        own = {f"{mod_name}.{b}" if mod_name else b for b, _ in module.named_buffers(recurse=False)}
-        if not own & names:
+        own = {b: f"{mod_name}.{b}" if mod_name else b for b, _ in module.named_buffers(recurse=False)}
+        if not set(own.values()) & names:
             continue
-        fresh = type(module)(module.config)  # rotary embeddings take the model config
-        for b, value in fresh.named_buffers(recurse=False):
+        if hasattr(module, "config"):  # rotary embeddings
+            fresh = dict(type(module)(module.config).named_buffers(recurse=False))
+        else:
+            fresh = {b: torch.tensor(getattr(module, f"scalar_{b}")) for b in own
+                     if hasattr(module, f"scalar_{b}")}
+        for b, value in fresh.items():
             module._buffers[b] = value.to(device)  # on the compute device, also when parameters are offloaded
-        done |= own
+            done.add(own[b])
     missing = names - done
     if missing:
         raise RuntimeError(f"buffers left uninitialised on meta: {sorted(missing)}")

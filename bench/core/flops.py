@@ -1,8 +1,9 @@
 """Model FLOPs (for MFU/HFU) and the state bytes per GPU (the planner's lower bound), from the architecture.
 
 FLOPs per token follow the convention torchtitan and llm-foundry share: 6*N + 12*L*H*Q*T, with N the
-parameters without the input embedding (every matmul weight, forward 2 and backward 4 FLOPs per
-parameter per token) and 12*L*H*Q*T the attention score and value matmuls (QK^T and AV, 2*T*Q each per
+parameters without the input embedding (every matmul weight, forward 2 and backward 4 FLOPs per parameter
+per token; of a mixture of experts, the router's top-k experts' weights: what one token computes with) and
+12*L*H*Q*T the attention score and value matmuls (QK^T and AV, 2*T*Q each per
 head forward, times 3 with backward). Causal masking is not discounted, as in that convention.
 """
 from __future__ import annotations
@@ -34,12 +35,13 @@ def _attention_layers(a: ModelArch) -> int:
 
 def model_flops_per_token(a: ModelArch, seq_len: int) -> float:
     """Training FLOPs per token (forward + backward), without recompute."""
-    return 6.0 * non_embedding_params(a) + 12.0 * _attention_layers(a) * a.heads * a.head_dim * seq_len
+    attention = 12.0 * _attention_layers(a) * a.heads * a.head_dim * seq_len
+    return 6.0 * non_embedding_params(a, active=True) + attention
 
 
 def _block_forward_flops_per_token(a: ModelArch, index: int, seq_len: int) -> float:
     attn_pairs = 2 if (a.family == "t5" and index >= a.layers) else 1
-    return 2.0 * block_params(a)[index] + 4.0 * attn_pairs * a.heads * a.head_dim * seq_len
+    return 2.0 * block_params(a, active=True)[index] + 4.0 * attn_pairs * a.heads * a.head_dim * seq_len
 
 
 def recompute_flops_per_token(a: ModelArch, seq_len: int, ac: str) -> float:

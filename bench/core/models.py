@@ -1,11 +1,17 @@
-"""Model presets: the architecture of every model the harness can train, as pure data.
+"""Model presets, and models a user brings as a Hugging Face config: the architecture as pure data.
 
 One table serves the planner (parameter counts, FLOPs, memory estimates; no torch) and the trainer
-(which turns a preset into a Hugging Face config). Dimensions are those of the published configs.
+(which turns a preset into a Hugging Face config, or builds the user's config as it is). Dimensions are
+those of the published configs.
 """
 from __future__ import annotations
 
+import functools
+import json
+import re
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -27,6 +33,12 @@ class ModelArch:
     rope_llama3: bool = False  # Llama 3.1/3.2 rope scaling
     t5_ff: str = "relu"  # T5: "relu" (2 matrices) or "gated-gelu" (3)
     published_params: int | None = None  # from the model card / safetensors index, for tests
+    # A model a user brings (bench.core.models.model_source): its Hugging Face config, as the worker builds it
+    config_json: str = ""  # canonical JSON; "" for a preset
+    qkv_bias: bool = False  # Qwen2: biases on the q, k and v projections
+    block_norms: int = 2  # RMSNorm weights per block (Gemma 2: 4, before and after attention and MLP)
+    experts: int = 0  # mixture of experts (Mixtral): experts per block; 0 = a dense MLP
+    experts_per_token: int = 0  # the router's top-k: the experts a token runs through
 
     @property
     def blocks(self) -> int:
@@ -77,10 +89,15 @@ def get_arch(name: str) -> ModelArch:
         raise ValueError(f"unknown model {name!r}; known: {', '.join(sorted(PRESETS))}") from None
 
 
-def _llama_block_params(a: ModelArch) -> int:
+def _llama_block_params(a: ModelArch, active: bool = False) -> int:
+    """A decoder block: attention, the gated MLP (of every expert, or of the top-k a token uses, and the
+    router), the norms."""
     attn = a.hidden * a.heads * a.head_dim * 2 + a.hidden * a.kv_heads * a.head_dim * 2
+    bias = (a.heads + 2 * a.kv_heads) * a.head_dim if a.qkv_bias else 0
     mlp = 3 * a.hidden * a.ffn
-    return attn + mlp + 2 * a.hidden  # two RMSNorm weights
+    if a.experts:
+        mlp = mlp * (a.experts_per_token if active else a.experts) + a.hidden * a.experts  # + router
+    return attn + bias + mlp + a.block_norms * a.hidden
 
 
 def _t5_block_params(a: ModelArch, decoder: bool) -> int:
@@ -91,10 +108,11 @@ def _t5_block_params(a: ModelArch, decoder: bool) -> int:
     return attn * (2 if decoder else 1) + mlp + norms
 
 
-def block_params(a: ModelArch) -> list[int]:
-    """Parameters of each transformer block, in model order."""
+def block_params(a: ModelArch, active: bool = False) -> list[int]:
+    """Parameters of each transformer block, in model order; active: those one token computes with (a
+    mixture of experts' top-k; a dense model's all)."""
     if a.family == "llama":
-        return [_llama_block_params(a)] * a.layers
+        return [_llama_block_params(a, active)] * a.layers
     return [_t5_block_params(a, False)] * a.layers + [_t5_block_params(a, True)] * a.layers
 
 
@@ -113,9 +131,111 @@ def count_params(a: ModelArch) -> int:
     return total
 
 
-def non_embedding_params(a: ModelArch) -> int:
-    """N of the 6N FLOPs rule: all parameters but the input embedding.
+def non_embedding_params(a: ModelArch, active: bool = False) -> int:
+    """N of the 6N FLOPs rule: all parameters but the input embedding; active: a mixture of experts'
+    parameters one token computes with (the router's top-k experts), which is what its FLOPs count.
 
     A tied output projection still does a matmul per token, so it is counted once as the lm_head.
     """
-    return count_params(a) - (0 if a.tie_embeddings else a.vocab * a.hidden)
+    inactive = sum(block_params(a)) - sum(block_params(a, active=True)) if active else 0
+    return count_params(a) - inactive - (0 if a.tie_embeddings else a.vocab * a.hidden)
+
+
+# ---------------------------------------------------------------- models a user brings
+
+MODELS_DIR = Path(__file__).resolve().parents[2] / "sweeps" / "model"  # a study's own model files
+DECODERS = {"llama", "mistral", "qwen2", "gemma2", "phi3", "mixtral"}  # counted exactly (tests: the cards)
+ENCODERS = {"bert", "roberta", "distilbert", "albert", "electra", "deberta", "deberta-v2", "xlm-roberta",
+            "mpnet", "modernbert", "camembert"}
+DEFAULT_TIED = {"gemma2"}  # model types whose configs tie the embeddings unless they say otherwise
+
+
+class ModelError(ValueError):
+    """A model reference that cannot be trained: one line, naming the reference and why."""
+
+
+def _name(ref: str, path: Path, cfg: dict[str, Any]) -> str:
+    """The model's name in labels and run dirs: a sweeps/model file's stem, else the config's
+    `_name_or_path` (its last part), else the directory of a config.json, else the file's stem."""
+    raw = (path.stem if path.parent == MODELS_DIR else str(cfg.get("_name_or_path") or "").rstrip("/")
+           .split("/")[-1] or (path.parent.name if path.name == "config.json" else path.stem))
+    return re.sub(r"[^A-Za-z0-9_.]+", "_", raw).strip("_.").lower() or "model"
+
+
+def _read_config(ref: str) -> tuple[Path, dict[str, Any]]:
+    """The file a reference names and its mapping: a path to a config.json (or its directory), or the name
+    of a file in sweeps/model/ (YAML or JSON)."""
+    import yaml  # a YAML document is also what json.loads reads, so both go through one parser
+    candidates = [Path(ref), Path(ref) / "config.json", MODELS_DIR / f"{ref}.yaml",
+                  MODELS_DIR / f"{ref}.json"]
+    path = next((c for c in candidates if c.is_file()), None)
+    if path is None:
+        hub = "/" in ref and not ref.startswith((".", "/")) and not ref.endswith(".json")
+        why = ("is not a file here; models are built from a local config.json, never downloaded: save the "
+               "model's config.json and give its path" if hub else
+               f"is neither a preset ({', '.join(sorted(PRESETS))}), a file in sweeps/model/, nor a "
+               "config.json path")
+        raise ModelError(f"model {ref!r} {why}")
+    try:
+        cfg = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
+    except (ValueError, yaml.YAMLError) as e:
+        raise ModelError(f"model {ref!r}: {path} is not valid {path.suffix[1:].upper() or 'YAML'} "
+                         f"({str(e).splitlines()[0]})") from None
+    if not isinstance(cfg, dict):
+        raise ModelError(f"model {ref!r}: {path} does not hold a mapping of config fields")
+    return path, cfg
+
+
+def _check_decoder(ref: str, cfg: dict[str, Any]) -> None:
+    kind = cfg.get("model_type")
+    if not kind:
+        raise ModelError(f"model {ref!r}: the config has no model_type (a Hugging Face config.json names it)")
+    if kind in ENCODERS or any(str(a).endswith(("ForMaskedLM", "ForSequenceClassification"))
+                               for a in cfg.get("architectures") or []):
+        raise ModelError(f"model {ref!r}: model_type {kind!r} is an encoder-only model; the harness trains "
+                         "decoder-only causal language models")
+    if cfg.get("is_encoder_decoder"):
+        raise ModelError(f"model {ref!r}: model_type {kind!r} is an encoder-decoder model; bring a "
+                         "decoder-only config (the T5 presets cover encoder-decoders)")
+    if cfg.get("auto_map"):
+        raise ModelError(f"model {ref!r}: the config needs the model's own code (auto_map); the harness builds "
+                         "transformers' classes only and runs no downloaded code")
+    if kind not in DECODERS:
+        raise ModelError(f"model {ref!r}: model_type {kind!r} is not a decoder architecture the harness "
+                         f"counts; known: {', '.join(sorted(DECODERS))}")
+    missing = [k for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                           "vocab_size") if not isinstance(cfg.get(k), int)]
+    if missing:
+        raise ModelError(f"model {ref!r}: the config lacks {', '.join(missing)}")
+
+
+@functools.cache
+def model_source(ref: str) -> tuple[str, str]:
+    """(name, canonical config JSON) of a model reference; a preset is (its name, ""). Raises ModelError."""
+    if ref in PRESETS:
+        return ref, ""
+    path, cfg = _read_config(ref)
+    _check_decoder(ref, cfg)
+    return _name(ref, path, cfg), json.dumps(cfg, sort_keys=True, separators=(",", ":"))
+
+
+@functools.cache
+def arch_from_config(name: str, config_json: str) -> ModelArch:
+    """The architecture of a decoder a user brought, from its Hugging Face config fields (defaults as
+    transformers' config classes set them)."""
+    c = json.loads(config_json)
+    kind, heads = c["model_type"], c["num_attention_heads"]
+    return ModelArch(
+        name=name, family="llama", hidden=c["hidden_size"], ffn=c["intermediate_size"],
+        layers=c["num_hidden_layers"], heads=heads, kv_heads=c.get("num_key_value_heads") or heads,
+        head_dim=c.get("head_dim") or c["hidden_size"] // heads, vocab=c["vocab_size"],
+        tie_embeddings=bool(c.get("tie_word_embeddings", kind in DEFAULT_TIED)),
+        max_seq_len=c.get("max_position_embeddings") or 2048, rope_theta=float(c.get("rope_theta", 10000.0)),
+        config_json=config_json, qkv_bias=kind == "qwen2", block_norms=4 if kind == "gemma2" else 2,
+        experts=c.get("num_local_experts", 0) if kind == "mixtral" else 0,
+        experts_per_token=c.get("num_experts_per_tok", 0) if kind == "mixtral" else 0)
+
+
+def arch_of(model: str, model_config: str = "") -> ModelArch:
+    """A run's architecture: its preset, or the config it carries (RunSpec.model, RunSpec.model_config)."""
+    return arch_from_config(model, model_config) if model_config else get_arch(model)

@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from bench.core.models import ModelArch, arch_of
+
 SCHEMA_VERSION = 1
 
 SHARDINGS = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
@@ -41,7 +43,9 @@ class RunSpec:
     """One run: every axis a flat typed field. Equal specs have equal run ids."""
 
     kind: str = "train"
-    model: str = "tiny_llama"
+    model: str = "tiny_llama"  # a preset, or the name of the model a user brought (model_config)
+    model_config: str = ""  # a brought model's Hugging Face config (canonical JSON): in the run id, so an
+    # edited config is a new run; the worker builds the model from it
     nodes: int = 1
     gpus_per_node: int = 1
     sharding: str = "FULL_SHARD"
@@ -92,6 +96,11 @@ class RunSpec:
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
 
+    @property
+    def arch(self) -> ModelArch:
+        """The architecture the run trains: its preset, or the config it carries."""
+        return arch_of(self.model, self.model_config)
+
     def canonical(self) -> str:
         """What the run id hashes. Fields added after a study may have started are left out at their
         default, so its runs keep their ids (and stay done) when the harness learns a new axis."""
@@ -122,10 +131,12 @@ class RunSpec:
         return {name: getattr(self, name) for name in SPEC_FIELDS}
 
     def to_argv(self) -> list[str]:
-        """Worker command-line arguments that reproduce this spec (`--model tiny_llama ...`)."""
+        """Worker command-line arguments that reproduce this spec (`--model tiny_llama ...`); a preset's
+        empty model_config is left out (its default)."""
         argv: list[str] = []
         for f in fields(self):
-            argv += [f"--{f.name.replace('_', '-')}", str(getattr(self, f.name))]
+            if not (f.name == "model_config" and not self.model_config):
+                argv += [f"--{f.name.replace('_', '-')}", str(getattr(self, f.name))]
         return argv
 
     @classmethod
@@ -138,7 +149,7 @@ class RunSpec:
 SPEC_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RunSpec))
 # Fields added after schema v1 began, at their defaults: left out of run ids, and of reports that never
 # varied them.
-ADDED_DEFAULTS = {"compile": False, "offload": "none"}
+ADDED_DEFAULTS = {"compile": False, "offload": "none", "model_config": ""}
 
 
 def _flag(text: str) -> bool:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.core.hardware import GpuSpec, compute_dtype
-from bench.core.models import ModelArch, get_arch
+from bench.core.models import ModelArch
 from bench.core.schema import RunSpec, RunSummary
 from bench.predict.perf import CALIBRATION, Calibration, Network, Predictor, predict, probes_of
 
@@ -221,7 +221,7 @@ def observations(predictor: Predictor, summaries: Iterable[RunSummary]) -> list[
         if where is None or (s.device_name == "cpu") != (where[0].family == "cpu"):
             continue
         try:
-            arch = get_arch(spec.model)
+            arch = spec.arch
         except (KeyError, ValueError):
             continue
         out.append(Observation(s.run_id, spec, where[0], where[1], arch, float(s.tokens_per_s_per_gpu)))

@@ -38,7 +38,7 @@ from typing import Any, TextIO
 
 from bench.config import SweepConfig
 from bench.core.flops import GIB, shard_size, state_bytes_per_param
-from bench.core.models import count_params, get_arch
+from bench.core.models import count_params
 from bench.core.records import parse_records
 from bench.core.schema import RunSpec
 from bench.launchers.base import PROJECT_ROOT, die_with_parent
@@ -74,6 +74,8 @@ class MemoryFigure:
     source: str  # "measured" (fake tensors) or "lower bound"
     note: str | None = None  # why not measured, where it was not
     categories: dict[str, float] = field(default_factory=dict)  # measured: GiB per tracker category
+    flops_per_token: float | None = None  # measured: model FLOPs the same step counted (FlopCounterMode)
+    hw_flops_per_token: float | None = None  # measured: ... with activation checkpointing's recompute
 
     def need_gib(self, spec: RunSpec) -> float:
         """Per GPU, with the headroom: what the run needs of the GPU's memory."""
@@ -83,7 +85,7 @@ class MemoryFigure:
 
 def states_gib(spec: RunSpec) -> float:
     """Per GPU, the sharded parameters, gradients and AdamW state: what any step's peak holds at least."""
-    params = count_params(get_arch(spec.model))
+    params = count_params(spec.arch)
     return params * state_bytes_per_param(spec.precision) / shard_size(spec.sharding, spec.nodes,
                                                                          spec.gpus_per_node) / GIB
 
@@ -97,6 +99,8 @@ def lower_bound(spec: RunSpec, note: str) -> MemoryFigure:
 
 def memory_key(spec: RunSpec) -> str:
     fields = {name: getattr(spec, name) for name in MEMORY_FIELDS}
+    if spec.model_config:  # a brought model's config (presets keep the keys their caches were written under)
+        fields["model_config"] = spec.model_config
     return hashlib.sha256(json.dumps([fields, fingerprint()], sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -176,7 +180,7 @@ class MemoryPlanner:
         workers = min(self.cfg.memory.workers, len(todo))
         print(f"memory: measuring {len(todo)} configuration(s) on fake tensors with {workers} process(es), "
               f"cached in {self.dir}", file=self.out, flush=True)
-        biggest_first = sorted(todo.values(), key=lambda s: -count_params(get_arch(s.model)) * s.world_size)
+        biggest_first = sorted(todo.values(), key=lambda s: -count_params(s.arch) * s.world_size)
         for done, (spec, result) in enumerate(measure_in_workers(biggest_first, workers,
                                                                  self.cfg.memory.timeout_s), 1):
             key = memory_key(spec)
@@ -197,13 +201,20 @@ class MemoryPlanner:
 def _cache_entry(spec: RunSpec, result: dict[str, Any]) -> dict[str, Any]:
     return {"configuration": {name: getattr(spec, name) for name in MEMORY_FIELDS},
             "fingerprint": fingerprint(),
-            **{k: result[k] for k in ("peak_gib", "host_gib", "categories", "seconds", "torch")}}
+            **{k: result.get(k) for k in ("peak_gib", "host_gib", "categories", "seconds", "torch",
+                                          "flops_per_token", "hw_flops_per_token")}}
+
+
+MOE_NOTE = ("routed experts' activations are not measured (routing reads values fake tensors do not have): "
+            "the peak is low by what a token's top-k experts hold")
 
 
 def _figure(spec: RunSpec, data: dict[str, Any]) -> MemoryFigure:
-    note = "compile measured eager" if spec.compile else None
+    notes = ["compile measured eager"] * spec.compile + [MOE_NOTE] * bool(spec.arch.experts)
+    note = "; ".join(notes) or None
     return MemoryFigure(float(data["peak_gib"]), float(data["host_gib"]), "measured", note,
-                        {k: float(v) for k, v in data["categories"].items()})
+                        {k: float(v) for k, v in data["categories"].items()},
+                        data.get("flops_per_token"), data.get("hw_flops_per_token"))
 
 
 class _Worker:

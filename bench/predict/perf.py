@@ -22,9 +22,9 @@ One training step per GPU is modelled as
 compile=true keeps a fraction of the elementwise traffic (inductor fuses a block's elementwise operators);
 fp8_tensorwise runs the block linears at the FP8 peak and gathers their weights in one byte (torchao's
 float8 all-gather). The calibrated constants (CALIBRATION: one per GPU family, three shared) were fitted
-to published FSDP throughput rows, each cited in bench/predict/published.py; `python benchmarks/perf_model.py`
-fits them again and prints every row's error, with llm-foundry's table held out as a check. Everything else is a datasheet figure or a
-measured nccl-tests output (bench/core/hardware.py).
+to published FSDP throughput rows, each cited in bench/predict/published.py; `python
+benchmarks/perf_model.py` fits them again and prints every row's error, with llm-foundry's table held out
+as a check. Everything else is a datasheet figure or a measured nccl-tests output (bench/core/hardware.py).
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 from bench.core.flops import COMPUTE_BYTES, REDUCE_BYTES, hardware_flops_per_token, model_flops_per_token
 from bench.core.hardware import GPUS, INSTANCES, GpuSpec, compute_dtype, gpu_spec
-from bench.core.models import ModelArch, block_params, count_params, get_arch
+from bench.core.models import ModelArch, block_params, count_params
 from bench.core.schema import RunSpec, RunSummary
 
 
@@ -114,7 +114,7 @@ class Collective:
 
 def float8_params(arch: ModelArch) -> int:
     """Parameters of the linears torchao converts: every block's matmul weights (norm weights excluded)."""
-    norms = 2 * arch.hidden if arch.family == "llama" else 3 * arch.hidden
+    norms = arch.block_norms * arch.hidden if arch.family == "llama" else 3 * arch.hidden
     return sum(block_params(arch)) - norms * arch.blocks
 
 
@@ -181,7 +181,7 @@ class Prediction:
 
     @property
     def interval(self) -> tuple[float, float] | None:
-        """tokens/s/GPU low and high: from the study's calibration residuals (none for published constants)."""
+        """tokens/s/GPU low and high, from the study's calibration residuals (none: published constants)."""
         if self.spread is None:
             return None
         return (self.tokens_per_s_per_gpu * math.exp(-self.spread),
@@ -234,7 +234,7 @@ def predict(spec: RunSpec, gpu: GpuSpec, network: Network, arch: ModelArch | Non
             cal: Calibration = CALIBRATION) -> Prediction:
     """The model for one run on a GPU (or this machine's CPU) and node network; arch defaults to the spec's
     preset."""
-    arch = arch or get_arch(spec.model)
+    arch = arch or spec.arch
     efficiency = cal.efficiency(gpu.family, compute_dtype(spec.precision))
     if gpu.family == "cpu":  # every rank of a local study on this machine's cores: each gets its share
         share = cpu_share(spec.world_size, cal.capacity())
