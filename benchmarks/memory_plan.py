@@ -13,6 +13,7 @@ benchmarks/memory_plan.py`.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -39,6 +40,24 @@ def plan_seconds(cache: Path, *extra: str, sweep: str = "p5_scaling") -> float:
                         f"results_root={results}", f"memory.cache_dir={cache}", *extra], cwd=ROOT, check=True,
                        stdout=subprocess.DEVNULL)
         return time.perf_counter() - started
+
+
+BROUGHT = {False: str(ROOT / "bench/core/testdata/hf/mistral_7b_v0.1/config.json"), True: "tiny_mistral"}
+
+
+def flop_count_cost(sweep: str, model: str) -> None:
+    """A brought model's plan counts its FLOPs on fake tensors (trainer.memory.counted_step): what that
+    adds to each cold measurement, and to a cached plan (nothing: the count is cached with the peak)."""
+    cache = Path(tempfile.mkdtemp(prefix="fsdpbench-memory-"))
+    cold = plan_seconds(cache, f"axes.model=[{model}]", sweep=sweep)
+    cached = plan_seconds(cache, f"axes.model=[{model}]", sweep=sweep)
+    entries = [json.loads(p.read_text()) for p in (cache / "memory").glob("*.json")]
+    if not entries or any(e.get("count_s") is None for e in entries):
+        sys.exit(f"planning {sweep} with {model} counted no FLOPs")
+    counting, measuring = (sum(e[k] for e in entries) for k in ("count_s", "seconds"))
+    print(f"{sweep} with a brought model ({Path(model).parent.name or model}): {len(entries)} configurations, "
+          f"the FLOP count {counting:.1f} s of {measuring:.1f} s measuring ({counting / measuring:.0%}); "
+          f"plan {cold:.1f} s cold, {cached:.1f} s cached")
 
 
 def compare(sweep: str, cache: Path) -> list[float]:
@@ -77,6 +96,7 @@ def main() -> None:
     off = plan_seconds(cache, "memory.measure=false", sweep=sweeps[0])
     print(f"planning {sweeps[0]} --dry-run: {cold:.1f} s cold (measuring), {cached:.1f} s cached, "
           f"{off:.1f} s with memory.measure=false")
+    flop_count_cost(sweeps[0], BROUGHT[args.quick])
     everything = []
     for sweep in sweeps:
         errors = compare(sweep, cache)

@@ -68,6 +68,7 @@ def test_perf_model_prints_every_section() -> None:
 def test_memory_plan_measures_the_smoke_configurations() -> None:
     out = quick("memory_plan.py")
     assert _figure(r"planning smoke --dry-run: ([\d.]+) s cold", out) > 0
+    assert _figure(r"the FLOP count ([\d.]+) s of", out) > 0
     assert _figure(r"all 1: (\d+) configurations measured", out) >= 10
 
 

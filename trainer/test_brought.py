@@ -44,7 +44,7 @@ def test_flops_counted_on_fake_tensors_equal_the_analytic_count(ref: str, ac: st
     from trainer.memory import measure
     seq = 128 if ref.endswith("t5") else 256
     spec = _spec(ref, nodes=1, gpus_per_node=2, micro_batch=1, seq_len=seq, activation_checkpointing=ac)
-    measured = measure(spec)
+    measured = measure(spec, count_flops=True)
     assert measured["flops_per_token"] == pytest.approx(model_flops_per_token(spec.arch, seq), rel=0.01)
     hardware = hardware_flops_per_token(spec.arch, seq, ac)
     assert hardware <= measured["hw_flops_per_token"] < 1.05 * hardware

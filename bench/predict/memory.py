@@ -202,7 +202,7 @@ def _cache_entry(spec: RunSpec, result: dict[str, Any]) -> dict[str, Any]:
     return {"configuration": {name: getattr(spec, name) for name in MEMORY_FIELDS},
             "fingerprint": fingerprint(),
             **{k: result.get(k) for k in ("peak_gib", "host_gib", "categories", "seconds", "torch",
-                                          "flops_per_token", "hw_flops_per_token")}}
+                                          "flops_per_token", "hw_flops_per_token", "count_s")}}
 
 
 MOE_NOTE = ("routed experts' activations are not measured (routing reads values fake tensors do not have): "
