@@ -22,7 +22,7 @@ from analysis.parity import departures, loss_parity
 from analysis.predicted import (extrapolation_sentence, extrapolation_table, largest_miss, memory_notes, memory_table,
                                 throughput_table)
 from analysis.scaling import (ablation, aggregate, headline, missing_baselines, nccl_sizes, nccl_summary,
-                              probe_sentences, status_table)
+                              probe_sentences, restart_notes, status_table)
 from bench.core.schema import ADDED_DEFAULTS
 
 DEFINITIONS = """\
@@ -263,7 +263,8 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
             charts[name] = title
     cpu = frame["device_name"].fillna("").eq("cpu").any()
     notes = (loaded.notes + missing_baselines(agg) + departures(parity) + memory_notes(memory)
-             + largest_miss(predicted, cpu) + extrapolation_sentence(extrapolated) + unreadable)
+             + largest_miss(predicted, cpu) + extrapolation_sentence(extrapolated) + restart_notes(frame)
+             + unreadable)
     if not one_rank.empty:
         notes.append(f"{len(one_rank)} one-rank all-reduce probe(s) measured no network (bus bandwidth is 0 "
                      "by definition on one rank): left out of the EFA table, kept in nccl.csv")

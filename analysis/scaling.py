@@ -257,3 +257,25 @@ def status_table(frame: pd.DataFrame) -> pd.DataFrame:
     bad = frame[frame["status"] != "ok"][cols].copy()
     bad["error"] = bad["error"].fillna("").astype(str).str.slice(0, 200)
     return bad.sort_values(["status", "sweep", "model", "nodes"], ignore_index=True)
+
+
+def restart_notes(frame: pd.DataFrame) -> list[str]:
+    """One sentence per study whose runs started again after they began (a Slurm job requeued after
+    NODE_FAIL, a torchrun restart): how many runs, how many restarts, which nodes Slurm held failed, and the
+    wall time from each run's first start to its last, which the restarts cost."""
+    if "restarts" not in frame.columns:
+        return []
+    notes = []
+    for sweep, runs in frame[pd.to_numeric(frame["restarts"], errors="coerce") > 0].groupby("sweep"):
+        nodes: dict[str, str] = {}
+        for extra in runs["extra"].dropna():
+            for run in json.loads(extra).get("executions", []):
+                nodes.update(run.get("failed_nodes") or {})
+        lost_s = pd.to_numeric(runs["restart_lost_s"], errors="coerce")
+        lost, node_hours = lost_s.sum(), (lost_s * runs["nodes"]).sum() / 3600
+        where = "; ".join(f"{node} ({why})" for node, why in sorted(nodes.items())) or "no node named"
+        restarts = int(pd.to_numeric(runs["restarts"]).sum())
+        notes.append(f"{sweep}: {len(runs)} run(s) restarted {restarts} time(s) after they began (failed nodes: {where}), costing {lost / 60:.1f} min of wall time and "
+                     f"{node_hours:.2f} node-hours before their last start; each execution is in the run's "
+                     "ledger.json and summary")
+    return notes

@@ -1,6 +1,7 @@
 """From run dirs to RunSummaries and the results table (one row per run, failed and infeasible too)."""
 from __future__ import annotations
 
+import datetime as dt
 import io
 import subprocess
 import sys
@@ -22,6 +23,29 @@ _EXTRA_KEYS = ("losses", "step_times_s", "per_rank", "sizes", "transport", "tran
                "network_measurement", "groups", "nccl_tests_version",
                "ranks", "failed_step", "mfu_note", "nvml_available", "nvml_reason", "source",
                "backend")
+
+
+def _restarts(summary: RunSummary, outcome: Outcome, metas: list[dict[str, Any]]) -> None:
+    """What started the run again: the scheduler's executions (a requeued Slurm job), torchrun's restart
+    count (TORCHELASTIC_RESTART_COUNT in each worker's meta record). Left None where nothing can tell."""
+    torchrun = max((int(m.get("restart_count") or 0) for m in metas), default=0)
+    if torchrun:
+        summary.extra["torchrun_restarts"] = torchrun
+    if outcome.executions:
+        summary.extra["executions"] = outcome.executions
+    if not outcome.executions and not metas:
+        return
+    summary.restarts = max(len(outcome.executions) - 1, 0) + torchrun
+    starts = [_when(e.get("start")) for e in outcome.executions]
+    if len(starts) > 1 and None not in starts:
+        summary.restart_lost_s = (starts[-1] - starts[0]).total_seconds()  # type: ignore[operator]
+
+
+def _when(text: str | None) -> dt.datetime | None:
+    try:
+        return dt.datetime.fromisoformat(text) if text else None
+    except ValueError:  # "Unknown", "None": Slurm's words for a time it does not have
+        return None
 
 
 def log_tail(run_dir_: Path) -> str:
@@ -62,6 +86,7 @@ def summarize_run(spec: RunSpec, sweep: str, run_dir_: Path, outcome: Outcome, *
         if source.get(key) is not None:
             setattr(summary, f"nccl_{key}", source[key])
     summary.extra = {k: source[k] for k in _EXTRA_KEYS if k in source}
+    _restarts(summary, outcome, metas)
     nccl = source.get("nccl_version") or (metas[0].get("nccl") if metas else None)  # probe, or a GPU worker
     if nccl:
         summary.extra["nccl_version"] = nccl

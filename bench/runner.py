@@ -232,7 +232,8 @@ def _attempt(sweep: _Sweep, planned: PlannedRun, rd: Path) -> RunSteps:
     finally:
         if handle is not None:
             _cleanup(launcher, handle, rd, attempt)
-    rundir.record_attempt(rd, attempt=attempt, ended_at=_now())
+    rundir.record_attempt(rd, attempt=attempt, ended_at=_now(),
+                          **({"executions": outcome.executions} if outcome.executions else {}))
     summary = summarize_run(spec, cfg.sweep_name, ad, outcome, predicted=planned.predicted(),
                             git_rev=sweep.rev, started_at=started)
     summary.run_dir, summary.attempt = str(rd), attempt

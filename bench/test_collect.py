@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
+
 from bench.collect import summarize_run
 from bench.core.records import RECORDS_DIR, format_record
 from bench.core.schema import RunSpec
@@ -30,3 +32,24 @@ def test_a_gpu_workers_nccl_version_reaches_the_summary(tmp_path: Path) -> None:
 def test_a_cpu_worker_has_no_nccl_version(tmp_path: Path) -> None:
     summary = _summary(tmp_path, {"torch": "2.13.0+cpu", "device_name": "cpu"})
     assert "nccl_version" not in summary.extra
+
+
+def test_a_requeued_jobs_executions_are_counted_with_the_time_they_cost(tmp_path: Path) -> None:
+    spec = RunSpec(model="tiny_llama", nodes=2, gpus_per_node=2, micro_batch=2, seq_len=128)
+    (tmp_path / RECORDS_DIR).mkdir()
+    (tmp_path / RECORDS_DIR / "rank0.jsonl").write_text(format_record(
+        "summary", status="ok", tokens_per_s=2000.0, tokens_per_s_per_gpu=500.0, step_time_s=0.5) + "\n")
+    runs = [{"state": "NODE_FAIL", "nodes": "node[1-2]", "start": "2026-11-25T10:17:20",
+             "end": "2026-11-25T10:17:21", "failed_nodes": {"node2": "down: bad DIMM"}},
+            {"state": "COMPLETED", "nodes": "node[1,3]", "start": "2026-11-25T10:19:23",
+             "end": "2026-11-25T10:19:43"}]
+    summary = summarize_run(spec, "smoke", tmp_path, Outcome(returncodes=[0], executions=runs), predicted={},
+                            git_rev=None, started_at="2026-11-25T10:17:00+00:00")
+    assert summary.status == "ok" and summary.restarts == 1 and summary.restart_lost_s == 123.0
+    assert summary.extra["executions"] == runs
+    from analysis.scaling import restart_notes
+    frame = pd.DataFrame([{**summary.to_row(), "sweep": "smoke"}])
+    (note,) = restart_notes(frame)
+    assert "1 run(s) restarted 1 time(s)" in note and "node2 (down: bad DIMM)" in note
+    assert "2.0 min of wall time and 0.07 node-hours" in note
+    assert restart_notes(frame.assign(restarts=0)) == []

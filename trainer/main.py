@@ -67,7 +67,9 @@ def _is_oom(e: BaseException) -> bool:
 def _versions(device: torch.device) -> dict[str, Any]:
     import transformers
     info: dict[str, Any] = {"torch": torch.__version__, "transformers": transformers.__version__,
-                            "python": platform.python_version(), "host": socket.gethostname()}
+                            "python": platform.python_version(), "host": socket.gethostname(),
+                            # torchrun's elastic restarts of this worker (0 unless --max-restarts allows some)
+                            "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))}
     if device.type == "cuda":
         info["cuda"] = torch.version.cuda
         info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))

@@ -233,6 +233,11 @@ class RunSummary:
     wall_s: float | None = None  # run time, from when the job really started
     queue_s: float | None = None  # time pending in the scheduler's queue
     attempt: int | None = None  # which attempt of the run this summary comes from (run ledger)
+    # Times the run started again after it began, within one attempt: a Slurm requeue (NODE_FAIL), a pod
+    # restart, a torchrun elastic restart (each in extra["executions"] / extra["torchrun_restarts"]); and the
+    # wall time from its first start to its last, which they cost
+    restarts: int | None = None
+    restart_lost_s: float | None = None
     nccl_busbw_avg_gbs: float | None = None
     nccl_busbw_max_gbs: float | None = None
     nccl_algbw_max_gbs: float | None = None

@@ -54,6 +54,9 @@ class Outcome:
     detail: str | None = None  # scheduler's reason text (OOMKilled, NodeFail ...)
     wall_s: float | None = None  # from when the job really started running
     queue_s: float | None = None  # time spent pending in the scheduler's queue
+    # Each time the scheduler ran the job, oldest first, where it can tell (a Slurm job requeued after
+    # NODE_FAIL runs again under its id): state, nodes, start, end (ISO), and the nodes that failed
+    executions: list[dict[str, Any]] = field(default_factory=list)
 
 
 PENDING, RUNNING, DONE = "pending", "running", "done"

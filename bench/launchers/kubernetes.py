@@ -90,6 +90,32 @@ def exit_codes(pods: list[Any]) -> list[int | None]:
     return codes
 
 
+def _restart(pod: Any, terminated: Any) -> dict[str, Any]:
+    """One earlier run of a pod's worker container: its node, and what ended it where Kubernetes kept it."""
+    node = getattr(pod.spec, "node_name", None) or "?"
+    reason = terminated.reason if terminated else "restarted"
+    return {"state": f"pod restart ({reason})", "nodes": node,
+            "start": str(terminated.started_at) if terminated else None,
+            "end": str(terminated.finished_at) if terminated else None,
+            "failed_nodes": {node: f"{pod.metadata.name}: {reason}"}}
+
+
+def pod_executions(pods: list[Any], final: str) -> list[dict[str, Any]]:
+    """A worker container that Kubernetes restarted ran more than once (restartPolicy Never forbids it,
+    a user's policy may not): one entry per restart (only the last termination is kept by Kubernetes),
+    then the final execution; [] when nothing restarted."""
+    earlier = []
+    for pod in pods:
+        for cs in pod.status.container_statuses or []:
+            last = cs.last_state.terminated if cs.last_state else None
+            earlier += [_restart(pod, last if i == cs.restart_count - 1 else None)
+                        for i in range(cs.restart_count or 0)]
+    if not earlier:
+        return []
+    nodes = ",".join(sorted({getattr(p.spec, "node_name", None) or "?" for p in pods}))
+    return [*earlier, {"state": final, "nodes": nodes}]
+
+
 class KubernetesLauncher:
     name = "kubernetes"
 
@@ -238,7 +264,8 @@ class KubernetesLauncher:
 
     def _done(self, handle: K8sHandle, state: str | None, detail: str) -> Poll:
         return Poll(DONE, outcome=Outcome(returncodes=exit_codes(handle.pods), scheduler_state=state,
-                                          detail=detail))
+                                          detail=detail,
+                                          executions=pod_executions(handle.pods, state or "Succeeded")))
 
     def logs(self, handle: K8sHandle, run_dir: Path) -> None:
         """Save every pod's log into the run dir (before cleanup deletes the job, and the logs with it)."""

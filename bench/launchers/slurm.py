@@ -13,7 +13,7 @@ import shlex
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -196,7 +196,12 @@ def render_script(cfg: SweepConfig, spec: RunSpec, run_dir: Path, env: dict[str,
 class SlurmHandle:
     job_id: str
     run_dir: Path
+    nodes: str | None = None  # the node list while the job runs
+    failing: dict[str, str] = field(default_factory=dict)  # nodes that left the running job, as Slurm said
+    failed: list[dict[str, str]] = field(default_factory=list)  # per requeue: the nodes down, and why
 
+
+DOWN_STATES = ("down", "drain", "fail", "no_respond", "not_responding")  # sinfo's %T, any suffix
 
 class SlurmLauncher:
     name = "slurm"
@@ -257,10 +262,77 @@ class SlurmLauncher:
 
     def _queue_state(self, job_id: str) -> tuple[str | None, str | None]:
         """(state, reason) while the job is in the queue, (None, None) once it has left."""
-        proc = self._run(["squeue", "-h", "-j", job_id, "-o", "%T|%r"], check=False)
+        state, reason, _ = self._queue(job_id)
+        return state, reason
+
+    def _queue(self, job_id: str) -> tuple[str | None, str | None, str | None]:
+        """(state, reason, node list) while the job is in the queue, Nones once it has left."""
+        proc = self._run(["squeue", "-h", "-j", job_id, "-o", "%T|%r|%N"], check=False)
         line = proc.stdout.strip().split("\n")[0] if proc.returncode == 0 else ""
-        state, _, reason = line.partition("|")
-        return (state or None), (reason or None)
+        state, reason, nodes = (line.split("|") + ["", ""])[:3]
+        return state or None, reason or None, nodes or None
+
+    def down_nodes(self, nodes: str) -> dict[str, str]:
+        """The nodes of a node list Slurm holds down, drained or failed, each with Slurm's reason."""
+        proc = self._run(["sinfo", "-h", "-N", "-n", nodes, "-o", "%N|%T|%E"], check=False)
+        out = {}
+        for line in proc.stdout.splitlines() if proc.returncode == 0 else []:
+            node, state, reason = (line.split("|") + ["", ""])[:3]
+            if state.lower().startswith(DOWN_STATES):
+                out[node] = f"{state}: {reason}" if reason and reason != "none" else state
+        return out
+
+    def executions(self, handle: SlurmHandle) -> list[dict[str, Any]]:
+        """Every time Slurm ran the job (a requeue keeps its id): sacct's duplicates where accounting runs,
+        else the job-completion log; each NODE_FAIL one with the nodes seen down when it was requeued."""
+        proc = self._run(["sacct", "-n", "-D", "-X", "-P", "-j", handle.job_id, "-o",
+                          "State,NodeList,Start,End,ExitCode"], check=False)
+        runs = [dict(zip(("state", "nodes", "start", "end", "exit_code"), line.split("|")))
+                for line in proc.stdout.splitlines()] if proc.returncode == 0 else []
+        runs = runs or self._jobcomp_runs(handle.job_id)
+        failed, logged = iter(handle.failed), self._logged_failures(handle.job_id)
+        for run in runs:
+            run["state"] = run["state"].split()[0] if run.get("state") else run.get("state")
+            if run["state"] not in ("NODE_FAIL", "REQUEUED", "PREEMPTED"):
+                continue
+            seen = next(failed, None) or {node: why for when, node, why in logged
+                                          if run.get("start") and when >= run["start"][:19]
+                                          and when <= (run.get("end") or "9")[:19] + "~"}
+            if seen:
+                run["failed_nodes"] = seen
+        return runs
+
+    def _logged_failures(self, job_id: str) -> list[tuple[str, str, str]]:
+        """(time, node, reason) of the controller log's "requeue job JobId=N due to failure of node X" lines,
+        where this machine can read the log (the test cluster; a real one keeps it on the controller: there
+        the node is the one seen down when the job left its node list, or sacctmgr's events name it)."""
+        proc = self._run(["scontrol", "show", "config"], check=False)
+        where = re.search(r"^SlurmctldLogFile\s*=\s*(\S+)", proc.stdout, re.M)
+        try:
+            lines = Path(where.group(1)).read_text(errors="replace").splitlines() if where else []
+        except OSError:
+            return []
+        reasons, out = {}, []
+        for line in lines:
+            if m := re.match(r"\[(\S+)\] update_node: node (\S+) reason set to: (.*)", line):
+                reasons[m.group(2)] = m.group(3)
+            elif m := re.match(rf"\[(\S+)\] requeue job JobId={job_id} due to failure of node (\S+)", line):
+                out.append((m.group(1)[:19], m.group(2), f"down: {reasons.get(m.group(2), 'no reason given')}"))
+        return out
+
+    def _jobcomp_runs(self, job_id: str) -> list[dict[str, Any]]:
+        keys = {"JobState": "state", "NodeList": "nodes", "StartTime": "start", "EndTime": "end",
+                "ExitCode": "exit_code"}
+        return [{new: fields.get(old) for old, new in keys.items()} for line in self._jobcomp_lines(job_id)
+                for fields in [dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", line))]]
+
+    def _jobcomp_lines(self, job_id: str) -> list[str]:
+        """The job-completion log's lines of a job (jobcomp/filetxt: one per execution), oldest first."""
+        proc = self._run(["scontrol", "show", "config"], check=False)
+        loc = re.search(r"^JobCompLoc\s*=\s*(\S+)", proc.stdout, re.M)
+        if not loc or not Path(loc.group(1)).is_file():
+            return []
+        return [ln for ln in Path(loc.group(1)).read_text().splitlines() if f"JobId={job_id} " in ln]
 
     def final_state(self, job_id: str) -> tuple[str | None, int | None, str | None]:
         """(JobState, exit code of the batch script, Reason) once the job has left the queue."""
@@ -274,22 +346,28 @@ class SlurmLauncher:
         return self._from_jobcomp(job_id)
 
     def _from_jobcomp(self, job_id: str) -> tuple[str | None, int | None, str | None]:
-        proc = self._run(["scontrol", "show", "config"], check=False)
-        loc = re.search(r"^JobCompLoc\s*=\s*(\S+)", proc.stdout, re.M)
-        if not loc or not Path(loc.group(1)).is_file():
-            return None, None, None
-        lines = [ln for ln in Path(loc.group(1)).read_text().splitlines() if f"JobId={job_id} " in ln]
+        lines = self._jobcomp_lines(job_id)
         return _parse_job_record(lines[-1]) if lines else (None, None, None)
 
     def poll(self, handle: SlurmHandle) -> Poll:
-        state, reason = self._queue_state(handle.job_id)
+        state, reason, nodes = self._queue(handle.job_id)
         if state in PENDING_STATES:
+            if handle.nodes:  # it ran, and is back in the queue: Slurm requeued it (NODE_FAIL, preemption)
+                handle.failed.append(handle.failing or self.down_nodes(handle.nodes))
+                handle.nodes, handle.failing = None, {}
             return Poll(PENDING, reason=f"Slurm {state} ({reason})" if reason else f"Slurm {state}")
         if state in RUNNING_STATES:
+            if handle.nodes and nodes != handle.nodes and not handle.failing:
+                # nodes left the job: a failed node drops out at once (the others complete), and Slurm may
+                # return it to service within a second: ask now which of the job's nodes it holds down
+                handle.failing = self.down_nodes(handle.nodes)
+            if state != "COMPLETING":
+                handle.nodes = nodes or handle.nodes
             return Poll(RUNNING)
         job_state, code, why = self.final_state(handle.job_id)
         return Poll(DONE, outcome=Outcome(returncodes=[code], scheduler_state=job_state,
-                                          detail=why and f"Slurm {job_state}: {why}"))
+                                          detail=why and f"Slurm {job_state}: {why}",
+                                          executions=self.executions(handle)))
 
     def logs(self, handle: SlurmHandle, run_dir: Path) -> None:
         """Nothing to fetch: sbatch --output writes into the run dir (shared file system)."""

@@ -135,11 +135,13 @@ def test_zero_efa_requests_no_adapters() -> None:
 # ---------------------------------------------------------------- control flow against a fake API
 
 
-def _pod(name: str, run_id: str, *, phase="Running", state=None, reason=None, conditions=None) -> V1Pod:
+def _pod(name: str, run_id: str, *, phase="Running", state=None, reason=None, conditions=None, restarts=0,
+         last_state=None, node=None) -> V1Pod:
     status = V1ContainerStatus(name="pytorch", image=IMAGE, image_id="", ready=phase == "Running",
-                               restart_count=0, state=state or V1ContainerState(running=V1ContainerStateRunning()))
+                               restart_count=restarts, last_state=last_state,
+                               state=state or V1ContainerState(running=V1ContainerStateRunning()))
     return V1Pod(metadata=V1ObjectMeta(name=name, labels={RUN_ID_LABEL: run_id}),
-                 spec=V1PodSpec(containers=[V1Container(name="pytorch")]),
+                 spec=V1PodSpec(containers=[V1Container(name="pytorch")], node_name=node),
                  status=V1PodStatus(phase=phase, reason=reason, container_statuses=[status], conditions=conditions))
 
 
@@ -182,8 +184,8 @@ class FakeKube:
         job = self.jobs[name]
         finished = self.polls > self.finish_after
         conditions = [{"type": "Running", "status": "True"}]
-        if finished and self.scenario in ("ok", "nccl", "rendezvous", "oomkilled"):
-            ok = self.scenario in ("ok", "nccl")
+        if finished and self.scenario in ("ok", "nccl", "rendezvous", "oomkilled", "restarted"):
+            ok = self.scenario in ("ok", "nccl", "restarted")
             conditions.append({"type": "Succeeded" if ok else "Failed", "status": "True",
                                "reason": "JobSucceeded" if ok else "JobFailed", "message": "job finished"})
         if finished and self.scenario == "deadline":
@@ -214,6 +216,12 @@ class FakeKube:
             return V1PodList(items=[_pod("w-0", run_id, phase="Failed", reason="Evicted", state=_terminated(137))])
         if s == "oomkilled" and finished:
             return V1PodList(items=[_pod("w-0", run_id, phase="Failed", state=_terminated(137, "OOMKilled"))])
+        if finished and s == "restarted":  # w-1's worker ran twice: its first run ended with an error
+            first = V1ContainerState(terminated=V1ContainerStateTerminated(
+                exit_code=1, reason="Error", started_at="2026-11-22T16:00:00Z", finished_at="2026-11-22T16:03:00Z"))
+            return V1PodList(items=[_pod("w-0", run_id, phase="Succeeded", state=_terminated(0), node="ip-a"),
+                                    _pod("w-1", run_id, phase="Succeeded", state=_terminated(0), node="ip-b",
+                                         restarts=1, last_state=first)])
         if finished and s in ("ok", "nccl"):
             return V1PodList(items=[_pod(f"w-{i}", run_id, phase="Succeeded", state=_terminated(0)) for i in range(2)])
         if finished and s == "rendezvous":
@@ -257,6 +265,18 @@ def test_success_records_come_from_pod_logs(tmp_path, shared_data) -> None:
     assert row.device_name == "NVIDIA H100 80GB HBM3"
     logs = list((tmp_path / "p5_scaling" / "runs").glob("*/attempt-1/logs/w-0-pytorch.log"))
     assert logs and "@@fsdpbench@@" in logs[0].read_text()
+
+
+def test_a_restarted_pod_is_on_the_record(tmp_path, shared_data) -> None:
+    """A worker container that ran twice (a restart policy other than the harness's Never): the summary and
+    the ledger carry its first run, on which node and why it ended."""
+    from bench import rundir
+    row, _ = run_one(tmp_path, shared_data, "restarted")
+    assert row.restarts == 1
+    d = next((tmp_path / "p5_scaling" / "runs").glob("*"))
+    first, final = rundir.read_ledger(d)[-1]["executions"]
+    assert first["state"] == "pod restart (Error)" and first["failed_nodes"] == {"ip-b": "w-1: Error"}
+    assert first["start"].startswith("2026-11-22 16:00") and final["nodes"] == "ip-a,ip-b"
 
 
 def test_mpijob_probe_parses_nccl_tests_from_the_launcher_log(tmp_path, shared_data) -> None:

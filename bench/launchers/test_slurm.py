@@ -318,3 +318,61 @@ def test_a_rerun_reattaches_to_the_job_a_killed_sweep_left_running(slurm_cluster
             and int(re.search(r"JobId=(\d+)", ln).group(1)) >= int(job_id)]  # earlier tests share the spec
     assert len(ours) == 1, ours  # one sbatch job for this run since the killed sweep submitted it
     assert "slept until" in next(d.glob("attempt-1/logs/slurm-*.log")).read_text()  # the job ran to its end
+
+
+# ---------------------------------------------------------------- a node that fails under a run
+
+def _squeue(job_filter: str) -> tuple[str, str] | None:
+    """(state, node list) of the sweep's running job, by a part of its name."""
+    out = subprocess.run(["squeue", "-h", "-o", "%j|%T|%N"], capture_output=True, text=True,
+                         env={**os.environ, "SLURM_CONF": SLURM_CONF}).stdout
+    rows = [line.split("|") for line in out.splitlines() if job_filter in line]
+    return (rows[0][1], rows[0][2]) if rows else None
+
+
+def _scontrol(*args: str, check: bool = True) -> None:
+    subprocess.run(["scontrol", *args], check=check, capture_output=True,
+                   env={**os.environ, "SLURM_CONF": SLURM_CONF})
+
+
+@pytest.mark.slurm
+@pytest.mark.slow  # a real cluster; Slurm holds a requeued job about two minutes before it runs again
+def test_a_node_that_fails_under_a_run_is_on_the_record(slurm_cluster, tmp_path) -> None:
+    """A node set DOWN while a 2-node run trains: Slurm ends the job NODE_FAIL and requeues it under the same
+    id, and it runs again to the end. The summary, the ledger and the report say so: two executions, the
+    first NODE_FAIL with the node that failed and Slurm's reason, one restart and the time it cost."""
+    import time
+
+    from bench import rundir
+    args = ["cluster=slurm_local", "launcher=slurm", "axes.nodes=[2]", "axes.sharding=[FULL_SHARD]",
+            "axes.activation_checkpointing=[none]", "axes.precision=[bf16_mixed]", "nccl.enabled=false",
+            "steps=40", "warmup_steps=1"]
+    sweep = subprocess.Popen([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={tmp_path}",
+                              *SMOKE_SHAPE, "launcher.poll_s=0.5", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    deadline, seen = time.monotonic() + 180, None
+    while seen is None or seen[0] != "RUNNING":
+        assert time.monotonic() < deadline and sweep.poll() is None, "the run never started"
+        time.sleep(0.5)
+        seen = _squeue("fsdpbench-tiny_llama-n2x2")
+    failed = seen[1].replace("node[", "node").split("-")[0].split(",")[0].rstrip("]")  # its first node
+    try:
+        _scontrol("update", f"nodename={failed}", "state=down", "reason=fsdpbench-test-failure")
+        time.sleep(3)  # the controller requeues the job and the sweep sees it back in the queue
+        _scontrol("update", f"nodename={failed}", "state=resume", check=False)  # may be back already
+        out, _ = sweep.communicate(timeout=600)
+    finally:
+        sweep.kill()
+    assert sweep.returncode == 0, out[-3000:]
+    d = next((tmp_path / "smoke" / "runs").iterdir())
+    summary = rundir.read_summary(d)
+    assert summary.status == "ok" and summary.restarts == 1 and summary.restart_lost_s > 60
+    first, last = summary.extra["executions"]
+    assert first["state"] == "NODE_FAIL" and last["state"] == "COMPLETED"
+    assert "fsdpbench-test-failure" in first["failed_nodes"][failed]
+    assert rundir.read_ledger(d)[-1]["executions"] == summary.extra["executions"]
+    report = subprocess.run([sys.executable, "-m", "analysis.report", str(tmp_path / "smoke")], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr[-2000:]
+    text = (tmp_path / "smoke" / "report" / "report.md").read_text()
+    assert "restarted" in text and failed in text
