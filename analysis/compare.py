@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.load import NoResults, load
-from analysis.report import markdown_table
+from analysis.render import markdown_table
 from analysis.scaling import CONFIG, aggregate, describe
 
 KEY = [c for c in CONFIG if c != "sweep"] + ["nodes"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import html
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from analysis.load import Loaded, NoResults, load
 from analysis.parity import departures, loss_parity
 from analysis.predicted import (extrapolation_sentence, extrapolation_table, largest_miss, memory_notes, memory_table,
                                 throughput_table)
+from analysis.render import markdown, page_html
 from analysis.scaling import (ablation, aggregate, headline, missing_baselines, nccl_sizes, nccl_summary,
                               probe_sentences, restart_notes, status_table)
 from bench.core.schema import ADDED_DEFAULTS
@@ -151,23 +151,6 @@ FIGURES = {
 }
 
 
-def _fmt(value: object) -> str:
-    if value is None or (isinstance(value, float) and pd.isna(value)):
-        return ""
-    if isinstance(value, float):
-        return f"{value:.4g}" if abs(value) < 1e5 else f"{value:,.0f}"
-    return str(value).replace("|", "\\|").replace("\n", " ")
-
-
-def markdown_table(frame: pd.DataFrame) -> str:
-    if frame.empty:
-        return "_none_\n"
-    header = "| " + " | ".join(map(str, frame.columns)) + " |"
-    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
-    body = ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in frame.itertuples(index=False)]
-    return "\n".join([header, rule, *body]) + "\n"
-
-
 def _present(frame: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
     keep = [c for c in columns if c in frame.columns and (frame[c].notna().any() or c in ("status",))
             and not (c in ADDED_DEFAULTS and (frame[c] == ADDED_DEFAULTS[c]).all())]  # never varied
@@ -274,8 +257,8 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
                      "(set cluster.price_per_hour in the sweep, or pass --price USD to the report)")
     sections = _sections(frame, tables, charts, notes, sentences)
     md = out / "report.md"
-    md.write_text(_markdown(sections))
-    (out / "report.html").write_text(_html(sections, out))
+    md.write_text(markdown(sections))
+    (out / "report.html").write_text(page_html(sections, out))
     return md
 
 
@@ -332,50 +315,6 @@ def _sections(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], charts: dict
             sections.append((title, ("chart", name)))
     sections += [("Definitions", DEFINITIONS), ("Provenance", provenance(frame))]
     return sections
-
-
-def _markdown(sections: list[tuple[str, object]]) -> str:
-    parts = ["# FSDP scaling report\n"]
-    for title, body in sections:
-        parts.append(f"## {title}\n")
-        if isinstance(body, pd.DataFrame):
-            parts.append(markdown_table(body))
-        elif isinstance(body, tuple):
-            parts.append(f"![{title}]({body[1]}.png)\n")
-        elif isinstance(body, list):
-            parts.append("\n".join(f"- {line}" for line in body) + "\n")
-        else:
-            parts.append(str(body))
-    return "\n".join(parts)
-
-
-def _inline_svg(path: Path, title: str) -> str:
-    """The chart itself in the page (one self-contained file, nothing to fetch), labelled for readers."""
-    svg = path.read_text()
-    svg = svg[svg.index("<svg"):]
-    return f"<figure role='img' aria-label='{html.escape(title)}'>{svg}</figure>"
-
-
-def _html(sections: list[tuple[str, object]], out: Path) -> str:
-    from markdown_it import MarkdownIt
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>FSDP scaling report</title>",
-             "<style>body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;"
-             "font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}"
-             "th{background:#eee}figure{margin:0}figure svg{max-width:100%;height:auto}"
-             ".answer li{font-size:1.15em;margin:.3em 0}</style></head><body><h1>FSDP scaling report</h1>"]
-    for title, body in sections:
-        parts.append(f"<h2>{html.escape(title)}</h2>")
-        if isinstance(body, pd.DataFrame):
-            parts.append(body.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}")
-                         if not body.empty else "<p><i>none</i></p>")
-        elif isinstance(body, tuple):
-            parts.append(_inline_svg(out / f"{body[1]}.svg", title))
-        elif isinstance(body, list):
-            css = " class='answer'" if title == "The answer" else ""
-            parts.append(f"<ul{css}>" + "".join(f"<li>{html.escape(str(b))}</li>" for b in body) + "</ul>")
-        else:
-            parts.append(MarkdownIt().render(str(body)))
-    return "\n".join(parts) + "</body></html>\n"
 
 
 def main(argv: list[str] | None = None) -> int:
