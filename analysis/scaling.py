@@ -22,7 +22,7 @@ METRICS = {  # column -> how repeats are combined (all by median; spread from mi
     "mem_rss_gib": "max", "compile_s": "median",
 }
 PREDICTED = ("pred_mem_gib", "pred_mem_source", "pred_step_time_s", "pred_tokens_per_s_per_gpu", "pred_mfu",
-             "pred_scaling_efficiency", "pred_bound", "pred_source")  # bench/plan.py's predictions, one per configuration
+             "pred_scaling_efficiency", "pred_bound", "pred_source")  # the plan's, one per configuration
 ABLATION_FACTORS = [  # (factor, baseline value(s), optimised value): one row per pair that differs in it only
     ("precision", ("fp32",), "bf16_mixed"),
     ("precision", ("bf16_mixed",), "fp8_tensorwise"),
@@ -275,7 +275,8 @@ def restart_notes(frame: pd.DataFrame) -> list[str]:
         lost, node_hours = lost_s.sum(), (lost_s * runs["nodes"]).sum() / 3600
         where = "; ".join(f"{node} ({why})" for node, why in sorted(nodes.items())) or "no node named"
         restarts = int(pd.to_numeric(runs["restarts"]).sum())
-        notes.append(f"{sweep}: {len(runs)} run(s) restarted {restarts} time(s) after they began (failed nodes: {where}), costing {lost / 60:.1f} min of wall time and "
-                     f"{node_hours:.2f} node-hours before their last start; each execution is in the run's "
-                     "ledger.json and summary")
+        notes.append(f"{sweep}: {len(runs)} run(s) restarted {restarts} time(s) after they began (failed "
+                     f"nodes: {where}), costing {lost / 60:.1f} min of wall time and {node_hours:.2f} "
+                     "node-hours before their last start; each execution is in the run's ledger.json and "
+                     "summary")
     return notes

@@ -1,8 +1,8 @@
 """Expand a sweep into frozen RunSpecs: cartesian product of the axes, minus exclusions, plus probes.
 
-Every training run gets a per-GPU memory figure (bench/predict/memory.py: measured on fake tensors where the sweep
-measures, else the exact lower bound of its state); runs that cannot fit the cluster's GPUs are planned as
-infeasible (recorded, never launched).
+Every training run gets a per-GPU memory figure (bench/predict/memory.py: measured on fake tensors where the
+sweep measures, else the exact lower bound of its state); runs that cannot fit the cluster's GPUs are planned
+as infeasible (recorded, never launched).
 """
 from __future__ import annotations
 
@@ -91,10 +91,9 @@ def _spec(cfg: SweepConfig, point: dict[str, Any], repeat: int, **override: Any)
         spec = RunSpec(**values)
     except ValueError as e:
         raise ConfigError(f"run {point}: {e}") from None
-    limit = spec.arch.max_seq_len if spec.kind == "train" else spec.seq_len
-    if spec.seq_len > limit:  # the worker would refuse it (trainer/config.py): refuse it here, before launch
+    if spec.kind == "train" and spec.seq_len > spec.arch.max_seq_len:  # the worker would refuse it
         raise ConfigError(f"axes.seq_len: {spec.seq_len} exceeds model {point['model']!r}'s "
-                          f"max_position_embeddings={limit}")
+                          f"max_position_embeddings={spec.arch.max_seq_len}")
     return spec
 
 

@@ -165,7 +165,7 @@ def _name(ref: str, path: Path, cfg: dict[str, Any]) -> str:
 def _read_config(ref: str) -> tuple[Path, dict[str, Any]]:
     """The file a reference names and its mapping: a path to a config.json (or its directory), or the name
     of a file in sweeps/model/ (YAML or JSON)."""
-    import yaml  # a YAML document is also what json.loads reads, so both go through one parser
+    import yaml  # a .json file is read as JSON: PyYAML (YAML 1.1) reads 1e-05 as a string
     candidates = [Path(ref), Path(ref) / "config.json", MODELS_DIR / f"{ref}.yaml",
                   MODELS_DIR / f"{ref}.json"]
     path = next((c for c in candidates if c.is_file()), None)
@@ -198,8 +198,8 @@ def _check_decoder(ref: str, cfg: dict[str, Any]) -> None:
         raise ModelError(f"model {ref!r}: model_type {kind!r} is an encoder-decoder model; bring a "
                          "decoder-only config (the T5 presets cover encoder-decoders)")
     if cfg.get("auto_map"):
-        raise ModelError(f"model {ref!r}: the config needs the model's own code (auto_map); the harness builds "
-                         "transformers' classes only and runs no downloaded code")
+        raise ModelError(f"model {ref!r}: the config needs the model's own code (auto_map); the harness "
+                         "builds transformers' classes only and runs no downloaded code")
     if kind not in DECODERS:
         raise ModelError(f"model {ref!r}: model_type {kind!r} is not a decoder architecture the harness "
                          f"counts; known: {', '.join(sorted(DECODERS))}")

@@ -209,6 +209,7 @@ class SlurmLauncher:
     def __init__(self, cfg: SweepConfig) -> None:
         self.cfg = cfg
         self.env = dict(os.environ)
+        self._controller_config: str | None = None  # `scontrol show config`, once it answered
         if cfg.cluster.slurm.conf:
             self.env["SLURM_CONF"] = cfg.cluster.slurm.conf
 
@@ -290,14 +291,16 @@ class SlurmLauncher:
         runs = [dict(zip(("state", "nodes", "start", "end", "exit_code"), line.split("|")))
                 for line in proc.stdout.splitlines()] if proc.returncode == 0 else []
         runs = runs or self._jobcomp_runs(handle.job_id)
-        failed, logged = iter(handle.failed), self._logged_failures(handle.job_id)
+        failed, logged = iter(handle.failed), None
         for run in runs:
             run["state"] = run["state"].split()[0] if run.get("state") else run.get("state")
             if run["state"] not in ("NODE_FAIL", "REQUEUED", "PREEMPTED"):
                 continue
-            seen = next(failed, None) or {node: why for when, node, why in logged
-                                          if run.get("start") and when >= run["start"][:19]
-                                          and when <= (run.get("end") or "9")[:19] + "~"}
+            seen = next(failed, None)
+            if not seen:  # not seen down while it ran: the controller's log, read once, if at all
+                logged = self._logged_failures(handle.job_id) if logged is None else logged
+                seen = {node: why for when, node, why in logged if run.get("start")
+                        and run["start"][:19] <= when <= (run.get("end") or "9")[:19] + "~"}
             if seen:
                 run["failed_nodes"] = seen
         return runs
@@ -306,10 +309,9 @@ class SlurmLauncher:
         """(time, node, reason) of the controller log's "requeue job JobId=N due to failure of node X" lines,
         where this machine can read the log (the test cluster; a real one keeps it on the controller: there
         the node is the one seen down when the job left its node list, or sacctmgr's events name it)."""
-        proc = self._run(["scontrol", "show", "config"], check=False)
-        where = re.search(r"^SlurmctldLogFile\s*=\s*(\S+)", proc.stdout, re.M)
+        where = self._config("SlurmctldLogFile")
         try:
-            lines = Path(where.group(1)).read_text(errors="replace").splitlines() if where else []
+            lines = Path(where).read_text(errors="replace").splitlines() if where else []
         except OSError:
             return []
         reasons, out = {}, []
@@ -317,7 +319,8 @@ class SlurmLauncher:
             if m := re.match(r"\[(\S+)\] update_node: node (\S+) reason set to: (.*)", line):
                 reasons[m.group(2)] = m.group(3)
             elif m := re.match(rf"\[(\S+)\] requeue job JobId={job_id} due to failure of node (\S+)", line):
-                out.append((m.group(1)[:19], m.group(2), f"down: {reasons.get(m.group(2), 'no reason given')}"))
+                reason = reasons.get(m.group(2), "no reason given")
+                out.append((m.group(1)[:19], m.group(2), f"down: {reason}"))
         return out
 
     def _jobcomp_runs(self, job_id: str) -> list[dict[str, Any]]:
@@ -328,11 +331,21 @@ class SlurmLauncher:
 
     def _jobcomp_lines(self, job_id: str) -> list[str]:
         """The job-completion log's lines of a job (jobcomp/filetxt: one per execution), oldest first."""
-        proc = self._run(["scontrol", "show", "config"], check=False)
-        loc = re.search(r"^JobCompLoc\s*=\s*(\S+)", proc.stdout, re.M)
-        if not loc or not Path(loc.group(1)).is_file():
+        loc = self._config("JobCompLoc")
+        if not loc or not Path(loc).is_file():
             return []
-        return [ln for ln in Path(loc.group(1)).read_text().splitlines() if f"JobId={job_id} " in ln]
+        return [ln for ln in Path(loc).read_text().splitlines() if f"JobId={job_id} " in ln]
+
+    def _config(self, key: str) -> str | None:
+        """One value of `scontrol show config`: asked once per sweep (the controller's configuration does not
+        change under it), again only if the controller did not answer."""
+        if self._controller_config is None:
+            proc = self._run(["scontrol", "show", "config"], check=False)
+            if proc.returncode != 0:
+                return None
+            self._controller_config = proc.stdout
+        found = re.search(rf"^{key}\s*=\s*(\S+)", self._controller_config, re.M)
+        return found.group(1) if found else None
 
     def final_state(self, job_id: str) -> tuple[str | None, int | None, str | None]:
         """(JobState, exit code of the batch script, Reason) once the job has left the queue."""

@@ -74,8 +74,6 @@ class MemoryFigure:
     source: str  # "measured" (fake tensors) or "lower bound"
     note: str | None = None  # why not measured, where it was not
     categories: dict[str, float] = field(default_factory=dict)  # measured: GiB per tracker category
-    flops_per_token: float | None = None  # measured: model FLOPs the same step counted (FlopCounterMode)
-    hw_flops_per_token: float | None = None  # measured: ... with activation checkpointing's recompute
 
     def need_gib(self, spec: RunSpec) -> float:
         """Per GPU, with the headroom: what the run needs of the GPU's memory."""
@@ -97,11 +95,18 @@ def lower_bound(spec: RunSpec, note: str) -> MemoryFigure:
     return MemoryFigure(0.0 if on_host else states, states if on_host else 0.0, "lower bound", note)
 
 
-def memory_key(spec: RunSpec) -> str:
+def configuration(spec: RunSpec) -> dict[str, Any]:
+    """What a measurement depends on in the spec: MEMORY_FIELDS, and a brought model's config (a preset's
+    empty one is left out, so the keys its caches were written under stay)."""
     fields = {name: getattr(spec, name) for name in MEMORY_FIELDS}
-    if spec.model_config:  # a brought model's config (presets keep the keys their caches were written under)
+    if spec.model_config:
         fields["model_config"] = spec.model_config
-    return hashlib.sha256(json.dumps([fields, fingerprint()], sort_keys=True).encode()).hexdigest()[:16]
+    return fields
+
+
+def memory_key(spec: RunSpec) -> str:
+    return hashlib.sha256(json.dumps([configuration(spec), fingerprint()], sort_keys=True).encode()
+                          ).hexdigest()[:16]
 
 
 @functools.cache
@@ -199,7 +204,7 @@ class MemoryPlanner:
 
 
 def _cache_entry(spec: RunSpec, result: dict[str, Any]) -> dict[str, Any]:
-    return {"configuration": {name: getattr(spec, name) for name in MEMORY_FIELDS},
+    return {"configuration": configuration(spec),
             "fingerprint": fingerprint(),
             **{k: result.get(k) for k in ("peak_gib", "host_gib", "categories", "seconds", "torch",
                                           "flops_per_token", "hw_flops_per_token", "count_s")}}
@@ -213,8 +218,7 @@ def _figure(spec: RunSpec, data: dict[str, Any]) -> MemoryFigure:
     notes = ["compile measured eager"] * spec.compile + [MOE_NOTE] * bool(spec.arch.experts)
     note = "; ".join(notes) or None
     return MemoryFigure(float(data["peak_gib"]), float(data["host_gib"]), "measured", note,
-                        {k: float(v) for k, v in data["categories"].items()},
-                        data.get("flops_per_token"), data.get("hw_flops_per_token"))
+                        {k: float(v) for k, v in data["categories"].items()})
 
 
 class _Worker:
