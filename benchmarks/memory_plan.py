@@ -7,8 +7,15 @@ The analytic peak formula the measurement replaced was compared the same way bef
 11.9% off, worst -49.0%, 19 of 92 configurations under-estimated): `git checkout ee49b92 && python
 benchmarks/memory_plan.py`.
 
+The planner measures a deep model on two shallow copies of it and one configuration per shard group
+(trainer/memory.py and bench/predict/memory.py say why both are exact). --check proves it: every measured
+configuration of the four sweeps stepped whole at its own world size, beside what the planner measured,
+equal within 0.5% or the script exits 1 (about 40 minutes on 2 cores: Llama 2 70B on 128 ranks stepped
+whole takes two minutes).
+
     python benchmarks/memory_plan.py [--cache-dir DIR]   # a fresh DIR measures cold
-    python benchmarks/memory_plan.py --quick             # the smoke sweep's configurations alone
+    python benchmarks/memory_plan.py --check             # the planner's figures against whole steps
+    python benchmarks/memory_plan.py --quick [--check]   # the smoke sweep's configurations alone
 """
 from __future__ import annotations
 
@@ -25,11 +32,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.config import from_dict  # noqa: E402
-from bench.predict.memory import MemoryPlanner, lower_bound  # noqa: E402
+from bench.predict.memory import MemoryPlanner, lower_bound, measure_in_workers  # noqa: E402
 from bench.plan import expand  # noqa: E402
 from bench.sweep import compose  # noqa: E402
 
 SWEEPS = ("p5_scaling", "p4de_scaling", "ablation", "p5_options")
+QUICK_CHECK = ("axes.model=[small_llama]",)  # on the smoke sweep: 8 blocks, measured on 3 and 4
+CHECK_TOLERANCE = 0.005
 
 
 def plan_seconds(cache: Path, *extra: str, sweep: str = "p5_scaling") -> float:
@@ -85,13 +94,61 @@ def compare(sweep: str, cache: Path) -> list[float]:
     return errors
 
 
+def planned_and_whole(sweep: str, cache: Path, *extra: str) -> list[tuple[str, float, float, dict]]:
+    """(label, planned peak, whole peak, whole record) for each configuration of the sweep the planner
+    measured: the planner's figure from the cache, and the same spec stepped whole at its own world size."""
+    raw, _ = compose([f"+sweep={sweep}", f"memory.cache_dir={cache}", *extra])
+    cfg = from_dict(raw)
+    planned = {p.spec.run_id: (p.spec, p.memory) for p in expand(cfg, MemoryPlanner(cfg, out=sys.stderr))
+               if p.memory is not None and p.memory.source == "measured"}
+    distinct = {json.dumps([s.to_dict()[k] for k in CONFIG_FIELDS]): s for s, _ in planned.values()}
+    specs = sorted(distinct.values(), key=lambda s: -s.arch.layers * s.world_size)
+    rows = []
+    for spec, record in measure_in_workers(specs, cfg.memory.workers, 3600, args=("--whole",)):
+        if "error" in record:
+            sys.exit(f"{spec.label}: the whole step failed: {record['error']}")
+        rows.append((spec.label, planned[spec.run_id][1].gpu_gib, record["peak_gib"], record))
+        print(f"  {rows[-1][0]:<92} planned {rows[-1][1]:8.3f}  whole {rows[-1][2]:8.3f} GiB "
+              f"({record['seconds']:.0f} s)", file=sys.stderr, flush=True)
+    return rows
+
+
+CONFIG_FIELDS = ("model", "model_config", "nodes", "gpus_per_node", "sharding", "precision",
+                 "activation_checkpointing", "wrap_policy", "offload", "micro_batch", "seq_len")
+
+
+def check(sweeps: tuple[str, ...], *extra: str) -> bool:
+    """Every configuration the planner measures, as it measures them (shallow copies, one per shard group)
+    and whole at its own world size: equal within CHECK_TOLERANCE, and what each way costs."""
+    cache = Path(tempfile.mkdtemp(prefix="fsdpbench-memory-"))
+    started = time.perf_counter()
+    for sweep in sweeps:  # the planner's way first, cold: its cost is the planning a user waits for
+        cfg = from_dict(compose([f"+sweep={sweep}", f"memory.cache_dir={cache}", *extra])[0])
+        list(expand(cfg, MemoryPlanner(cfg, out=sys.stderr)))
+    planning = time.perf_counter() - started
+    rows = [row for sweep in sweeps for row in planned_and_whole(sweep, cache, *extra)]
+    errors = [abs(planned / whole - 1) for _, planned, whole, _ in rows]
+    whole_s = sum(record["seconds"] for *_, record in rows)
+    entries = len(list((cache / "memory").glob("*.json")))
+    worst = max(range(len(rows)), key=errors.__getitem__)
+    print(f"check over {', '.join(sweeps)}: {len(rows)} configurations measured whole at their own world "
+          f"size ({whole_s:.0f} s of measuring) against the planner's {entries} shallow measurements "
+          f"({planning:.0f} s cold, {cfg.memory.workers} processes): max |difference| "
+          f"{errors[worst]:.2e} ({rows[worst][0]}), median {statistics.median(errors):.2e}; "
+          f"{sum(e <= CHECK_TOLERANCE for e in errors)} of {len(rows)} within {CHECK_TOLERANCE:.1%}")
+    return all(e <= CHECK_TOLERANCE for e in errors)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--cache-dir", type=Path, default=None, help="default: a fresh one (cold)")
     parser.add_argument("--quick", action="store_true", help="the smoke sweep alone (tiny models)")
+    parser.add_argument("--check", action="store_true", help="the planner's peaks against whole steps")
     args = parser.parse_args()
-    cache = args.cache_dir or Path(tempfile.mkdtemp(prefix="fsdpbench-memory-"))
     sweeps = ("smoke",) if args.quick else SWEEPS
+    if args.check:
+        sys.exit(0 if check(sweeps, *QUICK_CHECK * args.quick) else 1)
+    cache = args.cache_dir or Path(tempfile.mkdtemp(prefix="fsdpbench-memory-"))
     cold, cached = plan_seconds(cache, sweep=sweeps[0]), plan_seconds(cache, sweep=sweeps[0])
     off = plan_seconds(cache, "memory.measure=false", sweep=sweeps[0])
     print(f"planning {sweeps[0]} --dry-run: {cold:.1f} s cold (measuring), {cached:.1f} s cached, "

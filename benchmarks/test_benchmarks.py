@@ -73,6 +73,13 @@ def test_memory_plan_measures_the_smoke_configurations() -> None:
 
 
 @pytest.mark.slow
+def test_memory_plan_checks_the_shallow_measurement_against_whole_steps() -> None:
+    out = quick("memory_plan.py", "--check")
+    assert _figure(r"(\d+) configurations measured whole", out) >= 10
+    assert _figure(r"max \|difference\| ([\d.e+-]+)", out) <= 0.005
+
+
+@pytest.mark.slow
 def test_trainer_overhead_runs_a_pair() -> None:
     out = quick("trainer_overhead.py")
     assert _figure(r"median ratio ([\d.]+)", out) > 0 and "over 1 pairs of tiny_llama x2" in out

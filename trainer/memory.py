@@ -21,10 +21,22 @@ Where the measured step differs from the run on its GPUs (the planner's headroom
   worker's own peak counters cover. For a brought model that is a whole step counted by torch's
   FlopCounterMode (FLOPs per token, recompute included); counting the tracked step would change what the
   tracker sees.
+
+A deep model with identical blocks is not stepped whole. Where memory stands while a block runs is
+affine in the model's depth and, within one activation checkpointing pattern, in the block's index: the
+blocks below still hold their saved inputs, the ones above their gradients. So the peak over the step is
+the highest of a few places, each affine in depth: before the first block of each pass, the end blocks
+(which prefetch nothing or are prefetched by nobody) and the next ones of each pattern residue at either
+end (the middle blocks lie between them), and the optimizer step. Those places, measured on the same
+model at two shallow depths one pattern apart (selective AC's every other block is a pattern of 2),
+give each place's peak and categories, and the FLOP count, at full depth by a straight line: exactly.
+Llama 2 70B costs what 7 blocks cost instead of 80. One peak per pass (forward, backward) is not enough:
+the backward's peak moves from its start (activations) to its end (gradients) as a model deepens.
+benchmarks/memory_plan.py --check measures every configuration of the GPU sweeps both ways;
+trainer/test_memory.py holds a deep tiny model to it under every option.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 import time
@@ -35,6 +47,8 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from bench.core.flops import SELECTIVE_EVERY
+from bench.core.models import ModelArch
 from bench.core.records import format_record
 from bench.core.schema import RunSpec
 
@@ -47,6 +61,7 @@ CATEGORIES = {"Sharded Param": "params", "Unsharded Param": "params", "Buffer": 
               "Reduce Scatter": "temporaries", "Inputs": "temporaries"}
 # What CPUOffloadPolicy keeps in host memory: the sharded parameters, their gradients, AdamW's state.
 OFFLOADED = ("Sharded Param", "Sharded Grad", "OptState")
+PASSES = ("forward", "backward", "step")  # of one training step
 
 
 def _count_cpu_attention() -> None:
@@ -75,14 +90,42 @@ class Peak:
     snapshot: dict[str, int] = field(default_factory=dict)  # the tracker's categories at the GPU's peak
 
 
-class _OffloadPeaks(TorchDispatchMode):
-    """Under offload part of what the tracker counts lives in host memory, so the GPU's peak is the largest
-    (total - offloaded) over the step, which need not fall where the total peaks: read after every
-    operator."""
+def highest(places: dict[str, Peak]) -> Peak:
+    """The step's peak: the GPU's highest place with its categories, and the host's highest."""
+    top = max(places.values(), key=lambda p: p.device)
+    return Peak(top.device, max(p.host for p in places.values()), top.snapshot)
 
-    def __init__(self, tracker: Any) -> None:
+
+def pattern(spec: RunSpec) -> int:
+    """Blocks after which activation checkpointing's choice of blocks repeats."""
+    return SELECTIVE_EVERY if spec.activation_checkpointing == "selective" else 1
+
+
+def places(index: int, depth: int, period: int) -> tuple[str, ...]:
+    """Where block `index` of `depth` stands: counted from the bottom and from the top within `period` + 1
+    of either end (a block near both ends is in two places), else in the middle."""
+    named = tuple(f"{end}{k}" for end, k in (("bottom", index), ("top", depth - 1 - index)) if k <= period)
+    return named or ("middle",)
+
+
+class _PlacePeaks(TorchDispatchMode):
+    """Rank 0's peak at each place of the step (pass and position: before the pass's first block, in a
+    block as places() names it, the optimizer step), read from the tracker's current figures after every
+    operator (the moments the tracker's own peak is taken at). Under offload part of what the tracker counts
+    lives in host memory, so the GPU's peak is the largest (total - offloaded), which need not fall where
+    the total peaks."""
+
+    def __init__(self, tracker: Any, offloaded: bool, depth: int, period: int) -> None:
         super().__init__()
-        self.tracker, self.peak = tracker, Peak()
+        self.tracker, self.offloaded, self.depth, self.period = tracker, offloaded, depth, period
+        self.peaks: dict[str, Peak] = {}
+        self.enter(PASSES[0])
+
+    def enter(self, stage: str) -> None:
+        self.stage, self.at = stage, (f"{stage} before",)
+
+    def in_block(self, index: int) -> None:
+        self.at = tuple(f"{self.stage} {p}" for p in places(index, self.depth, self.period))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 (torch's signature)
         from torch.distributed.tensor import DTensor
@@ -91,11 +134,35 @@ class _OffloadPeaks(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         for snapshot in self.tracker.get_tracker_snapshot().values():  # one device: the CPU
             named = _named(snapshot)
-            host = sum(named.get(c, 0) for c in OFFLOADED)
-            self.peak.host = max(self.peak.host, host)
-            if named.get(TOTAL, 0) - host > self.peak.device:
-                self.peak.device, self.peak.snapshot = named[TOTAL] - host, named
+            host = sum(named.get(c, 0) for c in OFFLOADED) if self.offloaded else 0
+            for place in self.at:
+                peak = self.peaks.setdefault(place, Peak())
+                peak.host = max(peak.host, host)
+                if named.get(TOTAL, 0) - host > peak.device:
+                    peak.device, peak.snapshot = named[TOTAL] - host, named
         return out
+
+
+def _follow_blocks(model: torch.nn.Module, watch: _PlacePeaks) -> list[Any]:
+    """Tell `watch` which block runs: as its forward starts (a recompute too) and as its backward starts
+    (its outputs' gradients are ready). Returns the hooks' handles."""
+    from torch.autograd.graph import register_multi_grad_hook
+    from torch.utils._pytree import tree_flatten
+
+    from trainer.model import transformer_blocks
+    handles: list[Any] = []
+
+    def on_output(index: int) -> Any:
+        def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+            tensors = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+            if tensors:
+                handles.append(register_multi_grad_hook(tensors, lambda _: watch.in_block(index)))
+        return hook
+
+    for parent, _, i in transformer_blocks(model):
+        handles.append(parent[i].register_forward_pre_hook(lambda *_, i=i: watch.in_block(i), prepend=True))
+        handles.append(parent[i].register_forward_hook(on_output(i)))
+    return handles
 
 
 def _categories(snapshot: dict[str, int], offloaded: bool) -> dict[str, float]:
@@ -137,36 +204,84 @@ def counted_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def track_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
-               offloaded: bool, scaler: Any = None) -> Peak:
-    """One training step under FSDPMemTracker: this rank's peak on its GPU and of offloaded state. The
-    optimizer must already hold its state (a steady step), real or fake tensors alike."""
+               offloaded: bool, scaler: Any = None, period: int = 1) -> dict[str, Peak]:
+    """One training step under FSDPMemTracker: this rank's peak on its GPU and of offloaded state at each
+    place of the step (highest() gives the step's). The optimizer must already hold its state (a steady
+    step), real or fake tensors alike."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-    from trainer.parallel import backward_and_step
+    from trainer.model import transformer_blocks
+    from trainer.parallel import backward, optimizer_step
     tracker = FSDPMemTracker(mod=model, optm=optimizer)
     tracker.track_inputs(tuple(batch.values()))
-    watch = _OffloadPeaks(tracker) if offloaded else contextlib.nullcontext()
-    with tracker, watch:
-        backward_and_step(model(**batch).loss, optimizer, scaler)
-    if offloaded:
-        return watch.peak
-    (snapshot,) = (_named(s) for s in tracker.get_tracker_snapshot("peak").values())
-    return Peak(device=snapshot[TOTAL], snapshot=snapshot)  # all on the GPU: the tracker's peak is its peak
+    watch = _PlacePeaks(tracker, offloaded, len(transformer_blocks(model)), period)
+    handles = _follow_blocks(model, watch)
+    try:
+        with tracker, watch:
+            loss = model(**batch).loss
+            watch.enter("backward")
+            backward(loss, scaler)
+            watch.enter("step")
+            optimizer_step(optimizer, scaler)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return watch.peaks
 
 
-def measure(spec: RunSpec, count_flops: bool | None = None) -> dict[str, Any]:
-    """One steady training step of the spec on fake tensors: rank 0's peak per GPU and on the host (GiB).
-    For a brought model (count_flops: any model) the step before it, which creates AdamW's state, runs
-    under FlopCounterMode: FLOPs per token. A preset skips it (a cheap optimizer step creates the state;
-    counting costs 30-40% of a measurement of Llama 2 7B-70B) and has the formula the tests check."""
+def shallow_depths(spec: RunSpec) -> tuple[int, int] | None:
+    """The two depths that give a deep model's peak: one block pattern apart, congruent with its depth, and
+    deep enough that the blocks places() counts from either end, bar the ends, are middle blocks;
+    None where the model is measured whole: T5's two stacks, blocks that differ (layer_types: Gemma 2's
+    sliding and global attention), or too few blocks for two shallow models to cost less."""
+    from trainer.model import hf_config
+    arch = spec.arch
+    if arch.family != "llama" or len(set(getattr(hf_config(arch), "layer_types", None) or [None])) > 1:
+        return None
+    period = pattern(spec)
+    first = period + 2 + (arch.layers - period - 2) % period  # its top and bottom places are middle blocks
+    return (first, first + period) if 2 * first + period < arch.layers else None
+
+
+def at_depth(arch: ModelArch, blocks: int) -> ModelArch:
+    """The same model with `blocks` blocks (a brought config's num_hidden_layers and layer_types too)."""
+    if not arch.config_json:
+        return replace(arch, layers=blocks)
+    fields = json.loads(arch.config_json)
+    fields["num_hidden_layers"] = blocks
+    if "layer_types" in fields:
+        fields["layer_types"] = fields["layer_types"][:blocks]
+    return replace(arch, layers=blocks, config_json=json.dumps(fields, sort_keys=True))
+
+
+def _line(x1: float, x2: float, depths: tuple[int, int], depth: int) -> float:
+    """Through (depths[0], x1) and (depths[1], x2), at depth."""
+    return x2 + (x2 - x1) * (depth - depths[1]) / (depths[1] - depths[0])
+
+
+def extrapolate(shallow: tuple[dict[str, Peak], dict[str, Peak]], depths: tuple[int, int],
+                depth: int) -> dict[str, Peak]:
+    """Each place's peak and categories at `depth`, on the line through the two shallow models' (bytes).
+    A place only one of them has (a middle block) lies between the places both have."""
+    out = {}
+    for place in shallow[0].keys() & shallow[1].keys():
+        a, b = shallow[0][place], shallow[1][place]
+        snapshot = {k: round(_line(a.snapshot.get(k, 0), b.snapshot.get(k, 0), depths, depth))
+                    for k in a.snapshot.keys() | b.snapshot.keys()}
+        out[place] = Peak(round(_line(a.device, b.device, depths, depth)),
+                          round(_line(a.host, b.host, depths, depth)), snapshot)
+    return out
+
+
+def step_at(spec: RunSpec, arch: ModelArch, count: bool) -> tuple[dict[str, Peak], dict[str, float]]:
+    """Each place's peak of one steady training step of the spec with the model `arch` on fake tensors, and
+    (count) the FLOPs per token of the step before it, which creates AdamW's state."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
 
     from trainer.data import synthetic_batch
     from trainer.parallel import build_optimizer, parallelize
-    arch, device, started = spec.arch, torch.device("cpu"), time.perf_counter()
-    count = bool(spec.model_config) if count_flops is None else count_flops
-    flops: dict[str, float] = {}
+    device, flops = torch.device("cpu"), {}
     dist.init_process_group("fake", rank=0, world_size=spec.world_size, store=FakeStore())
     try:
         model = parallelize(replace(spec, compile=False), arch, device).model
@@ -181,23 +296,47 @@ def measure(spec: RunSpec, count_flops: bool | None = None) -> dict[str, Any]:
                 flops = counted_step(model, optimizer, batch)  # leaves AdamW's state behind
             else:
                 _create_optimizer_state(model, optimizer)
-            peak = track_step(model, optimizer, batch, offloaded=spec.offload == "cpu")
+            return track_step(model, optimizer, batch, offloaded=spec.offload == "cpu",
+                              period=pattern(spec)), flops
     finally:
         dist.destroy_process_group()
+
+
+def measure(spec: RunSpec, count_flops: bool | None = None, whole: bool = False) -> dict[str, Any]:
+    """One steady training step of the spec on fake tensors: rank 0's peak per GPU and on the host (GiB),
+    from two shallow models where the blocks allow (whole: the model as it is). For a brought model
+    (count_flops: any model) the step before it, which creates AdamW's state, runs under FlopCounterMode:
+    FLOPs per token. A preset skips it (a cheap optimizer step creates the state) and has the formula the
+    tests check."""
+    started, count = time.perf_counter(), bool(spec.model_config) if count_flops is None else count_flops
+    depths = None if whole else shallow_depths(spec)
+    if depths is None:
+        peaks, flops = step_at(spec, spec.arch, count)
+    else:
+        (a, flops_a), (b, flops) = (step_at(spec, at_depth(spec.arch, d), count) for d in depths)
+        peaks = extrapolate((a, b), depths, spec.arch.layers)
+        flops = {k: flops_a[k] + v if k == "count_s" else _line(flops_a[k], v, depths, spec.arch.layers)
+                 for k, v in flops.items()}
+    peak = highest(peaks)
     return {"peak_gib": peak.device / GIB, "host_gib": peak.host / GIB,
             "categories": _categories(peak.snapshot, spec.offload == "cpu"), **flops,
-            "compile_measured_eager": spec.compile, "seconds": time.perf_counter() - started,
-            "torch": torch.__version__}
+            "blocks_measured": list(depths or [spec.arch.blocks]), "compile_measured_eager": spec.compile,
+            "seconds": time.perf_counter() - started, "torch": torch.__version__}
 
 
-def main() -> int:
-    """Each stdin line a RunSpec dict; each answer a `memory` record (or one with `error`), in order."""
+def main(argv: list[str]) -> int:
+    """Each stdin line a RunSpec dict; each answer a `memory` record (or one with `error`), in order.
+    --whole steps every model whole (the check of the shallow measurement)."""
+    whole = argv == ["--whole"]
+    if argv and not whole:
+        print("usage: python -m trainer.memory [--whole] < specs.jsonl", file=sys.stderr)
+        return 2
     for line in sys.stdin:
         if not line.strip():
             continue
         spec = RunSpec.from_dict(json.loads(line))
         try:
-            result = measure(spec)
+            result = measure(spec, whole=whole)
         except Exception as e:  # one configuration that cannot be measured never stops the others
             result = {"error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"}
         print(format_record("memory", run_id=spec.run_id, **result), flush=True)
@@ -205,4 +344,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -189,13 +189,22 @@ def grad_scaler(precision: str, device: torch.device):
     return ShardedGradScaler(device=device.type)
 
 
-def backward_and_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, scaler) -> None:
-    """Backward, optimizer step and zeroing of the gradients: the rest of one training step."""
+def backward(loss: torch.Tensor, scaler) -> None:
+    """The backward pass (of the scaled loss under fp16)."""
+    (loss if scaler is None else scaler.scale(loss)).backward()
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, scaler) -> None:
+    """The optimizer step (skipped by fp16's scaler on inf) and zeroing of the gradients."""
     if scaler is not None:
-        scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
     else:
-        loss.backward()
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+
+
+def backward_and_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, scaler) -> None:
+    """Backward, optimizer step and zeroing of the gradients: the rest of one training step."""
+    backward(loss, scaler)
+    optimizer_step(optimizer, scaler)

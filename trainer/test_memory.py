@@ -36,13 +36,23 @@ CONFIGS = {
 TOLERANCE = 0.05
 
 
-def _fake(specs: list[RunSpec]) -> dict[str, dict]:
+def _fake(specs: list[RunSpec], *args: str) -> dict[str, dict]:
     """What the planner runs: the measurement command, specs on stdin, records on stdout."""
-    proc = subprocess.run([sys.executable, "-m", "trainer.memory"], cwd=ROOT, capture_output=True, text=True,
-                          input="".join(json.dumps(s.to_dict()) + "\n" for s in specs), timeout=600)
-    records = {r["run_id"]: r for r in parse_records(proc.stdout.splitlines())}
-    assert len(records) == len(specs), proc.stderr[-3000:]
-    return records
+    return _fake_side_by_side(specs, (args,))[0]
+
+
+def _fake_side_by_side(specs: list[RunSpec], argvs: tuple[tuple[str, ...], ...]) -> list[dict[str, dict]]:
+    """The measurement command once per argument list, the processes side by side."""
+    procs = [subprocess.Popen([sys.executable, "-m", "trainer.memory", *args], cwd=ROOT, text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for args in argvs]
+    outputs = [proc.communicate("".join(json.dumps(s.to_dict()) + "\n" for s in specs), timeout=600)
+               for proc in procs]
+    answers = []
+    for stdout, stderr in outputs:
+        answers.append({r["run_id"]: r for r in parse_records(stdout.splitlines())})
+        assert len(answers[-1]) == len(specs), stderr[-3000:]
+    return answers
 
 
 def _real(specs: list[RunSpec], nproc: int, torchrun) -> dict[str, dict]:
@@ -94,6 +104,79 @@ def test_full_size_runs_measure_where_the_published_sizes_say() -> None:
     assert record["categories"]["activations"] > 0.5  # 32 block inputs of 4096 x 4096 bf16 and one block
 
 
+def _deep(tmp_path, layers: int, **fields) -> RunSpec:
+    """A Mistral-shaped model of tiny width and `layers` blocks: deep enough to be measured shallow."""
+    from bench.core.models import model_source
+    path = tmp_path / f"deep{layers}" / "config.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps({"model_type": "mistral", "hidden_size": 64, "intermediate_size": 160,
+                                "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                "vocab_size": 512, "max_position_embeddings": 512,
+                                "tie_word_embeddings": False}))
+    name, config = model_source(str(path))
+    return RunSpec(model=name, model_config=config, nodes=1, gpus_per_node=2, micro_batch=2, seq_len=128,
+                   **fields)
+
+
+# Where a shallow measurement could go wrong: AC full moves the backward's peak from its start to its end
+# as the model deepens (one peak per pass extrapolates 1% low at 12 blocks), selective AC's pattern of 2,
+# offload's host memory, Float8's casts, one FSDP unit for the whole model.
+DEEP = {"base": (12, {}), "ac_full": (12, {"activation_checkpointing": "full"}),
+        "ac_selective": (13, {"activation_checkpointing": "selective"}), "offload": (12, {"offload": "cpu"}),
+        "fp8": (12, {"precision": "fp8_tensorwise"}), "whole_model": (12, {"wrap_policy": "whole_model"})}
+
+
+def test_a_deep_model_measured_on_two_shallow_copies_peaks_where_the_whole_one_does(tmp_path) -> None:
+    """The peak, its categories, the host's share and the counted FLOPs from two shallow copies equal the
+    whole model's to the byte (the planner measures this way; benchmarks/memory_plan.py --check does the
+    same for every configuration of the GPU sweeps)."""
+    specs = {name: _deep(tmp_path, layers, **fields) for name, (layers, fields) in DEEP.items()}
+    shallow, whole = _fake_side_by_side(list(specs.values()), ((), ("--whole",)))
+    for name, spec in specs.items():
+        got, want = shallow[spec.run_id], whole[spec.run_id]
+        assert "error" not in got and "error" not in want, (name, got.get("error"), want.get("error"))
+        assert len(got["blocks_measured"]) == 2 and sum(got["blocks_measured"]) < spec.arch.layers, name
+        assert want["blocks_measured"] == [spec.arch.layers], name
+        for key in ("peak_gib", "host_gib", "flops_per_token", "hw_flops_per_token"):
+            assert got[key] == pytest.approx(want[key], rel=1e-9, abs=1e-12), (name, key)
+        assert got["categories"] == pytest.approx(want["categories"], rel=1e-9, abs=1e-12), name
+    assert whole[specs["offload"].run_id]["host_gib"] > 0
+    assert shallow[specs["ac_selective"].run_id]["blocks_measured"] == [5, 7]  # congruent with 13, 2 apart
+
+
+def test_a_rank_holds_its_shard_groups_tensors_whatever_the_world() -> None:
+    """Why the planner measures one configuration per shard group: HYBRID_SHARD's peak on 1, 2 or 4 nodes,
+    NO_SHARD's on 1 to 4 ranks, FULL_SHARD's on 1 node of 4 or 2 of 2 are the same bytes; a FULL_SHARD
+    group of another size is not."""
+    groups = {"hybrid": [replace(BASE, sharding="HYBRID_SHARD", nodes=n) for n in (1, 2, 4)],
+              "no_shard": [replace(BASE, sharding="NO_SHARD", nodes=n, gpus_per_node=g)
+                           for n, g in ((1, 1), (1, 2), (2, 2))],
+              "full_shard_of_4": [replace(BASE, gpus_per_node=4), replace(BASE, nodes=2)]}
+    records = _fake([BASE, *(s for specs in groups.values() for s in specs)], "--whole")
+    for name, specs in groups.items():
+        peaks = {records[s.run_id]["peak_gib"] for s in specs}
+        assert len(peaks) == 1, (name, peaks)
+    assert records[BASE.run_id]["peak_gib"] != records[groups["full_shard_of_4"][0].run_id]["peak_gib"]
+
+
+def test_the_highest_place_is_the_trackers_own_peak(monkeypatch) -> None:
+    """Peaks are read per place after every operator; their highest is the peak FSDPMemTracker keeps."""
+    from torch.distributed._tools import fsdp2_mem_tracker
+
+    from trainer.memory import GIB, TOTAL, measure
+    trackers = []
+    original = fsdp2_mem_tracker.FSDPMemTracker.__init__
+
+    def remembered(self, *args, **kwargs) -> None:
+        original(self, *args, **kwargs)
+        trackers.append(self)
+    monkeypatch.setattr(fsdp2_mem_tracker.FSDPMemTracker, "__init__", remembered)
+    for spec in (BASE, replace(BASE, activation_checkpointing="full", precision="fp32")):
+        got = measure(spec, whole=True)["peak_gib"]
+        (peak,) = trackers.pop().get_tracker_snapshot("peak").values()
+        assert got == peak[TOTAL] / GIB
+
+
 @pytest.mark.slow
 def test_llama3_1_8b_against_torchtitans_published_memory() -> None:
     """torchtitan's published H100 memory for Llama 3.1 8B, FSDP, bf16, selective (op) AC, seq 8192,
@@ -119,7 +202,7 @@ def _reference(specs: list[dict]) -> None:
     from bench.core.models import get_arch
     from bench.core.records import exit_now
     from trainer.data import synthetic_batch
-    from trainer.memory import GIB, track_step
+    from trainer.memory import GIB, highest, track_step
     from trainer.model import materialize
     from trainer.parallel import backward_and_step, build_optimizer, grad_scaler, parallelize
     dist.init_process_group("gloo")
@@ -134,7 +217,7 @@ def _reference(specs: list[dict]) -> None:
                                 seed=spec.seed, dp_rank=rank, step=0, device=device,
                                 encoder_decoder=arch.family == "t5")
         backward_and_step(model(**batch).loss, optimizer, scaler)  # the first step creates AdamW's state
-        peak = track_step(model, optimizer, batch, offloaded=spec.offload == "cpu", scaler=scaler)
+        peak = highest(track_step(model, optimizer, batch, offloaded=spec.offload == "cpu", scaler=scaler))
         if rank == 0:
             print(format_record("memory", run_id=spec.run_id, peak_gib=peak.device / GIB,
                                 host_gib=peak.host / GIB), flush=True)

@@ -9,9 +9,11 @@ The analytic peak formula this replaced was off by a median 12% and up to 49% ag
 over the four GPU sweeps, in both directions (an OOM launched, a feasible run pruned): a guess presented
 as a figure is worse than a bound that says what it is.
 
-A configuration is every spec field that changes memory (MEMORY_FIELDS) plus a fingerprint of what measured
-it: the worker's sources and the torch, transformers and torchao versions. A change to the worker or a
-library measures again; a new sweep over known configurations plans at once.
+A configuration is every spec field that changes memory (MEMORY_FIELDS, the nodes and GPUs per node as
+the ranks a parameter is split across) plus a fingerprint of what measured it: the worker's sources and the
+torch, transformers and torchao versions. A change to the worker or a library measures again; a new sweep
+over known configurations plans at once. The worker measures a deep model on two shallow copies of it
+(trainer/memory.py says why that is exact), so a configuration costs seconds whatever the model's depth.
 
 What a GPU needs beyond the tensors the tracker counts is the headroom below: each figure is a planning
 assumption, and the report checks it on every GPU run (reserved / allocated for fragmentation, NVML used
@@ -96,9 +98,13 @@ def lower_bound(spec: RunSpec, note: str) -> MemoryFigure:
 
 
 def configuration(spec: RunSpec) -> dict[str, Any]:
-    """What a measurement depends on in the spec: MEMORY_FIELDS, and a brought model's config (a preset's
-    empty one is left out, so the keys its caches were written under stay)."""
-    fields = {name: getattr(spec, name) for name in MEMORY_FIELDS}
+    """What a measurement depends on in the spec: MEMORY_FIELDS, with the ranks a parameter is split across
+    in place of the nodes and GPUs per node (a rank holds its shard group's tensors: HYBRID_SHARD's peak
+    is the same on 1 node as on 16, NO_SHARD's on any number of ranks; benchmarks/memory_plan.py --check
+    measures every configuration of the GPU sweeps by its own world size and compares), and a brought
+    model's config (a preset's empty one is left out)."""
+    fields = {name: getattr(spec, name) for name in MEMORY_FIELDS if name not in ("nodes", "gpus_per_node")}
+    fields["shard_ranks"] = shard_size(spec.sharding, spec.nodes, spec.gpus_per_node)
     if spec.model_config:
         fields["model_config"] = spec.model_config
     return fields
@@ -225,12 +231,12 @@ class _Worker:
     """One `python -m trainer.memory` process, given one spec at a time; a thread posts its answers. Started
     on the main thread, which lives as long as the sweep: the process dies with it (PR_SET_PDEATHSIG)."""
 
-    def __init__(self, answers: queue.Queue) -> None:
+    def __init__(self, answers: queue.Queue, args: tuple[str, ...] = ()) -> None:
         self.stderr = tempfile.TemporaryFile(mode="w+")
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT),
                                                                           os.environ.get("PYTHONPATH")]))}
-        self.proc = subprocess.Popen([sys.executable, "-m", "trainer.memory"], cwd=PROJECT_ROOT, env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
+        self.proc = subprocess.Popen([sys.executable, "-m", "trainer.memory", *args], cwd=PROJECT_ROOT,
+                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
                                      text=True, preexec_fn=die_with_parent())  # dies with the sweep
         self.spec: RunSpec | None = None
         self.since = 0.0
@@ -264,19 +270,20 @@ class _Worker:
         self.stderr.close()
 
 
-def measure_in_workers(specs: list[RunSpec], workers: int,
-                       timeout_s: float) -> Iterable[tuple[RunSpec, dict[str, Any]]]:
+def measure_in_workers(specs: list[RunSpec], workers: int, timeout_s: float,
+                       args: tuple[str, ...] = ()) -> Iterable[tuple[RunSpec, dict[str, Any]]]:
     """Yield (spec, memory record) as the worker processes answer, in the order they finish. A spec whose
     process died or stayed silent past timeout_s gets a record with `error` (and a fresh process takes the
-    rest). Every process is gone when this returns or raises, Ctrl-C included."""
+    rest). Every process is gone when this returns or raises, Ctrl-C included. args: the command's
+    (--whole: every model stepped whole, the check benchmarks/memory_plan.py runs)."""
     answers: queue.Queue = queue.Queue()
-    todo, live = list(specs), [_Worker(answers) for _ in range(workers)]
+    todo, live = list(specs), [_Worker(answers, args) for _ in range(workers)]
 
     def retire(worker: _Worker) -> None:
         worker.stop()
         live.remove(worker)
         if todo:
-            live.append(_Worker(answers))
+            live.append(_Worker(answers, args))
 
     try:
         while todo or any(w.spec for w in live):

@@ -101,6 +101,18 @@ def test_a_change_to_the_worker_measures_again(tmp_path: Path, monkeypatch) -> N
     assert memory_key(replace(spec, steps=20)) == memory_key(spec)  # one that does not
 
 
+def test_one_measurement_per_shard_group() -> None:
+    """A rank holds its shard group's tensors (trainer/test_memory.py shows it): HYBRID_SHARD on 2 or 16
+    nodes of 8 is one configuration, FULL_SHARD on 2 or 16 nodes two, FULL_SHARD on 2 nodes of 8 and on 4
+    of 4 one."""
+    hybrid = RunSpec(model="llama2_7b", sharding="HYBRID_SHARD", nodes=2, gpus_per_node=8)
+    assert memory_key(replace(hybrid, nodes=16)) == memory_key(hybrid)
+    full = replace(hybrid, sharding="FULL_SHARD")
+    assert memory_key(replace(full, nodes=16)) != memory_key(full)
+    assert memory_key(replace(full, nodes=4, gpus_per_node=4)) == memory_key(full)
+    assert memory_key(full) != memory_key(hybrid)
+
+
 def test_the_headroom_is_what_the_plan_needs_beyond_the_peak(tmp_path: Path) -> None:
     cfg = cfg_for(tmp_path, "+sweep=p5_scaling", "axes.model=[llama2_13b]", "axes.nodes=[2]",
                   "nccl.enabled=false", "memory.measure=false")
