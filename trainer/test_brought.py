@@ -88,3 +88,20 @@ def test_brought_models_differ_from_each_other(brought_runs) -> None:
     first = [brought_runs[ref, "FULL_SHARD"].summary["losses"][0] for ref in ("tiny_mistral", "tiny_qwen2",
                                                                              "tiny_gemma2")]
     assert len({round(x, 4) for x in first}) == 3
+
+
+@pytest.mark.parametrize("ref", ["tiny_llama", "llama3_2_1b", "tiny_qwen2", "tiny_mixtral", "tiny_t5",
+                                 *(str(HF / model / "config.json") for model in sorted(PUBLISHED))])
+def test_the_planners_float8_weights_are_those_torchao_converts(ref: str) -> None:
+    """The plan's Float8 all-gather and matmul FLOPs (bench/predict/perf.py) count the weights the worker
+    converts: linears inside blocks with both dimensions multiples of 16 (tiny_llama's MLP of 344 is not),
+    no biases (Qwen2's q, k, v), no experts (fused parameters in transformers' MoE), Phi-3's fused q, k, v."""
+    from torchao.float8.float8_linear import Float8Linear
+
+    from bench.core.models import float8_linear_params
+    from trainer.parallel import convert_float8
+    spec = _spec(ref)
+    model = build_meta_model(spec.arch, torch.bfloat16)
+    convert_float8(model, torch.device("cpu"))
+    converted = sum(m.weight.numel() for m in model.modules() if isinstance(m, Float8Linear))
+    assert float8_linear_params(spec.arch) == converted > 0

@@ -39,6 +39,7 @@ class ModelArch:
     block_norms: int = 2  # RMSNorm weights per block (Gemma 2: 4, before and after attention and MLP)
     experts: int = 0  # mixture of experts (Mixtral): experts per block; 0 = a dense MLP
     experts_per_token: int = 0  # the router's top-k: the experts a token runs through
+    fused_projections: bool = False  # Phi-3: q, k, v in one linear, gate and up in another
 
     @property
     def blocks(self) -> int:
@@ -114,6 +115,31 @@ def block_params(a: ModelArch, active: bool = False) -> list[int]:
     if a.family == "llama":
         return [_llama_block_params(a, active)] * a.layers
     return [_t5_block_params(a, False)] * a.layers + [_t5_block_params(a, True)] * a.layers
+
+
+def block_linears(a: ModelArch) -> list[tuple[int, int]]:
+    """(in, out) features of every nn.Linear weight in one block as transformers builds it (a T5 block's
+    self-attention and MLP; its decoder adds cross-attention). A mixture of experts' experts are fused
+    parameters, not linears: its router is one."""
+    inner, kv = a.heads * a.head_dim, a.kv_heads * a.head_dim
+    if a.family == "t5":
+        return [(a.hidden, inner)] * 4 + [(a.hidden, a.ffn)] * (3 if a.t5_ff.startswith("gated") else 2)
+    attention = ([(a.hidden, inner + 2 * kv)] if a.fused_projections
+                 else [(a.hidden, inner), (a.hidden, kv), (a.hidden, kv)]) + [(inner, a.hidden)]
+    if a.experts:
+        return attention + [(a.hidden, a.experts)]
+    mlp = [(a.hidden, 2 * a.ffn)] if a.fused_projections else [(a.hidden, a.ffn)] * 2
+    return attention + mlp + [(a.ffn, a.hidden)]
+
+
+def float8_linear_params(a: ModelArch) -> int:
+    """Weights of the linears torchao's Float8 training converts (trainer/parallel.py float8_filter): those
+    inside blocks whose both dimensions are multiples of 16; biases stay in high precision."""
+    converted = sum(i * o for i, o in block_linears(a) if i % 16 == 0 and o % 16 == 0)
+    if a.family == "t5":  # the decoder's blocks add cross-attention's four, shaped as self-attention's
+        cross = sum(i * o for i, o in block_linears(a)[:4] if i % 16 == 0 and o % 16 == 0)
+        return a.layers * (2 * converted + cross)
+    return a.layers * converted
 
 
 def count_params(a: ModelArch) -> int:
@@ -233,7 +259,8 @@ def arch_from_config(name: str, config_json: str) -> ModelArch:
         max_seq_len=c.get("max_position_embeddings") or 2048, rope_theta=float(c.get("rope_theta", 10000.0)),
         config_json=config_json, qkv_bias=kind == "qwen2", block_norms=4 if kind == "gemma2" else 2,
         experts=c.get("num_local_experts", 0) if kind == "mixtral" else 0,
-        experts_per_token=c.get("num_experts_per_tok", 0) if kind == "mixtral" else 0)
+        experts_per_token=c.get("num_experts_per_tok", 0) if kind == "mixtral" else 0,
+        fused_projections=kind == "phi3")
 
 
 def arch_of(model: str, model_config: str = "") -> ModelArch:

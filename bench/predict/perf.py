@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 from bench.core.flops import COMPUTE_BYTES, REDUCE_BYTES, hardware_flops_per_token, model_flops_per_token
 from bench.core.hardware import GPUS, INSTANCES, GpuSpec, compute_dtype, gpu_spec
-from bench.core.models import ModelArch, block_params, count_params
+from bench.core.models import ModelArch, block_params, count_params, float8_linear_params
 from bench.core.schema import RunSpec, RunSummary
 
 
@@ -112,12 +112,6 @@ class Collective:
     phase: str  # "forward" or "backward"
 
 
-def float8_params(arch: ModelArch) -> int:
-    """Parameters of the linears torchao converts: every block's matmul weights (norm weights excluded)."""
-    norms = arch.block_norms * arch.hidden if arch.family == "llama" else 3 * arch.hidden
-    return sum(block_params(arch)) - norms * arch.blocks
-
-
 def collectives(spec: RunSpec, arch: ModelArch) -> list[Collective]:
     """FSDP's collectives of one step (parameters gathered in the compute dtype, Float8 linears in one byte;
     gradients reduced in the mixed-precision policy's reduce dtype; trainer/parallel.py's mapping of the
@@ -125,7 +119,7 @@ def collectives(spec: RunSpec, arch: ModelArch) -> list[Collective]:
     params = count_params(arch)
     gather = params * COMPUTE_BYTES[spec.precision]
     if spec.precision == "fp8_tensorwise":  # float8 all-gather of the converted linears
-        gather -= float8_params(arch) * (COMPUTE_BYTES[spec.precision] - 1)
+        gather -= float8_linear_params(arch) * (COMPUTE_BYTES[spec.precision] - 1)
     grads = params * REDUCE_BYTES[spec.precision]
     world, g, n = spec.world_size, spec.gpus_per_node, spec.nodes
     if spec.sharding == "FULL_SHARD":
@@ -204,7 +198,7 @@ def _step(spec: RunSpec, arch: ModelArch, gpu: GpuSpec, network: Network, peak: 
           efficiency: float, cal: Calibration) -> Prediction:
     tokens = spec.micro_batch * spec.seq_len
     hw_flops = hardware_flops_per_token(arch, spec.seq_len, spec.activation_checkpointing) * tokens
-    linear8 = 6 * float8_params(arch) * tokens if spec.precision == "fp8_tensorwise" else 0.0
+    linear8 = 6 * float8_linear_params(arch) * tokens if spec.precision == "fp8_tensorwise" else 0.0
     matmul = ((hw_flops - linear8) / peak + linear8 / fp8_peak) / efficiency
     recompute = hw_flops / (model_flops_per_token(arch, spec.seq_len) * tokens) - 1  # forward passes redone
     hbm = gpu.hbm_tbs * 1e12

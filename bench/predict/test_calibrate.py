@@ -4,6 +4,7 @@ belongs to another cluster or model set or is corrupt."""
 from __future__ import annotations
 
 import json
+import os
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -112,7 +113,11 @@ def _finished(sweep_dir: Path, cfg: object, nodes: int, gpus: int, tokens: float
     return summary
 
 
-def test_a_study_writes_its_calibration_and_predicts_with_it(tmp_path: Path) -> None:
+def test_a_study_writes_its_calibration_and_predicts_with_it(tmp_path: Path, monkeypatch) -> None:
+    """On a 16-core machine the published constants expect 4 ranks to run at full speed; this study's runs
+    say they share far fewer cores (on a 2-core machine the prior would already know: the core count is
+    fixed so the test means the same on every machine)."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
     cfg = _cfg(tmp_path)
     sweep_dir = tmp_path / "smoke"
     predictor, note = calibrate.study_predictor(cfg, sweep_dir)
