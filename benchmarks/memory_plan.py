@@ -14,7 +14,7 @@ equal within 0.5% or the script exits 1 (about 40 minutes on 2 cores: Llama 2 70
 whole takes two minutes).
 
     python benchmarks/memory_plan.py [--cache-dir DIR]   # a fresh DIR measures cold
-    python benchmarks/memory_plan.py --check             # the planner's figures against whole steps
+    python benchmarks/memory_plan.py --check [--sweeps S ...]  # the planner's figures against whole steps
     python benchmarks/memory_plan.py --quick [--check]   # the smoke sweep's configurations alone
 """
 from __future__ import annotations
@@ -144,8 +144,9 @@ def main() -> None:
     parser.add_argument("--cache-dir", type=Path, default=None, help="default: a fresh one (cold)")
     parser.add_argument("--quick", action="store_true", help="the smoke sweep alone (tiny models)")
     parser.add_argument("--check", action="store_true", help="the planner's peaks against whole steps")
+    parser.add_argument("--sweeps", nargs="+", choices=SWEEPS, default=SWEEPS, help="default: all four")
     args = parser.parse_args()
-    sweeps = ("smoke",) if args.quick else SWEEPS
+    sweeps = ("smoke",) if args.quick else tuple(args.sweeps)
     if args.check:
         sys.exit(0 if check(sweeps, *QUICK_CHECK * args.quick) else 1)
     cache = args.cache_dir or Path(tempfile.mkdtemp(prefix="fsdpbench-memory-"))

@@ -30,7 +30,8 @@ the highest of a few places, each affine in depth: before the first block of eac
 end (the middle blocks lie between them), and the optimizer step. Those places, measured on the same
 model at two shallow depths one pattern apart (selective AC's every other block is a pattern of 2),
 give each place's peak and categories, and the FLOP count, at full depth by a straight line: exactly.
-Llama 2 70B costs what 7 blocks cost instead of 80. One peak per pass (forward, backward) is not enough:
+Llama 2 70B costs what 7 blocks cost instead of 80. T5's encoder and decoder deepen together, each stack
+with its own places. One peak per pass (forward, backward) is not enough:
 the backward's peak moves from its start (activations) to its end (gradients) as a model deepens.
 benchmarks/memory_plan.py --check measures every configuration of the GPU sweeps both ways;
 trainer/test_memory.py holds a deep tiny model to it under every option.
@@ -115,17 +116,18 @@ class _PlacePeaks(TorchDispatchMode):
     lives in host memory, so the GPU's peak is the largest (total - offloaded), which need not fall where
     the total peaks."""
 
-    def __init__(self, tracker: Any, offloaded: bool, depth: int, period: int) -> None:
+    def __init__(self, tracker: Any, offloaded: bool, period: int) -> None:
         super().__init__()
-        self.tracker, self.offloaded, self.depth, self.period = tracker, offloaded, depth, period
+        self.tracker, self.offloaded, self.period = tracker, offloaded, period
         self.peaks: dict[str, Peak] = {}
         self.enter(PASSES[0])
 
     def enter(self, stage: str) -> None:
         self.stage, self.at = stage, (f"{stage} before",)
 
-    def in_block(self, index: int) -> None:
-        self.at = tuple(f"{self.stage} {p}" for p in places(index, self.depth, self.period))
+    def in_block(self, stack: str, index: int, depth: int) -> None:
+        """Block `index` of a stack (T5: the encoder's or the decoder's) of `depth` blocks runs."""
+        self.at = tuple(f"{self.stage} {stack} {p}" for p in places(index, depth, self.period))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 (torch's signature)
         from torch.distributed.tensor import DTensor
@@ -152,16 +154,18 @@ def _follow_blocks(model: torch.nn.Module, watch: _PlacePeaks) -> list[Any]:
     from trainer.model import transformer_blocks
     handles: list[Any] = []
 
-    def on_output(index: int) -> Any:
+    def on_output(block: tuple[str, int, int]) -> Any:
         def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
             tensors = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
             if tensors:
-                handles.append(register_multi_grad_hook(tensors, lambda _: watch.in_block(index)))
+                handles.append(register_multi_grad_hook(tensors, lambda _: watch.in_block(*block)))
         return hook
 
-    for parent, _, i in transformer_blocks(model):
-        handles.append(parent[i].register_forward_pre_hook(lambda *_, i=i: watch.in_block(i), prepend=True))
-        handles.append(parent[i].register_forward_hook(on_output(i)))
+    for parent, stack, i in transformer_blocks(model):
+        block = (stack, i, len(parent))
+        handles.append(parent[i].register_forward_pre_hook(lambda *_, b=block: watch.in_block(*b),
+                                                           prepend=True))
+        handles.append(parent[i].register_forward_hook(on_output(block)))
     return handles
 
 
@@ -210,11 +214,10 @@ def track_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
     step), real or fake tensors alike."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-    from trainer.model import transformer_blocks
     from trainer.parallel import backward, optimizer_step
     tracker = FSDPMemTracker(mod=model, optm=optimizer)
     tracker.track_inputs(tuple(batch.values()))
-    watch = _PlacePeaks(tracker, offloaded, len(transformer_blocks(model)), period)
+    watch = _PlacePeaks(tracker, offloaded, period)
     handles = _follow_blocks(model, watch)
     try:
         with tracker, watch:
@@ -232,11 +235,11 @@ def track_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
 def shallow_depths(spec: RunSpec) -> tuple[int, int] | None:
     """The two depths that give a deep model's peak: one block pattern apart, congruent with its depth, and
     deep enough that the blocks places() counts from either end, bar the ends, are middle blocks;
-    None where the model is measured whole: T5's two stacks, blocks that differ (layer_types: Gemma 2's
-    sliding and global attention), or too few blocks for two shallow models to cost less."""
+    None where the model is measured whole: blocks that differ (layer_types: Gemma 2's sliding and global
+    attention), or too few blocks for two shallow models to cost less. T5's two stacks deepen together."""
     from trainer.model import hf_config
     arch = spec.arch
-    if arch.family != "llama" or len(set(getattr(hf_config(arch), "layer_types", None) or [None])) > 1:
+    if len(set(getattr(hf_config(arch), "layer_types", None) or [None])) > 1:
         return None
     period = pattern(spec)
     first = period + 2 + (arch.layers - period - 2) % period  # its top and bottom places are middle blocks

@@ -110,7 +110,8 @@ def _deep(tmp_path, layers: int, **fields) -> RunSpec:
     path = tmp_path / f"deep{layers}" / "config.json"
     path.parent.mkdir(exist_ok=True)
     path.write_text(json.dumps({"model_type": "mistral", "hidden_size": 64, "intermediate_size": 160,
-                                "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                "num_hidden_layers": layers, "num_attention_heads": 4,
+                                "num_key_value_heads": 2,
                                 "vocab_size": 512, "max_position_embeddings": 512,
                                 "tie_word_embeddings": False}))
     name, config = model_source(str(path))
@@ -142,6 +143,19 @@ def test_a_deep_model_measured_on_two_shallow_copies_peaks_where_the_whole_one_d
         assert got["categories"] == pytest.approx(want["categories"], rel=1e-9, abs=1e-12), name
     assert whole[specs["offload"].run_id]["host_gib"] > 0
     assert shallow[specs["ac_selective"].run_id]["blocks_measured"] == [5, 7]  # congruent with 13, 2 apart
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ac,layers,depths", [("full", 12, (3, 4)), ("selective", 13, (5, 7))])
+def test_t5s_two_stacks_deepen_together_on_the_same_lines(ac: str, layers: int, depths: tuple) -> None:
+    """T5's encoder and decoder each have their places (the relative position bias lives in each stack's
+    first block, an end block): two shallow copies give the deep model's peak and categories exactly."""
+    from trainer.memory import at_depth, extrapolate, highest, step_at
+    spec = RunSpec(model="tiny_t5", nodes=1, gpus_per_node=2, micro_batch=2, seq_len=64,
+                   activation_checkpointing=ac)
+    shallow = tuple(step_at(spec, at_depth(spec.arch, d), count=False)[0] for d in depths)
+    whole = step_at(spec, at_depth(spec.arch, layers), count=False)[0]
+    assert highest(extrapolate(shallow, depths, layers)) == highest(whole)
 
 
 def test_a_rank_holds_its_shard_groups_tensors_whatever_the_world() -> None:

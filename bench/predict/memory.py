@@ -236,8 +236,9 @@ class _Worker:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT),
                                                                           os.environ.get("PYTHONPATH")]))}
         self.proc = subprocess.Popen([sys.executable, "-m", "trainer.memory", *args], cwd=PROJECT_ROOT,
-                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
-                                     text=True, preexec_fn=die_with_parent())  # dies with the sweep
+                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.stderr, text=True,
+                                     preexec_fn=die_with_parent())  # dies with the sweep
         self.spec: RunSpec | None = None
         self.since = 0.0
         threading.Thread(target=self._read, args=(answers,), daemon=True).start()
