@@ -30,8 +30,8 @@ the highest of a few places, each affine in depth: before the first block of eac
 end (the middle blocks lie between them), and the optimizer step. Those places, measured on the same
 model at two shallow depths one pattern apart (selective AC's every other block is a pattern of 2),
 give each place's peak and categories, and the FLOP count, at full depth by a straight line: exactly.
-Llama 2 70B costs what 7 blocks cost instead of 80. T5's encoder and decoder deepen together, each stack
-with its own places. One peak per pass (forward, backward) is not enough:
+Llama 2 70B costs what 7 blocks cost instead of 80. T5 is stepped whole: its decoder's second block
+from the bottom still feels the top block at 3 blocks deep (tested). One peak per pass (forward, backward) is not enough:
 the backward's peak moves from its start (activations) to its end (gradients) as a model deepens.
 benchmarks/memory_plan.py --check measures every configuration of the GPU sweeps both ways;
 trainer/test_memory.py holds a deep tiny model to it under every option.
@@ -147,8 +147,7 @@ class _PlacePeaks(TorchDispatchMode):
 
 def _follow_blocks(model: torch.nn.Module, watch: _PlacePeaks) -> list[Any]:
     """Tell `watch` which block runs: as its forward starts (a recompute too) and as its backward starts
-    (its outputs' gradients are ready). Returns the hooks' handles."""
-    from torch.autograd.graph import register_multi_grad_hook
+    (the gradient of its output hidden states is ready). Returns the hooks' handles."""
     from torch.utils._pytree import tree_flatten
 
     from trainer.model import transformer_blocks
@@ -156,9 +155,9 @@ def _follow_blocks(model: torch.nn.Module, watch: _PlacePeaks) -> list[Any]:
 
     def on_output(block: tuple[str, int, int]) -> Any:
         def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
-            tensors = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
-            if tensors:
-                handles.append(register_multi_grad_hook(tensors, lambda _: watch.in_block(*block)))
+            hidden = tree_flatten(output)[0][0]  # not T5's position bias, which every block passes on
+            if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
+                handles.append(hidden.register_hook(lambda grad: watch.in_block(*block)))
         return hook
 
     for parent, stack, i in transformer_blocks(model):
@@ -236,10 +235,11 @@ def shallow_depths(spec: RunSpec) -> tuple[int, int] | None:
     """The two depths that give a deep model's peak: one block pattern apart, congruent with its depth, and
     deep enough that the blocks places() counts from either end, bar the ends, are middle blocks;
     None where the model is measured whole: blocks that differ (layer_types: Gemma 2's sliding and global
-    attention), or too few blocks for two shallow models to cost less. T5's two stacks deepen together."""
+    attention), too few blocks for two shallow models to cost less, or T5 (its decoder blocks' places are
+    not affine from these depths: at 3B, 3 and 4 blocks put the 9-block peak 1.3% low)."""
     from trainer.model import hf_config
     arch = spec.arch
-    if len(set(getattr(hf_config(arch), "layer_types", None) or [None])) > 1:
+    if arch.family == "t5" or len(set(getattr(hf_config(arch), "layer_types", None) or [None])) > 1:
         return None
     period = pattern(spec)
     first = period + 2 + (arch.layers - period - 2) % period  # its top and bottom places are middle blocks

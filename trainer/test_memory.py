@@ -146,16 +146,17 @@ def test_a_deep_model_measured_on_two_shallow_copies_peaks_where_the_whole_one_d
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ac,layers,depths", [("full", 12, (3, 4)), ("selective", 13, (5, 7))])
-def test_t5s_two_stacks_deepen_together_on_the_same_lines(ac: str, layers: int, depths: tuple) -> None:
-    """T5's encoder and decoder each have their places (the relative position bias lives in each stack's
-    first block, an end block): two shallow copies give the deep model's peak and categories exactly."""
-    from trainer.memory import at_depth, extrapolate, highest, step_at
-    spec = RunSpec(model="tiny_t5", nodes=1, gpus_per_node=2, micro_batch=2, seq_len=64,
-                   activation_checkpointing=ac)
-    shallow = tuple(step_at(spec, at_depth(spec.arch, d), count=False)[0] for d in depths)
-    whole = step_at(spec, at_depth(spec.arch, layers), count=False)[0]
-    assert highest(extrapolate(shallow, depths, layers)) == highest(whole)
+def test_t5_is_stepped_whole_because_two_shallow_copies_miss_its_peak() -> None:
+    """T5 3B's decoder: the second block from the bottom, at 3 blocks deep, still feels the top block, so
+    its line through 3 and 4 blocks puts the 9-block backward peak 1.3% low (Llama's places hold from 3
+    blocks on: the 92 configurations of benchmarks/memory_plan.py --check). The planner steps T5 whole."""
+    from trainer.memory import at_depth, extrapolate, highest, shallow_depths, step_at
+    spec = RunSpec(model="t5_3b", nodes=2, gpus_per_node=8, micro_batch=4, seq_len=512,
+                   activation_checkpointing="full")
+    assert shallow_depths(spec) is None
+    shallow = tuple(step_at(spec, at_depth(spec.arch, d), count=False)[0] for d in (3, 4))
+    whole = highest(step_at(spec, at_depth(spec.arch, 9), count=False)[0])
+    assert highest(extrapolate(shallow, (3, 4), 9)).device < 0.99 * whole.device
 
 
 def test_a_rank_holds_its_shard_groups_tensors_whatever_the_world() -> None:
