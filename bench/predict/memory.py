@@ -212,8 +212,8 @@ class MemoryPlanner:
 def _cache_entry(spec: RunSpec, result: dict[str, Any]) -> dict[str, Any]:
     return {"configuration": configuration(spec),
             "fingerprint": fingerprint(),
-            **{k: result.get(k) for k in ("peak_gib", "host_gib", "categories", "seconds", "torch",
-                                          "flops_per_token", "hw_flops_per_token", "count_s")}}
+            **{k: result.get(k) for k in ("peak_gib", "host_gib", "categories", "seconds", "torch", "count_s",
+                                          "flops_per_token", "hw_flops_per_token", "blocks_measured")}}
 
 
 MOE_NOTE = ("routed experts' activations are not measured (routing reads values fake tensors do not have): "
