@@ -121,17 +121,18 @@ def _deep(tmp_path, layers: int, **fields) -> RunSpec:
 
 # Where a shallow measurement could go wrong: AC full moves the backward's peak from its start to its end
 # as the model deepens (one peak per pass extrapolates 1% low at 12 blocks), selective AC's pattern of 2,
-# offload's host memory, Float8's casts, one FSDP unit for the whole model.
-DEEP = {"base": (12, {}), "ac_full": (12, {"activation_checkpointing": "full"}),
-        "ac_selective": (13, {"activation_checkpointing": "selective"}), "offload": (12, {"offload": "cpu"}),
-        "fp8": (12, {"precision": "fp8_tensorwise"}), "whole_model": (12, {"wrap_policy": "whole_model"})}
+# offload's host memory; in the slow suite also Float8's casts and one FSDP unit for the whole model.
+DEEP = {"ac_full": (12, {"activation_checkpointing": "full"}),
+        "ac_selective": (13, {"activation_checkpointing": "selective"}), "offload": (12, {"offload": "cpu"})}
+DEEP_SLOW = {"base": (12, {}), "fp8": (12, {"precision": "fp8_tensorwise"}),
+             "whole_model": (12, {"wrap_policy": "whole_model"})}
 
 
-def test_a_deep_model_measured_on_two_shallow_copies_peaks_where_the_whole_one_does(tmp_path) -> None:
+def _shallow_equals_whole(tmp_path, variants: dict[str, tuple[int, dict]]) -> dict[str, tuple[dict, dict]]:
     """The peak, its categories, the host's share and the counted FLOPs from two shallow copies equal the
     whole model's to the byte (the planner measures this way; benchmarks/memory_plan.py --check does the
     same for every configuration of the GPU sweeps)."""
-    specs = {name: _deep(tmp_path, layers, **fields) for name, (layers, fields) in DEEP.items()}
+    specs = {name: _deep(tmp_path, layers, **fields) for name, (layers, fields) in variants.items()}
     shallow, whole = _fake_side_by_side(list(specs.values()), ((), ("--whole",)))
     for name, spec in specs.items():
         got, want = shallow[spec.run_id], whole[spec.run_id]
@@ -141,8 +142,18 @@ def test_a_deep_model_measured_on_two_shallow_copies_peaks_where_the_whole_one_d
         for key in ("peak_gib", "host_gib", "flops_per_token", "hw_flops_per_token"):
             assert got[key] == pytest.approx(want[key], rel=1e-9, abs=1e-12), (name, key)
         assert got["categories"] == pytest.approx(want["categories"], rel=1e-9, abs=1e-12), name
-    assert whole[specs["offload"].run_id]["host_gib"] > 0
-    assert shallow[specs["ac_selective"].run_id]["blocks_measured"] == [5, 7]  # congruent with 13, 2 apart
+    return {name: (shallow[spec.run_id], whole[spec.run_id]) for name, spec in specs.items()}
+
+
+def test_a_deep_model_measured_on_two_shallow_copies_peaks_where_the_whole_one_does(tmp_path) -> None:
+    measured = _shallow_equals_whole(tmp_path, DEEP)
+    assert measured["offload"][1]["host_gib"] > 0
+    assert measured["ac_selective"][0]["blocks_measured"] == [5, 7]  # congruent with 13, 2 apart
+
+
+@pytest.mark.slow
+def test_float8_and_whole_model_wrapping_measured_shallow_peak_where_the_whole_model_does(tmp_path) -> None:
+    _shallow_equals_whole(tmp_path, DEEP_SLOW)
 
 
 @pytest.mark.slow
