@@ -64,7 +64,8 @@ def flop_count_cost(sweep: str, model: str) -> None:
     if not entries or any(e.get("count_s") is None for e in entries):
         sys.exit(f"planning {sweep} with {model} counted no FLOPs")
     counting, measuring = (sum(e[k] for e in entries) for k in ("count_s", "seconds"))
-    print(f"{sweep} with a brought model ({Path(model).parent.name or model}): {len(entries)} configurations, "
+    name = Path(model).parent.name or model
+    print(f"{sweep} with a brought model ({name}): {len(entries)} configurations, "
           f"the FLOP count {counting:.1f} s of {measuring:.1f} s measuring ({counting / measuring:.0%}); "
           f"plan {cold:.1f} s cold, {cached:.1f} s cached")
 

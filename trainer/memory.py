@@ -31,10 +31,10 @@ end (the middle blocks lie between them), and the optimizer step. Those places, 
 model at two shallow depths one pattern apart (selective AC's every other block is a pattern of 2),
 give each place's peak and categories, and the FLOP count, at full depth by a straight line: exactly.
 Llama 2 70B costs what 7 blocks cost instead of 80. T5 is stepped whole: its decoder's second block
-from the bottom still feels the top block at 3 blocks deep (tested). One peak per pass (forward, backward) is not enough:
-the backward's peak moves from its start (activations) to its end (gradients) as a model deepens.
-benchmarks/memory_plan.py --check measures every configuration of the GPU sweeps both ways;
-trainer/test_memory.py holds a deep tiny model to it under every option.
+from the bottom still feels the top block at 3 blocks deep (tested). One peak per pass (forward,
+backward) is not enough: the backward's peak moves from its start (activations) to its end (gradients)
+as a model deepens. benchmarks/memory_plan.py --check measures every configuration of the GPU sweeps
+both ways; trainer/test_memory.py holds a deep tiny model to it under every option.
 """
 from __future__ import annotations
 
