@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.config import from_dict  # noqa: E402
-from bench.predict.memory import MemoryPlanner, lower_bound, measure_in_workers  # noqa: E402
+from bench.predict.memory import MEMORY_FIELDS, MemoryPlanner, lower_bound, measure_in_workers  # noqa: E402
 from bench.plan import expand  # noqa: E402
 from bench.sweep import compose  # noqa: E402
 
@@ -102,7 +102,8 @@ def planned_and_whole(sweep: str, cache: Path, *extra: str) -> list[tuple[str, f
     cfg = from_dict(raw)
     planned = {p.spec.run_id: (p.spec, p.memory) for p in expand(cfg, MemoryPlanner(cfg, out=sys.stderr))
                if p.memory is not None and p.memory.source == "measured"}
-    distinct = {json.dumps([s.to_dict()[k] for k in CONFIG_FIELDS]): s for s, _ in planned.values()}
+    distinct = {json.dumps([s.to_dict()[k] for k in (*MEMORY_FIELDS, "model_config")]): s
+                for s, _ in planned.values()}  # by world size, not shard group: each checked
     specs = sorted(distinct.values(), key=lambda s: -s.arch.layers * s.world_size)
     rows = []
     for spec, record in measure_in_workers(specs, cfg.memory.workers, 3600, args=("--whole",)):
@@ -112,10 +113,6 @@ def planned_and_whole(sweep: str, cache: Path, *extra: str) -> list[tuple[str, f
         print(f"  {rows[-1][0]:<92} planned {rows[-1][1]:8.3f}  whole {rows[-1][2]:8.3f} GiB "
               f"({record['seconds']:.0f} s)", file=sys.stderr, flush=True)
     return rows
-
-
-CONFIG_FIELDS = ("model", "model_config", "nodes", "gpus_per_node", "sharding", "precision",
-                 "activation_checkpointing", "wrap_policy", "offload", "micro_batch", "seq_len")
 
 
 def check(sweeps: tuple[str, ...], *extra: str) -> bool:

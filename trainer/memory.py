@@ -62,7 +62,6 @@ CATEGORIES = {"Sharded Param": "params", "Unsharded Param": "params", "Buffer": 
               "Reduce Scatter": "temporaries", "Inputs": "temporaries"}
 # What CPUOffloadPolicy keeps in host memory: the sharded parameters, their gradients, AdamW's state.
 OFFLOADED = ("Sharded Param", "Sharded Grad", "OptState")
-PASSES = ("forward", "backward", "step")  # of one training step
 
 
 def _count_cpu_attention() -> None:
@@ -120,7 +119,7 @@ class _PlacePeaks(TorchDispatchMode):
         super().__init__()
         self.tracker, self.offloaded, self.period = tracker, offloaded, period
         self.peaks: dict[str, Peak] = {}
-        self.enter(PASSES[0])
+        self.enter("forward")
 
     def enter(self, stage: str) -> None:
         self.stage, self.at = stage, (f"{stage} before",)
