@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from bench.config import AUTO, AXES, ConfigError, SweepConfig
 from bench.core.models import model_source
 from bench.core.schema import RunSpec
+from bench.predict import census
 from bench.predict.memory import MemoryFigure, lower_bound
 from bench.predict.perf import Prediction, Predictor
 
@@ -78,6 +79,7 @@ def _train_points(cfg: SweepConfig) -> list[dict[str, Any]]:
 def _spec(cfg: SweepConfig, point: dict[str, Any], repeat: int, **override: Any) -> RunSpec:
     efa, gpus = point.get("efa_per_node"), point.get("gpus_per_node")
     model, config = model_source(point["model"]) if "model" in point else ("none", "")
+    census.ensure(model, config, cfg.memory.cache_dir)  # a family with no formula: counted from the model
     values = {**point, "model": model, "model_config": config,
               "micro_batch": 0 if point.get("micro_batch") == AUTO else point.get("micro_batch", 1),
               "efa_per_node": cfg.cluster.efa_per_node if efa is None else efa,

@@ -238,7 +238,8 @@ def shallow_depths(spec: RunSpec) -> tuple[int, int] | None:
     not affine from these depths: at 3B, 3 and 4 blocks put the 9-block peak 1.3% low)."""
     from trainer.model import hf_config
     arch = spec.arch
-    if arch.family == "t5" or len(set(getattr(hf_config(arch), "layer_types", None) or [None])) > 1:
+    differ = arch.counted is not None and len(set(arch.counted.block_params)) > 1
+    if arch.family == "t5" or differ or len(set(getattr(hf_config(arch), "layer_types", None) or [None])) > 1:
         return None
     period = pattern(spec)
     first = period + 2 + (arch.layers - period - 2) % period  # its top and bottom places are middle blocks
@@ -329,6 +330,7 @@ def measure(spec: RunSpec, count_flops: bool | None = None, whole: bool = False)
 def main(argv: list[str]) -> int:
     """Each stdin line a RunSpec dict; each answer a `memory` record (or one with `error`), in order.
     --whole steps every model whole (the check of the shallow measurement)."""
+    from trainer.census import ensure  # it counts FLOPs as this module does
     whole = argv == ["--whole"]
     if argv and not whole:
         print("usage: python -m trainer.memory [--whole] < specs.jsonl", file=sys.stderr)
@@ -338,6 +340,7 @@ def main(argv: list[str]) -> int:
             continue
         spec = RunSpec.from_dict(json.loads(line))
         try:
+            ensure(spec.model_config)  # a brought family with no formula: counted from the model itself
             result = measure(spec, whole=whole)
         except Exception as e:  # one configuration that cannot be measured never stops the others
             result = {"error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"}

@@ -51,9 +51,8 @@ def hf_config(a: ModelArch, attn_impl: str = "sdpa") -> PretrainedConfig:
     """The transformers config of a preset or of the config a user brought (random init; nothing is
     downloaded)."""
     if a.config_json:
-        cfg = brought_config(a.config_json)
-        cfg.use_cache = False
-    elif a.family == "llama":
+        return brought_hf_config(a.config_json, attn_impl)
+    if a.family == "llama":
         rope_scaling = ({"rope_type": "llama3", "factor": 8.0 if a.hidden > 3072 else 32.0,
                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                          "original_max_position_embeddings": 8192} if a.rope_llama3 else None)
@@ -71,11 +70,16 @@ def hf_config(a: ModelArch, attn_impl: str = "sdpa") -> PretrainedConfig:
     return cfg
 
 
-def build_meta_model(a: ModelArch, dtype: torch.dtype, attn_impl: str = "sdpa") -> PreTrainedModel:
-    """The model with every parameter on the meta device (no memory), in `dtype`."""
-    cfg = hf_config(a, attn_impl)
+def brought_hf_config(config_json: str, attn_impl: str = "sdpa") -> PretrainedConfig:
+    cfg = brought_config(config_json)
+    cfg.use_cache = False
+    cfg._attn_implementation = _attention("llama", attn_impl)
+    return cfg
+
+
+def _meta_model(cfg: PretrainedConfig, dtype: torch.dtype, encoder_decoder: bool) -> PreTrainedModel:
     with torch.device("meta"):
-        if a.family == "t5":
+        if encoder_decoder:
             model = T5ForConditionalGeneration(cfg)
         else:
             try:
@@ -86,14 +90,48 @@ def build_meta_model(a: ModelArch, dtype: torch.dtype, attn_impl: str = "sdpa") 
     return model.to(dtype)
 
 
+def build_meta_model(a: ModelArch, dtype: torch.dtype, attn_impl: str = "sdpa") -> PreTrainedModel:
+    """The model with every parameter on the meta device (no memory), in `dtype`."""
+    return _meta_model(hf_config(a, attn_impl), dtype, a.family == "t5")
+
+
+def build_brought_meta_model(config_json: str, dtype: torch.dtype) -> PreTrainedModel:
+    """A brought config's model on the meta device, before anything counts it (trainer/census.py)."""
+    return _meta_model(brought_hf_config(config_json), dtype, encoder_decoder=False)
+
+
+def _unwrapped(module: nn.Module) -> nn.Module:
+    """A block under activation checkpointing's or compile's wrapper (FSDP2 subclasses it in place)."""
+    while True:
+        inner = getattr(module, "_checkpoint_wrapped_module", None) or getattr(module, "_orig_mod", None)
+        if inner is None:
+            return module
+        module = inner
+
+
+def _decoder_layers(model: PreTrainedModel) -> tuple[str, nn.ModuleList]:
+    """A decoder's blocks: `model.layers` (Llama and most families), else the one list of modules of the
+    classes it names in `_no_split_modules` (GPT-2's `transformer.h`, GPT-NeoX's `gpt_neox.layers`)."""
+    inner = getattr(getattr(model, "model", None), "layers", None)
+    if isinstance(inner, nn.ModuleList):
+        return "model.layers", inner
+    split = set(model._no_split_modules or ())
+    lists = [(path, m) for path, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m)
+             and all(split & {c.__name__ for c in type(_unwrapped(block)).__mro__} for block in m)]
+    if len(lists) != 1:
+        raise TypeError(f"{type(model).__name__}: {len(lists)} lists of its _no_split_modules blocks "
+                        f"{sorted(split)}; the harness shards and checkpoints one")
+    return lists[0]
+
+
 def transformer_blocks(model: PreTrainedModel) -> list[tuple[nn.Module, str, int]]:
     """(parent ModuleList, attribute path, index) of every transformer block, in forward order: a decoder's
-    `model.layers`, the modules of the class it names in `_no_split_modules` (what Accelerate and torchtitan
+    layers, the modules of the class it names in `_no_split_modules` (what Accelerate and torchtitan
     wrap per block; check_blocks)."""
     if isinstance(model, T5ForConditionalGeneration):
         stacks = [("encoder.block", model.encoder.block), ("decoder.block", model.decoder.block)]
     else:
-        stacks = [("model.layers", model.model.layers)]
+        stacks = [_decoder_layers(model)]
     return [(blocks, path, i) for path, blocks in stacks for i in range(len(blocks))]
 
 

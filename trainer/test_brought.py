@@ -46,8 +46,8 @@ def test_flops_counted_on_fake_tensors_equal_the_analytic_count(ref: str, ac: st
     spec = _spec(ref, nodes=1, gpus_per_node=2, micro_batch=1, seq_len=seq, activation_checkpointing=ac)
     measured = measure(spec, count_flops=True)
     assert measured["flops_per_token"] == pytest.approx(model_flops_per_token(spec.arch, seq), rel=0.01)
-    hardware = hardware_flops_per_token(spec.arch, seq, ac)
-    assert hardware <= measured["hw_flops_per_token"] < 1.05 * hardware
+    hardware = hardware_flops_per_token(spec.arch, seq, ac)  # 6N counts the norms' weights: 0.2% at this size
+    assert 0.998 * hardware <= measured["hw_flops_per_token"] < 1.05 * hardware
 
 
 def test_a_mixture_of_experts_is_counted_analytically_not_on_fake_tensors() -> None:

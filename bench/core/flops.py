@@ -5,6 +5,8 @@ parameters without the input embedding (every matmul weight, forward 2 and backw
 per token; of a mixture of experts, the router's top-k experts' weights: what one token computes with) and
 12*L*H*Q*T the attention score and value matmuls (QK^T and AV, 2*T*Q each per
 head forward, times 3 with backward). Causal masking is not discounted, as in that convention.
+A brought model of a family with no formula here is counted from itself (bench.core.models.Census: three
+times its forward FLOPs, as FlopCounterMode counts them; the same convention, norms aside).
 """
 from __future__ import annotations
 
@@ -28,6 +30,10 @@ def checkpointed_blocks(ac: str, n_blocks: int) -> list[int]:
     raise ValueError(f"unknown activation_checkpointing {ac!r}; known: {', '.join(AC_MODES)}")
 
 
+def _line(coefficients: tuple[float, float], seq_len: int) -> float:
+    return coefficients[0] + coefficients[1] * seq_len
+
+
 def _attention_layers(a: ModelArch) -> int:
     """Attention matmul pairs per token: T5's decoder blocks attend twice (self and cross)."""
     return a.layers if a.family == "llama" else a.layers * 3
@@ -35,6 +41,8 @@ def _attention_layers(a: ModelArch) -> int:
 
 def model_flops_per_token(a: ModelArch, seq_len: int) -> float:
     """Training FLOPs per token (forward + backward), without recompute."""
+    if a.counted:
+        return 3.0 * _line(a.counted.forward_flops, seq_len)
     attention = 12.0 * _attention_layers(a) * a.heads * a.head_dim * seq_len
     return 6.0 * non_embedding_params(a, active=True) + attention
 
@@ -49,11 +57,14 @@ def recompute_flops_per_token(a: ModelArch, seq_len: int, ac: str) -> float:
 
     torch's non-reentrant checkpoint stops recomputing once the last tensor backward needs is rebuilt
     (early stop). A block's final FFN projection output is saved by nothing (the residual add needs no
-    inputs), so that matmul (2 * hidden * ffn per token) is not rerun; measured with the FLOP counter.
+    inputs), so that matmul (2 * hidden * ffn per token) is not rerun; measured with the FLOP counter. Gemma 2
+    normalises the MLP's output before the residual add: its norm needs that output, which is rerun.
     """
     if ac == "selective_op":  # every matmul output is saved: only FLOP-free elementwise ops rerun
         return 0.0
-    final_projection = 2.0 * a.hidden * a.ffn
+    if a.counted:  # counted under full checkpointing, block by block alike
+        return len(checkpointed_blocks(ac, a.blocks)) * _line(a.counted.recompute_flops, seq_len)
+    final_projection = 0.0 if a.block_norms == 4 else 2.0 * a.hidden * a.ffn
     return sum(_block_forward_flops_per_token(a, i, seq_len) - final_projection
                for i in checkpointed_blocks(ac, a.blocks))
 

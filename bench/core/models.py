@@ -15,6 +15,33 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class Census:
+    """A brought model's counts, taken from the model itself (`python -m trainer.census` builds it on the
+    meta device): for a decoder family no formula here describes. FLOPs per token are lines in the
+    sequence length (a + b * seq: matmuls, then attention's score and value products), read with torch's
+    FlopCounterMode at two lengths."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    max_seq_len: int
+    params: int  # every parameter once (a tied output projection is the input embedding)
+    embedding: int  # the input embedding's parameters
+    tied: bool
+    block_params: tuple[int, ...]  # each transformer block's parameters, in forward order
+    float8_params: int  # weights of the linears torchao's Float8 training converts (trainer float8_filter)
+    forward_flops: tuple[float, float]  # one forward pass per token: a + b * seq
+    recompute_flops: tuple[float, float]  # what full activation checkpointing reruns per block, per token
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Census:
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()
+                      if k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
 class ModelArch:
     """Architecture of a decoder-only Llama or an encoder-decoder T5."""
 
@@ -40,6 +67,7 @@ class ModelArch:
     experts: int = 0  # mixture of experts (Mixtral): experts per block; 0 = a dense MLP
     experts_per_token: int = 0  # the router's top-k: the experts a token runs through
     fused_projections: bool = False  # Phi-3: q, k, v in one linear, gate and up in another
+    counted: Census | None = None  # a family without a formula here: its counts, from the model itself
 
     @property
     def blocks(self) -> int:
@@ -112,6 +140,8 @@ def _t5_block_params(a: ModelArch, decoder: bool) -> int:
 def block_params(a: ModelArch, active: bool = False) -> list[int]:
     """Parameters of each transformer block, in model order; active: those one token computes with (a
     mixture of experts' top-k; a dense model's all)."""
+    if a.counted:
+        return list(a.counted.block_params)
     if a.family == "llama":
         return [_llama_block_params(a, active)] * a.layers
     return [_t5_block_params(a, False)] * a.layers + [_t5_block_params(a, True)] * a.layers
@@ -135,6 +165,8 @@ def block_linears(a: ModelArch) -> list[tuple[int, int]]:
 def float8_linear_params(a: ModelArch) -> int:
     """Weights of the linears torchao's Float8 training converts (trainer/parallel.py float8_filter): those
     inside blocks whose both dimensions are multiples of 16; biases stay in high precision."""
+    if a.counted:
+        return a.counted.float8_params
     converted = sum(i * o for i, o in block_linears(a) if i % 16 == 0 and o % 16 == 0)
     if a.family == "t5":  # the decoder's blocks add cross-attention's four, shaped as self-attention's
         cross = sum(i * o for i, o in block_linears(a)[:4] if i % 16 == 0 and o % 16 == 0)
@@ -144,6 +176,8 @@ def float8_linear_params(a: ModelArch) -> int:
 
 def count_params(a: ModelArch) -> int:
     """Total parameters, counted from the architecture (no weights needed)."""
+    if a.counted:
+        return a.counted.params
     embed = a.vocab * a.hidden
     total = embed + sum(block_params(a))
     if a.family == "llama":
@@ -164,13 +198,17 @@ def non_embedding_params(a: ModelArch, active: bool = False) -> int:
     A tied output projection still does a matmul per token, so it is counted once as the lm_head.
     """
     inactive = sum(block_params(a)) - sum(block_params(a, active=True)) if active else 0
-    return count_params(a) - inactive - (0 if a.tie_embeddings else a.vocab * a.hidden)
+    embedding = a.counted.embedding if a.counted else a.vocab * a.hidden
+    return count_params(a) - inactive - (0 if a.tie_embeddings else embedding)
 
 
 # ---------------------------------------------------------------- models a user brings
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "sweeps" / "model"  # a study's own model files
-DECODERS = {"llama", "mistral", "qwen2", "gemma2", "phi3", "mixtral"}  # counted exactly (tests: the cards)
+# Families counted here from their config fields (exact: tests hold them to the model cards); any other
+# decoder transformers builds is counted from the model itself (Census)
+ANALYTIC = {"llama", "mistral", "qwen2", "gemma2", "phi3", "mixtral"}
+EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 ENCODERS = {"bert", "roberta", "distilbert", "albert", "electra", "deberta", "deberta-v2", "xlm-roberta",
             "mpnet", "modernbert", "camembert"}
 DEFAULT_TIED = {"gemma2"}  # model types whose configs tie the embeddings unless they say otherwise
@@ -226,13 +264,14 @@ def _check_decoder(ref: str, cfg: dict[str, Any]) -> None:
     if cfg.get("auto_map"):
         raise ModelError(f"model {ref!r}: the config needs the model's own code (auto_map); the harness "
                          "builds transformers' classes only and runs no downloaded code")
-    if kind not in DECODERS:
-        raise ModelError(f"model {ref!r}: model_type {kind!r} is not a decoder architecture the harness "
-                         f"counts; known: {', '.join(sorted(DECODERS))}")
-    missing = [k for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                           "vocab_size") if not isinstance(cfg.get(k), int)]
-    if missing:
-        raise ModelError(f"model {ref!r}: the config lacks {', '.join(missing)}")
+    if kind in ANALYTIC:
+        missing = [k for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                               "vocab_size") if not isinstance(cfg.get(k), int)]
+        if missing:
+            raise ModelError(f"model {ref!r}: the config lacks {', '.join(missing)}")
+    elif any(isinstance(cfg.get(k), int) and cfg[k] > 1 for k in EXPERT_FIELDS):
+        raise ModelError(f"model {ref!r}: model_type {kind!r} is a mixture of experts; of those the harness "
+                         "counts Mixtral's (the top-k experts a token runs through) only")
 
 
 @functools.cache
@@ -245,10 +284,37 @@ def model_source(ref: str) -> tuple[str, str]:
     return _name(ref, path, cfg), json.dumps(cfg, sort_keys=True, separators=(",", ":"))
 
 
+# Censuses by config JSON, taken where torch is (bench.predict.census, trainer.census)
+_COUNTED: dict[str, Census] = {}
+
+
+def needs_census(config_json: str) -> bool:
+    """Whether a brought config's counts come from the model itself (a family with no formula here)."""
+    return bool(config_json) and json.loads(config_json)["model_type"] not in ANALYTIC
+
+
+def register_census(config_json: str, census: Census) -> None:
+    _COUNTED[config_json] = census
+
+
+def _counted_arch(name: str, config_json: str) -> ModelArch:
+    census = _COUNTED.get(config_json)
+    if census is None:
+        raise ModelError(f"model {name!r}: model_type {json.loads(config_json)['model_type']!r} is counted "
+                         "from the model itself, which needs torch and transformers here (python -m "
+                         "trainer.census)")
+    return ModelArch(
+        name=name, family="llama", hidden=census.hidden, ffn=0, layers=len(census.block_params),
+        heads=census.heads, kv_heads=census.kv_heads, head_dim=census.head_dim, vocab=census.vocab,
+        tie_embeddings=census.tied, max_seq_len=census.max_seq_len, config_json=config_json, counted=census)
+
+
 @functools.cache
 def arch_from_config(name: str, config_json: str) -> ModelArch:
     """The architecture of a decoder a user brought, from its Hugging Face config fields (defaults as
-    transformers' config classes set them)."""
+    transformers' config classes set them), or, for a family no formula here describes, from its census."""
+    if needs_census(config_json):
+        return _counted_arch(name, config_json)
     c = json.loads(config_json)
     kind, heads = c["model_type"], c["num_attention_heads"]
     return ModelArch(

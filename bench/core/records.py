@@ -19,7 +19,8 @@ from typing import Any, NoReturn, TextIO
 from bench.core.schema import SCHEMA_VERSION
 
 RECORD_PREFIX = "@@fsdpbench@@ "
-RECORD_KINDS = ("meta", "step", "summary", "nvml", "nccl", "memory", "flight")  # memory, flight: commands
+# memory, flight and census: the worker commands' answers
+RECORD_KINDS = ("meta", "step", "summary", "nvml", "nccl", "memory", "flight", "census")
 RECORDS_DIR = "records"
 # The worker's process-group timeout, from the harness (bench.launchers.base.job_env): a collective that
 # waits longer fails the run, and its ranks leave flight-recorder dumps (trainer/flight.py).

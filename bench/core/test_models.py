@@ -76,7 +76,7 @@ def _write(tmp_path: Path, text: str) -> str:
     ("{not json", "is not valid JSON"),
     ('{"model_type": "bert", "hidden_size": 768}', "is an encoder-only model"),
     ('{"model_type": "t5", "is_encoder_decoder": true}', "is an encoder-decoder model"),
-    ('{"model_type": "mamba", "hidden_size": 768}', "is not a decoder architecture the harness counts"),
+    ('{"model_type": "qwen2_moe", "num_experts": 60}', "is a mixture of experts"),
     ('{"hidden_size": 768}', "has no model_type"),
     ('{"model_type": "mistral", "hidden_size": 64}', "lacks intermediate_size"),
     ('[1, 2]', "does not hold a mapping"),
