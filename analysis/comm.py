@@ -23,7 +23,9 @@ import pandas as pd
 
 from analysis.scaling import CONFIG
 from bench.core.flops import COMPUTE_BYTES, REDUCE_BYTES  # gathered in the compute dtype, reduced in fp32
-from bench.core.models import arch_of, count_params
+from bench.config import ConfigError
+from bench.core.models import ModelArch, ModelError, arch_of, count_params
+from bench.predict import census
 
 COMM_BOUND = 0.9  # modelled comm time >= 90% of the step: nothing left to hide it behind
 EXPLAINED = 0.5  # comm growth covers >= half of the step-time growth
@@ -55,8 +57,22 @@ def busbw_at(sizes: pd.DataFrame, nodes: int, efa: float, message_bytes: float) 
     return float(rows.loc[distance.idxmin(), "busbw_gbs"])
 
 
+def _arch(row: pd.Series) -> ModelArch | None:
+    """The row's architecture; a brought family with no formula from its census (the planner's cache, else
+    counted now), None where it cannot be counted here (no torch where the report runs)."""
+    config = row.get("model_config")
+    config = config if isinstance(config, str) else ""
+    try:
+        census.ensure(row["model"], config)
+        return arch_of(row["model"], config)
+    except (ConfigError, ModelError):
+        return None
+
+
 def _model_row(row: pd.Series, sizes: pd.DataFrame) -> dict[str, object]:
-    arch = arch_of(row["model"], row.get("model_config") or "")
+    arch = _arch(row)
+    if arch is None:
+        return {"comm_gb_per_gpu": float("nan"), "busbw_gbs": float("nan"), "comm_s": float("nan")}
     params = count_params(arch)
     nodes, gpn = int(row["nodes"]), int(row["gpus_per_node"])
     intra, world = bus_bytes(row["sharding"], row["precision"], params, nodes, gpn)

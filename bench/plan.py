@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from bench.config import AUTO, AXES, ConfigError, SweepConfig
-from bench.core.models import model_source
+from bench.core.models import float8_linear_params, model_source
 from bench.core.schema import RunSpec
 from bench.predict import census
 from bench.predict.memory import MemoryFigure, lower_bound
@@ -96,6 +96,9 @@ def _spec(cfg: SweepConfig, point: dict[str, Any], repeat: int, **override: Any)
     if spec.kind == "train" and spec.seq_len > spec.arch.max_seq_len:  # the worker would refuse it
         raise ConfigError(f"axes.seq_len: {spec.seq_len} exceeds model {point['model']!r}'s "
                           f"max_position_embeddings={spec.arch.max_seq_len}")
+    if spec.kind == "train" and spec.precision == "fp8_tensorwise" and not float8_linear_params(spec.arch):
+        raise ConfigError(f"axes.precision: fp8_tensorwise converts no linear of model {point['model']!r} "
+                          "(none in its blocks is an nn.Linear with dimensions that are multiples of 16)")
     return spec
 
 

@@ -1,7 +1,8 @@
 """Memory before launch, measured: planning time of `p5_scaling --dry-run` with the fake-tensor
 measurement cold, cached and off, and for every planned configuration of p5_scaling, p4de_scaling, ablation
 and p5_options the measured peak beside the lower bound the planner falls back on (state alone), so the
-table shows how much of each peak the fallback cannot see.
+table shows how much of each peak the fallback cannot see. A brought model's costs: its FLOP count (Mistral
+7B, in each measurement) and a census (Qwen3 0.6B, a family with no formula, counted before it is planned).
 
 The analytic peak formula the measurement replaced was compared the same way before its removal (median
 11.9% off, worst -49.0%, 19 of 92 configurations under-estimated): `git checkout ee49b92 && python
@@ -32,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.config import from_dict  # noqa: E402
+from bench.core.models import model_source  # noqa: E402
 from bench.predict.memory import MEMORY_FIELDS, MemoryPlanner, lower_bound, measure_in_workers  # noqa: E402
 from bench.plan import expand  # noqa: E402
 from bench.sweep import compose  # noqa: E402
@@ -68,6 +70,26 @@ def flop_count_cost(sweep: str, model: str) -> None:
     print(f"{sweep} with a brought model ({name}): {len(entries)} configurations, "
           f"the FLOP count {counting:.1f} s of {measuring:.1f} s measuring ({counting / measuring:.0%}); "
           f"plan {cold:.1f} s cold, {cached:.1f} s cached")
+
+
+COUNTED = {False: str(ROOT / "bench/core/testdata/hf/qwen3_0_6b/config.json"), True: "tiny_qwen3"}
+
+
+def census_cost(sweep: str, model: str) -> None:
+    """A family with no formula is counted from the model before it is planned (python -m trainer.census):
+    the census alone, and the plan with it cold and cached (the census is cached too)."""
+    name, config = model_source(model)
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "trainer.census"], input=config + "\n", text=True, cwd=ROOT,
+                   capture_output=True, check=True)
+    counting = time.perf_counter() - started
+    cache = Path(tempfile.mkdtemp(prefix="fsdpbench-memory-"))
+    cold = plan_seconds(cache, f"axes.model=[{model}]", sweep=sweep)
+    cached = plan_seconds(cache, f"axes.model=[{model}]", sweep=sweep)
+    if not list((cache / "census").glob("*.json")):
+        sys.exit(f"planning {sweep} with {model} took no census")
+    print(f"{sweep} with {name} ({json.loads(config)['model_type']}, counted from the model): the census "
+          f"{counting:.1f} s (a process of its own); plan {cold:.1f} s cold, {cached:.1f} s cached")
 
 
 def compare(sweep: str, cache: Path) -> list[float]:
@@ -153,6 +175,7 @@ def main() -> None:
     print(f"planning {sweeps[0]} --dry-run: {cold:.1f} s cold (measuring), {cached:.1f} s cached, "
           f"{off:.1f} s with memory.measure=false")
     flop_count_cost(sweeps[0], BROUGHT[args.quick])
+    census_cost(sweeps[0], COUNTED[args.quick])
     everything = []
     for sweep in sweeps:
         errors = compare(sweep, cache)

@@ -59,5 +59,5 @@ def count(name: str, config_json: str) -> Census:
         last = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1][:300]
         raise ConfigError(f"{where}: the census worker gave no answer ({last})")
     if "error" in answers[0]:
-        raise ConfigError(f"{where}: transformers cannot build it: {answers[0]['error']}")
+        raise ConfigError(f"{where} cannot be built and counted here: {answers[0]['error']}")
     return Census.from_dict(answers[0]["census"])

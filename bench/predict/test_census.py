@@ -62,7 +62,7 @@ def test_a_model_type_transformers_does_not_know_stops_the_sweep_before_anything
                            f"results_root={results}", f"memory.cache_dir={tmp_path / 'cache'}", "--dry-run"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "transformers cannot build it" in proc.stderr and "not_a_model" in proc.stderr
+    assert "cannot be built and counted here" in proc.stderr and "not_a_model" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not results.exists()
 
 
@@ -80,3 +80,13 @@ def test_p5_scaling_plans_a_qwen3_config_like_a_preset(tmp_path: Path) -> None:
         rows = [r for r in csv.DictReader(f) if r["kind"] == "train"]
     assert len(rows) >= 10 and {r["model"] for r in rows} == {"qwen3_0_6b"}
     assert all(r["pred_mem_source"] == "measured" and float(r["pred_tokens_per_s_per_gpu"]) > 0 for r in rows)
+
+
+def test_float8_on_a_model_with_no_linear_it_converts_stops_the_sweep(tmp_path: Path) -> None:
+    """GPT-2's projections are Conv1D, not nn.Linear: torchao converts none of them, and the worker would
+    refuse the run after launch; the plan refuses it first."""
+    from bench.plan import expand
+    from bench.predict.test_memory import cfg_for
+    cfg = cfg_for(tmp_path, "+sweep=smoke", "axes.model=[tiny_gpt2]", "axes.precision=[fp8_tensorwise]")
+    with pytest.raises(ConfigError, match="fp8_tensorwise converts no linear of model 'tiny_gpt2'"):
+        expand(cfg)
