@@ -24,12 +24,25 @@ from torch.utils.flop_counter import FlopCounterMode
 from bench.core.models import Census, needs_census, register_census
 from bench.core.records import format_record
 from trainer.data import synthetic_batch
-from trainer.memory import _count_cpu_attention
 from trainer.model import build_brought_meta_model, transformer_blocks
 from trainer.parallel import apply_activation_checkpointing, float8_filter
 
 SEQ_LENS = (16, 32)  # two lengths give each count's line in the sequence length
 DEPTHS = (1, 2)  # identical blocks: two shallow copies give the FLOPs outside the blocks and of each block
+
+
+def count_cpu_attention() -> None:
+    """FlopCounterMode knows SDPA's GPU kernels; the counts run on the CPU, whose flash kernel it does
+    not know (and would count as 0). The same shapes do the same matmuls: count them as torch counts SDPA."""
+    from torch.utils import flop_counter as fc
+    aten = torch.ops.aten
+    if aten._scaled_dot_product_flash_attention_for_cpu in fc.flop_registry:
+        return
+    for cpu, gpu in ((aten._scaled_dot_product_flash_attention_for_cpu,
+                      aten._scaled_dot_product_flash_attention),
+                     (aten._scaled_dot_product_flash_attention_for_cpu_backward,
+                      aten._scaled_dot_product_flash_attention_backward)):
+        fc.register_flop_formula(cpu, get_raw=True)(fc.flop_registry[gpu])  # the GPU kernel's, as registered
 
 
 def _field(cfg: Any, *names: str, default: Any = None) -> Any:
@@ -42,7 +55,7 @@ def _step_flops(config_json: str, seq_len: int, checkpointed: bool) -> tuple[flo
     model = build_brought_meta_model(config_json, torch.float32)
     if checkpointed:
         apply_activation_checkpointing(model, "full")
-    _count_cpu_attention()
+    count_cpu_attention()
     with FakeTensorMode(allow_non_fake_inputs=True):
         model.to_empty(device="cpu")
         model.train()

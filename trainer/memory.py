@@ -52,6 +52,7 @@ from bench.core.flops import SELECTIVE_EVERY
 from bench.core.models import ModelArch
 from bench.core.records import format_record
 from bench.core.schema import RunSpec
+from trainer.census import count_cpu_attention, ensure
 
 GIB = 2**30
 TOTAL = "Total"
@@ -62,20 +63,6 @@ CATEGORIES = {"Sharded Param": "params", "Unsharded Param": "params", "Buffer": 
               "Reduce Scatter": "temporaries", "Inputs": "temporaries"}
 # What CPUOffloadPolicy keeps in host memory: the sharded parameters, their gradients, AdamW's state.
 OFFLOADED = ("Sharded Param", "Sharded Grad", "OptState")
-
-
-def _count_cpu_attention() -> None:
-    """FlopCounterMode knows SDPA's GPU kernels; the measurement runs on the CPU, whose flash kernel it does
-    not know (and would count as 0). The same shapes do the same matmuls: count them as torch counts SDPA."""
-    from torch.utils import flop_counter as fc
-    aten = torch.ops.aten
-    if aten._scaled_dot_product_flash_attention_for_cpu in fc.flop_registry:
-        return
-    for cpu, gpu in ((aten._scaled_dot_product_flash_attention_for_cpu,
-                      aten._scaled_dot_product_flash_attention),
-                     (aten._scaled_dot_product_flash_attention_for_cpu_backward,
-                      aten._scaled_dot_product_flash_attention_backward)):
-        fc.register_flop_formula(cpu, get_raw=True)(fc.flop_registry[gpu])  # the GPU kernel's, as registered
 
 
 def _named(snapshot: dict[Any, int]) -> dict[str, int]:
@@ -194,7 +181,7 @@ def counted_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     from torch.utils.flop_counter import FlopCounterMode
 
     from trainer.parallel import backward_and_step
-    _count_cpu_attention()
+    count_cpu_attention()
     started, counter = time.perf_counter(), FlopCounterMode(display=False)
     with counter:
         loss = model(**batch).loss
@@ -330,7 +317,6 @@ def measure(spec: RunSpec, count_flops: bool | None = None, whole: bool = False)
 def main(argv: list[str]) -> int:
     """Each stdin line a RunSpec dict; each answer a `memory` record (or one with `error`), in order.
     --whole steps every model whole (the check of the shallow measurement)."""
-    from trainer.census import ensure  # it counts FLOPs as this module does
     whole = argv == ["--whole"]
     if argv and not whole:
         print("usage: python -m trainer.memory [--whole] < specs.jsonl", file=sys.stderr)
