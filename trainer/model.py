@@ -90,9 +90,23 @@ def _meta_model(cfg: PretrainedConfig, dtype: torch.dtype, encoder_decoder: bool
     return model.to(dtype)
 
 
-def build_meta_model(a: ModelArch, dtype: torch.dtype, attn_impl: str = "sdpa") -> PreTrainedModel:
-    """The model with every parameter on the meta device (no memory), in `dtype`."""
-    return _meta_model(hf_config(a, attn_impl), dtype, a.family == "t5")
+def windowed(cfg: PretrainedConfig, seq_len: int) -> bool:
+    """Whether a config attends within a sliding window shorter than the sequence (Mistral 7B v0.1: 4096,
+    Phi-3 mini 4k: 2047, StarCoder2: 4096; Qwen2's and Qwen3's only with use_sliding_window)."""
+    window = getattr(cfg, "sliding_window", None)
+    return isinstance(window, int) and window < seq_len and getattr(cfg, "use_sliding_window", True) is not False
+
+
+def build_meta_model(a: ModelArch, dtype: torch.dtype, attn_impl: str = "sdpa",
+                     seq_len: int = 0) -> PreTrainedModel:
+    """The model with every parameter on the meta device (no memory), in `dtype`. A sequence longer than the
+    model's sliding window runs transformers' own SDPA path, which masks to the window (SDPA's causal flag
+    alone would attend to the whole prefix: another model); the mask costs a T x T tensor, and no FLOPs
+    are saved (SDPA computes the masked scores), as in transformers' own training."""
+    cfg = hf_config(a, attn_impl)
+    if a.config_json and attn_impl == "sdpa" and windowed(cfg, seq_len):
+        cfg._attn_implementation = "sdpa"
+    return _meta_model(cfg, dtype, a.family == "t5")
 
 
 def build_brought_meta_model(config_json: str, dtype: torch.dtype) -> PreTrainedModel:

@@ -167,7 +167,7 @@ def parallelize(spec: RunSpec, arch: ModelArch, device: torch.device,
                 attn_impl: str = "sdpa") -> Parallelized:
     """The worker's model for a spec, in the order above, still on the meta device. The trainer and the
     memory measurement (trainer/memory.py) both build through here, so the prediction follows any change."""
-    model = build_meta_model(arch, DTYPES[spec.precision], attn_impl)
+    model = build_meta_model(arch, DTYPES[spec.precision], attn_impl, spec.seq_len)
     n_fp8 = convert_float8(model, device) if spec.precision == "fp8_tensorwise" else 0
     n_ckpt = apply_activation_checkpointing(model, spec.activation_checkpointing)
     n_compiled = compile_blocks(model) if spec.compile else 0

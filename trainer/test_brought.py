@@ -105,3 +105,24 @@ def test_the_planners_float8_weights_are_those_torchao_converts(ref: str) -> Non
     convert_float8(model, torch.device("cpu"))
     converted = sum(m.weight.numel() for m in model.modules() if isinstance(m, Float8Linear))
     assert float8_linear_params(spec.arch) == converted > 0
+
+
+def test_a_sequence_longer_than_the_sliding_window_attends_within_it() -> None:
+    """Mistral's window, faithfully: beyond it the worker's model computes what transformers' eager
+    attention (which masks to the window) computes, not the whole causal prefix."""
+    from trainer.model import materialize
+    name, config = model_source("tiny_mistral")
+    windowed_config = json.dumps({**json.loads(config), "sliding_window": 8}, sort_keys=True)
+    arch = RunSpec(model=name, model_config=windowed_config).arch
+    ids = torch.randint(0, arch.vocab, (1, 32), generator=torch.Generator().manual_seed(0))
+
+    def logits(**build) -> torch.Tensor:
+        model = build_meta_model(arch, torch.float32, **build)
+        materialize(model, torch.device("cpu"), seed=0)
+        with torch.no_grad():
+            return model(input_ids=ids).logits
+
+    ours, eager, unwindowed = logits(seq_len=32), logits(attn_impl="eager", seq_len=32), logits(seq_len=8)
+    torch.testing.assert_close(ours, eager, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(unwindowed[:, 8:], eager[:, 8:], atol=1e-3)  # the whole prefix: another model
+    torch.testing.assert_close(unwindowed[:, :8], eager[:, :8], rtol=1e-4, atol=1e-4)  # within it: the same
