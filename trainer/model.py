@@ -94,7 +94,8 @@ def windowed(cfg: PretrainedConfig, seq_len: int) -> bool:
     """Whether a config attends within a sliding window shorter than the sequence (Mistral 7B v0.1: 4096,
     Phi-3 mini 4k: 2047, StarCoder2: 4096; Qwen2's and Qwen3's only with use_sliding_window)."""
     window = getattr(cfg, "sliding_window", None)
-    return isinstance(window, int) and window < seq_len and getattr(cfg, "use_sliding_window", True) is not False
+    enabled = getattr(cfg, "use_sliding_window", True) is not False
+    return isinstance(window, int) and window < seq_len and enabled
 
 
 def build_meta_model(a: ModelArch, dtype: torch.dtype, attn_impl: str = "sdpa",
