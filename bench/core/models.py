@@ -43,7 +43,7 @@ class Census:
 
 @dataclass(frozen=True)
 class ModelArch:
-    """Architecture of a decoder-only Llama or an encoder-decoder T5."""
+    """Architecture of a decoder-only Llama (and the families a user brings) or an encoder-decoder T5."""
 
     name: str
     family: str  # "llama" | "t5"
@@ -288,6 +288,7 @@ def model_source(ref: str) -> tuple[str, str]:
 _COUNTED: dict[str, Census] = {}
 
 
+@functools.cache
 def needs_census(config_json: str) -> bool:
     """Whether a brought config's counts come from the model itself (a family with no formula here)."""
     return bool(config_json) and json.loads(config_json)["model_type"] not in ANALYTIC
@@ -295,6 +296,10 @@ def needs_census(config_json: str) -> bool:
 
 def register_census(config_json: str, census: Census) -> None:
     _COUNTED[config_json] = census
+
+
+def has_census(config_json: str) -> bool:
+    return config_json in _COUNTED
 
 
 def _counted_arch(name: str, config_json: str) -> ModelArch:
