@@ -21,8 +21,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from bench.core.models import Census, needs_census, register_census
-from bench.core.records import format_record
+from bench.core.models import Census, has_census, needs_census, register_census
+from bench.core.records import error_line, format_record
 from trainer.data import synthetic_batch
 from trainer.model import build_brought_meta_model, transformer_blocks
 from trainer.parallel import apply_activation_checkpointing, float8_filter
@@ -76,7 +76,7 @@ def _line(values: list[float]) -> tuple[float, float]:
     return v1 - slope * s1, slope
 
 
-def at_depth(config_json: str, blocks: int) -> str:
+def config_at_depth(config_json: str, blocks: int) -> str:
     """The config with `blocks` blocks (transformers maps num_hidden_layers to a family's own name)."""
     fields = json.loads(config_json)
     fields["num_hidden_layers"] = blocks
@@ -99,7 +99,7 @@ def flops(config_json: str, blocks: int, alike: bool) -> tuple[tuple[float, floa
     if not alike:
         forward, recompute = _counts(config_json)
         return _line(forward), _line([r / blocks for r in recompute])
-    (f1, r1), (f2, r2) = (_counts(at_depth(config_json, d)) for d in DEPTHS)
+    (f1, r1), (f2, r2) = (_counts(config_at_depth(config_json, d)) for d in DEPTHS)
     per_block = [b - a for a, b in zip(f1, f2)]
     forward = [a + (blocks - DEPTHS[0]) * p for a, p in zip(f1, per_block)]
     return _line(forward), _line([b - a for a, b in zip(r1, r2)])
@@ -131,7 +131,7 @@ def count(config_json: str) -> Census:
 
 def ensure(config_json: str) -> None:
     """Count a brought config in this process where its family needs it (a worker's spec.arch reads it)."""
-    if needs_census(config_json):
+    if needs_census(config_json) and not has_census(config_json):
         register_census(config_json, count(config_json))
 
 
@@ -146,7 +146,7 @@ def main(argv: list[str]) -> int:
         try:
             answer = {"census": count(config_json).__dict__}
         except Exception as e:  # noqa: BLE001 (one config that cannot be built never stops the others)
-            answer = {"error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"}
+            answer = {"error": error_line(e)}
         print(format_record("census", **answer), flush=True)
     return 0
 

@@ -50,9 +50,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench.core.flops import SELECTIVE_EVERY
 from bench.core.models import ModelArch
-from bench.core.records import format_record
+from bench.core.records import error_line, format_record
 from bench.core.schema import RunSpec
-from trainer.census import count_cpu_attention, ensure
+from trainer.census import config_at_depth, count_cpu_attention, ensure
 
 GIB = 2**30
 TOTAL = "Total"
@@ -237,11 +237,7 @@ def at_depth(arch: ModelArch, blocks: int) -> ModelArch:
     """The same model with `blocks` blocks (a brought config's num_hidden_layers and layer_types too)."""
     if not arch.config_json:
         return replace(arch, layers=blocks)
-    fields = json.loads(arch.config_json)
-    fields["num_hidden_layers"] = blocks
-    if "layer_types" in fields:
-        fields["layer_types"] = fields["layer_types"][:blocks]
-    return replace(arch, layers=blocks, config_json=json.dumps(fields, sort_keys=True))
+    return replace(arch, layers=blocks, config_json=config_at_depth(arch.config_json, blocks))
 
 
 def _line(x1: float, x2: float, depths: tuple[int, int], depth: int) -> float:
@@ -329,7 +325,7 @@ def main(argv: list[str]) -> int:
             ensure(spec.model_config)  # a brought family with no formula: counted from the model itself
             result = measure(spec, whole=whole)
         except Exception as e:  # one configuration that cannot be measured never stops the others
-            result = {"error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"}
+            result = {"error": error_line(e)}
         print(format_record("memory", run_id=spec.run_id, **result), flush=True)
     return 0
 

@@ -47,11 +47,11 @@ def brought_config(config_json: str) -> PretrainedConfig:
     return AutoConfig.for_model(fields["model_type"], **architecture)
 
 
-def hf_config(a: ModelArch, attn_impl: str = "sdpa") -> PretrainedConfig:
+def hf_config(a: ModelArch, attn_impl: str = "sdpa", seq_len: int = 0) -> PretrainedConfig:
     """The transformers config of a preset or of the config a user brought (random init; nothing is
     downloaded)."""
     if a.config_json:
-        return brought_hf_config(a.config_json, attn_impl)
+        return brought_hf_config(a.config_json, attn_impl, seq_len)
     if a.family == "llama":
         rope_scaling = ({"rope_type": "llama3", "factor": 8.0 if a.hidden > 3072 else 32.0,
                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -70,10 +70,15 @@ def hf_config(a: ModelArch, attn_impl: str = "sdpa") -> PretrainedConfig:
     return cfg
 
 
-def brought_hf_config(config_json: str, attn_impl: str = "sdpa") -> PretrainedConfig:
+def brought_hf_config(config_json: str, attn_impl: str = "sdpa", seq_len: int = 0) -> PretrainedConfig:
+    """A brought config as the worker runs it. A sequence longer than the model's sliding window runs
+    transformers' own SDPA path, which masks to the window (SDPA's causal flag alone would attend to the
+    whole prefix: another model); the mask costs a T x T tensor, and no FLOPs are saved (SDPA computes the
+    masked scores), as in transformers' own training."""
     cfg = brought_config(config_json)
     cfg.use_cache = False
-    cfg._attn_implementation = _attention("llama", attn_impl)
+    masked = attn_impl == "sdpa" and windowed(cfg, seq_len)
+    cfg._attn_implementation = "sdpa" if masked else _attention("llama", attn_impl)
     return cfg
 
 
@@ -100,14 +105,9 @@ def windowed(cfg: PretrainedConfig, seq_len: int) -> bool:
 
 def build_meta_model(a: ModelArch, dtype: torch.dtype, attn_impl: str = "sdpa",
                      seq_len: int = 0) -> PreTrainedModel:
-    """The model with every parameter on the meta device (no memory), in `dtype`. A sequence longer than the
-    model's sliding window runs transformers' own SDPA path, which masks to the window (SDPA's causal flag
-    alone would attend to the whole prefix: another model); the mask costs a T x T tensor, and no FLOPs
-    are saved (SDPA computes the masked scores), as in transformers' own training."""
-    cfg = hf_config(a, attn_impl)
-    if a.config_json and attn_impl == "sdpa" and windowed(cfg, seq_len):
-        cfg._attn_implementation = "sdpa"
-    return _meta_model(cfg, dtype, a.family == "t5")
+    """The model with every parameter on the meta device (no memory), in `dtype`, for sequences of seq_len
+    (a brought model's sliding window: brought_hf_config)."""
+    return _meta_model(hf_config(a, attn_impl, seq_len), dtype, a.family == "t5")
 
 
 def build_brought_meta_model(config_json: str, dtype: torch.dtype) -> PreTrainedModel:

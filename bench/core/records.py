@@ -32,6 +32,11 @@ def records_path(run_dir: Path, rank: int) -> Path:
     return run_dir / RECORDS_DIR / f"rank{rank}.jsonl"
 
 
+def error_line(e: BaseException) -> str:
+    """An exception as a worker command's answer reports it: its type and first line, cut to 300."""
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"
+
+
 def format_record(kind: str, **payload: Any) -> str:
     """One metric record as a line (no newline). Non-finite floats become null to stay valid JSON."""
     if kind not in RECORD_KINDS:

@@ -175,5 +175,12 @@ def die_with_parent() -> Callable[[], None] | None:
     return preexec
 
 
+def command_env() -> dict[str, str]:
+    """The environment of a worker command bench runs here (trainer.memory, trainer.census): this
+    checkout's packages first on the path."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT),
+                                                                      os.environ.get("PYTHONPATH")]))}
+
+
 def python_executable(cfg: SweepConfig) -> str:
     return cfg.launcher.python or sys.executable

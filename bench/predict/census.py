@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ from pathlib import Path
 from bench.config import ConfigError
 from bench.core.models import Census, has_census, needs_census, register_census
 from bench.core.records import parse_records
-from bench.launchers.base import PROJECT_ROOT, die_with_parent
+from bench.launchers.base import PROJECT_ROOT, command_env, die_with_parent
 from bench.predict.memory import default_cache_dir, fingerprint
 from bench.rundir import atomic_write_text
 
@@ -46,11 +45,9 @@ def count(name: str, config_json: str) -> Census:
         raise ConfigError(f"{where} is counted from the model itself, which needs torch and transformers "
                           "where the sweep plans (pip install torch)")
     print(f"model: counting {name} ({kind}) from the model itself: python -m trainer.census", flush=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT),
-                                                                      os.environ.get("PYTHONPATH")]))}
     try:
         done = subprocess.run([sys.executable, "-m", "trainer.census"], input=config_json + "\n", text=True,
-                              capture_output=True, cwd=PROJECT_ROOT, env=env, timeout=TIMEOUT_S,
+                              capture_output=True, cwd=PROJECT_ROOT, env=command_env(), timeout=TIMEOUT_S,
                               preexec_fn=die_with_parent())
     except subprocess.TimeoutExpired:
         raise ConfigError(f"{where}: counting it took over {TIMEOUT_S:g} s") from None

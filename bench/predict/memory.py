@@ -43,7 +43,7 @@ from bench.core.flops import GIB, shard_size, state_bytes_per_param
 from bench.core.models import count_params
 from bench.core.records import parse_records
 from bench.core.schema import RunSpec
-from bench.launchers.base import PROJECT_ROOT, die_with_parent
+from bench.launchers.base import PROJECT_ROOT, command_env, die_with_parent
 from bench.rundir import atomic_write_text
 
 MEMORY_FIELDS = ("model", "nodes", "gpus_per_node", "sharding", "precision", "activation_checkpointing",
@@ -233,10 +233,8 @@ class _Worker:
 
     def __init__(self, answers: queue.Queue, args: tuple[str, ...] = ()) -> None:
         self.stderr = tempfile.TemporaryFile(mode="w+")
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT),
-                                                                          os.environ.get("PYTHONPATH")]))}
         self.proc = subprocess.Popen([sys.executable, "-m", "trainer.memory", *args], cwd=PROJECT_ROOT,
-                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     env=command_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.stderr, text=True,
                                      preexec_fn=die_with_parent())  # dies with the sweep
         self.spec: RunSpec | None = None
