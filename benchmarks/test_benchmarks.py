@@ -107,3 +107,10 @@ def test_calibration_stages_the_smoke_sweep_and_prints_its_two_node_runs() -> No
     out = quick("calibration.py")
     assert "predictions calibrated on 3 runs at 1 node of this study" in out
     assert out.count("tiny_llama-n2x2") == 2 and "fit of 20 runs" in out
+
+
+@pytest.mark.slow
+def test_gpu_memory_measures_the_h200_smoke_runs_again() -> None:
+    out = quick("gpu_memory.py")
+    assert "4 GPU runs of NVIDIA-H200_torch-2.11.0-cu130_2026-11-26" in out
+    assert _figure(r"now: median \|error\| ([\d.]+)%", out) < 1.0  # the device's peak, measured on a CPU

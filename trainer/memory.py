@@ -12,8 +12,9 @@ Reads RunSpec dicts, one JSON object per line, on stdin; writes one `memory` met
 Where the measured step differs from the run on its GPUs (the planner's headroom covers what is not here):
 - the device is the CPU: FSDP2 on a CUDA mesh needs CUDA streams, which a CPU build of torch lacks. Model,
   FSDP2 and optimizer take the same code path and allocate the same tensors on both (SDPA: one output and
-  its log-sum-exp saved, no T x T matrix). What the caching allocator adds (CUDA context, NCCL buffers,
-  fragmentation) is not a tensor and is the planner's headroom;
+  its log-sum-exp saved, no T x T matrix), except where CUDA picks another attention kernel (gpu_attention).
+  What the caching allocator adds (cuBLAS's workspaces, CUDA context, NCCL buffers, fragmentation) is
+  the planner's (bench/predict/memory.py);
 - compile=true is measured eager: fake tensors are not compiled;
 - fp16_mixed runs without its loss scaler: unscaling works in place on the gradients, and the decision to
   skip a step reads a value, which a fake tensor does not have;
@@ -38,6 +39,7 @@ both ways; trainer/test_memory.py holds a deep tiny model to it under every opti
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -53,6 +55,7 @@ from bench.core.models import ModelArch
 from bench.core.records import error_line, format_record
 from bench.core.schema import RunSpec
 from trainer.census import config_at_depth, count_cpu_attention, ensure
+from trainer.model import CAUSAL_SDPA, attention_impl
 
 GIB = 2**30
 TOTAL = "Total"
@@ -192,15 +195,55 @@ def counted_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
             "count_s": time.perf_counter() - started}
 
 
+def _shard_tracker() -> type:
+    """FSDPMemTracker counting only the ops that run on shards. DTensor works out an op's output metadata by
+    running the op on fake tensors (ShardingPropagator._propagate_tensor_meta_non_cached): never memory on
+    the GPU. torch 2.13's tracker does not see those; 2.11's counts them, and at AdamW's foreach step they
+    are four lists the size of the parameters: Llama 3.2 1B at micro batch 2 measured 36.8 GiB on torch
+    2.11 where an H200 allocated 23.1 (benchmarks/evidence/NVIDIA-H200_*); 2.13 measures 23.0. Here the
+    tracker looks away while DTensor propagates, so every torch version measures what 2.13 does."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    propagate = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    class ShardTracker(FSDPMemTracker):
+        _propagating = 0
+
+        def __enter__(self) -> "ShardTracker":
+            tracker = self
+
+            def quietly(prop: ShardingPropagator, *args: Any, **kwargs: Any) -> Any:
+                tracker._propagating += 1
+                try:
+                    return propagate(prop, *args, **kwargs)
+                finally:
+                    tracker._propagating -= 1
+
+            ShardingPropagator._propagate_tensor_meta_non_cached = quietly
+            super().__enter__()
+            return self
+
+        def __exit__(self, *args: Any) -> None:
+            ShardingPropagator._propagate_tensor_meta_non_cached = propagate
+            super().__exit__(*args)
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if self._propagating and not any(t is DTensor for t in types):
+                return func(*args, **(kwargs or {}))  # metadata for DTensor, not memory
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    return ShardTracker
+
+
 def track_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
                offloaded: bool, scaler: Any = None, period: int = 1) -> dict[str, Peak]:
     """One training step under FSDPMemTracker: this rank's peak on its GPU and of offloaded state at each
     place of the step (highest() gives the step's). The optimizer must already hold its state (a steady
     step), real or fake tensors alike."""
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-
     from trainer.parallel import backward, optimizer_step
-    tracker = FSDPMemTracker(mod=model, optm=optimizer)
+    tracker = _shard_tracker()(mod=model, optm=optimizer)
     tracker.track_inputs(tuple(batch.values()))
     watch = _PlacePeaks(tracker, offloaded, period)
     handles = _follow_blocks(model, watch)
@@ -259,6 +302,20 @@ def extrapolate(shallow: tuple[dict[str, Peak], dict[str, Peak]], depths: tuple[
     return out
 
 
+def gpu_attention(spec: RunSpec, arch: ModelArch) -> contextlib.AbstractContextManager:
+    """The SDPA kernel the run's GPU takes, where the CPU's differs. fp32 attention over grouped KV heads
+    without a mask: CUDA's flash kernel takes no fp32 and its memory-efficient one no grouped heads, so
+    SDPA falls back to its math path, which saves each block's T x T probabilities for the backward (the
+    CPU's flash kernel takes fp32 and saves none). Measured on an H200 (benchmarks/evidence/, torch
+    2.11): Llama 3.2 1B fp32 at seq 2048, micro batch 2, without AC held 17.2 GiB more than the flash
+    path predicts; the math path predicts it to 0.01%."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    grouped = arch.kv_heads < arch.heads
+    if spec.precision == "fp32" and grouped and attention_impl(arch, spec.seq_len) == CAUSAL_SDPA:
+        return sdpa_kernel(SDPBackend.MATH)
+    return contextlib.nullcontext()
+
+
 def step_at(spec: RunSpec, arch: ModelArch, count: bool) -> tuple[dict[str, Peak], dict[str, float]]:
     """Each place's peak of one steady training step of the spec with the model `arch` on fake tensors, and
     (count) the FLOPs per token of the step before it, which creates AdamW's state."""
@@ -271,7 +328,7 @@ def step_at(spec: RunSpec, arch: ModelArch, count: bool) -> tuple[dict[str, Peak
     dist.init_process_group("fake", rank=0, world_size=spec.world_size, store=FakeStore())
     try:
         model = parallelize(replace(spec, compile=False), arch, device).model
-        with FakeTensorMode(allow_non_fake_inputs=True):
+        with FakeTensorMode(allow_non_fake_inputs=True), gpu_attention(spec, arch):
             model.to_empty(device=device)
             model.train()
             optimizer = build_optimizer(model, lr=1e-4)

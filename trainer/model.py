@@ -103,6 +103,11 @@ def windowed(cfg: PretrainedConfig, seq_len: int) -> bool:
     return isinstance(window, int) and window < seq_len and enabled
 
 
+def attention_impl(a: ModelArch, seq_len: int) -> str:
+    """The attention implementation the worker asks transformers for, at this sequence length."""
+    return hf_config(a, "sdpa", seq_len)._attn_implementation
+
+
 def build_meta_model(a: ModelArch, dtype: torch.dtype, attn_impl: str = "sdpa",
                      seq_len: int = 0) -> PreTrainedModel:
     """The model with every parameter on the meta device (no memory), in `dtype`, for sequences of seq_len

@@ -51,12 +51,24 @@ MEMORY_FIELDS = ("model", "nodes", "gpus_per_node", "sharding", "precision", "ac
 WORKER_SOURCES = ("trainer", "bench/core")  # the code the measurement runs
 LIBRARIES = ("torch", "transformers", "torchao")
 
-# Headroom beyond the tracker's peak (per GPU):
-CUDA_CONTEXT_GIB = 0.5  # CUDA context, cuBLAS/cuDNN handles, loaded kernels: outside torch's allocator
+# Inside torch's allocator but not a tensor the tracker sees: cuBLAS's and cuBLASLt's workspaces, 32 MiB
+# each on Hopper (cuBLAS's recommended size there; less on older GPUs, so a bound). On an H200
+# (benchmarks/evidence/NVIDIA-H200_*): every run's torch.cuda.max_memory_allocated was the fake-tensor peak
+# plus 64.0 MiB (tiny to 113 GiB; fp32 with AC full: 1 GiB more, one T x T the GPU's recompute holds).
+# Added to the planned figure on a GPU cluster (cluster.gpu set), so it reads as the allocator's peak.
+CUBLAS_WORKSPACE_GIB = 64 / 1024
+# Headroom beyond the allocator's peak (per GPU):
+# CUDA context, cuBLAS/cuDNN handles, loaded kernels: outside torch's allocator. Measured on an H200 (torch
+# 2.11+cu130, driver 580; benchmarks/evidence/NVIDIA-H200_*): NVML's used - torch's reserved was 1.62-1.89
+# GiB on one rank with its one communicator (0.5 GiB assumed before: too little).
+CUDA_CONTEXT_GIB = 1.5
 # NCCL's buffers per communicator: NCCL_BUFFSIZE (4 MiB, NCCL's environment-variable docs) for each of the 2
 # ring neighbours, 32 channels (NCCL_MAX_NCHANNELS' default) and 2 protocols (Simple, LL128) = 0.5 GiB.
 NCCL_GIB_PER_COMMUNICATOR = 0.5
-FRAGMENTATION = 0.10  # torch's caching allocator: reserved beyond allocated, as a fraction of the peak
+# torch's caching allocator: reserved beyond allocated, as a fraction of the peak, where it decides a fit (an
+# allocated peak of half the GPU or more). On an H200: 1.14-1.17x at 113-115 GiB of 140 (0.10 assumed
+# before: too little); far below the GPU's size it reached 1.5x, which never decides a fit.
+FRAGMENTATION = 0.17
 
 
 MEASURE_OFF = "memory.measure=false"
@@ -161,7 +173,7 @@ class MemoryPlanner:
                 continue
             if figure := self._without_measuring(spec):
                 self._known[key] = figure
-            elif cached := self._read(key, spec):
+            elif cached := self._read(key, spec, self.cfg.cluster.gpu):
                 self._known[key], self.cached = cached, self.cached + 1
             else:
                 todo[key] = spec
@@ -180,10 +192,10 @@ class MemoryPlanner:
             return floor
         return None
 
-    def _read(self, key: str, spec: RunSpec) -> MemoryFigure | None:
+    def _read(self, key: str, spec: RunSpec, gpu: str | None) -> MemoryFigure | None:
         try:
             data = json.loads((self.dir / f"{key}.json").read_text())
-            return _figure(spec, data)
+            return _figure(spec, data, gpu)
         except (OSError, ValueError, KeyError, TypeError):
             return None  # absent or unreadable: measure again
 
@@ -199,7 +211,7 @@ class MemoryPlanner:
                 figure = lower_bound(spec, f"not measured: {result['error']}")
             else:
                 atomic_write_text(self.dir / f"{key}.json", json.dumps(_cache_entry(spec, result)))
-                figure, self.measured = _figure(spec, result), self.measured + 1
+                figure, self.measured = _figure(spec, result, self.cfg.cluster.gpu), self.measured + 1
             self._known[key] = figure
             shown = f"{figure.gpu_gib:.3g} GiB/GPU" if figure.source == "measured" else figure.note
             print(f"memory: [{done}/{len(todo)}] {spec.label}: {shown} ({result.get('seconds', 0):.0f} s)",
@@ -220,11 +232,17 @@ MOE_NOTE = ("routed experts' activations are not measured (routing reads values 
             "the peak is low by what a token's top-k experts hold")
 
 
-def _figure(spec: RunSpec, data: dict[str, Any]) -> MemoryFigure:
+def _figure(spec: RunSpec, data: dict[str, Any], gpu: str | None) -> MemoryFigure:
+    """A measurement as the plan's figure: on a GPU (gpu named) with cuBLAS's workspaces, which the
+    allocator holds beside the tensors."""
     notes = ["compile measured eager"] * spec.compile + [MOE_NOTE] * bool(spec.arch.experts)
     note = "; ".join(notes) or None
-    return MemoryFigure(float(data["peak_gib"]), float(data["host_gib"]), "measured", note,
-                        {k: float(v) for k, v in data["categories"].items()})
+    categories = {k: float(v) for k, v in data["categories"].items()}
+    workspace = CUBLAS_WORKSPACE_GIB if gpu else 0.0
+    if workspace:
+        categories["cublas workspace"] = workspace
+    return MemoryFigure(float(data["peak_gib"]) + workspace, float(data["host_gib"]), "measured", note,
+                        categories)
 
 
 class _Worker:
