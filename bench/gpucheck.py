@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -45,21 +46,23 @@ class Step:
     budget_s: float  # a step past it is stopped (its runs cancelled) and the check fails
 
 
-# Budgets (they add up to TOTAL_BUDGET_S): about 15 s a launch on one GPU (torchrun, imports, NCCL, the model
-# on the device), the plan's fake-tensor memory measurement, and for compile runs inductor's first compile.
-# smoke: 10 launches of a tiny model, one compiled; memory: 6 launches; mfu: 7 runs, each a micro batch trial
-# and the run, two compiled. The least predictable step goes last, so an overrun costs only its own rows.
+# Budgets (they add up to TOTAL_BUDGET_S), from the first H200 run (benchmarks/evidence/NVIDIA-H200_*): about
+# 18 s a launch on one GPU (torchrun, imports, NCCL, the model on the device), 17-71 s for a sweep's plan
+# (fake-tensor memory; the micro batch search measures four rounds). The later steps' plans run on the CPU
+# while the smoke step has the GPU (prewarm), so their sweeps plan from the cache. smoke: 4 precisions with
+# AC full and the all-reduce probe; memory: 6 launches; mfu: 3 eager runs, each a micro batch trial and the
+# run, and 2 compiled (bf16, Float8). The least predictable step goes last, so an overrun costs only its rows.
 SMOKE_ONE_RANK = ("+sweep=smoke", "axes.nodes=[1]", "axes.gpus_per_node=[1]", "nccl.nodes=[1]",
                   "nccl.gpus_per_node=[1]")
 STEPS = (
-    Step("smoke", "smoke", "the smoke sweep's one-rank runs (four precisions, AC none/full, compile; the "
-         "all-reduce probe) on the GPU with NCCL", SMOKE_ONE_RANK, 120),
+    Step("smoke", "smoke", "the smoke sweep's one-rank runs (four precisions with AC full; the all-reduce "
+         "probe) on the GPU with NCCL", (*SMOKE_ONE_RANK, "axes.activation_checkpointing=[full]"), 120),
     Step("memory", "gpucheck_memory", "six configurations of llama3_2_1b (AC none/full/selective_op, "
          "bf16_mixed/fp32, CPU offload): device peak beside the plan's fake-tensor peak",
-         ("+sweep=gpucheck_memory",), 110),
-    Step("mfu", "gpucheck_mfu", "llama3_2_1b, one GPU, FULL_SHARD, bf16_mixed at seq 2048/4096 with AC "
-         "none/full at the largest micro batch that fits; then compile, Float8, both",
-         ("+sweep=gpucheck_mfu",), 310),
+         ("+sweep=gpucheck_memory",), 150),
+    Step("mfu", "gpucheck_mfu", "llama3_2_1b, one GPU, FULL_SHARD, bf16_mixed at seq 2048/4096 without AC "
+         "and at 2048 with AC full, at the largest micro batch that fits; then compiled, bf16 and Float8",
+         ("+sweep=gpucheck_mfu",), 260),
 )
 
 
@@ -73,13 +76,30 @@ def _echo_lines(stream: Any, log: Path, prefix: str) -> None:
             print(f"[{prefix}] {line}", end="", flush=True)
 
 
-def run_step(step: Step, root: Path, common: list[str]) -> StepResult:
+def prewarm(steps: tuple[Step, ...], plans: Path, common: list[str]) -> dict[str, subprocess.Popen]:
+    """Each step's plan as a dry run on the CPU (fake-tensor memory, micro batch search), started now while
+    the GPU runs an earlier step: the step's own sweep then plans from the memory cache in seconds."""
+    plans.mkdir(parents=True, exist_ok=True)
+    return {step.name: subprocess.Popen(
+        [sys.executable, "-m", "bench.sweep", *step.overrides, f"results_root={plans}", *common, "--dry-run"],
+        cwd=PROJECT_ROOT, stdout=open(plans / f"{step.name}.log", "w"), stderr=subprocess.STDOUT)
+        for step in steps}
+
+
+def run_step(step: Step, root: Path, common: list[str],
+             planning: subprocess.Popen | None = None) -> StepResult:
     """One sweep as its own process (the launch path every study takes), its output echoed and kept in
-    <root>/<step>.log; stopped with SIGINT at its budget, which cancels its runs as Ctrl-C would."""
+    <root>/<step>.log; stopped with SIGINT at its budget, which cancels its runs as Ctrl-C would. Its time
+    starts before the wait for its prewarmed plan (planning), which is the step's planning."""
     log = root / f"{step.name}.log"
     argv = [sys.executable, "-m", "bench.sweep", *step.overrides, f"results_root={root}", *common]
     print(f"gpucheck: {step.name}: {step.what} (budget {step.budget_s:.0f} s)", flush=True)
     start = time.monotonic()
+    if planning is not None:
+        try:
+            planning.wait(timeout=step.budget_s / 2)
+        except subprocess.TimeoutExpired:  # the sweep measures what the dry run has not cached yet
+            planning.kill()
     proc = subprocess.Popen(argv, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     echo = threading.Thread(target=_echo_lines, args=(proc.stdout, log, step.name), daemon=True)
@@ -139,12 +159,18 @@ def measure(root: Path, steps: tuple[Step, ...] = STEPS) -> int | None:
     common = common_overrides(spec.name, local_gpu_memory_gib())
     print(f"gpucheck: {name} ({spec.name}), {len(gpus)} GPU(s) visible; runs under {root}", flush=True)
     results: list[StepResult] = []
-    try:
-        for step in steps:  # recorded after each step: a command killed later keeps the earlier times
-            results.append(run_step(step, root, common))
-            rundir.write_json(root / STEPS_JSON, [asdict(r) for r in results])
-    except KeyboardInterrupt:  # inside a step: what finished before it is recorded already
-        return EXIT_INTERRUPTED
+    with tempfile.TemporaryDirectory(prefix="gpucheck-plans-") as plans:
+        planning = prewarm(steps[1:], Path(plans), common)
+        try:
+            for step in steps:  # recorded after each step: a command killed later keeps the earlier times
+                results.append(run_step(step, root, common, planning.get(step.name)))
+                rundir.write_json(root / STEPS_JSON, [asdict(r) for r in results])
+        except KeyboardInterrupt:  # inside a step: what finished before it is recorded already
+            return EXIT_INTERRUPTED
+        finally:
+            for proc in planning.values():
+                proc.kill()
+                proc.wait()
     return EXIT_OK
 
 
