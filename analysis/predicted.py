@@ -72,6 +72,8 @@ CAUSES = {  # what a miss most likely means, by what the model said bounds the s
                               "(fusion: compile; unfused norms)",
     "network-bound": "the network delivered another bandwidth than assumed (compare the all-reduce probe "
                      "with the cluster's published figure)",
+    "host-bound": "the CPU launched the step's kernels faster or slower than the H200's host did (a "
+                  "larger micro batch moves the step onto the GPU)",
 }
 
 

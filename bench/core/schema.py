@@ -222,7 +222,7 @@ class RunSummary:
     pred_tokens_per_s_per_gpu: float | None = None
     pred_mfu: float | None = None
     pred_scaling_efficiency: float | None = None  # against the smallest planned node count of its config
-    pred_bound: str | None = None  # compute-bound, memory-bandwidth-bound or network-bound
+    pred_bound: str | None = None  # compute-, memory-bandwidth-, network- or host-bound
     pred_source: str | None = None  # the constants it was predicted with: "published constants" or "this
     # study's N runs" (bench/predict/calibrate.py)
     device_name: str | None = None

@@ -2,7 +2,7 @@
 
 One training step per GPU is modelled as
 
-    step = matmuls + elementwise + optimizer + exposed communication + contention
+    step = max(matmuls + elementwise + optimizer + exposed communication + contention, host)
 
 - matmuls: the run's hardware FLOPs (bench/core/flops.py, recompute of activation checkpointing included)
   at MATMUL_EFFICIENCY of the GPU's dense peak;
@@ -17,7 +17,10 @@ One training step per GPU is modelled as
   gather while a unit computes, so only what outlasts its phase's compute is exposed, plus the first
   unit's gather and the last unit's reduction, which nothing hides;
 - contention: communication that overlaps still slows compute (NCCL's kernels take SMs and HBM
-  bandwidth): a fraction of the hidden communication time.
+  bandwidth): a fraction of the hidden communication time;
+- host: eager PyTorch launches each kernel from Python, and FSDP2's hooks run per block; a GPU that
+  finishes its work sooner waits for the CPU. HOST_BLOCK_PASS_S per block and pass (forward, two for the
+  backward, one more where activation checkpointing recomputes): the floor of a small model's step.
 
 compile=true keeps a fraction of the elementwise traffic (inductor fuses a block's elementwise operators);
 fp8_tensorwise runs the block linears at the FP8 peak and gathers their weights in one byte (torchao's
@@ -92,6 +95,13 @@ CPU_EFFICIENCY = 0.25  # the prior of a CPU study: its own runs calibrate it (be
 INTER_NODE_STEP_S = 4.5e-6
 INTRA_NODE_STEP_S = 1.6e-6
 LATENCY_MAX_BYTES = 65536  # probe rows up to this size are latency, not bandwidth, bound
+
+# The CPU time of one block and pass on a GPU host: measured on an H200 machine (torch 2.11, eager FSDP2, one
+# rank; benchmarks/evidence/NVIDIA-H200_*): tiny_llama, whose GPU work is microseconds, stepped in 26.8 ms
+# over 4 blocks without AC (3 passes) and 36.1-36.6 ms with AC full (4 passes); Llama 3.2 1B with AC full at
+# micro batch 2 in 152 ms over 16 blocks (9.5 ms a block: the same floor, no per-step constant). Not fitted
+# to published rows: their steps are far above it.
+HOST_BLOCK_PASS_S = 2.24e-3
 
 
 @dataclass(frozen=True)
@@ -172,6 +182,7 @@ class Prediction:
     calibrated: bool  # False: a GPU family (or the CPU) that neither published rows nor the study calibrated
     source: str = CALIBRATION.source  # which constants: published, or this study's N runs
     spread: float | None = None  # half-width of the ~90% interval, log units: tokens/s x exp(+-spread)
+    host_s: float = 0.0  # the CPU's floor under the step (HOST_BLOCK_PASS_S)
 
     @property
     def interval(self) -> tuple[float, float] | None:
@@ -184,6 +195,8 @@ class Prediction:
     @property
     def bound(self) -> str:
         """What most of the step is: compute-bound, network-bound or memory-bandwidth-bound."""
+        if self.host_s >= self.step_time_s:
+            return "host-bound"
         parts = {"compute-bound": self.matmul_s, "memory-bandwidth-bound": self.memory_s,
                  "network-bound": self.exposed_s}
         return max(parts, key=parts.__getitem__)
@@ -217,11 +230,12 @@ def _step(spec: RunSpec, arch: ModelArch, gpu: GpuSpec, network: Network, peak: 
         shown = min(comm, max(0.0, comm - budget) + comm / units)  # past its compute, plus first/last unit
         exposed, hidden, total = exposed + shown, hidden + comm - shown, total + comm
     exposed += cal.contention * hidden
-    step = compute + optimizer + exposed
+    host = HOST_BLOCK_PASS_S * arch.blocks * (3 + 3 * recompute) if gpu.family != "cpu" else 0.0
+    step = max(compute + optimizer + exposed, host)  # a CPU study's own cores are its compute
     model_flops = model_flops_per_token(arch, spec.seq_len) * tokens
     calibrated = gpu.family in cal.matmul_efficiency or cal.source != CALIBRATION.source
     return Prediction(step, tokens / step, model_flops / step / peak if peak else None, matmul,
-                      elementwise + optimizer, total, exposed, network, calibrated, cal.source)
+                      elementwise + optimizer, total, exposed, network, calibrated, cal.source, host_s=host)
 
 
 def predict(spec: RunSpec, gpu: GpuSpec, network: Network, arch: ModelArch | None = None,

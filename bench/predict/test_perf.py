@@ -157,3 +157,34 @@ def test_no_predicted_efficiency_exceeds_linear_scaling() -> None:
         assert two.perf.step_time_s > predictor.predict(two.spec).step_time_s  # held back, not sped up
         assert two.perf.interval[1] / two.perf.interval[0] == pytest.approx(math.exp(0.2))  # interval kept
     assert max(p.pred_efficiency for p in plan if p.pred_efficiency is not None) <= 1.0
+
+
+def _h200_run(sweep: str, **where: str) -> tuple[RunSpec, float]:
+    """A run of the H200 evidence (benchmarks/evidence/NVIDIA-H200_*): its spec and measured tokens/s/GPU."""
+    import csv
+    folder = (Path(__file__).resolve().parents[2] / "benchmarks" / "evidence"
+              / "NVIDIA-H200_torch-2.11.0-cu130_2026-11-26")
+    with open(folder / f"{sweep}.csv") as f:
+        row = next(r for r in csv.DictReader(f)
+                   if r["status"] == "ok" and r["kind"] == "train" and all(r[k] == v for k, v in where.items()))
+    spec = RunSpec(model=row["model"], precision=row["precision"], micro_batch=int(row["micro_batch"]),
+                   seq_len=int(row["seq_len"]), activation_checkpointing=row["activation_checkpointing"])
+    return spec, float(row["tokens_per_s_per_gpu"])
+
+
+def test_a_tiny_model_on_a_gpu_waits_for_its_host() -> None:
+    """The H200's tiny_llama steps took 27-37 ms for microseconds of GPU work: the CPU launching eager kernels
+    and FSDP2's per-block hooks. Without the host floor the model predicted 3.6 million tokens/s (380x);
+    with it, the run is host-bound and predicted to 1%. A 1B model at micro batch 16 is far above the floor:
+    its prediction is the device's (compute-bound), within 5% of what the H200 measured."""
+    h200 = GPUS["H200"]
+    tiny, tiny_measured = _h200_run("smoke", precision="fp32", activation_checkpointing="none")
+    fast = predict(tiny, h200, network_for("local", 0))
+    assert fast.bound == "host-bound" and fast.host_s == fast.step_time_s
+    assert abs(fast.tokens_per_s_per_gpu / tiny_measured - 1) < 0.01
+    big, big_measured = _h200_run("gpucheck_mfu", activation_checkpointing="none", micro_batch="16")
+    slow = predict(big, h200, network_for("local", 0))
+    assert slow.bound == "compute-bound" and slow.host_s < slow.step_time_s / 5
+    assert abs(slow.tokens_per_s_per_gpu / big_measured - 1) < 0.05
+    cpu = predict(tiny, replace(h200, family="cpu"), network_for("local", 0))
+    assert cpu.host_s == 0.0  # a CPU study's cores are its compute, calibrated by its own runs
