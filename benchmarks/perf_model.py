@@ -1,13 +1,15 @@
 """The performance model (bench/predict/perf.py) against every published row it used: fits its calibrated
 constants to bench/predict/published.py's CALIBRATION_ROWS, prints each row's prediction and error with its
 source, and the same for CHECK_ROWS (llm-foundry's whole table and torchtitan's Float8 rows, never fitted to),
-with llm-foundry's table summarised by section and model and its small models' scaling efficiency.
+with llm-foundry's table summarised by section and model and its small models' scaling efficiency; and
+this project's own GPU runs (benchmarks/evidence/*/, bench.gpucheck's results tables), never fitted to.
 
     python benchmarks/perf_model.py   # fit, compare with perf.py's CALIBRATION, print the tables
     python benchmarks/perf_model.py --quick   # one round of the refit
 """
 from __future__ import annotations
 
+import csv
 import math
 import statistics
 import sys
@@ -16,8 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.core.hardware import gpu_spec  # noqa: E402
+from bench.core.schema import RunSpec  # noqa: E402
 from bench.predict.calibrate import Observation, fit as fit_study  # noqa: E402
-from bench.predict.perf import CALIBRATION, Calibration, predict  # noqa: E402
+from bench.predict.perf import CALIBRATION, Calibration, network_for, predict  # noqa: E402
 from bench.predict.published import CALIBRATION_ROWS, CHECK_ROWS, PublishedRow, foundry_table  # noqa: E402
 
 NAMES = ("A100", "H100", "elementwise_bytes", "contention", "compile_traffic")
@@ -151,6 +155,31 @@ def foundry() -> tuple[list[float], list[float]]:
     return list(errors.values()), points
 
 
+EVIDENCE = Path(__file__).resolve().parent / "evidence"
+
+
+def measured_here(cal: Calibration) -> list[float]:
+    """Every training run bench.gpucheck measured on a GPU for this project, predicted as a plan would
+    before launch with these constants (one rank: no network), beside what it measured."""
+    errors = []
+    for csv_path in sorted(EVIDENCE.glob("*/*.csv")):
+        for row in csv.DictReader(open(csv_path)):
+            gpu = gpu_spec(row["device_name"] or "")
+            if row["status"] != "ok" or row["kind"] != "train" or gpu is None:
+                continue
+            spec = RunSpec(model=row["model"], precision=row["precision"], offload=row["offload"],
+                           micro_batch=int(row["micro_batch"]), seq_len=int(row["seq_len"]),
+                           activation_checkpointing=row["activation_checkpointing"],
+                           compile=row["compile"] == "True")
+            prediction = predict(spec, gpu, network_for("local", 0), cal=cal)
+            measured = float(row["tokens_per_s_per_gpu"])
+            errors.append(prediction.tokens_per_s_per_gpu / measured - 1)
+            print(f"  {csv_path.parent.name[:28]:28} {spec.label[:64]:64} predicted "
+                  f"{prediction.tokens_per_s_per_gpu:9,.0f} measured {measured:9,.0f} {errors[-1]:+7.1%} "
+                  f"{prediction.bound}")
+    return errors
+
+
 def summary(name: str, errors: list[float]) -> None:
     worst = max(errors, key=abs)
     print(f"{name}: {len(errors)} rows, median |error| {statistics.median(map(abs, errors)):.1%}, "
@@ -176,6 +205,8 @@ def main() -> None:
     stage_cal, stage_pub = staged(CALIBRATION_ROWS + CHECK_ROWS, shipped)
     print("\nllm-foundry's whole table (never fitted to), by section and model:")
     whole, points = foundry()
+    print("\nThis project's own GPU runs (benchmarks/evidence/, never fitted to):")
+    ours = measured_here(shipped)
     print()
     summary("staged: calibrated on the smallest node count", stage_cal)
     summary("staged: the same rows with the published constants", stage_pub)
@@ -183,6 +214,7 @@ def main() -> None:
     summary("check (held out), tokens/s/GPU and MFU", check)
     summary("scaling efficiency, published pairs and AWS's 87%", pairs + [calib[-1]])
     summary("llm-foundry's whole table, tokens/s/GPU", whole)
+    summary("this project's GPU runs, tokens/s/GPU", ours)
     print(f"llm-foundry's models up to 3B at 16-64 nodes: {len(points)} efficiencies, median |error| "
           f"{statistics.median(map(abs, points)):.1f} points, worst {max(points, key=abs):+.1f} points")
 
