@@ -52,8 +52,8 @@ def gpu_runs(folder: Path, sweeps: tuple[str, ...]) -> list[tuple[str, RunSpec, 
 
 
 def measure(specs: list[RunSpec], python: str) -> dict[str, dict]:
-    """The worker command, as the planner runs it, under the given interpreter."""
-    proc = subprocess.run([python, "-m", "trainer.memory"], cwd=ROOT, env=command_env(), text=True,
+    """The worker command, as the planner runs it for a GPU cluster (--cuda), under the given interpreter."""
+    proc = subprocess.run([python, "-m", "trainer.memory", "--cuda"], cwd=ROOT, env=command_env(), text=True,
                           input="".join(json.dumps(s.to_dict()) + "\n" for s in specs), capture_output=True,
                           timeout=1800)
     records = {r["run_id"]: r for r in parse_records(proc.stdout.splitlines())}

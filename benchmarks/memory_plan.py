@@ -34,7 +34,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.config import from_dict  # noqa: E402
 from bench.core.models import model_source  # noqa: E402
-from bench.predict.memory import MEMORY_FIELDS, MemoryPlanner, lower_bound, measure_in_workers  # noqa: E402
+from bench.predict.memory import (CUBLAS_WORKSPACE_GIB, MEMORY_FIELDS, MemoryPlanner,  # noqa: E402
+                                  lower_bound, measure_in_workers)
 from bench.plan import expand  # noqa: E402
 from bench.sweep import compose  # noqa: E402
 
@@ -128,10 +129,12 @@ def planned_and_whole(sweep: str, cache: Path, *extra: str) -> list[tuple[str, f
                 for s, _ in planned.values()}  # by world size, not shard group: each checked
     specs = sorted(distinct.values(), key=lambda s: -s.arch.layers * s.world_size)
     rows = []
-    for spec, record in measure_in_workers(specs, cfg.memory.workers, 3600, args=("--whole",)):
+    cuda = cfg.cluster.gpu is not None  # measured as the planner does for a GPU cluster, workspace included
+    args, workspace = (("--whole", "--cuda"), CUBLAS_WORKSPACE_GIB) if cuda else (("--whole",), 0.0)
+    for spec, record in measure_in_workers(specs, cfg.memory.workers, 3600, args=args):
         if "error" in record:
             sys.exit(f"{spec.label}: the whole step failed: {record['error']}")
-        rows.append((spec.label, planned[spec.run_id][1].gpu_gib, record["peak_gib"], record))
+        rows.append((spec.label, planned[spec.run_id][1].gpu_gib, record["peak_gib"] + workspace, record))
         print(f"  {rows[-1][0]:<92} planned {rows[-1][1]:8.3f}  whole {rows[-1][2]:8.3f} GiB "
               f"({record['seconds']:.0f} s)", file=sys.stderr, flush=True)
     return rows

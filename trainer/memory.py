@@ -302,21 +302,22 @@ def extrapolate(shallow: tuple[dict[str, Peak], dict[str, Peak]], depths: tuple[
     return out
 
 
-def gpu_attention(spec: RunSpec, arch: ModelArch) -> contextlib.AbstractContextManager:
-    """The SDPA kernel the run's GPU takes, where the CPU's differs. fp32 attention over grouped KV heads
-    without a mask: CUDA's flash kernel takes no fp32 and its memory-efficient one no grouped heads, so
-    SDPA falls back to its math path, which saves each block's T x T probabilities for the backward (the
-    CPU's flash kernel takes fp32 and saves none). Measured on an H200 (benchmarks/evidence/, torch
-    2.11): Llama 3.2 1B fp32 at seq 2048, micro batch 2, without AC held 17.2 GiB more than the flash
-    path predicts; the math path predicts it to 0.01%."""
+def gpu_attention(spec: RunSpec, arch: ModelArch, cuda: bool) -> contextlib.AbstractContextManager:
+    """The SDPA kernel a run on a CUDA GPU (cuda) takes, where the CPU's differs. fp32 attention over
+    grouped KV heads without a mask: CUDA's flash kernel takes no fp32 and its memory-efficient one no
+    grouped heads, so SDPA falls back to its math path, which saves each block's T x T probabilities for
+    the backward (the CPU's flash kernel takes fp32 and saves none). Measured on an H200
+    (benchmarks/evidence/, torch 2.11): Llama 3.2 1B fp32 at seq 2048, micro batch 2, without AC held
+    17.2 GiB more than the flash path predicts; the math path predicts it to 0.01%."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     grouped = arch.kv_heads < arch.heads
-    if spec.precision == "fp32" and grouped and attention_impl(arch, spec.seq_len) == CAUSAL_SDPA:
+    if cuda and spec.precision == "fp32" and grouped and attention_impl(arch, spec.seq_len) == CAUSAL_SDPA:
         return sdpa_kernel(SDPBackend.MATH)
     return contextlib.nullcontext()
 
 
-def step_at(spec: RunSpec, arch: ModelArch, count: bool) -> tuple[dict[str, Peak], dict[str, float]]:
+def step_at(spec: RunSpec, arch: ModelArch, count: bool,
+            cuda: bool = False) -> tuple[dict[str, Peak], dict[str, float]]:
     """Each place's peak of one steady training step of the spec with the model `arch` on fake tensors, and
     (count) the FLOPs per token of the step before it, which creates AdamW's state."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -328,7 +329,7 @@ def step_at(spec: RunSpec, arch: ModelArch, count: bool) -> tuple[dict[str, Peak
     dist.init_process_group("fake", rank=0, world_size=spec.world_size, store=FakeStore())
     try:
         model = parallelize(replace(spec, compile=False), arch, device).model
-        with FakeTensorMode(allow_non_fake_inputs=True), gpu_attention(spec, arch):
+        with FakeTensorMode(allow_non_fake_inputs=True), gpu_attention(spec, arch, cuda):
             model.to_empty(device=device)
             model.train()
             optimizer = build_optimizer(model, lr=1e-4)
@@ -345,7 +346,8 @@ def step_at(spec: RunSpec, arch: ModelArch, count: bool) -> tuple[dict[str, Peak
         dist.destroy_process_group()
 
 
-def measure(spec: RunSpec, count_flops: bool | None = None, whole: bool = False) -> dict[str, Any]:
+def measure(spec: RunSpec, count_flops: bool | None = None, whole: bool = False,
+            cuda: bool = False) -> dict[str, Any]:
     """One steady training step of the spec on fake tensors: rank 0's peak per GPU and on the host (GiB),
     from two shallow models where the blocks allow (whole: the model as it is). For a brought model
     (count_flops: any model) the step before it, which creates AdamW's state, runs under FlopCounterMode:
@@ -354,9 +356,9 @@ def measure(spec: RunSpec, count_flops: bool | None = None, whole: bool = False)
     started, count = time.perf_counter(), bool(spec.model_config) if count_flops is None else count_flops
     depths = None if whole else shallow_depths(spec)
     if depths is None:
-        peaks, flops = step_at(spec, spec.arch, count)
+        peaks, flops = step_at(spec, spec.arch, count, cuda)
     else:
-        (a, flops_a), (b, flops) = (step_at(spec, at_depth(spec.arch, d), count) for d in depths)
+        (a, flops_a), (b, flops) = (step_at(spec, at_depth(spec.arch, d), count, cuda) for d in depths)
         peaks = extrapolate((a, b), depths, spec.arch.layers)
         flops = {k: flops_a[k] + v if k == "count_s" else _line(flops_a[k], v, depths, spec.arch.layers)
                  for k, v in flops.items()}
@@ -369,18 +371,19 @@ def measure(spec: RunSpec, count_flops: bool | None = None, whole: bool = False)
 
 def main(argv: list[str]) -> int:
     """Each stdin line a RunSpec dict; each answer a `memory` record (or one with `error`), in order.
-    --whole steps every model whole (the check of the shallow measurement)."""
-    whole = argv == ["--whole"]
-    if argv and not whole:
-        print("usage: python -m trainer.memory [--whole] < specs.jsonl", file=sys.stderr)
+    --whole steps every model whole (the check of the shallow measurement); --cuda measures the runs as a
+    CUDA GPU runs them (gpu_attention), the planner's choice where its cluster names a GPU."""
+    if set(argv) - {"--whole", "--cuda"}:
+        print("usage: python -m trainer.memory [--whole] [--cuda] < specs.jsonl", file=sys.stderr)
         return 2
+    whole, cuda = "--whole" in argv, "--cuda" in argv
     for line in sys.stdin:
         if not line.strip():
             continue
         spec = RunSpec.from_dict(json.loads(line))
         try:
             ensure(spec.model_config)  # a brought family with no formula: counted from the model itself
-            result = measure(spec, whole=whole)
+            result = measure(spec, whole=whole, cuda=cuda)
         except Exception as e:  # one configuration that cannot be measured never stops the others
             result = {"error": error_line(e)}
         print(format_record("memory", run_id=spec.run_id, **result), flush=True)

@@ -281,10 +281,13 @@ def test_the_fake_peak_plus_cublas_workspace_is_what_an_h200_allocated() -> None
     """Against a real GPU (benchmarks/evidence/NVIDIA-H200_*, torch 2.11): the smoke sweep's tiny runs, and
     Llama 3.2 1B without AC in bf16 (flash attention) and fp32 (grouped KV heads in fp32: CUDA's math
     path, T x T probabilities saved per block: 17.2 GiB the CPU's flash path does not hold). The peak the
-    worker measures here, plus cuBLAS's workspaces, is the device's to 1 MiB."""
+    worker measures as a CUDA GPU runs it (--cuda), plus cuBLAS's workspaces, is the device's to 1 MiB;
+    measured for a CPU run, the fp32 configuration holds none of those T x T."""
     runs = _h200_runs("smoke") + _h200_runs("gpucheck_memory", activation_checkpointing="none")
     assert len(runs) == 6
-    measured = _fake([spec for spec, _ in runs])
+    measured, on_cpu = _fake_side_by_side([spec for spec, _ in runs], (("--cuda",), ()))
     for spec, allocated in runs:
         predicted = measured[spec.run_id]["peak_gib"] + CUBLAS_WORKSPACE_GIB
         assert abs(predicted - allocated) * 1024 < 1.0, (spec.label, predicted, allocated)
+    fp32 = next(spec for spec, _ in runs if spec.model == "llama3_2_1b" and spec.precision == "fp32")
+    assert measured[fp32.run_id]["peak_gib"] - on_cpu[fp32.run_id]["peak_gib"] > 16  # a CPU run: flash

@@ -122,9 +122,11 @@ def configuration(spec: RunSpec) -> dict[str, Any]:
     return fields
 
 
-def memory_key(spec: RunSpec) -> str:
-    return hashlib.sha256(json.dumps([configuration(spec), fingerprint()], sort_keys=True).encode()
-                          ).hexdigest()[:16]
+def memory_key(spec: RunSpec, cuda: bool = False) -> str:
+    """The cache key: the configuration, what measures it, and whether as a CUDA GPU runs it (some
+    configurations take another attention kernel there: trainer.memory.gpu_attention)."""
+    measured = [configuration(spec), fingerprint()] + (["cuda"] if cuda else [])
+    return hashlib.sha256(json.dumps(measured, sort_keys=True).encode()).hexdigest()[:16]
 
 
 @functools.cache
@@ -154,6 +156,7 @@ class MemoryPlanner:
     def __init__(self, cfg: SweepConfig, out: TextIO | None = None) -> None:
         self.cfg, self.out = cfg, out or sys.stdout  # looked up now: the stdout of whoever plans
         self.dir = Path(cfg.memory.cache_dir or default_cache_dir()) / "memory"
+        self.cuda = cfg.cluster.gpu is not None  # measured as a CUDA GPU runs it (worker's --cuda)
         self.measured = self.cached = 0
         self.unavailable = None if importlib.util.find_spec("torch") else (
             "torch is not installed where the sweep plans (pip install torch to measure)")
@@ -162,13 +165,13 @@ class MemoryPlanner:
     def figure(self, spec: RunSpec) -> MemoryFigure:
         """The run's memory figure, measuring its configuration now if nobody has yet."""
         self.prefetch([spec])
-        return self._known[memory_key(spec)]
+        return self._known[memory_key(spec, self.cuda)]
 
     def prefetch(self, specs: Iterable[RunSpec]) -> None:
         """Measure every distinct configuration among specs that is not known yet, in parallel."""
         todo: dict[str, RunSpec] = {}
         for spec in specs:
-            key = memory_key(spec)
+            key = memory_key(spec, self.cuda)
             if key in self._known or key in todo:
                 continue
             if figure := self._without_measuring(spec):
@@ -204,9 +207,10 @@ class MemoryPlanner:
         print(f"memory: measuring {len(todo)} configuration(s) on fake tensors with {workers} process(es), "
               f"cached in {self.dir}", file=self.out, flush=True)
         biggest_first = sorted(todo.values(), key=lambda s: -count_params(s.arch) * s.world_size)
+        args = ("--cuda",) if self.cuda else ()
         for done, (spec, result) in enumerate(measure_in_workers(biggest_first, workers,
-                                                                 self.cfg.memory.timeout_s), 1):
-            key = memory_key(spec)
+                                                                 self.cfg.memory.timeout_s, args), 1):
+            key = memory_key(spec, self.cuda)
             if "error" in result:
                 figure = lower_bound(spec, f"not measured: {result['error']}")
             else:
