@@ -3,8 +3,9 @@ under 10 minutes, with the evidence kept in `benchmarks/evidence/<gpu>_torch-<ve
 
 Three sweeps run through the same launch path as any study (`python -m bench.sweep`, torchrun, the FSDP2
 worker), each under a time budget (STEPS): the smoke sweep's one-rank runs on the GPU with NCCL; Llama 3.2 1B
-at the largest micro batch that fits, then with torch.compile, Float8 and both (`sweeps/sweep/
-gpucheck_mfu.yaml`); six memory configurations (`gpucheck_memory.yaml`). Then every run is checked
+at the largest micro batch that fits, then compiled in bf16 and in Float8 (`sweeps/sweep/gpucheck_mfu.yaml`);
+six memory configurations (`gpucheck_memory.yaml`). The later sweeps plan on the CPU while the first has
+the GPU. Then every run is checked
 (bench/evidence.py: each check with its threshold) and the evidence written. Exit 0 when every check
 holds; 1 naming each failed line; 2 bad input (an unknown GPU, a results dir without runs); 130
 interrupted. Without a CUDA GPU it says so in one line and exits 0, measuring nothing.
