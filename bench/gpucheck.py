@@ -81,10 +81,13 @@ def prewarm(steps: tuple[Step, ...], plans: Path, common: list[str]) -> dict[str
     """Each step's plan as a dry run on the CPU (fake-tensor memory, micro batch search), started now while
     the GPU runs an earlier step: the step's own sweep then plans from the memory cache in seconds."""
     plans.mkdir(parents=True, exist_ok=True)
-    return {step.name: subprocess.Popen(
-        [sys.executable, "-m", "bench.sweep", *step.overrides, f"results_root={plans}", *common, "--dry-run"],
-        cwd=PROJECT_ROOT, stdout=open(plans / f"{step.name}.log", "w"), stderr=subprocess.STDOUT)
-        for step in steps}
+    started = {}
+    for step in steps:
+        with open(plans / f"{step.name}.log", "w") as log:  # the child holds its own copy
+            started[step.name] = subprocess.Popen(
+                [sys.executable, "-m", "bench.sweep", *step.overrides, f"results_root={plans}", *common,
+                 "--dry-run"], cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT)
+    return started
 
 
 def run_step(step: Step, root: Path, common: list[str],
