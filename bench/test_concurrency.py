@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from bench import rundir
 from conftest import SMOKE_SHAPE
@@ -65,6 +66,7 @@ SLEEPY = ["axes.nodes=[1,2]", "axes.sharding=[FULL_SHARD]", "axes.activation_che
           "axes.precision=[fp32,bf16_mixed]", "faults=[{match:{},fault:sleep,seconds:3}]"]
 
 
+@pytest.mark.slow  # a real sweep or a whole deep model: minutes on 2 cores (CI runs it)
 def test_runs_overlap_within_the_budget_and_full_width_runs_and_probes_run_alone(tmp_path: Path) -> None:
     """Budget 2 nodes: the 1-node runs share it, a 2-node run (the whole budget) and every probe run alone."""
     proc = run_sweep(tmp_path, *SLEEPY, "launcher.max_nodes=2")
@@ -108,6 +110,7 @@ ONE_NODE = ["axes.nodes=[1]", "axes.sharding=[FULL_SHARD]", "axes.activation_che
             "nccl.enabled=false", "steps=3", "warmup_steps=1", "axes.precision=[fp32,bf16_mixed]"]
 
 
+@pytest.mark.slow  # a real sweep or a whole deep model: minutes on 2 cores (CI runs it)
 def test_kill_9_leaves_no_worker_a_table_and_one_attempt_on_resume(tmp_path: Path) -> None:
     faults = "faults=[{match:{precision:fp32},fault:sleep,seconds:1},{match:{precision:bf16_mixed},fault:hang}]"
     sweep = subprocess.Popen(sweep_argv(tmp_path, *ONE_NODE, faults), cwd=ROOT, stdout=subprocess.DEVNULL,

@@ -122,6 +122,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert not (tmp_path / "ev").exists()
 
 
+@pytest.mark.slow  # a real sweep or a whole deep model: minutes on 2 cores (CI runs it)
 def test_evidence_from_a_smoke_sweep_names_every_check_and_threshold(smoke_results: Path,
                                                                     tmp_path: Path) -> None:
     """The smoke sweep ran on CPU: the evidence must say so, check by check, and fail."""

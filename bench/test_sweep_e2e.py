@@ -33,6 +33,7 @@ def by_precision(frame: pd.DataFrame) -> dict[str, str]:
     return dict(zip(frame.precision, frame.status))
 
 
+@pytest.mark.slow  # a real sweep or a whole deep model: minutes on 2 cores (CI runs it)
 def test_timeout_and_oom_are_classified_and_the_rest_finish(tmp_path: Path) -> None:
     faults = ("faults=[{match:{precision:fp32},fault:hang,step:1},"
               "{match:{precision:bf16_mixed},fault:oom,step:1}]")
@@ -67,6 +68,7 @@ def _wait_for(predicate, timeout: float) -> None:
         time.sleep(0.5)
 
 
+@pytest.mark.slow  # a real sweep or a whole deep model: minutes on 2 cores (CI runs it)
 def test_sigterm_mid_sweep_leaves_a_consistent_store(tmp_path: Path) -> None:
     args = [*ONE_NODE, "axes.precision=[fp32,bf16_mixed,bf16_pure]"]
     proc = subprocess.Popen([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={tmp_path}",

@@ -145,6 +145,7 @@ def _shallow_equals_whole(tmp_path, variants: dict[str, tuple[int, dict]]) -> di
     return {name: (shallow[spec.run_id], whole[spec.run_id]) for name, spec in specs.items()}
 
 
+@pytest.mark.slow  # a real sweep or a whole deep model: minutes on 2 cores (CI runs it)
 def test_a_deep_model_measured_on_two_shallow_copies_peaks_where_the_whole_one_does(tmp_path) -> None:
     measured = _shallow_equals_whole(tmp_path, DEEP)
     assert measured["offload"][1]["host_gib"] > 0
