@@ -7,20 +7,26 @@ The thresholds are the planner's own constants (bench/predict/memory.py's headro
 """
 from __future__ import annotations
 
+import csv
 import datetime as dt
 import json
 import re
 import statistics
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from bench import rundir
 from bench.core.hardware import gpu_spec
-from bench.core.schema import RunSummary
+from bench.core.schema import RunSpec, RunSummary
+from bench.launchers.base import PROJECT_ROOT
 from bench.predict.memory import CUDA_CONTEXT_GIB, FRAGMENTATION, NCCL_GIB_PER_COMMUNICATOR, communicators
 
+EVIDENCE_DIR = PROJECT_ROOT / "benchmarks" / "evidence"
+# The first GPU evidence: its folder keeps the three sweeps' results tables (<sweep>.csv), which the
+# memory and performance models are checked against (benchmarks/gpu_memory.py, benchmarks/perf_model.py).
+FIRST_H200 = EVIDENCE_DIR / "NVIDIA-H200_torch-2.11.0-cu130_2026-11-26"
 STEPS_JSON = "gpucheck_steps.json"  # in the results root: each step's time, budget and exit status
 EXIT_OK, EXIT_FAILED = 0, 1
 SHOWN_FAILURES = 5  # per check on the terminal; the evidence file lists every one
@@ -60,6 +66,16 @@ def load_runs(root: Path) -> list[RunSummary]:
     """Every run summary under the results root (each step's sweep dir)."""
     return [s for sweep_dir in sorted(p for p in root.iterdir() if p.is_dir())
             for s in rundir.read_summaries(sweep_dir)]
+
+
+def table_runs(results_csv: Path) -> list[tuple[RunSpec, dict[str, str]]]:
+    """The training runs that ended ok in a results table (a sweep's results.csv, or its copy in an evidence
+    folder): each as the spec it ran (its run_id the table's) and its row, as text."""
+    typed = {"int": int, "bool": lambda text: text == "True"}
+    with open(results_csv) as f:
+        rows = [r for r in csv.DictReader(f) if r["status"] == "ok" and r["kind"] == "train"]
+    return [(RunSpec(**{f.name: typed.get(f.type, str)(r[f.name]) for f in fields(RunSpec)}), r)
+            for r in rows]
 
 
 def load_steps(root: Path) -> list[StepResult]:

@@ -30,11 +30,10 @@ from typing import Any
 
 from bench import rundir
 from bench.core.hardware import GPUS, gpu_spec
-from bench.evidence import EXIT_OK, STEPS_JSON, StepResult, load_runs, write_evidence
+from bench.evidence import EVIDENCE_DIR, EXIT_OK, STEPS_JSON, StepResult, load_runs, write_evidence
 from bench.gpus import local_gpu_memory_gib, local_gpu_name, local_gpus
 from bench.launchers.base import PROJECT_ROOT
 
-EVIDENCE_DIR = PROJECT_ROOT / "benchmarks" / "evidence"
 EXIT_INPUT, EXIT_INTERRUPTED = 2, 130
 
 

@@ -15,7 +15,6 @@ torch plans.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import statistics
 import subprocess
@@ -27,28 +26,18 @@ sys.path.insert(0, str(ROOT))
 
 from bench.core.records import parse_records  # noqa: E402
 from bench.core.schema import RunSpec  # noqa: E402
+from bench.evidence import FIRST_H200, table_runs  # noqa: E402
 from bench.launchers.base import command_env  # noqa: E402
 from bench.predict.memory import CUBLAS_WORKSPACE_GIB  # noqa: E402
 
-EVIDENCE = ROOT / "benchmarks" / "evidence" / "NVIDIA-H200_torch-2.11.0-cu130_2026-11-26"
 SWEEPS = ("smoke", "gpucheck_memory", "gpucheck_mfu")
 
 
 def gpu_runs(folder: Path, sweeps: tuple[str, ...]) -> list[tuple[str, RunSpec, float, float]]:
     """(sweep, spec, allocated peak GiB, figure planned then GiB) of each ok training run on the GPU."""
-    out = []
-    for sweep in sweeps:
-        with open(folder / f"{sweep}.csv") as f:
-            for row in csv.DictReader(f):
-                if row["status"] != "ok" or row["kind"] != "train" or not row["mem_peak_alloc_gib"]:
-                    continue
-                spec = RunSpec(model=row["model"], precision=row["precision"], sharding=row["sharding"],
-                               activation_checkpointing=row["activation_checkpointing"],
-                               offload=row["offload"], micro_batch=int(row["micro_batch"]),
-                               seq_len=int(row["seq_len"]), wrap_policy=row["wrap_policy"])
-                planned = float(row["pred_mem_gib"] or "nan")
-                out.append((sweep, spec, float(row["mem_peak_alloc_gib"]), planned))
-    return out
+    return [(sweep, spec, float(row["mem_peak_alloc_gib"]), float(row["pred_mem_gib"] or "nan"))
+            for sweep in sweeps for spec, row in table_runs(folder / f"{sweep}.csv")
+            if row["mem_peak_alloc_gib"]]
 
 
 def measure(specs: list[RunSpec], python: str) -> dict[str, dict]:
@@ -64,7 +53,7 @@ def measure(specs: list[RunSpec], python: str) -> dict[str, dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--evidence", type=Path, default=EVIDENCE)
+    parser.add_argument("--evidence", type=Path, default=FIRST_H200)
     parser.add_argument("--python", default=sys.executable, help="the interpreter that runs the worker")
     parser.add_argument("--quick", action="store_true", help="the smoke sweep's runs alone")
     args = parser.parse_args()

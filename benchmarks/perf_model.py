@@ -9,7 +9,6 @@ this project's own GPU runs (benchmarks/evidence/*/, bench.gpucheck's results ta
 """
 from __future__ import annotations
 
-import csv
 import math
 import statistics
 import sys
@@ -19,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.core.hardware import gpu_spec  # noqa: E402
-from bench.core.schema import RunSpec  # noqa: E402
+from bench.evidence import EVIDENCE_DIR, table_runs  # noqa: E402
 from bench.predict.calibrate import Observation, fit as fit_study  # noqa: E402
 from bench.predict.perf import CALIBRATION, Calibration, network_for, predict  # noqa: E402
 from bench.predict.published import CALIBRATION_ROWS, CHECK_ROWS, PublishedRow, foundry_table  # noqa: E402
@@ -155,22 +154,14 @@ def foundry() -> tuple[list[float], list[float]]:
     return list(errors.values()), points
 
 
-EVIDENCE = Path(__file__).resolve().parent / "evidence"
-
-
 def measured_here(cal: Calibration) -> list[float]:
     """Every training run bench.gpucheck measured on a GPU for this project, predicted as a plan would
     before launch with these constants (one rank: no network), beside what it measured."""
     errors = []
-    for csv_path in sorted(EVIDENCE.glob("*/*.csv")):
-        for row in csv.DictReader(open(csv_path)):
-            gpu = gpu_spec(row["device_name"] or "")
-            if row["status"] != "ok" or row["kind"] != "train" or gpu is None:
+    for csv_path in sorted(EVIDENCE_DIR.glob("*/*.csv")):
+        for spec, row in table_runs(csv_path):
+            if (gpu := gpu_spec(row["device_name"])) is None:
                 continue
-            spec = RunSpec(model=row["model"], precision=row["precision"], offload=row["offload"],
-                           micro_batch=int(row["micro_batch"]), seq_len=int(row["seq_len"]),
-                           activation_checkpointing=row["activation_checkpointing"],
-                           compile=row["compile"] == "True")
             prediction = predict(spec, gpu, network_for("local", 0), cal=cal)
             measured = float(row["tokens_per_s_per_gpu"])
             errors.append(prediction.tokens_per_s_per_gpu / measured - 1)

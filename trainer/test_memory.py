@@ -18,6 +18,8 @@ import pytest
 
 from bench.core.records import format_record, parse_records
 from bench.core.schema import RunSpec
+from bench.evidence import FIRST_H200, table_runs
+from bench.predict.memory import CUBLAS_WORKSPACE_GIB
 from conftest import ROOT
 
 BASE = RunSpec(model="tiny_llama", nodes=1, gpus_per_node=2, micro_batch=2, seq_len=128)
@@ -258,24 +260,10 @@ if __name__ == "__main__":
     _reference(json.loads(sys.argv[1]))
 
 
-H200 = ROOT / "benchmarks" / "evidence" / "NVIDIA-H200_torch-2.11.0-cu130_2026-11-26"
-CUBLAS_WORKSPACE_GIB = 64 / 1024  # bench/predict/memory.py: what the plan adds on a GPU
-
-
 def _h200_runs(sweep: str, **where: str) -> list[tuple[RunSpec, float]]:
     """(spec, torch.cuda.max_memory_allocated in GiB) of the H200 evidence's ok runs of a sweep."""
-    import csv
-    out = []
-    with open(H200 / f"{sweep}.csv") as f:
-        for row in csv.DictReader(f):
-            if row["status"] != "ok" or row["kind"] != "train" or any(row[k] != v for k, v in where.items()):
-                continue
-            spec = RunSpec(model=row["model"], precision=row["precision"],
-                           micro_batch=int(row["micro_batch"]),
-                           activation_checkpointing=row["activation_checkpointing"],
-                           seq_len=int(row["seq_len"]), sharding=row["sharding"])
-            out.append((spec, float(row["mem_peak_alloc_gib"])))
-    return out
+    return [(spec, float(row["mem_peak_alloc_gib"])) for spec, row in table_runs(FIRST_H200 / f"{sweep}.csv")
+            if all(row[k] == v for k, v in where.items())]
 
 
 def test_the_fake_peak_plus_cublas_workspace_is_what_an_h200_allocated() -> None:
@@ -288,7 +276,7 @@ def test_the_fake_peak_plus_cublas_workspace_is_what_an_h200_allocated() -> None
     assert len(runs) == 6
     measured, on_cpu = _fake_side_by_side([spec for spec, _ in runs], (("--cuda",), ()))
     for spec, allocated in runs:
-        predicted = measured[spec.run_id]["peak_gib"] + CUBLAS_WORKSPACE_GIB
+        predicted = measured[spec.run_id]["peak_gib"] + CUBLAS_WORKSPACE_GIB  # what the plan adds on a GPU
         assert abs(predicted - allocated) * 1024 < 1.0, (spec.label, predicted, allocated)
     fp32 = next(spec for spec, _ in runs if spec.model == "llama3_2_1b" and spec.precision == "fp32")
     assert measured[fp32.run_id]["peak_gib"] - on_cpu[fp32.run_id]["peak_gib"] > 16  # a CPU run: flash

@@ -176,7 +176,7 @@ class MemoryPlanner:
                 continue
             if figure := self._without_measuring(spec):
                 self._known[key] = figure
-            elif cached := self._read(key, spec, self.cfg.cluster.gpu):
+            elif cached := self._read(key, spec):
                 self._known[key], self.cached = cached, self.cached + 1
             else:
                 todo[key] = spec
@@ -195,10 +195,10 @@ class MemoryPlanner:
             return floor
         return None
 
-    def _read(self, key: str, spec: RunSpec, gpu: str | None) -> MemoryFigure | None:
+    def _read(self, key: str, spec: RunSpec) -> MemoryFigure | None:
         try:
             data = json.loads((self.dir / f"{key}.json").read_text())
-            return _figure(spec, data, gpu)
+            return _figure(spec, data, self.cuda)
         except (OSError, ValueError, KeyError, TypeError):
             return None  # absent or unreadable: measure again
 
@@ -215,7 +215,7 @@ class MemoryPlanner:
                 figure = lower_bound(spec, f"not measured: {result['error']}")
             else:
                 atomic_write_text(self.dir / f"{key}.json", json.dumps(_cache_entry(spec, result)))
-                figure, self.measured = _figure(spec, result, self.cfg.cluster.gpu), self.measured + 1
+                figure, self.measured = _figure(spec, result, self.cuda), self.measured + 1
             self._known[key] = figure
             shown = f"{figure.gpu_gib:.3g} GiB/GPU" if figure.source == "measured" else figure.note
             print(f"memory: [{done}/{len(todo)}] {spec.label}: {shown} ({result.get('seconds', 0):.0f} s)",
@@ -236,13 +236,13 @@ MOE_NOTE = ("routed experts' activations are not measured (routing reads values 
             "the peak is low by what a token's top-k experts hold")
 
 
-def _figure(spec: RunSpec, data: dict[str, Any], gpu: str | None) -> MemoryFigure:
-    """A measurement as the plan's figure: on a GPU (gpu named) with cuBLAS's workspaces, which the
-    allocator holds beside the tensors."""
+def _figure(spec: RunSpec, data: dict[str, Any], cuda: bool) -> MemoryFigure:
+    """A measurement as the plan's figure: on a CUDA GPU with cuBLAS's workspaces, which the allocator
+    holds beside the tensors."""
     notes = ["compile measured eager"] * spec.compile + [MOE_NOTE] * bool(spec.arch.experts)
     note = "; ".join(notes) or None
     categories = {k: float(v) for k, v in data["categories"].items()}
-    workspace = CUBLAS_WORKSPACE_GIB if gpu else 0.0
+    workspace = CUBLAS_WORKSPACE_GIB if cuda else 0.0
     if workspace:
         categories["cublas workspace"] = workspace
     return MemoryFigure(float(data["peak_gib"]) + workspace, float(data["host_gib"]), "measured", note,

@@ -194,7 +194,8 @@ class Prediction:
 
     @property
     def bound(self) -> str:
-        """What most of the step is: compute-bound, network-bound or memory-bandwidth-bound."""
+        """What most of the step is: compute-, network- or memory-bandwidth-bound; host-bound where the
+        host's launch time is the step (HOST_BLOCK_PASS_S)."""
         if self.host_s >= self.step_time_s:
             return "host-bound"
         parts = {"compute-bound": self.matmul_s, "memory-bandwidth-bound": self.memory_s,

@@ -14,6 +14,7 @@ from bench.config import from_dict
 from bench.core.hardware import GPUS
 from bench.core.models import count_params, get_arch
 from bench.core.schema import RunSpec
+from bench.evidence import FIRST_H200, table_runs
 from bench.predict.perf import (CALIBRATION, Network, Predictor, collectives, network_for, predict,
                                 probe_network)
 from bench.plan import expand
@@ -161,14 +162,8 @@ def test_no_predicted_efficiency_exceeds_linear_scaling() -> None:
 
 def _h200_run(sweep: str, **where: str) -> tuple[RunSpec, float]:
     """A run of the H200 evidence (benchmarks/evidence/NVIDIA-H200_*): its spec and measured tokens/s/GPU."""
-    import csv
-    folder = (Path(__file__).resolve().parents[2] / "benchmarks" / "evidence"
-              / "NVIDIA-H200_torch-2.11.0-cu130_2026-11-26")
-    with open(folder / f"{sweep}.csv") as f:
-        row = next(r for r in csv.DictReader(f)
-                   if r["status"] == "ok" and r["kind"] == "train" and all(r[k] == v for k, v in where.items()))
-    spec = RunSpec(model=row["model"], precision=row["precision"], micro_batch=int(row["micro_batch"]),
-                   seq_len=int(row["seq_len"]), activation_checkpointing=row["activation_checkpointing"])
+    spec, row = next((spec, row) for spec, row in table_runs(FIRST_H200 / f"{sweep}.csv")
+                     if all(row[k] == v for k, v in where.items()))
     return spec, float(row["tokens_per_s_per_gpu"])
 
 
