@@ -33,7 +33,7 @@ def calibration(x: tuple[float, ...]) -> Calibration:
 
 def _tokens(row: PublishedRow, cal: Calibration, nodes: int | None = None) -> float:
     spec = row.spec if nodes is None else replace(row.spec, nodes=nodes)
-    return predict(spec, row.gpu, row.network, row.arch, cal).tokens_per_s_per_gpu
+    return predict(spec, row.gpu, row.network, row.arch, cal, row.fused).tokens_per_s_per_gpu
 
 
 def error(row: PublishedRow, cal: Calibration) -> float:
@@ -111,7 +111,7 @@ def staged(rows: list[PublishedRow], cal: Calibration) -> tuple[list[float], lis
             continue
         small, large = min(group, key=lambda r: r.spec.nodes), max(group, key=lambda r: r.spec.nodes)
         seen = Observation(small.label, small.spec, small.gpu, small.network, small.arch,
-                           small.tokens_per_s_per_gpu)
+                           small.tokens_per_s_per_gpu, small.fused)
         study = fit_study([seen], cal)
         assert study is not None
         calibrated.append(_tokens(large, study.calibration) / large.tokens_per_s_per_gpu - 1)
@@ -131,12 +131,13 @@ def foundry() -> tuple[list[float], list[float]]:
     node count, in points. Returns (tokens/s/GPU errors, efficiency errors in points)."""
     rows = foundry_table()
     errors = {id(r): error(r.row, CALIBRATION) for r in rows}
-    for key, label in ((lambda r: r.section, "section"), (lambda r: r.row.arch.name, "model")):
+    for key, label in ((lambda r: r.section, "section"), (lambda r: r.row.arch.name, "model"),
+                       (lambda r: f"{r.row.spec.seq_len:>5}", "sequence length")):
         groups: dict[str, list[float]] = {}
         for r in rows:
             groups.setdefault(key(r), []).append(errors[id(r)])
-        for name, errs in groups.items():
-            print(f"  {label} {name:<54} {len(errs):>3} rows, median |error| "
+        for name, errs in sorted(groups.items()) if label == "sequence length" else groups.items():
+            print(f"  {label + ' ' + name:<62} {len(errs):>3} rows, median |error| "
                   f"{statistics.median(map(abs, errs)):5.1%}, median {statistics.median(errs):+6.1%}")
     points = []
     by_config: dict[tuple, list[PublishedRow]] = {}

@@ -54,9 +54,10 @@ class Observation:
     network: Network
     arch: ModelArch
     tokens_per_s_per_gpu: float
+    fused: bool = False  # another, hand-fused training stack (a published row; perf.predict)
 
     def predicted(self, cal: Calibration) -> float:
-        return predict(self.spec, self.gpu, self.network, self.arch, cal).tokens_per_s_per_gpu
+        return predict(self.spec, self.gpu, self.network, self.arch, cal, self.fused).tokens_per_s_per_gpu
 
 
 def _width(name: str) -> float:
@@ -66,12 +67,12 @@ def _width(name: str) -> float:
 def parameters(observations: list[Observation]) -> tuple[str, ...]:
     """The constants these runs can inform: the matmul efficiency of each device family and compute dtype
     they ran, the elementwise traffic, contention where ranks communicate, compile's share where a run
-    compiled, and the CPU capacity of a local CPU study."""
+    compiled (or ran a fused stack), and the CPU capacity of a local CPU study."""
     names = sorted({f"efficiency:{o.gpu.family}:{compute_dtype(o.spec.precision)}" for o in observations})
     names.append("elementwise_bytes")
     if any(o.spec.world_size > 1 for o in observations):
         names.append("contention")
-    if any(o.spec.compile for o in observations):
+    if any(o.spec.compile or o.fused for o in observations):
         names.append("compile_traffic")
     if any(o.gpu.family == "cpu" for o in observations):
         names.append("cpu_capacity")

@@ -23,6 +23,9 @@ One training step per GPU is modelled as
   backward, one more where activation checkpointing recomputes): the floor of a small model's step.
 
 compile=true keeps a fraction of the elementwise traffic (inductor fuses a block's elementwise operators);
+so does a hand-fused training stack (`fused`: a published row from another stack, such as llm-foundry's
+MPT with one triton flash-attention kernel and one bf16 LayerNorm kernel where Hugging Face's Llama runs
+several fp32 operators per norm; taken to move what inductor leaves, a constant fitted on torchtitan's rows);
 fp8_tensorwise runs the block linears at the FP8 peak and gathers their weights in one byte (torchao's
 float8 all-gather). The calibrated constants (CALIBRATION: one per GPU family, three shared) were fitted
 to published FSDP throughput rows, each cited in bench/predict/published.py; `python
@@ -209,14 +212,14 @@ class Prediction:
 
 
 def _step(spec: RunSpec, arch: ModelArch, gpu: GpuSpec, network: Network, peak: float, fp8_peak: float,
-          efficiency: float, cal: Calibration) -> Prediction:
+          efficiency: float, cal: Calibration, fused: bool) -> Prediction:
     tokens = spec.micro_batch * spec.seq_len
     hw_flops = hardware_flops_per_token(arch, spec.seq_len, spec.activation_checkpointing) * tokens
     linear8 = 6 * float8_linear_params(arch) * tokens if spec.precision == "fp8_tensorwise" else 0.0
     matmul = ((hw_flops - linear8) / peak + linear8 / fp8_peak) / efficiency
     recompute = hw_flops / (model_flops_per_token(arch, spec.seq_len) * tokens) - 1  # forward passes redone
     hbm = gpu.hbm_tbs * 1e12
-    traffic = cal.elementwise_bytes * (cal.compile_traffic if spec.compile else 1.0)
+    traffic = cal.elementwise_bytes * (cal.compile_traffic if spec.compile or fused else 1.0)
     elementwise = traffic * arch.hidden * tokens * arch.blocks * (3 + 3 * recompute) / hbm
     shard = {"FULL_SHARD": spec.world_size, "SHARD_GRAD_OP": spec.world_size,
              "HYBRID_SHARD": spec.gpus_per_node, "NO_SHARD": 1}[spec.sharding]
@@ -240,19 +243,20 @@ def _step(spec: RunSpec, arch: ModelArch, gpu: GpuSpec, network: Network, peak: 
 
 
 def predict(spec: RunSpec, gpu: GpuSpec, network: Network, arch: ModelArch | None = None,
-            cal: Calibration = CALIBRATION) -> Prediction:
+            cal: Calibration = CALIBRATION, fused: bool = False) -> Prediction:
     """The model for one run on a GPU (or this machine's CPU) and node network; arch defaults to the spec's
-    preset."""
+    preset; fused: another training stack whose blocks are hand-fused (published rows only: this harness
+    runs Hugging Face's model)."""
     arch = arch or spec.arch
     efficiency = cal.efficiency(gpu.family, compute_dtype(spec.precision))
     if gpu.family == "cpu":  # every rank of a local study on this machine's cores: each gets its share
         share = cpu_share(spec.world_size, cal.capacity())
         cpu = replace(gpu, hbm_tbs=gpu.hbm_tbs * share)
         return _step(spec, arch, cpu, network, cpu_peak_flops() * share, cpu_peak_flops() * share, efficiency,
-                     cal)
+                     cal, fused)
     peak = gpu.peak_tflops[compute_dtype(spec.precision)] * 1e12
     fp8_peak = gpu.peak_tflops.get("fp8", peak / 1e12) * 1e12
-    return _step(spec, arch, gpu, network, peak, fp8_peak, efficiency, cal)
+    return _step(spec, arch, gpu, network, peak, fp8_peak, efficiency, cal, fused)
 
 
 def cpu_share(ranks: int, capacity: float) -> float:

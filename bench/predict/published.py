@@ -12,6 +12,9 @@ publisher's setup differs from ours, the row says how it was mapped:
   the same matmul FLOPs (a SwiGLU MLP of 8d/3), vocab 50368, sizes from its scripts/train/yamls/pretrain;
   its amp_bf16 as bf16_mixed, bf16 PURE as bf16_pure, amp_fp8 (TransformerEngine) as fp8_tensorwise,
   activation checkpointing True as full; its H100 network is not stated (taken as 3200 Gb/s per node);
+  its stack as fused (perf.predict's `fused`): MPT's blocks default to attn_impl triton (one flash-attention
+  kernel) and low_precision_layernorm (one bf16 F.layer_norm kernel per norm, where Hugging Face's Llama
+  runs an fp32 RMSNorm of several operators), with no biases (llmfoundry/models/layers/blocks.py, MPTBlock);
 - torchtitan's H100s are the 96 GB HBM2e part at 500 W (2.4 TB/s); they compute MFU against the SXM peak.
 """
 from __future__ import annotations
@@ -61,6 +64,7 @@ class PublishedRow:
     tokens_per_s_per_gpu: float | None = None
     scaling_efficiency: float | None = None  # against base_nodes, where that is what was published
     base_nodes: int = 1
+    fused: bool = False  # the publisher's stack fuses each block's elementwise operators by hand
 
     @property
     def label(self) -> str:
@@ -72,13 +76,13 @@ class PublishedRow:
 
 def _row(source: str, arch: ModelArch | str, gpu: str | GpuSpec, nodes: int, sharding: str, ac: str, mb: int,
          seq: int, node_gbps: float, tokens: float | None = None, *, precision: str = "bf16_mixed",
-         compile: bool = False, efficiency: float | None = None) -> PublishedRow:
+         compile: bool = False, efficiency: float | None = None, fused: bool = False) -> PublishedRow:
     arch = get_arch(arch) if isinstance(arch, str) else arch
     spec = RunSpec(model="tiny_llama", nodes=nodes, gpus_per_node=8, sharding=sharding, precision=precision,
                    activation_checkpointing=ac, micro_batch=mb, seq_len=seq, compile=compile)
     network = Network(node_gbps / 8 * RDMA_EFFICIENCY, f"{node_gbps:g} Gb/s RDMA x {RDMA_EFFICIENCY}")
     return PublishedRow(source, arch, GPUS[gpu] if isinstance(gpu, str) else gpu, spec, network, tokens,
-                        efficiency)
+                        efficiency, fused=fused)
 
 
 A100, H100 = "A100-SXM4-80GB", "H100-SXM"
@@ -146,7 +150,7 @@ def foundry_table(path: Path = FOUNDRY_TABLE) -> list[FoundryRow]:
         name, network = FOUNDRY_GPUS[gpu]
         row = _row(FOUNDRY, MPT[f"mpt_{size}"], name, int(gpus) // 8, sharding,
                    "full" if ac == "True" else "none", int(mb), int(seq), network, float(tokens),
-                   precision=FOUNDRY_PRECISION[precision])
+                   precision=FOUNDRY_PRECISION[precision], fused=True)
         out.append(FoundryRow(row, float(mfu) / 100, int(n), section))
     return out
 
