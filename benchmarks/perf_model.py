@@ -1,8 +1,9 @@
 """The performance model (bench/predict/perf.py) against every published row it used: fits its calibrated
 constants to bench/predict/published.py's CALIBRATION_ROWS, prints each row's prediction and error with its
 source, and the same for CHECK_ROWS (llm-foundry's whole table and torchtitan's Float8 rows, never fitted to),
-with llm-foundry's table summarised by section and model and its small models' scaling efficiency; and
-this project's own GPU runs (benchmarks/evidence/*/, bench.gpucheck's results tables), never fitted to.
+with llm-foundry's table summarised by section, model and sequence length and its small models' scaling
+efficiency; and this project's own GPU runs (benchmarks/evidence/*/, bench.gpucheck's results tables), never
+fitted to.
 
     python benchmarks/perf_model.py   # fit, compare with perf.py's CALIBRATION, print the tables
     python benchmarks/perf_model.py --quick   # one round of the refit

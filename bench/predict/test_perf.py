@@ -59,7 +59,8 @@ def test_a_fused_stack_moves_what_compile_leaves_and_only_llm_foundry_runs_one()
     assert predict(replace(spec, compile=True), H100, P5, fused=True).step_time_s == compiled.step_time_s
     assert fused.matmul_s == eager.matmul_s and fused.memory_s < eager.memory_s
     rows = CALIBRATION_ROWS + CHECK_ROWS
-    assert [r.fused for r in rows] == [r.source == FOUNDRY for r in rows] and sum(r.fused for r in rows) == 216
+    assert [r.fused for r in rows] == [r.source == FOUNDRY for r in rows]
+    assert sum(r.fused for r in rows) == 216
     assert all(perf_model.error(r, CALIBRATION) > perf_model.error(replace(r, fused=False), CALIBRATION)
                for r in foundry_table() for r in [r.row])
 
