@@ -63,12 +63,13 @@ class Calibration:
 
     def efficiency(self, family: str, dtype: str) -> float:
         """The matmul efficiency for a family and compute dtype: the dtype's own where a study measured it,
-        else the family's, else (an uncalibrated family) the lowest calibrated one."""
+        else its 16-bit sibling's (GPUs run fp16 and bf16 on the same tensor cores at one peak; a CPU without
+        16-bit units emulates both, several times slower than fp32), else the family's, else (an uncalibrated
+        family) the lowest calibrated one."""
         table = self.matmul_efficiency
-        if f"{family}:{dtype}" in table:
-            return table[f"{family}:{dtype}"]
-        if family in table:
-            return table[family]
+        for key in (f"{family}:{dtype}", f"{family}:{HALF_SIBLING.get(dtype)}", family):
+            if key in table:
+                return table[key]
         if family == "cpu":
             return CPU_EFFICIENCY
         return min(v for k, v in table.items() if ":" not in k and k != "cpu")
@@ -77,6 +78,7 @@ class Calibration:
         return self.cpu_capacity if self.cpu_capacity is not None else float(os.cpu_count() or 1)
 
 
+HALF_SIBLING = {"fp16": "bf16", "bf16": "fp16"}
 CALIBRATION = Calibration(matmul_efficiency={"A100": 0.857, "H100": 0.678}, elementwise_bytes=380.0,
                           contention=0.356, compile_traffic=0.726)
 # Fixed, not fitted:
