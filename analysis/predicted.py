@@ -76,6 +76,9 @@ CAUSES = {  # what a miss most likely means, by what the model said bounds the s
                   "larger micro batch moves the step onto the GPU)",
 }
 
+CPU_CAUSE = ("the cores ran it at another speed than the study's earlier runs (a CPU study shares the machine: "
+             "its ranks oversubscribe the cores, and other load on them moves every measurement)")
+
 
 def throughput_table(agg: pd.DataFrame) -> pd.DataFrame:
     """Per configuration and node count: predicted and measured tokens/s/GPU, MFU and scaling efficiency."""
@@ -106,9 +109,10 @@ def largest_miss(table: pd.DataFrame, cpu: bool) -> list[str]:
     ratio = row["tokens_per_s_per_gpu"] / row["pred_tokens_per_s_per_gpu"]
     how = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
     own = both[both["pred_source"].str.startswith("this study")]
+    calibrated = str(row["pred_source"]).startswith("this study")
     cause = ("predicted with the published constants, which no CPU run calibrated: the study's own runs "
-             "calibrate the runs after them" if cpu and not str(row["pred_source"]).startswith("this study")
-             else CAUSES.get(row["pred_bound"], "unknown"))
+             "calibrate the runs after them" if cpu and not calibrated
+             else CPU_CAUSE if cpu else CAUSES.get(row["pred_bound"], "unknown"))
     text = (f"prediction: measured tokens/s/GPU within {both['error'].abs().median():.0%} of the predicted "
             f"(median over {len(both)})")
     if not own.empty:

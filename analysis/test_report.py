@@ -311,3 +311,19 @@ def test_cost_tables_known_answers(tmp_path: Path) -> None:
     assert main([str(sweep), "--out", str(tmp_path / "o2"), "--price", "p5.48xlarge=50"]) == 0
     assert pd.read_csv(tmp_path / "o2" / "cost_sweeps.csv")["USD"].tolist() == [pytest.approx(55.0)]
     assert main([str(sweep), "--price", "cheap"]) == 2
+
+
+def test_the_largest_miss_names_a_cause_that_fits_the_device() -> None:
+    """A calibrated CPU run's miss is the shared machine's, not a GPU's clocks; an uncalibrated CPU run's is
+    the published constants'; a GPU run's is what bounds its step."""
+    from analysis.predicted import CAUSES, CPU_CAUSE, largest_miss
+    table = pd.DataFrame({"model": ["tiny_llama"] * 2, "configuration": ["FULL_SHARD fp32", "FULL_SHARD bf16"],
+                          "nodes": [2, 1], "tokens_per_s_per_gpu": [638.0, 500.0],
+                          "pred_tokens_per_s_per_gpu": [898.0, 510.0], "pred_bound": ["compute-bound"] * 2,
+                          "pred_source": ["this study's 5 runs", "this study's 6 runs"]})
+    table["error"] = table.tokens_per_s_per_gpu / table.pred_tokens_per_s_per_gpu - 1
+    cpu, gpu = largest_miss(table, cpu=True)[0], largest_miss(table, cpu=False)[0]
+    assert "at 2 nodes ran 1.41x slower than predicted (638 vs 898" in cpu
+    assert cpu.endswith(CPU_CAUSE) and gpu.endswith(CAUSES["compute-bound"])
+    published = largest_miss(table.assign(pred_source="published constants"), cpu=True)[0]
+    assert "which no CPU run calibrated" in published

@@ -64,14 +64,16 @@ class Calibration:
     def efficiency(self, family: str, dtype: str) -> float:
         """The matmul efficiency for a family and compute dtype: the dtype's own where a study measured it,
         else its 16-bit sibling's (GPUs run fp16 and bf16 on the same tensor cores at one peak; a CPU without
-        16-bit units emulates both, several times slower than fp32), else the family's, else (an uncalibrated
+        16-bit units emulates both, several times slower than fp32), else the family's; on a CPU, else its fp32
+        figure (times CPU_EMULATED_16BIT for a 16-bit dtype it has no units for); else (an uncalibrated GPU
         family) the lowest calibrated one."""
         table = self.matmul_efficiency
         for key in (f"{family}:{dtype}", f"{family}:{HALF_SIBLING.get(dtype)}", family):
             if key in table:
                 return table[key]
-        if family == "cpu":
-            return CPU_EFFICIENCY
+        if family == "cpu":  # a dtype this study has not run on its CPU yet: relative to its fp32 figure
+            fp32 = table.get("cpu:fp32", CPU_EFFICIENCY)
+            return fp32 if dtype == "fp32" or cpu_runs_natively(dtype) else fp32 * CPU_EMULATED_16BIT
         return min(v for k, v in table.items() if ":" not in k and k != "cpu")
 
     def capacity(self) -> float:
@@ -91,6 +93,12 @@ SOCKET_NODE_GBS = 2.5  # 0 EFA, NCCL's socket transport: 2 TCP flows at EC2's 10
 CPU = GpuSpec("cpu", 0, {"fp32": 0.0}, "this machine's cores", hbm_tbs=0.02, intra_busbw_gbs=2.0,
               family="cpu")
 CPU_EFFICIENCY = 0.25  # the prior of a CPU study: its own runs calibrate it (bench/predict/calibrate.py)
+# A 16-bit matmul on a CPU without 16-bit units (no avx512_bf16/amx_bf16, avx512_fp16/amx_fp16): a fraction
+# of fp32's efficiency. This machine's smoke (AMD EPYC, AVX2, torch 2.13, one rank): bf16_mixed at 546 and
+# 590 tokens/s against fp32's 3,069 and 3,220, fp16_mixed at 493 and 542. The study's first run of the dtype
+# replaces it; a CPU with the units is taken at its fp32 figure.
+CPU_EMULATED_16BIT = 0.18
+NATIVE_16BIT_FLAGS = {"bf16": ("avx512_bf16", "amx_bf16"), "fp16": ("avx512_fp16", "amx_fp16")}
 
 
 # Latency of one step of NCCL's ring (a collective over R ranks takes R-1 steps, an all-reduce 2(R-1)),
@@ -270,16 +278,29 @@ def cpu_share(ranks: int, capacity: float) -> float:
 
 
 @functools.cache
+def _cpuinfo() -> str:
+    try:
+        return open("/proc/cpuinfo").read()
+    except OSError:
+        return ""
+
+
+def cpu_runs_natively(dtype: str) -> bool:
+    """Whether this machine's CPU has matmul units for a 16-bit dtype (its /proc/cpuinfo flags)."""
+    flags = set(next((ln.split(":")[1].split() for ln in _cpuinfo().splitlines() if ln.startswith("flags")), []))
+    return any(f in flags for f in NATIVE_16BIT_FLAGS.get(dtype, ()))
+
+
+@functools.cache
 def cpu_peak_flops() -> float:
     """One core's fp32 peak (each CPU rank runs one thread): SIMD lanes x 2 FMA units x 2 x clock, from
     /proc/cpuinfo; 2 GHz with AVX2 where it cannot be read."""
-    lanes, ghz = 8, 2.0
+    info = _cpuinfo()
+    lanes = 16 if " avx512f" in info else 8
     try:
-        info = open("/proc/cpuinfo").read()
-        lanes = 16 if " avx512f" in info else 8
         ghz = float(next(ln.split(":")[1] for ln in info.splitlines() if ln.startswith("cpu MHz"))) / 1000
-    except (OSError, StopIteration, ValueError):
-        pass
+    except (StopIteration, ValueError):
+        ghz = 2.0
     return lanes * 2 * 2 * ghz * 1e9
 
 

@@ -16,7 +16,7 @@ from bench.config import from_dict
 from bench.core.hardware import GPUS
 from bench.core.models import get_arch
 from bench.core.schema import RunSpec, RunSummary
-from bench.predict import calibrate
+from bench.predict import calibrate, perf
 from bench.predict.calibrate import Observation, fit
 from bench.predict.perf import CALIBRATION, CPU, Network, Predictor, predict
 from bench.sweep import compose
@@ -105,6 +105,22 @@ def test_a_16_bit_dtype_the_study_has_not_run_takes_its_siblings_measured_speed(
     assert CALIBRATION.efficiency("H100", "fp16") == CALIBRATION.matmul_efficiency["H100"]  # no sibling: family
 
 
+def test_a_cpu_study_predicts_its_first_16_bit_run_from_its_fp32_runs(monkeypatch) -> None:
+    """Before any 16-bit run, a CPU without 16-bit units is taken at CPU_EMULATED_16BIT of its fp32 figure
+    (the smoke's second run, bf16 after one fp32 run, was its report's largest miss at 3.6x); a CPU with
+    them at its fp32 figure."""
+    cpu_truth = replace(TRUE_CPU, matmul_efficiency={"cpu:fp32": 0.35, "cpu:bf16": 0.35 * perf.CPU_EMULATED_16BIT})
+    fp32 = _runs(cpu_truth, CPU, LOOPBACK, 1, "tiny_llama", gpus=1, shardings=("FULL_SHARD",), precision="fp32")
+    bf16 = _runs(cpu_truth, CPU, LOOPBACK, 1, "tiny_llama", gpus=1, shardings=("FULL_SHARD",))
+    monkeypatch.setattr(perf, "cpu_runs_natively", lambda dtype: False)
+    f = fit(fp32)
+    assert f.calibration.efficiency("cpu", "bf16") == f.calibration.efficiency("cpu", "fp32") * 0.18
+    assert max(abs(o.predicted(f.calibration) / o.tokens_per_s_per_gpu - 1) for o in bf16) < 0.1
+    monkeypatch.setattr(perf, "cpu_runs_natively", lambda dtype: dtype == "bf16")
+    assert f.calibration.efficiency("cpu", "bf16") == f.calibration.efficiency("cpu", "fp32")
+    assert f.calibration.efficiency("cpu", "fp16") < f.calibration.efficiency("cpu", "fp32")
+
+
 def test_the_fit_is_deterministic_and_ignores_the_order_runs_are_read_in() -> None:
     runs = _runs(TRUE_GPU, H100, EFA, 1) + _runs(TRUE_GPU, H100, EFA, 2)
     runs[0] = replace(runs[0], tokens_per_s_per_gpu=runs[0].tokens_per_s_per_gpu * 1.3)  # scatter
@@ -140,8 +156,9 @@ def _finished(sweep_dir: Path, cfg: object, nodes: int, gpus: int, tokens: float
 def test_a_study_writes_its_calibration_and_predicts_with_it(tmp_path: Path, monkeypatch) -> None:
     """On a 16-core machine the published constants expect 4 ranks to run at full speed; this study's runs
     say they share far fewer cores (on a 2-core machine the prior would already know: the core count is
-    fixed so the test means the same on every machine)."""
+    fixed so the test means the same on every machine, and so are its bf16 units)."""
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(perf, "cpu_runs_natively", lambda dtype: True)
     cfg = _cfg(tmp_path)
     sweep_dir = tmp_path / "smoke"
     predictor, note = calibrate.study_predictor(cfg, sweep_dir)
