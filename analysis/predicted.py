@@ -76,8 +76,8 @@ CAUSES = {  # what a miss most likely means, by what the model said bounds the s
                   "larger micro batch moves the step onto the GPU)",
 }
 
-CPU_CAUSE = ("the cores ran it at another speed than the study's earlier runs (a CPU study shares the machine: "
-             "its ranks oversubscribe the cores, and other load on them moves every measurement)")
+CPU_CAUSE = ("the cores ran it at another speed than the study's earlier runs (a CPU study shares the "
+             "machine: its ranks oversubscribe the cores, and other load on them moves every measurement)")
 
 
 def throughput_table(agg: pd.DataFrame) -> pd.DataFrame:

@@ -317,7 +317,8 @@ def test_the_largest_miss_names_a_cause_that_fits_the_device() -> None:
     """A calibrated CPU run's miss is the shared machine's, not a GPU's clocks; an uncalibrated CPU run's is
     the published constants'; a GPU run's is what bounds its step."""
     from analysis.predicted import CAUSES, CPU_CAUSE, largest_miss
-    table = pd.DataFrame({"model": ["tiny_llama"] * 2, "configuration": ["FULL_SHARD fp32", "FULL_SHARD bf16"],
+    table = pd.DataFrame({"model": ["tiny_llama"] * 2,
+                          "configuration": ["FULL_SHARD fp32", "FULL_SHARD bf16"],
                           "nodes": [2, 1], "tokens_per_s_per_gpu": [638.0, 500.0],
                           "pred_tokens_per_s_per_gpu": [898.0, 510.0], "pred_bound": ["compute-bound"] * 2,
                           "pred_source": ["this study's 5 runs", "this study's 6 runs"]})

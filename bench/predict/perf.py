@@ -64,9 +64,9 @@ class Calibration:
     def efficiency(self, family: str, dtype: str) -> float:
         """The matmul efficiency for a family and compute dtype: the dtype's own where a study measured it,
         else its 16-bit sibling's (GPUs run fp16 and bf16 on the same tensor cores at one peak; a CPU without
-        16-bit units emulates both, several times slower than fp32), else the family's; on a CPU, else its fp32
-        figure (times CPU_EMULATED_16BIT for a 16-bit dtype it has no units for); else (an uncalibrated GPU
-        family) the lowest calibrated one."""
+        16-bit units emulates both, several times slower than fp32), else the family's; on a CPU, else its
+        fp32 figure (times CPU_EMULATED_16BIT for a 16-bit dtype it has no units for); else (an uncalibrated
+        GPU family) the lowest calibrated one."""
         table = self.matmul_efficiency
         for key in (f"{family}:{dtype}", f"{family}:{HALF_SIBLING.get(dtype)}", family):
             if key in table:
@@ -287,7 +287,8 @@ def _cpuinfo() -> str:
 
 def cpu_runs_natively(dtype: str) -> bool:
     """Whether this machine's CPU has matmul units for a 16-bit dtype (its /proc/cpuinfo flags)."""
-    flags = set(next((ln.split(":")[1].split() for ln in _cpuinfo().splitlines() if ln.startswith("flags")), []))
+    lines = _cpuinfo().splitlines()
+    flags = set(next((ln.split(":")[1].split() for ln in lines if ln.startswith("flags")), []))
     return any(f in flags for f in NATIVE_16BIT_FLAGS.get(dtype, ()))
 
 

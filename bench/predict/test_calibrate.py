@@ -102,16 +102,18 @@ def test_a_16_bit_dtype_the_study_has_not_run_takes_its_siblings_measured_speed(
     assert max(errors) < 0.1, errors
     assert f.calibration.efficiency("cpu", "fp16") == f.calibration.efficiency("cpu", "bf16")
     assert f.calibration.efficiency("cpu", "fp32") > 4 * f.calibration.efficiency("cpu", "fp16")
-    assert CALIBRATION.efficiency("H100", "fp16") == CALIBRATION.matmul_efficiency["H100"]  # no sibling: family
+    assert CALIBRATION.efficiency("H100", "fp16") == CALIBRATION.matmul_efficiency["H100"]  # the family's
 
 
 def test_a_cpu_study_predicts_its_first_16_bit_run_from_its_fp32_runs(monkeypatch) -> None:
     """Before any 16-bit run, a CPU without 16-bit units is taken at CPU_EMULATED_16BIT of its fp32 figure
     (the smoke's second run, bf16 after one fp32 run, was its report's largest miss at 3.6x); a CPU with
     them at its fp32 figure."""
-    cpu_truth = replace(TRUE_CPU, matmul_efficiency={"cpu:fp32": 0.35, "cpu:bf16": 0.35 * perf.CPU_EMULATED_16BIT})
-    fp32 = _runs(cpu_truth, CPU, LOOPBACK, 1, "tiny_llama", gpus=1, shardings=("FULL_SHARD",), precision="fp32")
-    bf16 = _runs(cpu_truth, CPU, LOOPBACK, 1, "tiny_llama", gpus=1, shardings=("FULL_SHARD",))
+    emulated = 0.35 * perf.CPU_EMULATED_16BIT
+    cpu_truth = replace(TRUE_CPU, matmul_efficiency={"cpu:fp32": 0.35, "cpu:bf16": emulated})
+    one_rank = {"gpus": 1, "shardings": ("FULL_SHARD",)}
+    fp32 = _runs(cpu_truth, CPU, LOOPBACK, 1, "tiny_llama", **one_rank, precision="fp32")
+    bf16 = _runs(cpu_truth, CPU, LOOPBACK, 1, "tiny_llama", **one_rank)
     monkeypatch.setattr(perf, "cpu_runs_natively", lambda dtype: False)
     f = fit(fp32)
     assert f.calibration.efficiency("cpu", "bf16") == f.calibration.efficiency("cpu", "fp32") * 0.18
