@@ -285,11 +285,16 @@ def _cpuinfo() -> str:
         return ""
 
 
-def cpu_runs_natively(dtype: str) -> bool:
-    """Whether this machine's CPU has matmul units for a 16-bit dtype (its /proc/cpuinfo flags)."""
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """This machine's CPU flags (/proc/cpuinfo), read once: the calibration's fit asks for every run."""
     lines = _cpuinfo().splitlines()
-    flags = set(next((ln.split(":")[1].split() for ln in lines if ln.startswith("flags")), []))
-    return any(f in flags for f in NATIVE_16BIT_FLAGS.get(dtype, ()))
+    return frozenset(next((ln.split(":")[1].split() for ln in lines if ln.startswith("flags")), []))
+
+
+def cpu_runs_natively(dtype: str) -> bool:
+    """Whether this machine's CPU has matmul units for a 16-bit dtype (its flags)."""
+    return any(f in cpu_flags() for f in NATIVE_16BIT_FLAGS.get(dtype, ()))
 
 
 @functools.cache
