@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.core.hardware import gpu_spec  # noqa: E402
+from bench.core.hardware import compute_dtype, gpu_spec  # noqa: E402
 from bench.evidence import EVIDENCE_DIR, table_runs  # noqa: E402
 from bench.predict.calibrate import Observation, fit as fit_study  # noqa: E402
 from bench.predict.perf import CALIBRATION, Calibration, network_for, predict  # noqa: E402
@@ -156,6 +156,56 @@ def foundry() -> tuple[list[float], list[float]]:
     return list(errors.values()), points
 
 
+# What is left of llm-foundry's error, as a what-if (not the model): its 2023 stack's attention and
+# elementwise traffic from cited figures, never from its table. FlashAttention-1 reaches "only 25-40% of the
+# theoretical maximum FLOPs/s" (Dao, FlashAttention-2, arXiv 2307.08691, abstract): the midpoint, on its
+# real causal work (half the square; forward 2 matmuls, backward 5 with its own recompute, AC 2 more; the
+# same paper's convention). A fused MPT block moves about 44 bytes per hidden unit and forward pass (bf16:
+# LayerNorm 4, attention I/O 8, two residual adds 12, LayerNorm 4, GELU over 4 d 16), Hugging Face's eager
+# Llama about 160 (fp32 RMSNorm of five operators, rotary, SiLU-gated MLP): 0.275 of the fitted eager traffic.
+FA1_EFFICIENCY = 0.325
+FUSED_TRAFFIC = 44 / 160
+
+
+def what_if_error(row: PublishedRow) -> float:
+    """A published row's tokens/s/GPU error under the what-if: the model's step plus the difference of the
+    attention's time (overlap with communication unchanged: an approximation)."""
+    spec, arch = row.spec, row.arch
+    p = predict(spec, row.gpu, row.network, arch, replace(CALIBRATION, compile_traffic=FUSED_TRAFFIC), True)
+    dtype = compute_dtype(spec.precision)
+    peak = row.gpu.peak_tflops[dtype] * 1e12
+    square = 2.0 * arch.layers * arch.heads * arch.head_dim * spec.seq_len  # a full-square matmul, per token
+    recompute = 2 if spec.activation_checkpointing != "none" else 0
+    convention = square * (6 + recompute) / (CALIBRATION.efficiency(row.gpu.family, dtype) * peak)
+    flash = square * (2 + 5 + recompute) / 2 / (FA1_EFFICIENCY * peak)
+    tokens = spec.micro_batch * spec.seq_len
+    return tokens / (p.step_time_s + tokens * (flash - convention)) / row.tokens_per_s_per_gpu - 1
+
+
+def by_seq_len(rows: list[PublishedRow], errors: list[float]) -> dict[int, float]:
+    """The median error per sequence length."""
+    groups: dict[int, list[float]] = {}
+    for r, e in zip(rows, errors, strict=True):
+        groups.setdefault(r.spec.seq_len, []).append(e)
+    return {seq: statistics.median(errs) for seq, errs in sorted(groups.items())}
+
+
+def foundry_what_if() -> list[float]:
+    """llm-foundry's table under the what-if, by sequence length beside the model's."""
+    table = foundry_table()
+    rows = [r.row for r in table]
+    errors = [what_if_error(r) for r in rows]
+    model = by_seq_len(rows, [error(r, CALIBRATION) for r in rows])
+    for seq, median in by_seq_len(rows, errors).items():
+        print(f"  sequence length {seq:>5}: median {median:+6.1%} (the model: {model[seq]:+6.1%})")
+    sections: dict[str, list[float]] = {}
+    for r, e in zip(table, errors):
+        sections.setdefault(r.section, []).append(e)
+    for name, errs in sections.items():
+        print(f"  {name:<56} {len(errs):>3} rows, median {statistics.median(errs):+6.1%}")
+    return errors
+
+
 def measured_here(cal: Calibration) -> list[float]:
     """Every training run bench.gpucheck measured on a GPU for this project, predicted as a plan would
     before launch with these constants (one rank: no network), beside what it measured."""
@@ -198,6 +248,10 @@ def main() -> None:
     stage_cal, stage_pub = staged(CALIBRATION_ROWS + CHECK_ROWS, shipped)
     print("\nllm-foundry's whole table (never fitted to), by section and model:")
     whole, points = foundry()
+    print(f"\nWhat is left (a what-if, not the model): llm-foundry's stack with FlashAttention-1's cited "
+          f"{FA1_EFFICIENCY:.1%} of peak on its causal work and a fused block's {FUSED_TRAFFIC:.3f} of the "
+          "eager traffic:")
+    what_if = foundry_what_if()
     print("\nThis project's own GPU runs (benchmarks/evidence/, never fitted to):")
     ours = measured_here(shipped)
     print()
@@ -207,6 +261,8 @@ def main() -> None:
     summary("check (held out), tokens/s/GPU and MFU", check)
     summary("scaling efficiency, published pairs and AWS's 87%", pairs + [calib[-1]])
     summary("llm-foundry's whole table, tokens/s/GPU", whole)
+    summary("llm-foundry's whole table, the what-if (flat by sequence length, an offset per GPU left)",
+            what_if)
     summary("this project's GPU runs, tokens/s/GPU", ours)
     print(f"llm-foundry's models up to 3B at 16-64 nodes: {len(points)} efficiencies, median |error| "
           f"{statistics.median(map(abs, points)):.1f} points, worst {max(points, key=abs):+.1f} points")
