@@ -22,7 +22,8 @@ from bench.core.hardware import compute_dtype, gpu_spec  # noqa: E402
 from bench.evidence import EVIDENCE_DIR, table_runs  # noqa: E402
 from bench.predict.calibrate import Observation, fit as fit_study  # noqa: E402
 from bench.predict.perf import CALIBRATION, Calibration, network_for, predict  # noqa: E402
-from bench.predict.published import CALIBRATION_ROWS, CHECK_ROWS, PublishedRow, foundry_table  # noqa: E402
+from bench.predict.published import (CALIBRATION_ROWS, CHECK_ROWS, FoundryRow, PublishedRow,  # noqa: E402
+                                     foundry_table)
 
 NAMES = ("A100", "H100", "elementwise_bytes", "contention", "compile_traffic")
 BOUNDS = ((0.3, 0.98), (0.3, 0.98), (0.0, 2000.0), (0.0, 1.0), (0.1, 1.0))
@@ -126,17 +127,22 @@ def staged(rows: list[PublishedRow], cal: Calibration) -> tuple[list[float], lis
 SMALL = ("mpt_125m", "mpt_350m", "mpt_760m", "mpt_1b", "mpt_3b")  # llm-foundry's models up to 3B
 
 
-def foundry() -> tuple[list[float], list[float]]:
+def grouped(keys: list, errors: list[float]) -> dict:
+    """Errors grouped by their rows' keys, in first-seen order."""
+    groups: dict = {}
+    for key, e in zip(keys, errors, strict=True):
+        groups.setdefault(key, []).append(e)
+    return groups
+
+
+def foundry(rows: list[FoundryRow]) -> tuple[list[float], list[float]]:
     """llm-foundry's whole table (216 rows, never fitted to): the median |error| per section and per model,
     and the scaling efficiency of its small models at 16-64 nodes against the same configuration's smallest
-    node count, in points. Returns (tokens/s/GPU errors, efficiency errors in points)."""
-    rows = foundry_table()
-    errors = {id(r): error(r.row, CALIBRATION) for r in rows}
+    node count, in points. Returns (tokens/s/GPU errors in the table's order, efficiency errors in points)."""
+    errors = [error(r.row, CALIBRATION) for r in rows]
     for key, label in ((lambda r: r.section, "section"), (lambda r: r.row.arch.name, "model"),
                        (lambda r: f"{r.row.spec.seq_len:>5}", "sequence length")):
-        groups: dict[str, list[float]] = {}
-        for r in rows:
-            groups.setdefault(key(r), []).append(errors[id(r)])
+        groups = grouped([key(r) for r in rows], errors)
         for name, errs in sorted(groups.items()) if label == "sequence length" else groups.items():
             print(f"  {label + ' ' + name:<62} {len(errs):>3} rows, median |error| "
                   f"{statistics.median(map(abs, errs)):5.1%}, median {statistics.median(errs):+6.1%}")
@@ -153,7 +159,7 @@ def foundry() -> tuple[list[float], list[float]]:
             points.append(100 * (predicted - published))
             print(f"  efficiency {large.label:<80} vs {base.spec.nodes:>2} node(s): "
                   f"published {published:6.1%}, predicted {predicted:6.1%} ({points[-1]:+.1f} points)")
-    return list(errors.values()), points
+    return errors, points
 
 
 # What is left of llm-foundry's error, as a what-if (not the model): its 2023 stack's attention and
@@ -184,24 +190,19 @@ def what_if_error(row: PublishedRow) -> float:
 
 def by_seq_len(rows: list[PublishedRow], errors: list[float]) -> dict[int, float]:
     """The median error per sequence length."""
-    groups: dict[int, list[float]] = {}
-    for r, e in zip(rows, errors, strict=True):
-        groups.setdefault(r.spec.seq_len, []).append(e)
+    groups = grouped([r.spec.seq_len for r in rows], errors)
     return {seq: statistics.median(errs) for seq, errs in sorted(groups.items())}
 
 
-def foundry_what_if() -> list[float]:
-    """llm-foundry's table under the what-if, by sequence length beside the model's."""
-    table = foundry_table()
+def foundry_what_if(table: list[FoundryRow], model: list[float]) -> list[float]:
+    """llm-foundry's table under the what-if, by sequence length beside the model's errors (`model`, in the
+    table's order) and by section."""
     rows = [r.row for r in table]
     errors = [what_if_error(r) for r in rows]
-    model = by_seq_len(rows, [error(r, CALIBRATION) for r in rows])
+    model_by_seq = by_seq_len(rows, model)
     for seq, median in by_seq_len(rows, errors).items():
-        print(f"  sequence length {seq:>5}: median {median:+6.1%} (the model: {model[seq]:+6.1%})")
-    sections: dict[str, list[float]] = {}
-    for r, e in zip(table, errors):
-        sections.setdefault(r.section, []).append(e)
-    for name, errs in sections.items():
+        print(f"  sequence length {seq:>5}: median {median:+6.1%} (the model: {model_by_seq[seq]:+6.1%})")
+    for name, errs in grouped([r.section for r in table], errors).items():
         print(f"  {name:<56} {len(errs):>3} rows, median {statistics.median(errs):+6.1%}")
     return errors
 
@@ -247,11 +248,12 @@ def main() -> None:
     print("\nCalibrate on the smallest node count, predict the largest (a staged study on published rows):")
     stage_cal, stage_pub = staged(CALIBRATION_ROWS + CHECK_ROWS, shipped)
     print("\nllm-foundry's whole table (never fitted to), by section and model:")
-    whole, points = foundry()
+    foundry_rows = foundry_table()
+    whole, points = foundry(foundry_rows)
     print(f"\nWhat is left (a what-if, not the model): llm-foundry's stack with FlashAttention-1's cited "
           f"{FA1_EFFICIENCY:.1%} of peak on its causal work and a fused block's {FUSED_TRAFFIC:.3f} of the "
           "eager traffic:")
-    what_if = foundry_what_if()
+    what_if = foundry_what_if(foundry_rows, whole)
     print("\nThis project's own GPU runs (benchmarks/evidence/, never fitted to):")
     ours = measured_here(shipped)
     print()
