@@ -50,10 +50,10 @@ def cpu_runs_natively(dtype: str) -> bool:
 def cpu_peak_flops() -> float:
     """One core's fp32 peak (each CPU rank runs one thread): SIMD lanes x 2 FMA units x 2 x clock, from
     /proc/cpuinfo; 2 GHz with AVX2 where it cannot be read."""
-    info = _cpuinfo()
-    lanes = 16 if " avx512f" in info else 8
+    lanes = 16 if "avx512f" in cpu_flags() else 8
+    mhz = (ln.split(":")[1] for ln in _cpuinfo().splitlines() if ln.startswith("cpu MHz"))
     try:
-        ghz = float(next(ln.split(":")[1] for ln in info.splitlines() if ln.startswith("cpu MHz"))) / 1000
+        ghz = float(next(mhz)) / 1000
     except (StopIteration, ValueError):
         ghz = 2.0
     return lanes * 2 * 2 * ghz * 1e9
