@@ -1,7 +1,7 @@
 """The performance model (bench/predict/perf.py) against every published row it used: fits its calibrated
 constants to bench/predict/published.py's CALIBRATION_ROWS, prints each row's prediction and error with its
 source, and the same for CHECK_ROWS (llm-foundry's whole table and torchtitan's Float8 rows, never fitted to),
-with llm-foundry's table summarised by section, model and sequence length and its small models' scaling
+with llm-foundry's table summarised by section, stack, model and sequence length and its small models' scaling
 efficiency; and this project's own GPU runs (benchmarks/evidence/*/, bench.gpucheck's results tables), never
 fitted to.
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.core.hardware import compute_dtype, gpu_spec  # noqa: E402
+from bench.core.hardware import gpu_spec  # noqa: E402
 from bench.evidence import EVIDENCE_DIR, table_runs  # noqa: E402
 from bench.predict.calibrate import Observation, fit as fit_study  # noqa: E402
 from bench.predict.perf import CALIBRATION, Calibration, network_for, predict  # noqa: E402
@@ -35,7 +35,7 @@ def calibration(x: tuple[float, ...]) -> Calibration:
 
 def _tokens(row: PublishedRow, cal: Calibration, nodes: int | None = None) -> float:
     spec = row.spec if nodes is None else replace(row.spec, nodes=nodes)
-    return predict(spec, row.gpu, row.network, row.arch, cal, row.fused).tokens_per_s_per_gpu
+    return predict(spec, row.gpu, row.network, row.arch, cal, row.stack).tokens_per_s_per_gpu
 
 
 def error(row: PublishedRow, cal: Calibration) -> float:
@@ -113,7 +113,7 @@ def staged(rows: list[PublishedRow], cal: Calibration) -> tuple[list[float], lis
             continue
         small, large = min(group, key=lambda r: r.spec.nodes), max(group, key=lambda r: r.spec.nodes)
         seen = Observation(small.label, small.spec, small.gpu, small.network, small.arch,
-                           small.tokens_per_s_per_gpu, small.fused)
+                           small.tokens_per_s_per_gpu, small.stack)
         study = fit_study([seen], cal)
         assert study is not None
         calibrated.append(_tokens(large, study.calibration) / large.tokens_per_s_per_gpu - 1)
@@ -140,7 +140,8 @@ def foundry(rows: list[FoundryRow]) -> tuple[list[float], list[float]]:
     and the scaling efficiency of its small models at 16-64 nodes against the same configuration's smallest
     node count, in points. Returns (tokens/s/GPU errors in the table's order, efficiency errors in points)."""
     errors = [error(r.row, CALIBRATION) for r in rows]
-    for key, label in ((lambda r: r.section, "section"), (lambda r: r.row.arch.name, "model"),
+    for key, label in ((lambda r: r.section, "section"), (lambda r: r.row.stack.name, "stack"),
+                       (lambda r: r.row.arch.name, "model"),
                        (lambda r: f"{r.row.spec.seq_len:>5}", "sequence length")):
         groups = grouped([key(r) for r in rows], errors)
         for name, errs in sorted(groups.items()) if label == "sequence length" else groups.items():
@@ -162,49 +163,10 @@ def foundry(rows: list[FoundryRow]) -> tuple[list[float], list[float]]:
     return errors, points
 
 
-# What is left of llm-foundry's error, as a what-if (not the model): its 2023 stack's attention and
-# elementwise traffic from cited figures, never from its table. FlashAttention-1 reaches "only 25-40% of the
-# theoretical maximum FLOPs/s" (Dao, FlashAttention-2, arXiv 2307.08691, abstract): the midpoint, on its
-# real causal work (half the square; forward 2 matmuls, backward 5 with its own recompute, AC 2 more; the
-# same paper's convention). A fused MPT block moves about 44 bytes per hidden unit and forward pass (bf16:
-# LayerNorm 4, attention I/O 8, two residual adds 12, LayerNorm 4, GELU over 4 d 16), Hugging Face's eager
-# Llama about 160 (fp32 RMSNorm of five operators, rotary, SiLU-gated MLP): 0.275 of the fitted eager traffic.
-FA1_EFFICIENCY = 0.325
-FUSED_TRAFFIC = 44 / 160
-
-
-def what_if_error(row: PublishedRow) -> float:
-    """A published row's tokens/s/GPU error under the what-if: the model's step plus the difference of the
-    attention's time (overlap with communication unchanged: an approximation)."""
-    spec, arch = row.spec, row.arch
-    p = predict(spec, row.gpu, row.network, arch, replace(CALIBRATION, compile_traffic=FUSED_TRAFFIC), True)
-    dtype = compute_dtype(spec.precision)
-    peak = row.gpu.peak_tflops[dtype] * 1e12
-    square = 2.0 * arch.layers * arch.heads * arch.head_dim * spec.seq_len  # a full-square matmul, per token
-    recompute = 2 if spec.activation_checkpointing != "none" else 0
-    convention = square * (6 + recompute) / (CALIBRATION.efficiency(row.gpu.family, dtype) * peak)
-    flash = square * (2 + 5 + recompute) / 2 / (FA1_EFFICIENCY * peak)
-    tokens = spec.micro_batch * spec.seq_len
-    return tokens / (p.step_time_s + tokens * (flash - convention)) / row.tokens_per_s_per_gpu - 1
-
-
 def by_seq_len(rows: list[PublishedRow], errors: list[float]) -> dict[int, float]:
     """The median error per sequence length."""
     groups = grouped([r.spec.seq_len for r in rows], errors)
     return {seq: statistics.median(errs) for seq, errs in sorted(groups.items())}
-
-
-def foundry_what_if(table: list[FoundryRow], model: list[float]) -> list[float]:
-    """llm-foundry's table under the what-if, by sequence length beside the model's errors (`model`, in the
-    table's order) and by section."""
-    rows = [r.row for r in table]
-    errors = [what_if_error(r) for r in rows]
-    model_by_seq = by_seq_len(rows, model)
-    for seq, median in by_seq_len(rows, errors).items():
-        print(f"  sequence length {seq:>5}: median {median:+6.1%} (the model: {model_by_seq[seq]:+6.1%})")
-    for name, errs in grouped([r.section for r in table], errors).items():
-        print(f"  {name:<56} {len(errs):>3} rows, median {statistics.median(errs):+6.1%}")
-    return errors
 
 
 def measured_here(cal: Calibration) -> list[float]:
@@ -247,13 +209,9 @@ def main() -> None:
     pairs = efficiency_pairs(CALIBRATION_ROWS + CHECK_ROWS, shipped)
     print("\nCalibrate on the smallest node count, predict the largest (a staged study on published rows):")
     stage_cal, stage_pub = staged(CALIBRATION_ROWS + CHECK_ROWS, shipped)
-    print("\nllm-foundry's whole table (never fitted to), by section and model:")
+    print("\nllm-foundry's whole table (never fitted to), by section, stack, model and sequence length:")
     foundry_rows = foundry_table()
     whole, points = foundry(foundry_rows)
-    print(f"\nWhat is left (a what-if, not the model): llm-foundry's stack with FlashAttention-1's cited "
-          f"{FA1_EFFICIENCY:.1%} of peak on its causal work and a fused block's {FUSED_TRAFFIC:.3f} of the "
-          "eager traffic:")
-    what_if = foundry_what_if(foundry_rows, whole)
     print("\nThis project's own GPU runs (benchmarks/evidence/, never fitted to):")
     ours = measured_here(shipped)
     print()
@@ -263,8 +221,6 @@ def main() -> None:
     summary("check (held out), tokens/s/GPU and MFU", check)
     summary("scaling efficiency, published pairs and AWS's 87%", pairs + [calib[-1]])
     summary("llm-foundry's whole table, tokens/s/GPU", whole)
-    summary("llm-foundry's whole table, the what-if (flat by sequence length, an offset per GPU left)",
-            what_if)
     summary("this project's GPU runs, tokens/s/GPU", ours)
     print(f"llm-foundry's models up to 3B at 16-64 nodes: {len(points)} efficiencies, median |error| "
           f"{statistics.median(map(abs, points)):.1f} points, worst {max(points, key=abs):+.1f} points")

@@ -39,12 +39,17 @@ def _attention_layers(a: ModelArch) -> int:
     return a.layers if a.family == "llama" else a.layers * 3
 
 
+def attention_square_flops_per_token(a: ModelArch, seq_len: int) -> float:
+    """One attention matmul (QK^T or AV) over the whole square, per token, over every layer: the convention
+    counts six (forward two, backward four) and two more per block activation checkpointing reruns."""
+    return 2.0 * _attention_layers(a) * a.heads * a.head_dim * seq_len
+
+
 def model_flops_per_token(a: ModelArch, seq_len: int) -> float:
     """Training FLOPs per token (forward + backward), without recompute."""
     if a.counted:
         return 3.0 * _line(a.counted.forward_flops, seq_len)
-    attention = 12.0 * _attention_layers(a) * a.heads * a.head_dim * seq_len
-    return 6.0 * non_embedding_params(a, active=True) + attention
+    return 6.0 * non_embedding_params(a, active=True) + 6.0 * attention_square_flops_per_token(a, seq_len)
 
 
 def _block_forward_flops_per_token(a: ModelArch, index: int, seq_len: int) -> float:

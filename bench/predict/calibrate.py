@@ -30,7 +30,7 @@ from typing import Any
 from bench.core.hardware import GpuSpec, compute_dtype
 from bench.core.models import ModelArch
 from bench.core.schema import RunSpec, RunSummary
-from bench.predict.perf import CALIBRATION, Calibration, Network, Predictor, predict, probes_of
+from bench.predict.perf import CALIBRATION, Calibration, Network, Predictor, Stack, predict, probes_of
 
 FORMAT = 1
 SIGMA = 0.05  # log scatter of one run's tokens/s about the model: repeats of a run differ by a few percent
@@ -54,10 +54,10 @@ class Observation:
     network: Network
     arch: ModelArch
     tokens_per_s_per_gpu: float
-    fused: bool = False  # another, hand-fused training stack (a published row; perf.predict)
+    stack: Stack | None = None  # another training stack than this harness's (a published row; perf.Stack)
 
     def predicted(self, cal: Calibration) -> float:
-        return predict(self.spec, self.gpu, self.network, self.arch, cal, self.fused).tokens_per_s_per_gpu
+        return predict(self.spec, self.gpu, self.network, self.arch, cal, self.stack).tokens_per_s_per_gpu
 
 
 def _width(name: str) -> float:
@@ -67,12 +67,12 @@ def _width(name: str) -> float:
 def parameters(observations: list[Observation]) -> tuple[str, ...]:
     """The constants these runs can inform: the matmul efficiency of each device family and compute dtype
     they ran, the elementwise traffic, contention where ranks communicate, compile's share where a run
-    compiled (or ran a fused stack), and the CPU capacity of a local CPU study."""
+    compiled, and the CPU capacity of a local CPU study."""
     names = sorted({f"efficiency:{o.gpu.family}:{compute_dtype(o.spec.precision)}" for o in observations})
     names.append("elementwise_bytes")
     if any(o.spec.world_size > 1 for o in observations):
         names.append("contention")
-    if any(o.spec.compile or o.fused for o in observations):
+    if any(o.spec.compile and o.stack is None for o in observations):
         names.append("compile_traffic")
     if any(o.gpu.family == "cpu" for o in observations):
         names.append("cpu_capacity")

@@ -23,14 +23,18 @@ One training step per GPU is modelled as
   backward, one more where activation checkpointing recomputes): the floor of a small model's step.
 
 compile=true keeps a fraction of the elementwise traffic (inductor fuses a block's elementwise operators);
-so does a hand-fused training stack (`fused`: a published row from another stack, such as llm-foundry's
-MPT with one triton flash-attention kernel and one bf16 LayerNorm kernel where Hugging Face's Llama runs
-several fp32 operators per norm; taken to move what inductor leaves, a constant fitted on torchtitan's rows);
 fp8_tensorwise runs the block linears at the FP8 peak and gathers their weights in one byte (torchao's
 float8 all-gather). The calibrated constants (CALIBRATION: one per GPU family, three shared) were fitted
 to published FSDP throughput rows, each cited in bench/predict/published.py; `python
 benchmarks/perf_model.py` fits them again and prints every row's error, with llm-foundry's table held out
 as a check. Everything else is a datasheet figure or a measured nccl-tests output (bench/core/hardware.py).
+
+The attention is counted as dense matmuls over the full square at the matmul efficiency: the convention
+the constants were fitted with, on stacks that run FlashAttention-2 class kernels (SDPA, torchtitan). A
+published row from another training stack (`Stack`: llm-foundry's MPT, hand-fused, with 2023 attention
+kernels) names what differs, each figure cited where it is defined (bench/predict/published.py): the share
+of the eager elementwise traffic its blocks move, and its attention kernel's fraction of the dense peak on
+the kernel's own work (the causal half of the square: forward two matmuls, backward five).
 """
 from __future__ import annotations
 
@@ -40,7 +44,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from bench.core.flops import COMPUTE_BYTES, REDUCE_BYTES, hardware_flops_per_token, model_flops_per_token
+from bench.core.flops import (COMPUTE_BYTES, REDUCE_BYTES, attention_square_flops_per_token,
+                              checkpointed_blocks, hardware_flops_per_token, model_flops_per_token)
 from bench.core.hardware import GPUS, INSTANCES, GpuSpec, compute_dtype, gpu_spec
 from bench.core.models import ModelArch, block_params, count_params, float8_linear_params
 from bench.core.schema import RunSpec, RunSummary
@@ -79,6 +84,15 @@ class Calibration:
 
     def capacity(self) -> float:
         return self.cpu_capacity if self.cpu_capacity is not None else float(os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class Stack:
+    """A training stack other than this harness's eager Hugging Face model, as a published row ran it."""
+
+    name: str
+    traffic: float  # share of the eager elementwise traffic (Calibration.elementwise_bytes) its blocks move
+    attention: dict[str, float]  # its attention kernel's fraction of the dense peak, per GPU family
 
 
 HALF_SIBLING = {"fp16": "bf16", "bf16": "fp16"}
@@ -213,15 +227,30 @@ class Prediction:
                 "pred_mfu": self.mfu, "pred_bound": self.bound, "pred_source": self.source}
 
 
+def stack_attention_s(spec: RunSpec, arch: ModelArch, stack: Stack, family: str, peak: float,
+                      efficiency: float) -> float:
+    """Per token: a stack's attention kernel on its own work (the causal half of the square; forward two
+    matmuls, backward five, as the kernel recomputes the scores; a rerun forward two more), less what the
+    matmul term counted for it (the full square: six matmuls and two per rerun block, at `efficiency`)."""
+    square = attention_square_flops_per_token(arch, spec.seq_len)
+    rerun = 0 if spec.activation_checkpointing == "selective_op" else 2 * len(
+        checkpointed_blocks(spec.activation_checkpointing, arch.blocks)) / arch.blocks
+    kernel = square * (7 + rerun) / 2 / (stack.attention[family] * peak)
+    return kernel - square * (6 + rerun) / (efficiency * peak)
+
+
 def _step(spec: RunSpec, arch: ModelArch, gpu: GpuSpec, network: Network, peak: float, fp8_peak: float,
-          efficiency: float, cal: Calibration, fused: bool) -> Prediction:
+          efficiency: float, cal: Calibration, stack: Stack | None) -> Prediction:
     tokens = spec.micro_batch * spec.seq_len
     hw_flops = hardware_flops_per_token(arch, spec.seq_len, spec.activation_checkpointing) * tokens
     linear8 = 6 * float8_linear_params(arch) * tokens if spec.precision == "fp8_tensorwise" else 0.0
     matmul = ((hw_flops - linear8) / peak + linear8 / fp8_peak) / efficiency
+    if stack is not None:
+        matmul += tokens * stack_attention_s(spec, arch, stack, gpu.family, peak, efficiency)
     recompute = hw_flops / (model_flops_per_token(arch, spec.seq_len) * tokens) - 1  # forward passes redone
     hbm = gpu.hbm_tbs * 1e12
-    traffic = cal.elementwise_bytes * (cal.compile_traffic if spec.compile or fused else 1.0)
+    share = stack.traffic if stack is not None else cal.compile_traffic if spec.compile else 1.0
+    traffic = cal.elementwise_bytes * share
     elementwise = traffic * arch.hidden * tokens * arch.blocks * (3 + 3 * recompute) / hbm
     shard = {"FULL_SHARD": spec.world_size, "SHARD_GRAD_OP": spec.world_size,
              "HYBRID_SHARD": spec.gpus_per_node, "NO_SHARD": 1}[spec.sharding]
@@ -245,20 +274,19 @@ def _step(spec: RunSpec, arch: ModelArch, gpu: GpuSpec, network: Network, peak: 
 
 
 def predict(spec: RunSpec, gpu: GpuSpec, network: Network, arch: ModelArch | None = None,
-            cal: Calibration = CALIBRATION, fused: bool = False) -> Prediction:
+            cal: Calibration = CALIBRATION, stack: Stack | None = None) -> Prediction:
     """The model for one run on a GPU (or this machine's CPU) and node network; arch defaults to the spec's
-    preset; fused: another training stack whose blocks are hand-fused (published rows only: this harness
-    runs Hugging Face's model)."""
+    preset; stack: another training stack than this harness's Hugging Face model (published rows only)."""
     arch = arch or spec.arch
     efficiency = cal.efficiency(gpu.family, compute_dtype(spec.precision))
     if gpu.family == "cpu":  # every rank of a local study on this machine's cores: each gets its share
         share = cpu_share(spec.world_size, cal.capacity())
         cpu = replace(gpu, hbm_tbs=gpu.hbm_tbs * share)
         return _step(spec, arch, cpu, network, cpu_peak_flops() * share, cpu_peak_flops() * share, efficiency,
-                     cal, fused)
+                     cal, stack)
     peak = gpu.peak_tflops[compute_dtype(spec.precision)] * 1e12
     fp8_peak = gpu.peak_tflops.get("fp8", peak / 1e12) * 1e12
-    return _step(spec, arch, gpu, network, peak, fp8_peak, efficiency, cal, fused)
+    return _step(spec, arch, gpu, network, peak, fp8_peak, efficiency, cal, stack)
 
 
 def network_for(instance_type: str, efa: int, probe: Network | None = None, nodes: int = 2) -> Network:

@@ -11,10 +11,8 @@ publisher's setup differs from ours, the row says how it was mapped:
 - llm-foundry's MPT models (GELU MLP of 4 d, learned position embeddings) as Llama-family architectures of
   the same matmul FLOPs (a SwiGLU MLP of 8d/3), vocab 50368, sizes from its scripts/train/yamls/pretrain;
   its amp_bf16 as bf16_mixed, bf16 PURE as bf16_pure, amp_fp8 (TransformerEngine) as fp8_tensorwise,
-  activation checkpointing True as full; its H100 network is not stated (taken as 3200 Gb/s per node);
-  its stack as fused (perf.predict's `fused`): MPT's blocks default to attn_impl triton (one flash-attention
-  kernel) and low_precision_layernorm (one bf16 F.layer_norm kernel per norm, where Hugging Face's Llama
-  runs an fp32 RMSNorm of several operators), with no biases (llmfoundry/models/layers/blocks.py, MPTBlock);
+  activation checkpointing True as full; its H100 network is not stated (taken as 3200 Gb/s per node); its
+  training stack as a perf.Stack (FOUNDRY_2023, FOUNDRY_FLASH2: from the commits that published each table);
 - torchtitan's H100s are the 96 GB HBM2e part at 500 W (2.4 TB/s); they compute MFU against the SXM peak.
 """
 from __future__ import annotations
@@ -25,7 +23,7 @@ from pathlib import Path
 from bench.core.hardware import GPUS, GpuSpec
 from bench.core.models import ModelArch, get_arch
 from bench.core.schema import RunSpec
-from bench.predict.perf import RDMA_EFFICIENCY, Network, network_for
+from bench.predict.perf import RDMA_EFFICIENCY, Network, Stack, network_for
 
 IBM = ("PyTorch blog, \"Maximizing training throughput using PyTorch FSDP\" (IBM and Meta, 2024-03-13), "
        "Table 1; sharding per foundation-model-stack/fms-fsdp README")
@@ -64,7 +62,7 @@ class PublishedRow:
     tokens_per_s_per_gpu: float | None = None
     scaling_efficiency: float | None = None  # against base_nodes, where that is what was published
     base_nodes: int = 1
-    fused: bool = False  # the publisher's stack fuses each block's elementwise operators by hand
+    stack: Stack | None = None  # the publisher's training stack, where it is not one perf's constants describe
 
     @property
     def label(self) -> str:
@@ -76,13 +74,13 @@ class PublishedRow:
 
 def _row(source: str, arch: ModelArch | str, gpu: str | GpuSpec, nodes: int, sharding: str, ac: str, mb: int,
          seq: int, node_gbps: float, tokens: float | None = None, *, precision: str = "bf16_mixed",
-         compile: bool = False, efficiency: float | None = None, fused: bool = False) -> PublishedRow:
+         compile: bool = False, efficiency: float | None = None, stack: Stack | None = None) -> PublishedRow:
     arch = get_arch(arch) if isinstance(arch, str) else arch
     spec = RunSpec(model="tiny_llama", nodes=nodes, gpus_per_node=8, sharding=sharding, precision=precision,
                    activation_checkpointing=ac, micro_batch=mb, seq_len=seq, compile=compile)
     network = Network(node_gbps / 8 * RDMA_EFFICIENCY, f"{node_gbps:g} Gb/s RDMA x {RDMA_EFFICIENCY}")
     return PublishedRow(source, arch, GPUS[gpu] if isinstance(gpu, str) else gpu, spec, network, tokens,
-                        efficiency, fused=fused)
+                        efficiency, stack=stack)
 
 
 A100, H100 = "A100-SXM4-80GB", "H100-SXM"
@@ -123,6 +121,35 @@ _p5 = RunSpec(model="llama2_7b", nodes=16, gpus_per_node=8, activation_checkpoin
 CALIBRATION_ROWS.append(PublishedRow(AWS, get_arch("llama2_7b"), GPUS[H100], _p5,
                                      network_for("p5.48xlarge", 32), scaling_efficiency=0.87, base_nodes=1))
 
+# llm-foundry's training stacks, from the commits that published its tables (mosaicml/llm-foundry, history of
+# scripts/train/benchmarking/README.md): the A100 tables (300cc5c58, 2023-05) and the H100 BF16 and FP8 tables
+# (b2a43a147, 2023-10) ran torch 1.13.1 images with `pip install .[gpu]` (flash-attn 1.0.x) and
+# submit_benchmarks.py's attn_impl triton (flash-attn 1.x's Triton kernel, written for the A100); the
+# large-scale H100 table (5e85bd62d, 2024-01) ran `.[gpu-flash2]` (flash-attn 2.4.2, torch 2.1), attn_impl
+# flash but for 13b and 30b (triton), per its sweep.py. Their figures come from sources, never from the table:
+# - traffic: an MPT block (llmfoundry/models/layers/blocks.py: low_precision_layernorm, one bf16 kernel per
+#   norm; one attention kernel; no biases) moves about 44 bytes per hidden unit and forward pass (LayerNorm 4,
+#   attention in and out 8, two residual adds 12, LayerNorm 4, GELU over 4d 16); Hugging Face's eager Llama
+#   about 160 (an fp32 RMSNorm of five operators per norm, rotary, a SiLU-gated MLP);
+# - attention: FlashAttention-1 reaches "only 25-40% of the theoretical maximum FLOPs/s" of an A100 (the
+#   midpoint taken) and FlashAttention-2 "around 2x" its speed (Dao, FlashAttention-2, arXiv 2307.08691,
+#   abstract); FlashAttention-2 reaches "only 35% utilization on H100" (Shah et al., FlashAttention-3, arXiv
+#   2407.08608, abstract), so a FlashAttention-1 class kernel half of that on an H100 (neither uses Hopper's
+#   new instructions).
+FOUNDRY_TRAFFIC = 44 / 160
+FOUNDRY_2023 = Stack("llm-foundry: MPT blocks, FlashAttention-1 class kernel (flash-attn 1.x, triton)",
+                     FOUNDRY_TRAFFIC, {"A100": 0.325, "H100": 0.35 / 2})
+FOUNDRY_FLASH2 = Stack("llm-foundry: MPT blocks, flash-attn 2.4.2", FOUNDRY_TRAFFIC, {"H100": 0.35})
+FOUNDRY_LARGE_TRITON = ("mpt_13b", "mpt_30b")  # the large-scale sweep's attn_impl triton models
+
+
+def foundry_stack(section: str, model: str) -> Stack:
+    """The stack one row of llm-foundry's table ran: by its table, and in the large-scale table by model."""
+    if section.startswith("H100 80GB BF16 (Large Scale") and model not in FOUNDRY_LARGE_TRITON:
+        return FOUNDRY_FLASH2
+    return FOUNDRY_2023
+
+
 FOUNDRY_GPUS = {"h100_80gb": (H100, 3200), "a100_80gb": (A100, 1600), "a100_40gb": ("A100-SXM4-40GB", 1600)}
 FOUNDRY_PRECISION = {"amp_bf16": "bf16_mixed", "bf16": "bf16_pure", "amp_fp8": "fp8_tensorwise"}
 
@@ -150,7 +177,7 @@ def foundry_table(path: Path = FOUNDRY_TABLE) -> list[FoundryRow]:
         name, network = FOUNDRY_GPUS[gpu]
         row = _row(FOUNDRY, MPT[f"mpt_{size}"], name, int(gpus) // 8, sharding,
                    "full" if ac == "True" else "none", int(mb), int(seq), network, float(tokens),
-                   precision=FOUNDRY_PRECISION[precision], fused=True)
+                   precision=FOUNDRY_PRECISION[precision], stack=foundry_stack(section, f"mpt_{size}"))
         out.append(FoundryRow(row, float(mfu) / 100, int(n), section))
     return out
 

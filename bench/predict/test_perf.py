@@ -15,10 +15,11 @@ from bench.core.hardware import GPUS
 from bench.core.models import count_params, get_arch
 from bench.core.schema import RunSpec
 from bench.evidence import FIRST_H200, table_runs
-from bench.predict.perf import (CALIBRATION, Network, Predictor, collectives, network_for, predict,
+from bench.predict.perf import (CALIBRATION, Network, Predictor, Stack, collectives, network_for, predict,
                                 probe_network)
 from bench.plan import expand
-from bench.predict.published import CALIBRATION_ROWS, CHECK_ROWS, FOUNDRY, foundry_table
+from bench.predict.published import (CALIBRATION_ROWS, CHECK_ROWS, FOUNDRY, FOUNDRY_2023, FOUNDRY_FLASH2,
+                                     foundry_table)
 from bench.sweep import compose
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -44,36 +45,64 @@ def test_the_shipped_constants_are_the_fitted_ones() -> None:
     refitted = perf_model.fit(list(shipped), rounds=3)
     assert perf_model.loss(tuple(shipped)) < 1.03 * perf_model.loss(tuple(refitted))
     check = sorted(abs(perf_model.error(r, CALIBRATION)) for r in CHECK_ROWS)
-    # llm-foundry's whole table, never fitted to: 11% today (19% before its stack was taken as fused; what
-    # is left is its attention kernel: -20% at seq 512, +46% at 65536); a change that makes it worse fails
-    assert check[len(check) // 2] < 0.12
+    # llm-foundry's whole table and torchtitan's Float8 rows, never fitted to: 9.2% with llm-foundry's stack
+    # described (19% without); the issue's bound is 10%
+    assert check[len(check) // 2] <= 0.10
 
 
-def test_a_fused_stack_moves_what_compile_leaves_and_only_llm_foundry_runs_one() -> None:
-    """`fused` scales the elementwise traffic as compile does (not twice with compile); of the published
-    rows, llm-foundry's MPT stack alone is fused, and its rows are predicted faster for it."""
+def test_a_stack_sets_its_traffic_and_runs_attention_on_the_causal_half_at_its_kernels_speed() -> None:
+    """A kernel at 7/12 of the matmul efficiency (9/16 where every block reruns its forward) costs what the
+    convention counts: the causal half of the square, forward 2 matmuls and backward 5 (+2 rerun), against
+    the full square's 6 (+2). Traffic scales the elementwise term alone, and a stack's own share replaces
+    compile's."""
     spec = RunSpec(model="llama3_1_8b", nodes=2, gpus_per_node=8, micro_batch=2, seq_len=4096)
-    eager, fused = predict(spec, H100, P5), predict(spec, H100, P5, fused=True)
-    compiled = predict(replace(spec, compile=True), H100, P5)
-    assert fused.step_time_s == compiled.step_time_s < eager.step_time_s
-    assert predict(replace(spec, compile=True), H100, P5, fused=True).step_time_s == compiled.step_time_s
-    assert fused.matmul_s == eager.matmul_s and fused.memory_s < eager.memory_s
+    eager = predict(spec, H100, P5)
+    efficiency = CALIBRATION.efficiency("H100", "bf16")
+    for ac, share in (("none", 7 / 12), ("full", 9 / 16)):
+        counted = replace(spec, activation_checkpointing=ac)
+        same = Stack("as counted", 1.0, {"H100": efficiency * share})
+        assert predict(counted, H100, P5, stack=same).step_time_s == pytest.approx(
+            predict(counted, H100, P5).step_time_s, rel=1e-12)
+        slower = replace(same, attention={"H100": efficiency * share / 2})
+        assert predict(counted, H100, P5, stack=slower).matmul_s > predict(counted, H100, P5).matmul_s
+    memory = {t: predict(spec, H100, P5, stack=Stack("t", t, {"H100": efficiency * 7 / 12})).memory_s
+              for t in (0.0, 0.5, 1.0)}
+    assert memory[1.0] == pytest.approx(eager.memory_s)
+    assert memory[1.0] - memory[0.0] == pytest.approx(2 * (memory[0.5] - memory[0.0]))
+    fused = Stack("fused", 0.25, {"H100": efficiency * 7 / 12})
+    assert predict(replace(spec, compile=True), H100, P5, stack=fused).memory_s == pytest.approx(
+        predict(spec, H100, P5, stack=fused).memory_s)
+
+
+def test_only_llm_foundry_runs_another_stack_and_each_table_the_one_its_commit_installed() -> None:
+    """The A100 and the 2023 H100 tables ran flash-attn 1.x and the triton kernel; the large-scale table ran
+    flash-attn 2 but for 13b and 30b (its sweep.py)."""
     rows = CALIBRATION_ROWS + CHECK_ROWS
-    assert [r.fused for r in rows] == [r.source == FOUNDRY for r in rows]
-    assert sum(r.fused for r in rows) == 216
-    assert all(perf_model.error(r, CALIBRATION) > perf_model.error(replace(r, fused=False), CALIBRATION)
-               for r in foundry_table() for r in [r.row])
+    assert [r.stack is not None for r in rows] == [r.source == FOUNDRY for r in rows]
+    stacks = Counter((r.section.split(" with")[0], r.row.stack.name) for r in foundry_table())
+    large = "H100 80GB BF16 (Large Scale, >= 128 GPUs)"
+    assert stacks[(large, FOUNDRY_FLASH2.name)] == 12 and stacks[(large, FOUNDRY_2023.name)] == 6
+    assert sum(n for (_, name), n in stacks.items() if name == FOUNDRY_2023.name) == 204
+    assert FOUNDRY_2023.attention["H100"] == FOUNDRY_FLASH2.attention["H100"] / 2
 
 
-def test_what_is_left_of_llm_foundrys_error_is_its_stack_not_the_sequence_length() -> None:
-    """The model's error on llm-foundry's table runs from -20% at seq 512 to +46% at 65536. Taken with
-    FlashAttention-1's cited efficiency on its causal work and a fused block's counted bytes (perf_model's
-    what-if, no constant read off the table), the medians by sequence length lie within 8 points: what is
-    left is an offset of their stack as a whole, which a study's calibration sets."""
+def test_llm_foundrys_whole_table_is_within_ten_percent_and_flat_in_sequence_length() -> None:
+    """With its stack described (cited figures, nothing read off the table), llm-foundry's 216 rows are
+    predicted within a median 10% and the medians by sequence length (512 to 65536) lie within 15 points.
+    With its attention kernel taken at the speed the convention counts, they spread 45 points (the model's
+    attention term is what flattens them); without its stack, 72."""
     rows = [r.row for r in foundry_table()]
     spread = lambda medians: max(medians.values()) - min(medians.values())  # noqa: E731
-    assert spread(perf_model.by_seq_len(rows, [perf_model.error(r, CALIBRATION) for r in rows])) > 0.5
-    assert spread(perf_model.by_seq_len(rows, [perf_model.what_if_error(r) for r in rows])) < 0.08
+    errors = [perf_model.error(r, CALIBRATION) for r in rows]
+    assert sorted(map(abs, errors))[len(errors) // 2] <= 0.10
+    assert spread(perf_model.by_seq_len(rows, errors)) < 0.15
+    efficiency = CALIBRATION.matmul_efficiency
+    share = lambda r: 7 / 12 if r.spec.activation_checkpointing == "none" else 9 / 16  # noqa: E731
+    as_counted = [replace(r, stack=replace(r.stack, attention={f: e * share(r) for f, e in efficiency.items()}))
+                  for r in rows]
+    assert spread(perf_model.by_seq_len(rows, [perf_model.error(r, CALIBRATION) for r in as_counted])) > 0.4
+    no_stack = [perf_model.error(replace(r, stack=None), CALIBRATION) for r in rows]
+    assert spread(perf_model.by_seq_len(rows, no_stack)) > 0.6
 
 
 def test_llm_foundrys_whole_table_is_read_and_each_row_maps_to_its_model() -> None:
