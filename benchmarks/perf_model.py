@@ -22,8 +22,8 @@ from bench.core.hardware import gpu_spec  # noqa: E402
 from bench.evidence import EVIDENCE_DIR, table_runs  # noqa: E402
 from bench.predict.calibrate import Observation, fit as fit_study  # noqa: E402
 from bench.predict.perf import CALIBRATION, Calibration, network_for, predict  # noqa: E402
-from bench.predict.published import (CALIBRATION_ROWS, CHECK_ROWS, FoundryRow, PublishedRow,  # noqa: E402
-                                     foundry_table)
+from bench.predict.published import (CALIBRATION_ROWS, CHECK_ROWS, FOUNDRY_2023, FoundryRow,  # noqa: E402
+                                     PublishedRow, foundry_table)
 
 NAMES = ("A100", "H100", "elementwise_bytes", "contention", "compile_traffic")
 BOUNDS = ((0.3, 0.98), (0.3, 0.98), (0.0, 2000.0), (0.0, 1.0), (0.1, 1.0))
@@ -169,6 +169,20 @@ def by_seq_len(rows: list[PublishedRow], errors: list[float]) -> dict[int, float
     return {seq: statistics.median(errs) for seq, errs in sorted(groups.items())}
 
 
+def kernel_sensitivity(rows: list[PublishedRow]) -> None:
+    """llm-foundry's whole table with one of its FlashAttention-1 class kernel's figures at another point of
+    what its sources allow: 25-40% of an A100's peak, FlashAttention-2 "around 2x" its speed on an H100."""
+    cited = FOUNDRY_2023.attention
+    moved = {"A100 at 25%": {"A100": 0.25}, "A100 at 40%": {"A100": 0.40},
+             "H100 at FlashAttention-2's 35%": {"H100": 0.35}, "H100 at 35% / 1.5": {"H100": 0.35 / 1.5},
+             "H100 at 35% / 2.5": {"H100": 0.35 / 2.5}}
+    for label, figure in moved.items():
+        stack = replace(FOUNDRY_2023, attention={**cited, **figure})
+        errors = [error(replace(r, stack=stack) if r.stack == FOUNDRY_2023 else r, CALIBRATION) for r in rows]
+        median = statistics.median(map(abs, errors))
+        print(f"  FlashAttention-1 class kernel {label:<32} median |error| {median:5.1%}")
+
+
 def measured_here(cal: Calibration) -> list[float]:
     """Every training run bench.gpucheck measured on a GPU for this project, predicted as a plan would
     before launch with these constants (one rank: no network), beside what it measured."""
@@ -212,6 +226,8 @@ def main() -> None:
     print("\nllm-foundry's whole table (never fitted to), by section, stack, model and sequence length:")
     foundry_rows = foundry_table()
     whole, points = foundry(foundry_rows)
+    print("\nThe same table, one kernel figure moved (its cited range's ends; the H100 halving changed):")
+    kernel_sensitivity([r.row for r in foundry_rows])
     print("\nThis project's own GPU runs (benchmarks/evidence/, never fitted to):")
     ours = measured_here(shipped)
     print()
