@@ -136,9 +136,10 @@ def grouped(keys: list, errors: list[float]) -> dict:
 
 
 def foundry(rows: list[FoundryRow]) -> tuple[list[float], list[float]]:
-    """llm-foundry's whole table (216 rows, never fitted to): the median |error| per section and per model,
-    and the scaling efficiency of its small models at 16-64 nodes against the same configuration's smallest
-    node count, in points. Returns (tokens/s/GPU errors in the table's order, efficiency errors in points)."""
+    """llm-foundry's whole table (216 rows, never fitted to): the median |error| per section, stack, model and
+    sequence length, and the scaling efficiency of its small models at 16-64 nodes against the same
+    configuration's smallest node count, in points. Returns (tokens/s/GPU errors in the table's order,
+    efficiency errors in points)."""
     errors = [error(r.row, CALIBRATION) for r in rows]
     for key, label in ((lambda r: r.section, "section"), (lambda r: r.row.stack.name, "stack"),
                        (lambda r: r.row.arch.name, "model"),
