@@ -1,6 +1,7 @@
 """Shared fixtures: real torchrun processes for the worker tests, paths to ../shared reference data."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from bench.core.records import parse_records
+from trainer.flight import BUFFER_ENV
 
 ROOT = Path(__file__).resolve().parent
 SHARED_DATA = Path(os.environ.get("FSDPBENCH_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -50,6 +52,40 @@ def run_torchrun(module_args: list[str], nproc: int, timeout: float = 240, env: 
 @pytest.fixture
 def torchrun():
     return run_torchrun
+
+
+class Series:
+    """Worker runs the test modules declare when they are imported, trained on first use by world size: all
+    runs of one world size declared so far in one `python -m trainer.series` under torchrun (the worker's
+    own train_run for each, in one process group), instead of a torchrun each. A worker's start-up
+    (torch, transformers, rendezvous) is most of a tiny run's time on 2 cores."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, dict[str, list[str]]] = {}  # nproc -> run id -> worker arguments
+        self.done: dict[str, WorkerResult] = {}
+
+    def declare(self, args: list[str], nproc: int) -> str:
+        """A run to train (worker arguments, without the module); returns its run id."""
+        from trainer.config import parse_args
+        run_id = parse_args(args).spec.run_id
+        known = self.pending.setdefault(nproc, {}).setdefault(run_id, args)
+        assert known == args or run_id in self.done, f"two declared runs share run id {run_id}: {known}, {args}"
+        return run_id
+
+    def result(self, args: list[str], nproc: int) -> WorkerResult:
+        """The run's records (its run id's), training every pending run of its world size if needed."""
+        run_id = self.declare(args, nproc)
+        if run_id not in self.done:
+            todo = self.pending.pop(nproc)
+            whole = run_torchrun(["trainer.series", json.dumps(list(todo.values()))], nproc=nproc, timeout=900,
+                                 env={BUFFER_ENV: "20000"})
+            for rid in todo:
+                self.done[rid] = WorkerResult(whole.returncode, whole.output,
+                                              [r for r in whole.records if r.get("run_id") == rid])
+        return self.done[run_id]
+
+
+SERIES = Series()
 
 
 SLURM_CONF = "/tmp/fsdpbench-slurm/slurm.conf"  # scripts/slurm_cluster.sh's default FSDPBENCH_SLURM_DIR

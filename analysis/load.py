@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.scaling import with_batch
 from bench import rundir
 from bench.core.schema import SCHEMA_VERSION, SUMMARY_COLUMNS, RunSpec
 
@@ -113,7 +114,7 @@ def load(path: Path) -> Loaded:
                                                           "mfu", "hfu", "_first", "_last"))]
     for column in numeric:
         frame[column] = pd.to_numeric(frame[column], errors="coerce")
-    return Loaded(frame=_older_estimates(frame), sweeps=sweeps, notes=notes)
+    return Loaded(frame=with_batch(_older_estimates(frame)), sweeps=sweeps, notes=notes)
 
 
 def _older_estimates(frame: pd.DataFrame) -> pd.DataFrame:

@@ -2,7 +2,7 @@
 
 Sharding strategy, activation checkpointing and wrapping policy change where tensors live and what is
 recomputed, not the mathematics, so within a group of runs equal in everything else (model, nodes, GPUs,
-precision, micro batch, sequence length, seed, steps) every loss curve must match the reference run's
+precision, micro batch, global batch, sequence length, seed, steps) every loss curve must match the reference run's
 (FULL_SHARD first) to within a tolerance set by the precision's reduction-order noise. A run that
 departs trains something else: a bug in the strategy, not a faster way to train the same model.
 """
@@ -12,8 +12,8 @@ import json
 
 import pandas as pd
 
-GROUP = ["sweep", "cluster", "model", "nodes", "gpus_per_node", "precision", "micro_batch", "seq_len", "seed",
-         "steps"]
+GROUP = ["sweep", "cluster", "model", "nodes", "gpus_per_node", "precision", "micro_batch", "global_batch",
+         "seq_len", "seed", "steps"]  # the accumulation mode, like the strategy, changes no mathematics
 PLAIN = {"sharding": "FULL_SHARD", "activation_checkpointing": "none", "wrap_policy": "transformer_block"}
 # Max relative deviation from the reference curve: reduction-order noise of each precision.
 TOLERANCE = {"fp32": 1e-3, "bf16_mixed": 2e-2, "fp16_mixed": 2e-2, "bf16_pure": 5e-2}
@@ -29,7 +29,9 @@ def _losses(extra: object) -> list[float] | None:
 
 
 def _name(row: pd.Series) -> str:
-    return f"{row['sharding']} AC={row['activation_checkpointing']} {row['wrap_policy']} r{row['repeat']}"
+    accumulation = f" {row['accumulation']}" if row.get("global_batch", 0) else ""
+    return (f"{row['sharding']} AC={row['activation_checkpointing']} {row['wrap_policy']}{accumulation} "
+            f"r{row['repeat']}")
 
 
 def _plain_first(column: pd.Series) -> pd.Series:

@@ -21,6 +21,8 @@ from analysis.parity import departures, loss_parity
 from analysis.predicted import (extrapolation_sentence, extrapolation_table, largest_miss, memory_notes, memory_table,
                                 throughput_table)
 from analysis.render import markdown, page_html
+from analysis.strong import COLUMNS as STRONG_COLUMNS
+from analysis.strong import knee_sentences, strong_rows, sweep_study
 from analysis.scaling import (ablation, aggregate, headline, missing_baselines, nccl_sizes, nccl_summary,
                               probe_sentences, restart_notes, status_table)
 from bench.core.schema import ADDED_DEFAULTS
@@ -40,7 +42,13 @@ DEFINITIONS = """\
   time beyond steady-state steps: compilation, kept out of the timed window. Inductor caches compiled
   graphs on the node (/tmp): a node that compiled the same blocks before takes seconds, a cold one longer.
 - **Scaling efficiency** at n nodes = (tokens/s at n / n) / (tokens/s at base / base), base = the smallest
-  node count with an ok run of the same configuration.
+  node count with an ok run of the same configuration. A weak-scaling study (no global batch) keeps each
+  GPU's micro batch, so the global batch grows with the nodes. A strong-scaling study (global batch "gb N":
+  N sequences per optimizer step at every node count, micro batch x accumulation steps x GPUs = N) compares
+  the same work: the same number is (step time at base / step time at n) x base / n, and the timed unit is
+  the optimizer step, all its micro-batches included. "next node count buys": of the step time linear
+  scaling would save by going to the next planned node count, the share the study measured (or predicted);
+  the knee is the first node count whose next step buys less than study.knee_share.
 - **busbw** (all-reduce) = algbw * 2(n-1)/n with algbw = bytes / time (nccl-tests' definition);
   avg busbw = mean over message sizes (and placements), as nccl-tests' "Avg bus bandwidth" line.
 - Memory: peak allocated/reserved by torch per GPU (max over ranks), NVML memory used (max over GPUs and
@@ -185,10 +193,11 @@ def provenance(frame: pd.DataFrame) -> list[str]:
 
 
 def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
-          train_tokens: float = TRAIN_TOKENS) -> Path:
+          train_tokens: float | None = None) -> Path:
     """Write every table, chart and the two report pages; returns the Markdown path.
 
-    prices override the sweeps' own price_per_hour by cluster name.
+    prices override the sweeps' own price_per_hour by cluster name; train_tokens the study's
+    study.train_tokens (default TRAIN_TOKENS).
     """
     out.mkdir(parents=True, exist_ok=True)
     frame = loaded.frame
@@ -196,7 +205,11 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
     parity = loss_parity(frame)
     price_table = {**sweep_prices(loaded.sweeps), **(prices or {})}
     runs_cost = run_costs(frame, price_table)
+    study = sweep_study(loaded.sweeps)
+    train_tokens = train_tokens or study.get("train_tokens") or TRAIN_TOKENS
+    strong = strong_rows(agg, price_table, train_tokens)
     sentences, best = headline(agg)
+    sentences = knee_sentences(strong, train_tokens, study.get("knee_share", 0.5)) + sentences
     probes = nccl_summary(frame)
     sentences = sentences or probe_sentences(probes)  # a probe-only study: what each EFA count gave
     one_rank = probes[probes["nodes"] * probes["gpus_per_node"] == 1] if not probes.empty else probes
@@ -212,6 +225,10 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
               "cost": _present(config_costs(agg, runs_cost, price_table, train_tokens), COST_COLUMNS).rename(
                   columns={"days to train": f"days to train {train_tokens:.3g} tokens",
                            "USD to train": f"USD to train {train_tokens:.3g} tokens"})}
+    if not strong.empty:
+        tables["strong"] = _present(_percent(strong, "efficiency", "next_share"), STRONG_COLUMNS).rename(
+            columns={"days to train": f"days to train {train_tokens:.3g} tokens",
+                     "USD to train": f"USD to train {train_tokens:.3g} tokens"})
     runs_cost.to_csv(out / "cost_runs.csv", index=False)
     sizes = nccl_sizes(frame)
     if not sizes.empty:
@@ -270,6 +287,9 @@ def _sections(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], charts: dict
     sections: list[tuple[str, object]] = []
     if sentences:
         sections.append(("The answer", sentences))
+    if "strong" in tables:
+        sections.append(("Strong scaling: one global batch at every node count, days and dollars to train "
+                         "(predicted where a node count has no ok run)", tables["strong"]))
     if not tables["headline"].empty:
         sections.append(("Best configuration at each node count", tables["headline"]))
     if "throughput_vs_nodes" in charts:
@@ -323,8 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="output dir (default PATH/report)")
     parser.add_argument("--price", action="append", default=[], metavar="[CLUSTER=]USD",
                         help="price per instance-hour, overriding the sweeps' (repeatable)")
-    parser.add_argument("--train-tokens", type=float, default=TRAIN_TOKENS,
-                        help=f"token budget for the time/cost-to-train columns (default {TRAIN_TOKENS:.0e})")
+    parser.add_argument("--train-tokens", type=float, default=None,
+                        help="token budget for the time/cost-to-train columns (default: the study's "
+                             f"study.train_tokens, else {TRAIN_TOKENS:.0e})")
     args = parser.parse_args(argv)
     try:
         loaded = load(args.path)

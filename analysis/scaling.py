@@ -12,8 +12,11 @@ import json
 import numpy as np
 import pandas as pd
 
+# "batch": a weak-scaling run's micro batch ("mb2"), or a strong-scaling run's global batch and accumulation
+# mode ("gb1024 sync_each"): at one global batch each node count picks its own micro batch, and the study
+# compares them as one configuration (batch_label)
 CONFIG = ["sweep", "cluster", "model", "model_config", "gpus_per_node", "sharding", "precision",
-          "activation_checkpointing", "wrap_policy", "compile", "offload", "micro_batch", "seq_len",
+          "activation_checkpointing", "wrap_policy", "compile", "offload", "batch", "seq_len",
           "efa_per_node"]
 METRICS = {  # column -> how repeats are combined (all by median; spread from min/max)
     "tokens_per_s": "median", "tokens_per_s_per_gpu": "median", "samples_per_s": "median",
@@ -35,7 +38,21 @@ ABLATION_FACTORS = [  # (factor, baseline value(s), optimised value): one row pe
 
 
 def train_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    return frame[frame["kind"] == "train"]
+    return with_batch(frame[frame["kind"] == "train"])
+
+
+def with_batch(frame: pd.DataFrame) -> pd.DataFrame:
+    """The frame with CONFIG's "batch" column (a table of before global_batch: every run weak scaling)."""
+    if frame.empty:
+        return frame.assign(batch=pd.Series(dtype=str), grad_accum=pd.Series(dtype=float))
+    global_batch = pd.to_numeric(frame.get("global_batch", 0), errors="coerce").fillna(0).astype(int)
+    micro = pd.to_numeric(frame["micro_batch"], errors="coerce")
+    mode = frame["accumulation"] if "accumulation" in frame else "sync_each"
+    strong = global_batch > 0
+    batch = ("mb" + micro.astype("Int64").astype(str)).where(
+        ~strong, "gb" + global_batch.astype(str) + " " + pd.Series(mode, index=frame.index).astype(str))
+    accum = (global_batch / (micro * frame["nodes"] * frame["gpus_per_node"])).where(strong, 1.0)
+    return frame.assign(batch=batch, global_batch=global_batch, grad_accum=accum)
 
 
 def aggregate(frame: pd.DataFrame) -> pd.DataFrame:
@@ -50,8 +67,9 @@ def aggregate(frame: pd.DataFrame) -> pd.DataFrame:
     out = train.groupby(keys, dropna=False).agg(
         runs=("run_id", "count"), ok_runs=("status", lambda s: int((s == "ok").sum())),
         status=("status", lambda s: "ok" if (s == "ok").all() else ",".join(sorted(set(s)))),
-        # what the plan predicted is known for every run, infeasible ones included
-        **{c: (c, "first") for c in PREDICTED}).reset_index()
+        # what the plan predicted is known for every run, infeasible ones included; the micro batch and
+        # accumulation steps a strong-scaling node count ran
+        **{c: (c, "first") for c in (*PREDICTED, "micro_batch", "grad_accum", "global_batch")}).reset_index()
     if not ok.empty:
         stats = ok.groupby(keys, dropna=False).agg(
             **{c: (c, how) for c, how in METRICS.items()},
@@ -101,7 +119,7 @@ def describe(config: dict) -> str:
     ac = {"none": "no AC", "full": "full AC", "selective": "selective AC"}.get(config["activation_checkpointing"],
                                                                               config["activation_checkpointing"])
     return (f"{config['model']} {config['sharding']} {config['precision']} {ac} "
-            f"{config['wrap_policy']}{_options(config)} mb{config['micro_batch']} s{config['seq_len']}")
+            f"{config['wrap_policy']}{_options(config)} {config['batch']} s{config['seq_len']}")
 
 
 def _options(config: dict | pd.Series) -> str:
@@ -113,8 +131,9 @@ def _options(config: dict | pd.Series) -> str:
 def configuration_label(config: pd.Series) -> str:
     """A configuration as a reader names it: "FULL_SHARD bf16_mixed + full AC"."""
     ac = config["activation_checkpointing"]
+    strong = str(config.get("batch", "")).startswith("gb")
     return (f"{config['sharding']} {config['precision']}" + ("" if ac == "none" else f" + {ac} AC") +
-            _options(config))
+            _options(config) + (f", global batch {config['batch'][2:]}" if strong else ""))
 
 
 def headline(agg: pd.DataFrame) -> tuple[list[str], pd.DataFrame]:

@@ -18,7 +18,8 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from bench.core.hardware import GPUS, supports_fp8
 from bench.core.models import ModelError, model_source
-from bench.core.schema import AC_MODES, FAULTS, OFFLOADS, PRECISIONS, SHARDINGS, SPEC_FIELDS, WRAP_POLICIES
+from bench.core.schema import (ACCUMULATIONS, AC_MODES, FAULTS, OFFLOADS, PRECISIONS, SHARDINGS, SPEC_FIELDS,
+                               WRAP_POLICIES)
 
 AUTO = "auto"  # axes.micro_batch value: search the largest micro batch that fits
 COMPILE_WARMUP = 1  # compile=true: step 0 compiles forward and backward; later steps reuse it (measured)
@@ -111,6 +112,11 @@ class Axes:
     compile: list[bool] = field(default_factory=lambda: [False])  # torch.compile each block (regional)
     offload: list[str] = field(default_factory=lambda: ["none"])  # cpu: FSDP2 CPUOffloadPolicy
     micro_batch: list[Any] = field(default_factory=lambda: [1])  # per GPU; `auto`: the largest that fits
+    # (and, with a global batch, divides each rank's share of it)
+    # sequences per optimizer step over all ranks, the same at every node count (strong scaling): micro batch
+    # x accumulation steps x ranks equals it; None = one micro batch per rank per step (weak scaling)
+    global_batch: list[int | None] = field(default_factory=lambda: [None])
+    accumulation: list[str] = field(default_factory=lambda: ["sync_each"])  # bench.core.schema.ACCUMULATIONS
     seq_len: list[int] = field(default_factory=lambda: [128])
     efa_per_node: list[int | None] = field(default_factory=lambda: [None])  # None = the cluster's adapters
 
@@ -154,6 +160,17 @@ class MemoryConfig:
 
 
 @dataclass
+class StudyConfig:
+    """What a team sizing a training run asks of a strong-scaling study: days and dollars to train a token
+    budget at its global batch, per node count, and the knee past which more nodes buy little."""
+
+    train_tokens: float | None = None  # tokens to train, e.g. 1e12; None: the report shows no days or dollars
+    # the knee: the node count past which going to the next planned one buys less than this share of the
+    # time linear scaling would save (1: as much, 0: nothing)
+    knee_share: float = 0.5
+
+
+@dataclass
 class FaultRule:
     """Test hook: inject a worker fault into the runs whose spec matches every key of `match`."""
 
@@ -183,6 +200,7 @@ class SweepConfig:
     nccl: NcclSweepConfig = field(default_factory=NcclSweepConfig)
     micro_batch_search: MicroBatchSearch = field(default_factory=MicroBatchSearch)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    study: StudyConfig = field(default_factory=StudyConfig)
     faults: list[FaultRule] = field(default_factory=list)
     cluster: ClusterConfig = MISSING
     launcher: LauncherConfig = MISSING
@@ -235,14 +253,18 @@ def _check_models(axes: Axes) -> None:
 def _check_axes(axes: Axes, cluster: ClusterConfig) -> None:
     _check_models(axes)
     choices = {"sharding": SHARDINGS, "precision": PRECISIONS,
-               "activation_checkpointing": AC_MODES, "wrap_policy": WRAP_POLICIES, "offload": OFFLOADS}
+               "activation_checkpointing": AC_MODES, "wrap_policy": WRAP_POLICIES, "offload": OFFLOADS,
+               "accumulation": ACCUMULATIONS}
     for name, known in choices.items():
         for v in getattr(axes, name):
             if v not in known:
                 raise ConfigError(f"axes.{name}: unknown value {v!r}; known: {', '.join(sorted(known))}")
-    for name in ("nodes", "seq_len", "gpus_per_node"):
+    for name in ("nodes", "seq_len", "gpus_per_node", "global_batch"):
         for v in getattr(axes, name):
             _positive(f"axes.{name}", v)
+    if set(axes.accumulation) != {"sync_each"} and None in axes.global_batch:
+        raise ConfigError(f"axes.accumulation {list(axes.accumulation)} needs axes.global_batch: without one a "
+                          "step is one micro batch, with nothing to accumulate")
     for v in axes.micro_batch:
         if v != AUTO and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise ConfigError(f"axes.micro_batch must be a positive integer or {AUTO}, got {v!r}")
@@ -351,5 +373,8 @@ def validate(cfg: SweepConfig) -> None:
         raise ConfigError(f"launcher.collective_timeout_s={cfg.launcher.collective_timeout_s:g} must be "
                           f"below launcher.timeout_s={cfg.launcher.timeout_s:g}: a hung collective must fail "
                           "(and dump) before the harness stops the run")
+    _positive("study.train_tokens", cfg.study.train_tokens, "number")
+    if not 0 < cfg.study.knee_share <= 1:
+        raise ConfigError(f"study.knee_share must be in (0, 1], got {cfg.study.knee_share!r}")
     _positive("memory.workers", cfg.memory.workers)
     _positive("memory.timeout_s", cfg.memory.timeout_s, "number")

@@ -70,11 +70,12 @@ def load_runs(root: Path) -> list[RunSummary]:
 
 def table_runs(results_csv: Path) -> list[tuple[RunSpec, dict[str, str]]]:
     """The training runs that ended ok in a results table (a sweep's results.csv, or its copy in an evidence
-    folder): each as the spec it ran (its run_id the table's) and its row, as text."""
+    folder): each as the spec it ran (its run_id the table's) and its row, as text. A field added after the
+    table was written takes its default (ADDED_DEFAULTS: left out of the run id there too)."""
     typed = {"int": int, "bool": lambda text: text == "True"}
     with open(results_csv) as f:
         rows = [r for r in csv.DictReader(f) if r["status"] == "ok" and r["kind"] == "train"]
-    return [(RunSpec(**{f.name: typed.get(f.type, str)(r[f.name]) for f in fields(RunSpec)}), r)
+    return [(RunSpec(**{f.name: typed.get(f.type, str)(r[f.name]) for f in fields(RunSpec) if f.name in r}), r)
             for r in rows]
 
 

@@ -82,6 +82,7 @@ def _spec(cfg: SweepConfig, point: dict[str, Any], repeat: int, **override: Any)
     census.ensure(model, config, cfg.memory.cache_dir)  # a family with no formula: counted from the model
     values = {**point, "model": model, "model_config": config,
               "micro_batch": 0 if point.get("micro_batch") == AUTO else point.get("micro_batch", 1),
+              "global_batch": point.get("global_batch") or 0,
               "efa_per_node": cfg.cluster.efa_per_node if efa is None else efa,
               "gpus_per_node": cfg.cluster.gpus_per_node if gpus is None else gpus, "steps": cfg.steps,
               "warmup_steps": cfg.warmup_steps, "seed": cfg.seed, "cluster": cfg.cluster.name,
@@ -120,39 +121,51 @@ def feasibility(cfg: SweepConfig, spec: RunSpec, memory: MemorySource | None = N
     return figure, True, None
 
 
+def micro_batch_sizes(spec: RunSpec, largest: int) -> list[int]:
+    """The micro batches micro_batch auto may try, ascending: powers of two up to `largest`; with a global
+    batch, the sizes up to `largest` that divide each rank's share of it (micro batch x accumulation steps
+    x ranks = the global batch, exactly)."""
+    if spec.per_rank:
+        return [m for m in range(1, min(largest, spec.per_rank) + 1) if spec.per_rank % m == 0]
+    return [1 << e for e in range(largest.bit_length())]
+
+
 def auto_starts(cfg: SweepConfig, specs: list[RunSpec], memory: MemorySource | None = None
                 ) -> dict[str, tuple[int, MemoryFigure, bool, str | None]]:
-    """micro_batch auto: for each spec, the largest power of two up to micro_batch_search.max that fits, by
-    bisection over the exponents (memory grows with the micro batch). The specs bisect in lockstep: each
-    round's candidates are measured together (in parallel), so a sweep of many auto runs costs about
-    log2(max) measurement rounds, not that many per run.
+    """micro_batch auto: for each spec, the largest of its micro_batch_sizes (up to micro_batch_search.max)
+    that fits, by bisection over them (memory grows with the micro batch). The specs bisect in lockstep:
+    each round's candidates are measured together (in parallel), so a sweep of many auto runs costs about
+    log2(sizes) measurement rounds, not that many per run.
 
     Returns, by run id, (start, its figure, feasible, reason): infeasible when not even 1 fits.
     """
-    def sized(spec: RunSpec, exponent: int) -> RunSpec:
-        return replace(spec, micro_batch=1 << exponent)
+    sizes = {s.run_id: micro_batch_sizes(s, cfg.micro_batch_search.max) for s in specs}
 
-    top = cfg.micro_batch_search.max.bit_length() - 1  # 2**top <= max
-    pending = {s.run_id: (s, 0, top, 0) for s in specs}  # spec, low, high, the exponent this round tries
-    best: dict[str, tuple[int, MemoryFigure]] = {}  # the largest exponent that fitted so far
+    def sized(spec: RunSpec, index: int) -> RunSpec:
+        return replace(spec, micro_batch=sizes[spec.run_id][index])
+
+    # spec, low, high (indices into its sizes), the index this round tries: the middle, then halves; low
+    # = -1 until a size fits (index 0 failing makes the run infeasible)
+    pending = {s.run_id: (s, -1, len(sizes[s.run_id]) - 1, (len(sizes[s.run_id]) - 1) // 2) for s in specs}
+    best: dict[str, tuple[int, MemoryFigure]] = {}  # the largest size that fitted so far
     out: dict[str, tuple[int, MemoryFigure, bool, str | None]] = {}
     while pending:
         if memory:
-            memory.prefetch([sized(s, e) for s, _, _, e in pending.values()])
+            memory.prefetch([sized(s, i) for s, _, _, i in pending.values()])
         after: dict[str, tuple[RunSpec, int, int, int]] = {}
-        for run_id, (spec, low, high, exponent) in pending.items():
-            figure, ok, reason = feasibility(cfg, sized(spec, exponent), memory)
-            if exponent == 0 and not ok:
-                out[run_id] = (1, figure, False, reason)
+        for run_id, (spec, low, high, index) in pending.items():
+            figure, ok, reason = feasibility(cfg, sized(spec, index), memory)
+            if index == 0 and not ok:
+                out[run_id] = (sizes[run_id][0], figure, False, reason)
                 continue
             if ok:
-                low, best[run_id] = exponent, (exponent, figure)
+                low, best[run_id] = index, (sizes[run_id][index], figure)
             else:
-                high = exponent - 1
+                high = index - 1
             if low < high:
-                after[run_id] = (spec, low, high, (low + high + 1) // 2)
+                after[run_id] = (spec, low, high, (low + high + 1) // 2 if low >= 0 else high // 2)
             else:
-                out[run_id] = (1 << best[run_id][0], best[run_id][1], True, None)
+                out[run_id] = (*best[run_id], True, None)
         pending = after
     return out
 
@@ -206,9 +219,10 @@ def expand(cfg: SweepConfig, memory: MemorySource | None = None,
 
 
 def _config(spec: RunSpec) -> tuple[Any, ...]:
-    """What scaling efficiency compares across node counts (analysis/scaling.py's CONFIG)."""
-    return tuple(v for k, v in spec.to_dict().items()
-                 if k not in ("nodes", "repeat", "steps", "warmup_steps"))
+    """What scaling efficiency compares across node counts (analysis/scaling.py's CONFIG): at one global
+    batch, the micro batch is each node count's own choice."""
+    varies = ("nodes", "repeat", "steps", "warmup_steps") + (("micro_batch",) if spec.global_batch else ())
+    return tuple(v for k, v in spec.to_dict().items() if k not in varies)
 
 
 def with_predictions(plan: list[PlannedRun], predictor: Predictor) -> list[PlannedRun]:

@@ -32,7 +32,7 @@ from bench.core.schema import RETRYABLE_STATUSES, RunSpec, RunSummary
 from bench.predict.cost import estimated_seconds
 from bench.launchers.base import DONE, PROJECT_ROOT, RUNNING, Launcher, Outcome
 from bench.predict.memory import lower_bound
-from bench.plan import PlannedRun, with_predictions
+from bench.plan import PlannedRun, micro_batch_sizes, with_predictions
 from bench.predict.calibrate import study_predictor
 from bench.progress import Progress
 
@@ -319,7 +319,8 @@ def _watch(cfg: SweepConfig, launcher: Launcher, handle: Any, stop: threading.Ev
 
 
 def _search_micro_batch(sweep: _Sweep, planned: PlannedRun, rd: Path) -> RunSteps:
-    """micro_batch auto: short trial runs (in rd/search/mbN) from the planned start, halving on OOM,
+    """micro_batch auto: short trial runs (in rd/search/mbN) from the planned start, the next smaller size on
+    OOM (half; with a global batch, the next that divides each rank's share),
     then the real run at the size that fitted. The search is recorded in the summary's extra."""
     cfg, spec = sweep.cfg, planned.spec
     search = cfg.micro_batch_search
@@ -332,7 +333,7 @@ def _search_micro_batch(sweep: _Sweep, planned: PlannedRun, rd: Path) -> RunStep
                        "step_time_s": last.step_time_s, "error": last.error})
         if last.status != "oom":
             break
-        m //= 2
+        m = max((size for size in micro_batch_sizes(spec, m) if size < m), default=0)
     if last is not None and last.status == "ok":
         final = replace(spec, micro_batch=trials[-1]["micro_batch"])
         found = planned

@@ -23,8 +23,14 @@ def test_smoke_plan_is_the_product_minus_exclusions() -> None:
     plan = plan_for("+sweep=smoke")
     train = [p.spec for p in plan if p.spec.kind == "train"]
     two = [s for s in train if s.gpus_per_node == 2]
-    # 2 GPUs/node: 2 nodes x (FULL_SHARD: 2 precisions x 2 AC + 3 other strategies x bf16 x no AC)
-    assert len(two) == 2 * (4 + 3)
+    # 2 GPUs/node: 2 nodes x (FULL_SHARD: 2 precisions x 2 AC + 3 other strategies x bf16 x no AC), and the
+    # strong-scaling pair: FULL_SHARD bf16 without AC at one global batch of 8 on both node counts
+    assert len(two) == 2 * (4 + 3) + 2
+    strong = [s for s in two if s.global_batch]
+    assert [(s.nodes, s.global_batch, s.micro_batch, s.grad_accum, s.sequences_per_step) for s in strong] == [
+        (1, 8, 2, 2, 8), (2, 8, 2, 1, 8)]
+    assert {(s.sharding, s.precision, s.activation_checkpointing) for s in strong} == {
+        ("FULL_SHARD", "bf16_mixed", "none")}
     assert {s.sharding for s in two} == {"FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"}
     assert not [s for s in two if s.sharding != "FULL_SHARD" and s.activation_checkpointing == "full"]
     # 1 GPU/node (what a one-GPU machine runs on its GPU): 1 node, FULL_SHARD, 4 precisions x 2 AC modes
@@ -179,8 +185,12 @@ def test_auto_micro_batch_starts_at_the_largest_power_of_two_that_fits() -> None
     unmeasured = expand(cfg)  # the lower bound does not grow with the micro batch: start at the top
     assert {p.micro_batch_start for p in unmeasured} == {cfg.micro_batch_search.max}
     local = plan_for("+sweep=smoke", "axes.micro_batch=[auto,2]", "micro_batch_search.max=6", "nccl.enabled=false")
-    assert {p.micro_batch_start for p in local if p.spec.micro_batch == 0} == {4}  # no memory limit: 4 <= 6
+    weak = [p for p in local if p.spec.micro_batch == 0 and not p.spec.global_batch]
+    assert {p.micro_batch_start for p in weak} == {4}  # no memory limit: 4 <= 6
     assert {p.spec.micro_batch for p in local} == {0, 2}
+    # at one global batch of 8: the largest size that divides each rank's share (4 on 2 ranks, 2 on 4)
+    strong = [p for p in local if p.spec.micro_batch == 0 and p.spec.global_batch]
+    assert sorted((p.spec.nodes, p.micro_batch_start) for p in strong) == [(1, 4), (2, 2)]
 
 
 @pytest.mark.parametrize("override,message", [("axes.micro_batch=[0]", "axes.micro_batch must be a positive"),

@@ -16,7 +16,7 @@ from bench.core.records import parse_records
 from conftest import SMOKE_SHAPE
 
 ROOT = Path(__file__).resolve().parents[1]
-ONE_NODE = ["axes.nodes=[1]", "axes.sharding=[FULL_SHARD]", "axes.activation_checkpointing=[none]",
+ONE_NODE = ["axes.global_batch=[null]", "axes.nodes=[1]", "axes.sharding=[FULL_SHARD]", "axes.activation_checkpointing=[none]",
             "nccl.enabled=false", "steps=3", "warmup_steps=1", "exclude=[]"]
 
 
@@ -103,7 +103,7 @@ def test_dry_run_renders_and_launches_nothing(tmp_path: Path) -> None:
     proc = sweep(tmp_path, "--dry-run")
     assert proc.returncode == 0, proc.stderr
     sub_files = list((tmp_path / "smoke" / "runs").glob("*/attempt-1/submission/submission.json"))
-    assert len(sub_files) == 16  # the two-ranks-per-node smoke: 14 training runs and 2 probes
+    assert len(sub_files) == 18  # the two-ranks-per-node smoke: 16 training runs (2 strong scaling), 2 probes
     argvs = json.loads(sub_files[0].read_text())["argvs"]
     # each agent: its devices (none on this machine: CPU), then torchrun
     assert argvs[0][:2] == ["env", "CUDA_VISIBLE_DEVICES="] and argvs[0][3:5] == ["-m", "torch.distributed.run"]
@@ -185,7 +185,7 @@ def test_a_staged_study_predicts_its_two_node_runs_from_its_one_node_runs(tmp_pa
     (keeping the one-node runs) with those predictions on record."""
     axes = ["axes.sharding=[FULL_SHARD,NO_SHARD]", "axes.precision=[bf16_mixed]",
             "axes.activation_checkpointing=[none]", "steps=4", "warmup_steps=1"]
-    first = sweep(tmp_path, *axes, "axes.nodes=[1]", "nccl.nodes=[1]")
+    first = sweep(tmp_path, *axes, "axes.global_batch=[null]", "axes.nodes=[1]", "nccl.nodes=[1]")
     assert first.returncode == 0, first.stderr[-2000:]
     assert json.loads((tmp_path / "smoke" / rundir.CALIBRATION_JSON).read_text())["nodes"] == [1]
     dry = sweep(tmp_path, *axes, "--dry-run")

@@ -34,7 +34,7 @@ def calibration(x: tuple[float, ...]) -> Calibration:
 
 
 def _tokens(row: PublishedRow, cal: Calibration, nodes: int | None = None) -> float:
-    spec = row.spec if nodes is None else replace(row.spec, nodes=nodes)
+    spec = row.spec if nodes is None else row.spec.at_nodes(nodes)
     return predict(spec, row.gpu, row.network, row.arch, cal, row.stack).tokens_per_s_per_gpu
 
 
@@ -88,7 +88,7 @@ def efficiency_pairs(rows: list[PublishedRow], cal: Calibration) -> list[float]:
     for small in rows:
         for large in rows:
             same = (small.source == large.source and small.arch == large.arch and small.gpu == large.gpu
-                    and replace(small.spec, nodes=large.spec.nodes) == large.spec)
+                    and small.spec.at_nodes(large.spec.nodes) == large.spec)
             if same and small.spec.nodes < large.spec.nodes and small.tokens_per_s_per_gpu:
                 published = large.tokens_per_s_per_gpu / small.tokens_per_s_per_gpu
                 predicted = _tokens(large, cal) / _tokens(small, cal)
@@ -105,7 +105,7 @@ def staged(rows: list[PublishedRow], cal: Calibration) -> tuple[list[float], lis
     groups: dict[tuple, list[PublishedRow]] = {}
     for row in rows:
         if row.tokens_per_s_per_gpu:
-            key = (row.source, row.arch.name, row.gpu.name, replace(row.spec, nodes=1))
+            key = (row.source, row.arch.name, row.gpu.name, row.spec.at_nodes(1))
             groups.setdefault(key, []).append(row)
     calibrated, published = [], []
     for group in groups.values():
@@ -152,7 +152,7 @@ def foundry(rows: list[FoundryRow]) -> tuple[list[float], list[float]]:
     by_config: dict[tuple, list[PublishedRow]] = {}
     for r in rows:
         if r.row.arch.name in SMALL:
-            by_config.setdefault((r.section, r.row.arch.name, replace(r.row.spec, nodes=1)), []).append(r.row)
+            by_config.setdefault((r.section, r.row.arch.name, r.row.spec.at_nodes(1)), []).append(r.row)
     for group in by_config.values():
         base = min(group, key=lambda r: r.spec.nodes)
         for large in (r for r in group if 16 <= r.spec.nodes <= 64 and r.spec.nodes > base.spec.nodes):

@@ -60,7 +60,7 @@ def _step_flops(config_json: str, seq_len: int, checkpointed: bool) -> tuple[flo
         model.to_empty(device="cpu")
         model.train()
         batch = synthetic_batch(vocab=model.get_input_embeddings().num_embeddings, micro_batch=1,
-                                seq_len=seq_len, seed=0, dp_rank=0, step=0, device=torch.device("cpu"),
+                                seq_len=seq_len, seed=0, first=0, step=0, device=torch.device("cpu"),
                                 encoder_decoder=False)
         with FlopCounterMode(display=False) as counter:
             loss = model(**batch).loss

@@ -1,19 +1,23 @@
-"""Synthetic token batches: no data preparation, deterministic per (seed, data-parallel rank, step)."""
+"""Synthetic token batches: no data preparation, deterministic per (seed, step, sequence of the global batch)."""
 from __future__ import annotations
 
 import torch
 
 
-def synthetic_batch(*, vocab: int, micro_batch: int, seq_len: int, seed: int, dp_rank: int, step: int,
+def synthetic_batch(*, vocab: int, micro_batch: int, seq_len: int, seed: int, first: int, step: int,
                     device: torch.device, encoder_decoder: bool) -> dict[str, torch.Tensor]:
-    """One micro batch of uniform random tokens.
+    """Sequences first .. first + micro_batch - 1 of a step's global batch, uniform random tokens.
 
-    The generator is seeded from (seed, rank, step), so a rank sees the same batch under every sharding
-    strategy and on every re-run. Causal LMs get labels = input_ids (the model shifts them); T5 gets an
-    independent target sequence of the same length.
+    Each sequence has its own generator, seeded from (seed, step, its index in the global batch), so a
+    global batch holds the same sequences however it is split into ranks and micro-batches (the losses of
+    4 x 1, 2 x 2 and 1 x 4 agree), under every sharding strategy and on every re-run. Causal LMs get
+    labels = input_ids (the model shifts them); T5 gets an independent target sequence of the same length.
     """
     gen = torch.Generator(device="cpu")
-    gen.manual_seed(((seed * 1_000_003 + dp_rank) * 1_000_003 + step) % (2**63))
-    ids = torch.randint(0, vocab, (micro_batch, seq_len), generator=gen)
-    labels = torch.randint(0, vocab, (micro_batch, seq_len), generator=gen) if encoder_decoder else ids
-    return {"input_ids": ids.to(device, non_blocking=True), "labels": labels.to(device, non_blocking=True)}
+    ids, labels = [], []
+    for index in range(first, first + micro_batch):
+        gen.manual_seed(((seed * 1_000_003 + step) * 1_000_003 + index) % (2**63))
+        ids.append(torch.randint(0, vocab, (seq_len,), generator=gen))
+        labels.append(torch.randint(0, vocab, (seq_len,), generator=gen) if encoder_decoder else ids[-1])
+    return {"input_ids": torch.stack(ids).to(device, non_blocking=True),
+            "labels": torch.stack(labels).to(device, non_blocking=True)}

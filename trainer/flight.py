@@ -49,6 +49,34 @@ def write_dump(rank: int) -> Path | None:
         return None
 
 
+BUFFER_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"  # torch's own variable: the recorder keeps this many entries
+
+
+def collectives_between(start_ns: int, end_ns: int) -> dict[str, dict[str, int]] | None:
+    """The collectives this rank started in a window of wall-clock time (time.time_ns(), the recorder's
+    clock), counted by process group (its description: the mesh dimension, 'mesh_shard', 'mesh_replicate')
+    and operation as the backend names it (gloo runs FSDP2's reduce-scatter as an all_reduce of the whole
+    gradient). What the run really did, not what a model of FSDP says it should; None where the recorder
+    is off (no TORCH_NCCL_TRACE_BUFFER_SIZE) or this torch has none."""
+    if int(os.environ.get(BUFFER_ENV, "0") or 0) <= 0:
+        return None
+    try:
+        import pickle
+
+        from torch._C._distributed_c10d import _dump_fr_trace
+        entries = pickle.loads(_dump_fr_trace(includeCollectives=True, includeStackTraces=False,
+                                              onlyActive=False))["entries"]
+    except Exception:
+        return None
+    counts: dict[str, dict[str, int]] = {}
+    for e in entries:
+        if start_ns <= e["time_created_ns"] < end_ns:
+            group = counts.setdefault(e["process_group"][1] or e["process_group"][0], {})
+            op = e["profiling_name"].split(":", 1)[-1]
+            group[op] = group.get(op, 0) + 1
+    return counts
+
+
 def dump_on_sigterm(rank: int) -> None:
     """The harness (or torchrun, when another rank failed) stops a rank with SIGTERM: dump, then exit."""
     def handler(signum: int, frame: Any) -> None:

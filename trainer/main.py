@@ -22,7 +22,7 @@ from bench.core.flops import hardware_flops_per_token, model_flops_per_token
 from bench.core.hardware import peak_tflops
 from bench.core.records import COLLECTIVE_TIMEOUT_ENV, Emitter
 from trainer.config import TrainArgs, parse_args
-from trainer.flight import dump_on_sigterm, write_dump
+from trainer.flight import collectives_between, dump_on_sigterm, write_dump
 from trainer.metrics import summarize_steps
 from trainer.nvml import NvmlSampler
 
@@ -34,7 +34,7 @@ class NanLoss(RuntimeError):
     pass
 
 
-def _device() -> torch.device:
+def rank_device() -> torch.device:
     if torch.cuda.is_available():
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
@@ -79,7 +79,7 @@ def _versions(device: torch.device) -> dict[str, Any]:
     return info
 
 
-def _init_process_group(device: torch.device) -> None:
+def init_process_group(device: torch.device) -> None:
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -106,6 +106,7 @@ class Trainer:
         self.arch = self.spec.arch
         self.losses: list[float] = []
         self.step_times: list[float] = []
+        self.last_step_ns = (0, 0)  # the last step's window in wall-clock time: its collectives are counted
 
     def setup(self) -> None:
         from trainer.model import materialize
@@ -130,29 +131,42 @@ class Trainer:
                 "mesh_shape": list(mesh.shape), "mesh_dim_names": list(mesh.dim_names),
                 "shard_group": mesh.shard_group, "replicate_group": mesh.replicate_group,
                 "reshard_after_forward": mesh.reshard_after_forward,
-                "local_param_numel": local_numel, "checkpointed_blocks": self.built.checkpointed_blocks,
+                "local_param_numel": local_numel, "grad_accum": self.spec.grad_accum,
+                "checkpointed_blocks": self.built.checkpointed_blocks,
                 "float8_linears": self.built.float8_linears, "compiled_blocks": self.built.compiled_blocks,
                 "param_device": str(next(self.model.parameters()).device), "backend": dist.get_backend(),
                 "offload_policy": _offload_policy(self.model),
                 **_versions(self.device)}
 
-    def batch(self, step: int) -> dict[str, torch.Tensor]:
+    def batches(self, step: int) -> list[dict[str, torch.Tensor]]:
+        """This rank's micro-batches of a step: its contiguous share of the step's global batch, in order
+        (the same sequences however the global batch is split into ranks and micro-batches)."""
         from trainer.data import synthetic_batch
-        spec = self.spec
-        return synthetic_batch(vocab=self.arch.vocab, micro_batch=spec.micro_batch, seq_len=spec.seq_len,
-                               seed=spec.seed, dp_rank=self.rank, step=step, device=self.device,
-                               encoder_decoder=self.arch.family == "t5")
+        spec, mb = self.spec, self.spec.micro_batch
+        first = self.rank * mb * spec.grad_accum
+        return [synthetic_batch(vocab=self.arch.vocab, micro_batch=mb, seq_len=spec.seq_len, seed=spec.seed,
+                                first=first + k * mb, step=step, device=self.device,
+                                encoder_decoder=self.arch.family == "t5")
+                for k in range(spec.grad_accum)]
 
-    def step(self, batch: dict[str, torch.Tensor], step: int) -> torch.Tensor:
-        """One optimizer step, and only that: the timed window. Returns this rank's loss, detached (no
-        collective and no host sync beyond the step's own)."""
-        from trainer.parallel import backward_and_step
-        loss = self.model(**batch).loss
-        if self.args.fault == "nan" and step == self.args.fault_step:
-            loss = loss * float("nan")
-        self._fault(step, "hang")  # inside the step: the other ranks wait in the backward's collectives
-        backward_and_step(loss, self.optimizer, self.scaler)
-        return loss.detach()
+    def step(self, micro_batches: list[dict[str, torch.Tensor]], step: int) -> torch.Tensor:
+        """One optimizer step, and only that: the timed window. Each micro-batch's loss counts 1/n of the
+        step's (the mean over the global batch however it is split), its gradients synced as the spec's
+        accumulation mode says. Returns this rank's mean loss, detached (no collective and no host sync
+        beyond the step's own)."""
+        from trainer.parallel import accumulate, backward, optimizer_step
+        n, losses = len(micro_batches), []
+        for k, batch in enumerate(micro_batches):
+            accumulate(self.model, self.spec.accumulation, last=k == n - 1)
+            loss = self.model(**batch).loss
+            if self.args.fault == "nan" and step == self.args.fault_step:
+                loss = loss * float("nan")
+            if k == 0:
+                self._fault(step, "hang")  # inside the step: the other ranks wait in the backward's collectives
+            backward(loss / n, self.scaler)
+            losses.append(loss.detach())
+        optimizer_step(self.optimizer, self.scaler)
+        return torch.stack(losses).mean()
 
     def _fault(self, step: int, kind: str) -> None:
         if self.args.fault != kind or step != self.args.fault_step:
@@ -176,19 +190,19 @@ class Trainer:
         for step in range(self.spec.steps):
             if step == self.spec.warmup_steps and self.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(self.device)
-            batch = self.batch(step)
+            batches = self.batches(step)
             self._fault(step, "oom")
             _sync(self.device)
-            t0 = time.perf_counter()
-            loss = self.step(batch, step)
+            t0, t0_ns = time.perf_counter(), time.time_ns()
+            loss = self.step(batches, step)
             _sync(self.device)
-            elapsed = time.perf_counter() - t0
+            elapsed, self.last_step_ns = time.perf_counter() - t0, (t0_ns, time.time_ns())
             self._fault(step, "crash")
             self.step_times.append(elapsed)
             local_losses.append(loss)
             if self.rank == 0 and self.args.instrument:  # after the clock; the device is already synced
                 self.emit("step", step=step, time_s=elapsed, warmup=step < self.spec.warmup_steps,
-                          tokens=self.tokens_per_step, samples=self.spec.micro_batch * self.spec.world_size,
+                          tokens=self.tokens_per_step, samples=self.spec.sequences_per_step,
                           loss_rank0=loss.item(), **_memory(self.device))
         self.losses = self.mean_losses(local_losses)
         bad = [i for i, v in enumerate(self.losses) if not math.isfinite(v)]
@@ -203,14 +217,14 @@ class Trainer:
 
     @property
     def tokens_per_step(self) -> int:
-        return self.spec.micro_batch * self.spec.seq_len * self.spec.world_size
+        return self.spec.sequences_per_step * self.spec.seq_len
 
     def summary(self, nvml: dict[str, Any]) -> dict[str, Any]:
         spec = self.spec
         device_name = _versions(self.device)["device_name"]
         stats = summarize_steps(
             self.step_times, warmup_steps=spec.warmup_steps, tokens_per_step=self.tokens_per_step,
-            samples_per_step=spec.micro_batch * spec.world_size, world_size=spec.world_size,
+            samples_per_step=spec.sequences_per_step, world_size=spec.world_size,
             model_flops_per_token=model_flops_per_token(self.arch, spec.seq_len),
             hw_flops_per_token=hardware_flops_per_token(self.arch, spec.seq_len,
                                                         spec.activation_checkpointing),
@@ -229,6 +243,8 @@ class Trainer:
                                "losses": self.losses, "step_times_s": self.step_times,
                                "device_name": device_name, "torch_version": torch.__version__,
                                "host": socket.gethostname(), "per_rank": per_rank}
+        if self.rank == 0:  # the one summary: what the recorder saw in the last step
+            out["collectives_per_step"] = collectives_between(*self.last_step_ns)
         for key in ("mem_peak_alloc_gib", "mem_peak_reserved_gib", "mem_rss_gib", "nvml_mem_used_gib"):
             values = [r[key] for r in per_rank if r.get(key) is not None]
             out[key] = max(values) if values else None
@@ -246,25 +262,17 @@ def _offload_policy(model: torch.nn.Module) -> str | None:
     return type(policy).__name__ if policy is not None else None
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)  # exits 2 on bad input, before anything distributed starts
-    device = _device()
-    rank = int(os.environ.get("RANK", "0"))
-    emit = Emitter(rank, args.spec.run_id, args.run_dir)
-    try:
-        _init_process_group(device)
-    except Exception as e:
-        emit("summary", status="rendezvous_error", error=f"{type(e).__name__}: {e}")
-        return EXIT_RDZV
+def train_run(args: TrainArgs, device: torch.device, emit: Emitter) -> int:
+    """One run in this (initialised) process group: set up, train, summarise; every failure a status in a
+    summary record. Returns the exit code."""
+    rank = dist.get_rank()
     if dist.get_world_size() != args.spec.world_size:
         emit("summary", status="rendezvous_error",
              error=f"world size {dist.get_world_size()} != nodes x gpus_per_node = {args.spec.world_size}")
         return EXIT_RDZV
-    dump_on_sigterm(rank)  # stopped by the harness or by torchrun: leave the flight recorder's dump
     sampler = NvmlSampler(device.index if device.type == "cuda" else None, args.nvml_interval_s,
                           lambda s: emit("nvml", **s))
     trainer = Trainer(args, device, emit)
-    code = EXIT_OK
     try:
         trainer.setup()
         emit("meta", **trainer.meta(), nvml_available=sampler.available, nvml_reason=sampler.reason,
@@ -275,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = trainer.summary(sampler.stop())
         if rank == 0:
             emit("summary", **summary)
+        return EXIT_OK
     except Exception as e:
         sampler.stop()
         write_dump(rank)  # this rank's collectives when it failed (kept if NCCL's watchdog wrote one)
@@ -282,6 +291,22 @@ def main(argv: list[str] | None = None) -> int:
             (EXIT_NAN, "nan_loss") if isinstance(e, NanLoss) else (EXIT_FAILED, "failed"))
         emit("summary", status=status, error=f"{type(e).__name__}: {e}", failed_step=len(trainer.step_times),
              losses=trainer.losses, traceback=traceback.format_exc(limit=8), **_memory(device))
+        return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)  # exits 2 on bad input, before anything distributed starts
+    device = rank_device()
+    rank = int(os.environ.get("RANK", "0"))
+    emit = Emitter(rank, args.spec.run_id, args.run_dir)
+    try:
+        init_process_group(device)
+    except Exception as e:
+        emit("summary", status="rendezvous_error", error=f"{type(e).__name__}: {e}")
+        return EXIT_RDZV
+    dump_on_sigterm(rank)  # stopped by the harness or by torchrun: leave the flight recorder's dump
+    try:
+        code = train_run(args, device, emit)
     finally:
         emit.close()
     if code == EXIT_OK:

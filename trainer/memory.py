@@ -237,27 +237,40 @@ def _shard_tracker() -> type:
     return ShardTracker
 
 
-def track_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
-               offloaded: bool, scaler: Any = None, period: int = 1) -> dict[str, Peak]:
-    """One training step under FSDPMemTracker: this rank's peak on its GPU and of offloaded state at each
-    place of the step (highest() gives the step's). The optimizer must already hold its state (a steady
-    step), real or fake tensors alike."""
-    from trainer.parallel import backward, optimizer_step
+def track_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[dict[str, torch.Tensor]],
+               offloaded: bool, scaler: Any = None, period: int = 1,
+               accumulation: str = "sync_each") -> dict[str, Peak]:
+    """One training step of one or more micro-batches (accumulated as the spec's mode says) under
+    FSDPMemTracker: this rank's peak on its GPU and of offloaded state at each place of the step (highest()
+    gives the step's; a place's peak is the higher of its micro-batches'). The optimizer must already hold
+    its state (a steady step), real or fake tensors alike."""
+    from trainer.parallel import accumulate, backward, optimizer_step
     tracker = _shard_tracker()(mod=model, optm=optimizer)
-    tracker.track_inputs(tuple(batch.values()))
+    tracker.track_inputs(tuple(t for batch in batches for t in batch.values()))
     watch = _PlacePeaks(tracker, offloaded, period)
     handles = _follow_blocks(model, watch)
     try:
         with tracker, watch:
-            loss = model(**batch).loss
-            watch.enter("backward")
-            backward(loss, scaler)
+            for k, batch in enumerate(batches):
+                accumulate(model, accumulation, last=k == len(batches) - 1)
+                tracker.reset_mod_stats()  # per-module statistics, which refuse a module's second call
+                watch.enter("forward")
+                loss = model(**batch).loss
+                watch.enter("backward")
+                backward(loss / len(batches), scaler)
             watch.enter("step")
             optimizer_step(optimizer, scaler)
     finally:
         for handle in handles:
             handle.remove()
     return watch.peaks
+
+
+def micro_batches(spec: RunSpec) -> int:
+    """Micro-batches a measured step runs: two where the run accumulates (the second finds what the first
+    left: unsharded gradients under sync_once, gathered parameters under keep_gathered; every later one
+    finds the same), else one."""
+    return min(spec.grad_accum, 2)
 
 
 def shallow_depths(spec: RunSpec) -> tuple[int, int] | None:
@@ -333,15 +346,15 @@ def step_at(spec: RunSpec, arch: ModelArch, count: bool,
             model.to_empty(device=device)
             model.train()
             optimizer = build_optimizer(model, lr=1e-4)
-            batch = synthetic_batch(vocab=arch.vocab, micro_batch=spec.micro_batch, seq_len=spec.seq_len,
-                                    seed=spec.seed, dp_rank=0, step=0, device=device,
-                                    encoder_decoder=arch.family == "t5")
+            batches = [synthetic_batch(vocab=arch.vocab, micro_batch=spec.micro_batch, seq_len=spec.seq_len,
+                                       seed=spec.seed, first=k * spec.micro_batch, step=0, device=device,
+                                       encoder_decoder=arch.family == "t5") for k in range(micro_batches(spec))]
             if count:
-                flops = counted_step(model, optimizer, batch)  # leaves AdamW's state behind
+                flops = counted_step(model, optimizer, batches[0])  # leaves AdamW's state behind
             else:
                 _create_optimizer_state(model, optimizer)
-            return track_step(model, optimizer, batch, offloaded=spec.offload == "cpu",
-                              period=pattern(spec)), flops
+            return track_step(model, optimizer, batches, offloaded=spec.offload == "cpu",
+                              period=pattern(spec), accumulation=spec.accumulation), flops
     finally:
         dist.destroy_process_group()
 

@@ -204,6 +204,18 @@ def optimizer_step(optimizer: torch.optim.Optimizer, scaler) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
+def accumulate(model: torch.nn.Module, accumulation: str, last: bool) -> None:
+    """Before each micro-batch of a step: what FSDP2 does with this micro-batch's gradients and parameters
+    (bench.core.schema.ACCUMULATIONS). On the last micro-batch every mode syncs as the default does, so the
+    optimizer always steps on the whole step's reduced, sharded gradients. sync_each sets nothing."""
+    if accumulation == "sync_once":  # no reduce-scatter (nor HSDP all-reduce): unsharded gradients build up
+        model.set_requires_gradient_sync(last)
+    elif accumulation == "allreduce_once":  # HSDP: reduce-scatter within the node each time, across nodes once
+        model.set_requires_all_reduce(last)
+    elif accumulation == "keep_gathered":  # the next forward finds its parameters gathered
+        model.set_reshard_after_backward(last)
+
+
 def backward_and_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, scaler) -> None:
     """Backward, optimizer step and zeroing of the gradients: the rest of one training step."""
     backward(loss, scaler)

@@ -6,21 +6,32 @@ import pytest
 import torch
 
 from bench.core.models import ModelArch, get_arch
+from conftest import SERIES
 
 COMMON = ["--model", "tiny_llama", "--nodes", "1", "--gpus-per-node", "2", "--steps", "5",
           "--warmup-steps", "1", "--seq-len", "64", "--micro-batch", "2"]
 
 
-def _run(torchrun, *extra: str, env: dict[str, str] | None = None):
-    run = torchrun(["trainer", *COMMON, *extra], nproc=2, timeout=600, env=env)
+def _ok(run):
     assert run.returncode == 0 and run.summary["status"] == "ok", run.output[-3000:]
     return run
 
 
+# Trained with the session's other 2-rank runs, in one process group (conftest.Series)
+RUNS = {name: [*COMMON, *extra] for name, extra in {
+    "bf16": ["--precision", "bf16_mixed"], "fp8": ["--precision", "fp8_tensorwise"],
+    "offload": ["--precision", "bf16_mixed", "--offload", "cpu"]}.items()}
+for _args in RUNS.values():
+    SERIES.declare(_args, nproc=2)
+
+
+def _series(name: str):
+    return _ok(SERIES.result(RUNS[name], nproc=2))
+
+
 @pytest.fixture(scope="module")
 def bf16_run():
-    from conftest import run_torchrun
-    return _run(run_torchrun, "--precision", "bf16_mixed")
+    return _series("bf16")
 
 
 def _close(a: list[float], b: list[float], rel: float) -> bool:
@@ -53,8 +64,8 @@ def test_float8_converts_exactly_the_block_linears(model: str) -> None:
     assert type(meta.lm_head).__name__ == "Linear"  # the output projection stays in BF16
 
 
-def test_float8_trains_close_to_bf16_mixed(torchrun, bf16_run) -> None:
-    run = _run(torchrun, "--precision", "fp8_tensorwise")
+def test_float8_trains_close_to_bf16_mixed(bf16_run) -> None:
+    run = _series("fp8")
     metas = run.of_kind("meta")
     assert {m["float8_linears"] for m in metas} == {_expected_float8_linears(get_arch("tiny_llama"))}
     # float8 casts of inputs, weights and gradients: the same curve within a few percent
@@ -62,8 +73,8 @@ def test_float8_trains_close_to_bf16_mixed(torchrun, bf16_run) -> None:
     assert run.summary["losses"] != bf16_run.summary["losses"]  # it really ran in float8
 
 
-def test_cpu_offload_keeps_the_shards_on_the_host(torchrun, bf16_run) -> None:
-    run = _run(torchrun, "--precision", "bf16_mixed", "--offload", "cpu")
+def test_cpu_offload_keeps_the_shards_on_the_host(bf16_run) -> None:
+    run = _series("offload")
     for m in run.of_kind("meta"):
         assert m["offload_policy"] == "CPUOffloadPolicy" and m["param_device"] == "cpu"
     assert {m["offload_policy"] for m in bf16_run.of_kind("meta")} == {"OffloadPolicy"}
@@ -75,8 +86,8 @@ def test_cpu_offload_keeps_the_shards_on_the_host(torchrun, bf16_run) -> None:
 def test_regional_compile_matches_eager_and_reports_compile_time(torchrun, bf16_run, tmp_path) -> None:
     # an empty inductor cache: a warm one (any earlier compile of these blocks on this machine) loads the
     # kernels instead of compiling them, and step 0 is then only a few steady steps long
-    run = _run(torchrun, "--precision", "bf16_mixed", "--compile", "True",
-               env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
+    run = _ok(torchrun(["trainer", *COMMON, "--precision", "bf16_mixed", "--compile", "True"], nproc=2,
+                       timeout=600, env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}))
     layers = get_arch("tiny_llama").layers
     assert {m["compiled_blocks"] for m in run.of_kind("meta")} == {layers}
     s = run.summary

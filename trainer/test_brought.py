@@ -13,6 +13,7 @@ from bench.core.flops import hardware_flops_per_token, model_flops_per_token
 from bench.core.models import count_params, model_source
 from bench.core.schema import RunSpec
 from trainer.model import build_meta_model, transformer_blocks
+from conftest import SERIES
 
 HF = Path(__file__).resolve().parents[1] / "bench" / "core" / "testdata" / "hf"
 PUBLISHED = json.loads((HF / "published_params.json").read_text())
@@ -59,18 +60,22 @@ def test_a_mixture_of_experts_is_counted_analytically_not_on_fake_tensors() -> N
     assert measure(spec)["flops_per_token"] < 0.9 * model_flops_per_token(spec.arch, 256)
 
 
+def _brought(ref: str, sharding: str) -> list[str]:
+    name, config = model_source(ref)
+    return ["--model", name, "--model-config", config, "--sharding", sharding, "--nodes", "1",
+            "--gpus-per-node", "2", "--precision", "fp32", "--steps", "4", "--warmup-steps", "1",
+            "--seq-len", "64", "--micro-batch", "2"]
+
+
+BROUGHT = {(ref, sharding): _brought(ref, sharding) for ref in ("tiny_mistral", "tiny_qwen2", "tiny_gemma2")
+           for sharding in ("FULL_SHARD", "NO_SHARD")}
+for _args in BROUGHT.values():
+    SERIES.declare(_args, nproc=2)  # trained with the other 2-rank runs of the session (conftest.Series)
+
+
 @pytest.fixture(scope="module")
 def brought_runs():
-    from conftest import run_torchrun
-    runs = {}
-    for ref in ("tiny_mistral", "tiny_qwen2", "tiny_gemma2"):
-        name, config = model_source(ref)
-        for sharding in ("FULL_SHARD", "NO_SHARD"):
-            runs[ref, sharding] = run_torchrun(
-                ["trainer", "--model", name, "--model-config", config, "--sharding", sharding, "--nodes", "1",
-                 "--gpus-per-node", "2", "--precision", "fp32", "--steps", "4", "--warmup-steps", "1",
-                 "--seq-len", "64", "--micro-batch", "2"], nproc=2)
-    return runs
+    return {key: SERIES.result(args, nproc=2) for key, args in BROUGHT.items()}
 
 
 @pytest.mark.parametrize("ref", ["tiny_mistral", "tiny_qwen2", "tiny_gemma2"])

@@ -12,6 +12,7 @@ from bench.core.flops import model_flops_per_token, recompute_flops_per_token
 from bench.core.models import (arch_of, count_params, float8_linear_params, model_source, needs_census,
                                non_embedding_params, register_census)
 from trainer.census import count, flops
+from conftest import SERIES
 
 HF = Path(__file__).resolve().parents[1] / "bench" / "core" / "testdata" / "hf"
 
@@ -86,18 +87,19 @@ def test_a_family_without_a_formula_needs_its_census() -> None:
         arch_of(name, config)
 
 
-_RUNS: dict[tuple[str, str], object] = {}
+def _args(ref: str, sharding: str) -> list[str]:
+    name, config = model_source(ref)
+    return ["--model", name, "--model-config", config, "--sharding", sharding, "--nodes", "1",
+            "--gpus-per-node", "2", "--precision", "fp32", "--steps", "4", "--warmup-steps", "1",
+            "--seq-len", "64", "--micro-batch", "2", "--activation-checkpointing", "full"]
 
 
 def _run(ref: str, sharding: str):
-    from conftest import run_torchrun
-    if (ref, sharding) not in _RUNS:
-        name, config = model_source(ref)
-        _RUNS[ref, sharding] = run_torchrun(
-            ["trainer", "--model", name, "--model-config", config, "--sharding", sharding, "--nodes", "1",
-             "--gpus-per-node", "2", "--precision", "fp32", "--steps", "4", "--warmup-steps", "1",
-             "--seq-len", "64", "--micro-batch", "2", "--activation-checkpointing", "full"], nproc=2)
-    return _RUNS[ref, sharding]
+    return SERIES.result(_args(ref, sharding), nproc=2)
+
+
+for _sharding in ("FULL_SHARD", "NO_SHARD"):  # trained with the session's other 2-rank runs (conftest.Series)
+    SERIES.declare(_args("tiny_gpt2", _sharding), nproc=2)
 
 
 @pytest.mark.parametrize("ref", ["tiny_gpt2", pytest.param("tiny_qwen3", marks=pytest.mark.slow)])

@@ -9,6 +9,7 @@ import pytest
 
 from bench.core.models import count_params, get_arch
 from bench.core.schema import SHARDINGS
+from conftest import SERIES
 
 TOTAL = count_params(get_arch("tiny_llama"))
 # 4 processes each: HYBRID_SHARD as 2 nodes x 2 GPUs, the others as 1 node x 4.
@@ -16,15 +17,27 @@ LAYOUT = {"FULL_SHARD": (1, 4), "SHARD_GRAD_OP": (1, 4), "HYBRID_SHARD": (2, 2),
 
 
 def _args(sharding: str = "FULL_SHARD", nodes: int = 1, gpn: int = 4, *extra: str) -> list[str]:
-    return ["trainer", "--model", "tiny_llama", "--sharding", sharding, "--nodes", str(nodes),
+    return ["--model", "tiny_llama", "--sharding", sharding, "--nodes", str(nodes),
             "--gpus-per-node", str(gpn), "--precision", "fp32", "--steps", "5", "--warmup-steps", "1",
             "--seq-len", "64", "--micro-batch", "2", *extra]
 
 
+# Trained in one process group per world size (conftest.Series), each through the worker's own train_run
+STRATEGIES = {s: _args(s, *LAYOUT[s]) for s in SHARDINGS}
+OTHER_SEED = _args("FULL_SHARD", 1, 4, "--seed", "1")
+SELECTIVE_OP = _args("FULL_SHARD", 1, 4, "--activation-checkpointing", "selective_op")
+PRECISIONS = {p: _args("FULL_SHARD", 1, 2, "--precision", p, "--steps", "3")
+              for p in ("bf16_mixed", "fp16_mixed", "bf16_pure")}
+FULL_AC_WHOLE = _args("FULL_SHARD", 1, 2, "--activation-checkpointing", "full", "--wrap-policy", "whole_model")
+for _run in (*STRATEGIES.values(), OTHER_SEED, SELECTIVE_OP):
+    SERIES.declare(_run, nproc=4)
+for _run in (*PRECISIONS.values(), FULL_AC_WHOLE):
+    SERIES.declare(_run, nproc=2)
+
+
 @pytest.fixture(scope="module")
 def strategy_runs():
-    from conftest import run_torchrun
-    return {s: run_torchrun(_args(s, *LAYOUT[s]), nproc=4) for s in SHARDINGS}
+    return {s: SERIES.result(args, nproc=4) for s, args in STRATEGIES.items()}
 
 
 @pytest.mark.parametrize("sharding", SHARDINGS)
@@ -69,33 +82,32 @@ def test_same_seed_same_loss_under_every_strategy(strategy_runs) -> None:
     assert max(reference) - min(reference) > 1e-3
 
 
-def test_a_different_model_gives_a_different_trajectory(strategy_runs, torchrun) -> None:
+def test_a_different_model_gives_a_different_trajectory(strategy_runs) -> None:
     """The parity check above can fail: another seed (other weights, other data) is caught."""
-    other = torchrun(_args("FULL_SHARD", 1, 4, "--seed", "1"), nproc=4).summary["losses"]
+    other = SERIES.result(OTHER_SEED, nproc=4).summary["losses"]
     reference = strategy_runs["FULL_SHARD"].summary["losses"]
     assert other != pytest.approx(reference, rel=2e-5, abs=2e-5)
 
 
 @pytest.mark.parametrize("precision", ["bf16_mixed", "fp16_mixed", "bf16_pure"])
-def test_precisions_train(torchrun, precision: str) -> None:
-    run = torchrun(_args("FULL_SHARD", 1, 2, "--precision", precision, "--steps", "3"), nproc=2)
+def test_precisions_train(precision: str) -> None:
+    run = SERIES.result(PRECISIONS[precision], nproc=2)
     assert run.returncode == 0, run.output[-3000:]
     assert run.summary["status"] == "ok"
     assert all(0 < x < 20 for x in run.summary["losses"])
 
 
-def test_activation_checkpointing_counts_recompute(torchrun) -> None:
-    on = torchrun(_args("FULL_SHARD", 1, 2, "--activation-checkpointing", "full",
-                        "--wrap-policy", "whole_model"), nproc=2).summary
+def test_activation_checkpointing_counts_recompute() -> None:
+    on = SERIES.result(FULL_AC_WHOLE, nproc=2).summary
     assert on["status"] == "ok"
     # CPU has no peak, so no MFU/HFU; their ratio equals that of hardware to model TFLOPS.
     assert on["hw_tflops_per_gpu"] > 1.2 * on["tflops_per_gpu"]
 
 
-def test_selective_op_checkpointing_trains_the_same_model_under_fsdp(torchrun, strategy_runs) -> None:
+def test_selective_op_checkpointing_trains_the_same_model_under_fsdp(strategy_runs) -> None:
     """Op-level selective AC under FSDP2 on real ranks: the same losses as no AC (recompute changes no
     math), every block checkpointed, no recompute FLOPs counted."""
-    run = torchrun(_args("FULL_SHARD", 1, 4, "--activation-checkpointing", "selective_op"), nproc=4)
+    run = SERIES.result(SELECTIVE_OP, nproc=4)
     assert run.summary["status"] == "ok", run.output[-3000:]
     reference = strategy_runs["FULL_SHARD"].summary["losses"]
     assert run.summary["losses"] == pytest.approx(reference, rel=2e-5, abs=2e-5)
@@ -110,14 +122,14 @@ def test_no_ac_hardware_equals_model_flops(strategy_runs) -> None:
 
 
 def test_injected_oom_is_reported_with_memory(torchrun) -> None:
-    run = torchrun(_args("FULL_SHARD", 1, 2, "--fault", "oom", "--fault-step", "2"), nproc=2)
+    run = torchrun(["trainer", *_args("FULL_SHARD", 1, 2, "--fault", "oom", "--fault-step", "2")], nproc=2)
     assert run.returncode != 0
     failed = [s for s in run.of_kind("summary") if s["status"] == "oom"]
     assert failed and failed[0]["failed_step"] == 2 and failed[0]["mem_rss_gib"] > 0
 
 
 def test_nan_loss_stops_the_run(torchrun) -> None:
-    run = torchrun(_args("FULL_SHARD", 1, 2, "--fault", "nan", "--fault-step", "1"), nproc=2)
+    run = torchrun(["trainer", *_args("FULL_SHARD", 1, 2, "--fault", "nan", "--fault-step", "1")], nproc=2)
     assert run.returncode != 0
     statuses = {s["status"] for s in run.of_kind("summary")}
     assert statuses == {"nan_loss"}

@@ -34,6 +34,9 @@ CONFIGS = {
     "offload_cpu": replace(BASE, offload="cpu"),
     "whole_model": replace(BASE, wrap_policy="whole_model"),
     "t5": replace(BASE, model="tiny_t5"),
+    # two micro-batches of 2 per rank and step (global batch 8 over 2 ranks), in three modes
+    **{f"accumulate_{mode}": replace(BASE, global_batch=8, accumulation=mode)
+       for mode in ("sync_each", "sync_once", "keep_gathered")},
 }
 TOLERANCE = 0.05
 
@@ -94,6 +97,21 @@ def test_the_measurement_sees_what_each_option_changes(measured) -> None:
     assert offloaded["host_gib"] > 0 and offloaded["peak_gib"] < peak["base"]
     assert "optimizer" not in offloaded["categories"]  # AdamW's state lives on the host
     assert measured["base"][0]["categories"]["optimizer"] > 0
+
+
+def test_unsharded_accumulation_holds_the_unsharded_gradients(measured) -> None:
+    """sync_once keeps each micro-batch's gradients unsharded until the step's last one: its peak is the
+    sharded mode's plus about the whole model's gradients less this rank's shard of them (bf16_mixed: FSDP2
+    accumulates them in the parameters' fp32). keep_gathered holds the gathered parameters from one
+    backward to the next forward, where few activations are held: under FULL_SHARD each forward reshards
+    again, so the step peaks where the default's does."""
+    from bench.core.models import count_params
+    peak = {name: fake["peak_gib"] for name, (fake, _) in measured.items()}
+    params = count_params(BASE.arch)
+    unsharded_grads = params * 4 * (1 - 1 / BASE.world_size) / 2**30
+    extra = peak["accumulate_sync_once"] - peak["accumulate_sync_each"]
+    assert extra == pytest.approx(unsharded_grads, rel=0.25), (extra, unsharded_grads)
+    assert peak["accumulate_keep_gathered"] == pytest.approx(peak["accumulate_sync_each"], rel=1e-3)
 
 
 def test_full_size_runs_measure_where_the_published_sizes_say() -> None:
@@ -231,7 +249,7 @@ def _reference(specs: list[dict]) -> None:
     from bench.core.models import get_arch
     from bench.core.records import exit_now
     from trainer.data import synthetic_batch
-    from trainer.memory import GIB, highest, track_step
+    from trainer.memory import GIB, highest, micro_batches, track_step
     from trainer.model import materialize
     from trainer.parallel import backward_and_step, build_optimizer, grad_scaler, parallelize
     dist.init_process_group("gloo")
@@ -242,11 +260,13 @@ def _reference(specs: list[dict]) -> None:
         materialize(model, device, spec.seed)
         model.train()
         optimizer, scaler = build_optimizer(model, lr=1e-4), grad_scaler(spec.precision, device)
-        batch = synthetic_batch(vocab=arch.vocab, micro_batch=spec.micro_batch, seq_len=spec.seq_len,
-                                seed=spec.seed, dp_rank=rank, step=0, device=device,
-                                encoder_decoder=arch.family == "t5")
-        backward_and_step(model(**batch).loss, optimizer, scaler)  # the first step creates AdamW's state
-        peak = highest(track_step(model, optimizer, batch, offloaded=spec.offload == "cpu", scaler=scaler))
+        n = micro_batches(spec)
+        batches = [synthetic_batch(vocab=arch.vocab, micro_batch=spec.micro_batch, seq_len=spec.seq_len,
+                                   seed=spec.seed, first=(rank * n + k) * spec.micro_batch, step=0, device=device,
+                                   encoder_decoder=arch.family == "t5") for k in range(n)]
+        backward_and_step(model(**batches[0]).loss, optimizer, scaler)  # the first step creates AdamW's state
+        peak = highest(track_step(model, optimizer, batches, offloaded=spec.offload == "cpu", scaler=scaler,
+                                  accumulation=spec.accumulation))
         if rank == 0:
             print(format_record("memory", run_id=spec.run_id, peak_gib=peak.device / GIB,
                                 host_gib=peak.host / GIB), flush=True)

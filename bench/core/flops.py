@@ -90,6 +90,11 @@ COMPUTE_BYTES = {"fp32": 4, "bf16_mixed": 2, "fp16_mixed": 2, "bf16_pure": 2, "f
 REDUCE_BYTES = {"fp32": 4, "bf16_mixed": 4, "fp16_mixed": 4, "bf16_pure": 2, "fp8_tensorwise": 4}
 
 
+# The parameters' own dtype (trainer/parallel.py DTYPES: fp32 master weights but in pure bf16), which their
+# gradients take before they are reduced
+PARAM_BYTES = {"fp32": 4, "bf16_mixed": 4, "fp16_mixed": 4, "bf16_pure": 2, "fp8_tensorwise": 4}
+
+
 def state_bytes_per_param(precision: str) -> int:
     """Bytes of parameter, gradient and AdamW moments per parameter (fp32 master weights under mixed
     precision: 4 + 4 + 8)."""

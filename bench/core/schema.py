@@ -12,7 +12,7 @@ import hashlib
 import json
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from bench.core.models import ModelArch, arch_of
@@ -24,6 +24,13 @@ PRECISIONS = ("fp32", "bf16_mixed", "fp16_mixed", "bf16_pure", "fp8_tensorwise")
 OFFLOADS = ("none", "cpu")  # cpu: FSDP2's CPUOffloadPolicy (parameters, gradients, optimizer state on host)
 AC_MODES = ("none", "full", "selective", "selective_op")  # selective: every 2nd block; _op: by operator
 WRAP_POLICIES = ("transformer_block", "whole_model")
+# How gradients are synchronised when a step accumulates several micro-batches (global_batch): named for what
+# each does, as FSDP2 sets it (trainer/parallel.py accumulate): every micro-batch reduce-scattered (and, for
+# HYBRID_SHARD, all-reduced across nodes); once per step, gradients held unsharded until the last
+# micro-batch (set_requires_gradient_sync); HYBRID_SHARD's all-reduce across nodes once per step, its
+# reduce-scatter within a node every micro-batch (set_requires_all_reduce); parameters kept gathered from
+# one micro-batch's backward to the next one's forward (set_reshard_after_backward)
+ACCUMULATIONS = ("sync_each", "sync_once", "allreduce_once", "keep_gathered")
 RUN_KINDS = ("train", "nccl")
 FAULTS = ("none", "oom", "nan", "hang", "crash", "sleep")  # test hook; sleep: no work, just the time
 
@@ -55,6 +62,10 @@ class RunSpec:
     compile: bool = False  # torch.compile of each transformer block (regional), before sharding
     offload: str = "none"
     micro_batch: int = 1  # per GPU; 0 = auto: the sweep searches the largest that fits before the run
+    # sequences per optimizer step over all ranks (strong scaling): micro_batch x grad_accum x ranks equals it;
+    # 0 = none: each step is one micro batch per rank, and the global batch grows with the ranks (weak scaling)
+    global_batch: int = 0
+    accumulation: str = "sync_each"  # one of ACCUMULATIONS: how a step of several micro-batches syncs
     seq_len: int = 128
     steps: int = 10
     warmup_steps: int = 3
@@ -74,10 +85,11 @@ class RunSpec:
         _check_choice("activation_checkpointing", self.activation_checkpointing, AC_MODES)
         _check_choice("wrap_policy", self.wrap_policy, WRAP_POLICIES)
         _check_choice("offload", self.offload, OFFLOADS)
+        _check_choice("accumulation", self.accumulation, ACCUMULATIONS)
         for name in ("nodes", "gpus_per_node", "seq_len", "steps", "nccl_iters"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("micro_batch", "warmup_steps", "efa_per_node", "repeat", "seed"):
+        for name in ("micro_batch", "global_batch", "warmup_steps", "efa_per_node", "repeat", "seed"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.kind == "train" and self.warmup_steps >= self.steps:
@@ -87,6 +99,27 @@ class RunSpec:
                              f"gpus_per_node >= 2 (got {self.gpus_per_node})")
         if not 0 < self.nccl_min_bytes <= self.nccl_max_bytes:
             raise ValueError("nccl_min_bytes must be > 0 and <= nccl_max_bytes")
+        if self.kind == "train":
+            self._check_accumulation()
+
+    def _check_accumulation(self) -> None:
+        """A global batch the ranks (and a pinned micro batch) divide; a mode that applies to the strategy."""
+        if self.global_batch:
+            if self.global_batch % self.world_size:
+                raise ValueError(f"global_batch {self.global_batch} is not divisible by the {self.world_size} "
+                                 f"data-parallel ranks of {self.nodes} node(s) x {self.gpus_per_node} GPUs")
+            if self.micro_batch and (self.global_batch // self.world_size) % self.micro_batch:
+                raise ValueError(f"micro_batch {self.micro_batch} does not divide the "
+                                 f"{self.global_batch // self.world_size} sequences per rank of global_batch "
+                                 f"{self.global_batch} over {self.world_size} ranks")
+        elif self.accumulation != "sync_each":
+            raise ValueError(f"accumulation={self.accumulation} needs a global_batch (without one a step is "
+                             "one micro batch, with nothing to accumulate)")
+        if self.accumulation == "allreduce_once" and self.sharding != "HYBRID_SHARD":
+            raise ValueError("accumulation=allreduce_once defers HYBRID_SHARD's all-reduce across nodes; "
+                             f"{self.sharding} has none")
+        if self.accumulation == "keep_gathered" and self.sharding == "NO_SHARD":
+            raise ValueError("accumulation=keep_gathered keeps gathered parameters; NO_SHARD never shards them")
 
     @property
     def auto_micro_batch(self) -> bool:
@@ -95,6 +128,27 @@ class RunSpec:
     @property
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def per_rank(self) -> int | None:
+        """Sequences each rank trains per optimizer step where a global batch fixes it (else None)."""
+        return self.global_batch // self.world_size if self.global_batch else None
+
+    @property
+    def grad_accum(self) -> int:
+        """Micro-batches per optimizer step: 1 without a global batch (or before auto picks the size)."""
+        return self.per_rank // self.micro_batch if self.global_batch and self.micro_batch else 1
+
+    def at_nodes(self, nodes: int) -> RunSpec:
+        """The same work per rank at another node count (micro batch and accumulation steps kept, a global
+        batch scaled with the ranks): what a per-GPU comparison across node counts holds equal."""
+        scaled = self.global_batch // self.nodes * nodes if self.global_batch else 0
+        return replace(self, nodes=nodes, global_batch=scaled)
+
+    @property
+    def sequences_per_step(self) -> int:
+        """Sequences of one optimizer step over all ranks."""
+        return self.micro_batch * self.grad_accum * self.world_size
 
     @property
     def arch(self) -> ModelArch:
@@ -122,6 +176,8 @@ class RunSpec:
               "selective_op": "acselop"}[self.activation_checkpointing]
         options = "-compile" if self.compile else ""
         options += "" if self.offload == "none" else f"-off{self.offload}"
+        if self.global_batch:
+            options += f"-gb{self.global_batch}-{self.accumulation.replace('_', '')}"
         return (f"{self.model}-n{self.nodes}x{self.gpus_per_node}-{self.sharding.lower()}-"
                 f"{self.precision}-{ac}-{self.wrap_policy}{options}-mb{self.micro_batch or 'auto'}-"
                 f"s{self.seq_len}-efa{self.efa_per_node}-r{self.repeat}")
@@ -149,7 +205,8 @@ class RunSpec:
 SPEC_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RunSpec))
 # Fields added after schema v1 began, at their defaults: left out of run ids, and of reports that never
 # varied them.
-ADDED_DEFAULTS = {"compile": False, "offload": "none", "model_config": ""}
+ADDED_DEFAULTS = {"compile": False, "offload": "none", "model_config": "", "global_batch": 0,
+                  "accumulation": "sync_each"}
 
 
 def _flag(text: str) -> bool:

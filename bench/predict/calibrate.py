@@ -242,7 +242,7 @@ def extrapolation(observations: list[Observation], prior: Calibration = CALIBRAT
         if base is None or o.spec.nodes == smallest:
             continue
         predicted = o.predicted(base.calibration)
-        at_base = replace(o, spec=replace(o.spec, nodes=smallest)).predicted(base.calibration)
+        at_base = replace(o, spec=o.spec.at_nodes(smallest)).predicted(base.calibration)
         predicted = min(predicted, at_base)
         rows.append({"run_id": o.run_id, "label": o.spec.label, "model": o.spec.model, "nodes": o.spec.nodes,
                      "base_nodes": smallest, "base_runs": len(base.runs), "predicted": predicted,

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from bench.config import SweepConfig
-from bench.core.flops import GIB, shard_size, state_bytes_per_param
+from bench.core.flops import GIB, PARAM_BYTES, shard_size, state_bytes_per_param
 from bench.core.models import count_params
 from bench.core.records import parse_records
 from bench.core.schema import RunSpec
@@ -96,10 +96,15 @@ class MemoryFigure:
 
 
 def states_gib(spec: RunSpec) -> float:
-    """Per GPU, the sharded parameters, gradients and AdamW state: what any step's peak holds at least."""
+    """Per GPU, the sharded parameters, gradients and AdamW state: what any step's peak holds at least; under
+    sync_once accumulation the gradients whole, as they build up unsharded until the step's last micro-batch
+    (in the parameters' dtype: fp32 master weights under mixed precision, trainer/test_memory.py)."""
     params = count_params(spec.arch)
-    return params * state_bytes_per_param(spec.precision) / shard_size(spec.sharding, spec.nodes,
-                                                                         spec.gpus_per_node) / GIB
+    shard = shard_size(spec.sharding, spec.nodes, spec.gpus_per_node)
+    states = params * state_bytes_per_param(spec.precision) / shard
+    if spec.accumulation == "sync_once" and spec.grad_accum > 1:
+        states += params * PARAM_BYTES[spec.precision] * (1 - 1 / shard)
+    return states / GIB
 
 
 def lower_bound(spec: RunSpec, note: str) -> MemoryFigure:
@@ -119,6 +124,8 @@ def configuration(spec: RunSpec) -> dict[str, Any]:
     fields["shard_ranks"] = shard_size(spec.sharding, spec.nodes, spec.gpus_per_node)
     if spec.model_config:
         fields["model_config"] = spec.model_config
+    if spec.grad_accum > 1:  # a step of several micro-batches is measured over two, in its mode
+        fields["accumulation"] = spec.accumulation
     return fields
 
 

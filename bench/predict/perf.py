@@ -166,6 +166,21 @@ def collectives(spec: RunSpec, arch: ModelArch) -> list[Collective]:
     return [Collective("all_reduce", grads, world, n, "backward")]  # NO_SHARD
 
 
+def step_collectives(spec: RunSpec, arch: ModelArch) -> list[tuple[list[Collective], int]]:
+    """The micro-batches of one optimizer step grouped by what they communicate: (collectives, how many
+    micro-batches), as each accumulation mode sets FSDP2 (trainer/parallel.py accumulate; the counts are
+    the ones trainer/test_accumulation.py reads from the flight recorder of real runs)."""
+    per, n = collectives(spec, arch), spec.grad_accum
+    if n == 1 or spec.accumulation == "sync_each":
+        return [(per, n)]
+    if spec.accumulation == "sync_once":  # gradients reduced (and all-reduced) on the last micro-batch only
+        return [([c for c in per if c.kind == "all_gather"], n - 1), (per, 1)]
+    if spec.accumulation == "allreduce_once":  # HYBRID_SHARD's all-reduce across nodes on the last only
+        return [([c for c in per if c.kind != "all_reduce"], n - 1), (per, 1)]
+    # keep_gathered: only the first micro-batch's forward gathers
+    return [(per, 1), ([c for c in per if not (c.kind == "all_gather" and c.phase == "forward")], n - 1)]
+
+
 def _factor(kind: str, ranks: int) -> float:
     """Bus bytes per byte of the tensor (nccl-tests' definitions): (R-1)/R, twice that for all-reduce."""
     return (2 if kind == "all_reduce" else 1) * (ranks - 1) / ranks
@@ -260,17 +275,21 @@ def _step(spec: RunSpec, arch: ModelArch, gpu: GpuSpec, network: Network, peak: 
     window = {"forward": compute * forward_share, "backward": compute * (1 - forward_share)}
     units = len(block_params(arch)) + 1  # each block and the root: what FSDP gathers one at a time
     exposed = hidden = total = 0.0
-    for phase, budget in window.items():
-        comm = sum(collective_s(c, gpu, network, units) for c in collectives(spec, arch) if c.phase == phase)
-        shown = min(comm, max(0.0, comm - budget) + comm / units)  # past its compute, plus first/last unit
-        exposed, hidden, total = exposed + shown, hidden + comm - shown, total + comm
+    for comms, count in step_collectives(spec, arch):  # each micro-batch hides what it can behind its compute
+        for phase, budget in window.items():
+            comm = sum(collective_s(c, gpu, network, units) for c in comms if c.phase == phase)
+            shown = min(comm, max(0.0, comm - budget) + comm / units)  # past its compute, plus first/last unit
+            exposed, hidden = exposed + count * shown, hidden + count * (comm - shown)
+            total += count * comm
     exposed += cal.contention * hidden
-    host = HOST_BLOCK_PASS_S * arch.blocks * (3 + 3 * recompute) if gpu.family != "cpu" else 0.0
-    step = max(compute + optimizer + exposed, host)  # a CPU study's own cores are its compute
-    model_flops = model_flops_per_token(arch, spec.seq_len) * tokens
+    accum = spec.grad_accum
+    host = HOST_BLOCK_PASS_S * arch.blocks * (3 + 3 * recompute) * accum if gpu.family != "cpu" else 0.0
+    step = max(accum * compute + optimizer + exposed, host)  # a CPU study's own cores are its compute
+    model_flops = model_flops_per_token(arch, spec.seq_len) * tokens * accum
     calibrated = gpu.family in cal.matmul_efficiency or cal.source != CALIBRATION.source
-    return Prediction(step, tokens / step, model_flops / step / peak if peak else None, matmul,
-                      elementwise + optimizer, total, exposed, network, calibrated, cal.source, host_s=host)
+    return Prediction(step, tokens * accum / step, model_flops / step / peak if peak else None, accum * matmul,
+                      accum * elementwise + optimizer, total, exposed, network, calibrated, cal.source,
+                      host_s=host)
 
 
 def predict(spec: RunSpec, gpu: GpuSpec, network: Network, arch: ModelArch | None = None,

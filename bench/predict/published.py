@@ -74,10 +74,12 @@ class PublishedRow:
 
 def _row(source: str, arch: ModelArch | str, gpu: str | GpuSpec, nodes: int, sharding: str, ac: str, mb: int,
          seq: int, node_gbps: float, tokens: float | None = None, *, precision: str = "bf16_mixed",
-         compile: bool = False, efficiency: float | None = None, stack: Stack | None = None) -> PublishedRow:
+         compile: bool = False, efficiency: float | None = None, stack: Stack | None = None,
+         global_batch: int = 0, accumulation: str = "sync_each") -> PublishedRow:
     arch = get_arch(arch) if isinstance(arch, str) else arch
     spec = RunSpec(model="tiny_llama", nodes=nodes, gpus_per_node=8, sharding=sharding, precision=precision,
-                   activation_checkpointing=ac, micro_batch=mb, seq_len=seq, compile=compile)
+                   activation_checkpointing=ac, micro_batch=mb, seq_len=seq, compile=compile,
+                   global_batch=global_batch, accumulation=accumulation)
     network = Network(node_gbps / 8 * RDMA_EFFICIENCY, f"{node_gbps:g} Gb/s RDMA x {RDMA_EFFICIENCY}")
     return PublishedRow(source, arch, GPUS[gpu] if isinstance(gpu, str) else gpu, spec, network, tokens,
                         efficiency, stack=stack)
@@ -150,6 +152,11 @@ def foundry_stack(section: str, model: str) -> Stack:
     return FOUNDRY_2023
 
 
+# Composer, llm-foundry's trainer, skips gradient sync between micro-batches (its DDP sync strategy's no_sync)
+# only for a DistributedDataParallel model: ddp_sync_context (composer/distributed/dist_strategy.py) returns at
+# once for any other module, FSDP's included, so an FSDP run reduces its gradients every micro-batch: this
+# harness's sync_each (the FLOPs of a step are the same under either; its collectives are not)
+FOUNDRY_ACCUMULATION = "sync_each"
 FOUNDRY_GPUS = {"h100_80gb": (H100, 3200), "a100_80gb": (A100, 1600), "a100_40gb": ("A100-SXM4-40GB", 1600)}
 FOUNDRY_PRECISION = {"amp_bf16": "bf16_mixed", "bf16": "bf16_pure", "amp_fp8": "fp8_tensorwise"}
 
@@ -173,11 +180,14 @@ def foundry_table(path: Path = FOUNDRY_TABLE) -> list[FoundryRow]:
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if not line.startswith("|") or f"mpt_{cells[0]}" not in MPT:
             continue
-        size, seq, gpus, gpu, mfu, _, _, mb, _, _, _, _, tokens, _, precision, _, sharding, ac, _, n = cells
+        size, seq, gpus, gpu, mfu, _, _, mb, accum, global_batch, _, _, tokens, _, precision, _, sharding, ac, _, \
+            n = cells
         name, network = FOUNDRY_GPUS[gpu]
+        assert int(mb) * int(accum) * int(gpus) == int(global_batch), line  # the table's own arithmetic
         row = _row(FOUNDRY, MPT[f"mpt_{size}"], name, int(gpus) // 8, sharding,
                    "full" if ac == "True" else "none", int(mb), int(seq), network, float(tokens),
-                   precision=FOUNDRY_PRECISION[precision], stack=foundry_stack(section, f"mpt_{size}"))
+                   precision=FOUNDRY_PRECISION[precision], stack=foundry_stack(section, f"mpt_{size}"),
+                   global_batch=int(global_batch), accumulation=FOUNDRY_ACCUMULATION)
         out.append(FoundryRow(row, float(mfu) / 100, int(n), section))
     return out
 

@@ -32,7 +32,7 @@ def cfg_for(tmp_path: Path, *overrides: str):
 def test_each_configuration_is_measured_once_then_read_from_the_cache(tmp_path: Path, capsys) -> None:
     cfg = cfg_for(tmp_path, "+sweep=smoke", "axes.nodes=[1]", "axes.gpus_per_node=[2]", "nccl.enabled=false",
                   "axes.precision=[bf16_mixed]", "axes.compile=[false]", "axes.sharding=[FULL_SHARD]",
-                  "axes.activation_checkpointing=[none,full]")
+                  "axes.activation_checkpointing=[none,full]", "axes.global_batch=[null]")
     first = MemoryPlanner(cfg)
     plan = expand(cfg, first)
     assert first.measured == 2 and first.cached == 0
