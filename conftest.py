@@ -123,3 +123,13 @@ def smoke_results(tmp_path_factory) -> Path:
                             capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stderr
     return root
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (--dist loadgroup) each test module runs on one worker, so a module's fixtures
+    (a memory reference, a sweep) are computed once, not once per worker; the modules that read the
+    session's trained runs (conftest.Series) share the group "series" they name themselves."""
+    for item in items:
+        if not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))

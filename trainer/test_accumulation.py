@@ -10,6 +10,9 @@ from bench.core.models import get_arch
 from bench.core.schema import RunSpec
 from conftest import SERIES
 
+# the runs of conftest.Series train on one pytest-xdist worker: where every test that reads them runs
+pytestmark = pytest.mark.xdist_group("series")
+
 GLOBAL = 8  # sequences per optimizer step, in every run below
 UNITS = get_arch("tiny_llama").layers + 1  # FSDP units: each block, and the root (embeddings, final norm, output projection)
 
@@ -20,16 +23,18 @@ def _args(sharding: str, nodes: int, gpn: int, micro: int, mode: str, global_bat
             "--micro-batch", str(micro), "--global-batch", str(global_batch), "--accumulation", mode]
 
 
-def _modes(sharding: str) -> tuple[str, ...]:
-    return {"HYBRID_SHARD": ("sync_each", "sync_once", "allreduce_once", "keep_gathered"),
-            "NO_SHARD": ("sync_each", "sync_once")}.get(sharding, ("sync_each", "sync_once", "keep_gathered"))
-
-
-# (sharding, nodes, GPUs per node) -> the micro batches that split GLOBAL there: 8 = 1 x 4 x 2 = 2 x 2 x 2 ...
-LAYOUTS = {("FULL_SHARD", 1, 1): (4, 2, 1), ("FULL_SHARD", 1, 2): (4, 2, 1), ("SHARD_GRAD_OP", 1, 2): (4, 2, 1),
-           ("NO_SHARD", 1, 2): (4, 2, 1), ("HYBRID_SHARD", 2, 2): (2, 1)}
+# (sharding, nodes, GPUs per node) -> {micro batch: accumulation modes}: every split of GLOBAL that layout has
+# (8 = 4 x 2 x 1 = 2 x 2 x 2 = 1 x 4 x 2 on two ranks), each in the modes that apply there; on one rank and
+# under SHARD_GRAD_OP the modes that change nothing there (one rank shards nothing; SHARD_GRAD_OP's middle
+# split) are left to the other layouts
+EACH, ONCE, KEPT, DEFERRED = "sync_each", "sync_once", "keep_gathered", "allreduce_once"
+LAYOUTS = {("FULL_SHARD", 1, 1): {4: (EACH, ONCE), 2: (EACH, ONCE), 1: (EACH, ONCE)},
+           ("FULL_SHARD", 1, 2): {4: (EACH, ONCE, KEPT), 2: (EACH, ONCE, KEPT), 1: (EACH, ONCE, KEPT)},
+           ("SHARD_GRAD_OP", 1, 2): {4: (EACH, ONCE, KEPT), 1: (EACH, ONCE, KEPT)},
+           ("NO_SHARD", 1, 2): {4: (EACH, ONCE), 2: (EACH, ONCE), 1: (EACH, ONCE)},
+           ("HYBRID_SHARD", 2, 2): {2: (EACH, ONCE, DEFERRED, KEPT), 1: (EACH, ONCE, DEFERRED, KEPT)}}
 RUNS = {(sharding, nodes, gpn, micro, mode): _args(sharding, nodes, gpn, micro, mode)
-        for (sharding, nodes, gpn), micros in LAYOUTS.items() for micro in micros for mode in _modes(sharding)}
+        for (sharding, nodes, gpn), micros in LAYOUTS.items() for micro, modes in micros.items() for mode in modes}
 REFERENCE = ("FULL_SHARD", 1, 2, 4, "sync_each")  # no accumulation: one micro batch of 4 per rank
 HALF_BATCH = _args("FULL_SHARD", 1, 2, 2, "sync_each", global_batch=4)  # other sequences: other losses
 for (_, _nodes, _gpn, *_), _run_args in RUNS.items():

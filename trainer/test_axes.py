@@ -8,6 +8,9 @@ import torch
 from bench.core.models import ModelArch, get_arch
 from conftest import SERIES
 
+# the runs of conftest.Series train on one pytest-xdist worker: where every test that reads them runs
+pytestmark = pytest.mark.xdist_group("series")
+
 COMMON = ["--model", "tiny_llama", "--nodes", "1", "--gpus-per-node", "2", "--steps", "5",
           "--warmup-steps", "1", "--seq-len", "64", "--micro-batch", "2"]
 

@@ -15,6 +15,9 @@ from bench.core.schema import RunSpec
 from trainer.model import build_meta_model, transformer_blocks
 from conftest import SERIES
 
+# the runs of conftest.Series train on one pytest-xdist worker: where every test that reads them runs
+pytestmark = pytest.mark.xdist_group("series")
+
 HF = Path(__file__).resolve().parents[1] / "bench" / "core" / "testdata" / "hf"
 PUBLISHED = json.loads((HF / "published_params.json").read_text())
 

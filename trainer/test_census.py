@@ -14,6 +14,9 @@ from bench.core.models import (arch_of, count_params, float8_linear_params, mode
 from trainer.census import count, flops
 from conftest import SERIES
 
+# the runs of conftest.Series train on one pytest-xdist worker: where every test that reads them runs
+pytestmark = pytest.mark.xdist_group("series")
+
 HF = Path(__file__).resolve().parents[1] / "bench" / "core" / "testdata" / "hf"
 
 

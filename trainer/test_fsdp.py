@@ -11,6 +11,9 @@ from bench.core.models import count_params, get_arch
 from bench.core.schema import SHARDINGS
 from conftest import SERIES
 
+# the runs of conftest.Series train on one pytest-xdist worker: where every test that reads them runs
+pytestmark = pytest.mark.xdist_group("series")
+
 TOTAL = count_params(get_arch("tiny_llama"))
 # 4 processes each: HYBRID_SHARD as 2 nodes x 2 GPUs, the others as 1 node x 4.
 LAYOUT = {"FULL_SHARD": (1, 4), "SHARD_GRAD_OP": (1, 4), "HYBRID_SHARD": (2, 2), "NO_SHARD": (1, 4)}

@@ -27,8 +27,10 @@ _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 @functools.lru_cache(maxsize=4)
 def load_crds(directory: Path) -> dict[str, dict[str, Any]]:
-    """CRD objects by kind from the operators' YAML files (tests, or a cluster-less check); read once."""
-    return {kind: yaml.safe_load((directory / name).read_text()) for kind, name in CRD_FILES.items()
+    """CRD objects by kind from the operators' YAML files (tests, or a cluster-less check); read once, with
+    libyaml's parser where PyYAML has it (the two CRDs are 1.2 MB: 1.5 s each in pure Python)."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return {kind: yaml.load((directory / name).read_text(), Loader=loader) for kind, name in CRD_FILES.items()
             if (directory / name).is_file()}
 
 
