@@ -225,10 +225,12 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
               "cost": _present(config_costs(agg, runs_cost, price_table, train_tokens), COST_COLUMNS).rename(
                   columns={"days to train": f"days to train {train_tokens:.3g} tokens",
                            "USD to train": f"USD to train {train_tokens:.3g} tokens"})}
-    if not strong.empty:
-        tables["strong"] = _present(_percent(strong, "efficiency", "next_share"), STRONG_COLUMNS).rename(
-            columns={"days to train": f"days to train {train_tokens:.3g} tokens",
-                     "USD to train": f"USD to train {train_tokens:.3g} tokens"})
+    if not strong.empty:  # the CSV keeps the numbers, the page the percentages
+        budget = {"days to train": f"days to train {train_tokens:.3g} tokens",
+                  "USD to train": f"USD to train {train_tokens:.3g} tokens"}
+        tables["strong"] = _present(strong, STRONG_COLUMNS).rename(columns=budget)
+        tables["strong_short"] = _present(_percent(strong, "efficiency", "next_share"),
+                                          STRONG_COLUMNS).rename(columns=budget)
     runs_cost.to_csv(out / "cost_runs.csv", index=False)
     sizes = nccl_sizes(frame)
     if not sizes.empty:
@@ -289,7 +291,7 @@ def _sections(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], charts: dict
         sections.append(("The answer", sentences))
     if "strong" in tables:
         sections.append(("Strong scaling: one global batch at every node count, days and dollars to train "
-                         "(predicted where a node count has no ok run)", tables["strong"]))
+                         "(predicted where a node count has no ok run)", tables["strong_short"]))
     if not tables["headline"].empty:
         sections.append(("Best configuration at each node count", tables["headline"]))
     if "throughput_vs_nodes" in charts:

@@ -24,7 +24,7 @@ from bench import rundir
 
 COLUMNS = {"model": "model", "configuration": "configuration", "nodes": "nodes",
            "tokens_per_step": "tokens/step", "micro_batch": "micro batch", "grad_accum": "accumulation steps",
-           "step_time_s": "step time (s)", "source": "source", "efficiency": "strong-scaling efficiency",
+           "step_time_s": "step time (s)", "source": "source", "pred_step_time_s": "predicted step time (s)", "efficiency": "strong-scaling efficiency",
            "next_share": "next node count buys", "days_to_train": "days to train", "usd_to_train": "USD to train"}
 
 
@@ -61,7 +61,7 @@ def strong_rows(agg: pd.DataFrame, prices: dict[str, float | None], train_tokens
         rows.append(pd.DataFrame({
             "model": group["model"], "configuration": group.apply(configuration_label, axis=1),
             "nodes": group["nodes"], "tokens_per_step": tokens, "micro_batch": group["micro_batch"],
-            "grad_accum": group["grad_accum"], "step_time_s": step,
+            "grad_accum": group["grad_accum"], "step_time_s": step, "pred_step_time_s": group["pred_step_time_s"],
             "source": np.where(measured, "measured", np.where(known, "predicted", group["status"])),
             "efficiency": base_step / step * base["nodes"] / nodes,
             "next_share": (step - nxt_step) / (step * (1 - nodes / nxt_nodes)),
@@ -81,12 +81,11 @@ def knee_sentences(rows: pd.DataFrame, train_tokens: float, knee_share: float) -
         text = f"{model}, {label}: {_cost(at, train_tokens)}"
         if len(below):
             after = group.loc[below[0] + 1]
-            text += (f"; past {int(at['nodes'])} nodes another node buys less than {knee_share:.0%} of the "
-                     f"time linear scaling would save ({int(after['nodes'])} nodes buy {at['next_share']:.0%}: "
-                     f"{_cost(after, train_tokens)})")
+            text += (f"; past {_nodes(at)} another node buys less than {knee_share:.0%} of the time linear "
+                     f"scaling would save ({_nodes(after)} buy {at['next_share']:.0%}: {_cost(after, train_tokens)})")
         else:
-            text += (f"; every step up to {int(at['nodes'])} nodes buys at least {knee_share:.0%} of the time "
-                     "linear scaling would save: the knee lies beyond the planned node counts")
+            text += (f"; every step up to {_nodes(at)} buys at least {knee_share:.0%} of the time linear "
+                     "scaling would save: the knee lies beyond the planned node counts")
         out.append(text)
     return out
 
@@ -95,5 +94,8 @@ def _cost(row: pd.Series, train_tokens: float) -> str:
     """"8 nodes train 1e+12 tokens in 12.3 days, $290,000 (predicted)"."""
     usd = f", ${row['usd_to_train']:,.0f}" if pd.notna(row["usd_to_train"]) else ""
     mark = " (predicted)" if row["source"] == "predicted" else ""
-    return (f"{int(row['nodes'])} nodes train {train_tokens:.3g} tokens in {row['days_to_train']:.1f} "
-            f"days{usd}{mark}")
+    return f"{_nodes(row)} train {train_tokens:.3g} tokens in {row['days_to_train']:.1f} days{usd}{mark}"
+
+
+def _nodes(row: pd.Series) -> str:
+    return f"{int(row['nodes'])} node{'s' if row['nodes'] != 1 else ''}"

@@ -22,7 +22,7 @@ _SUMMARY_FIELDS = {f.name for f in fields(RunSummary)} - {"run_id", "sweep", "st
 _EXTRA_KEYS = ("losses", "step_times_s", "per_rank", "sizes", "transport", "transport_evidence", "nics",
                "network_measurement", "groups", "nccl_tests_version",
                "ranks", "failed_step", "mfu_note", "nvml_available", "nvml_reason", "source",
-               "backend")
+               "backend", "collectives_per_step")
 
 
 def _restarts(summary: RunSummary, outcome: Outcome, metas: list[dict[str, Any]]) -> None:

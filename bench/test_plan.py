@@ -128,6 +128,23 @@ def test_ablation_changes_one_factor_at_a_time() -> None:
     (["axes.nodes=[1,x]"], "axes.nodes[1]: Value 'x'"),
     (["launcher.max_nodes=0"], "launcher.max_nodes must be a positive integer"),
     (["cluster=nope"], "Could not find 'cluster/nope'; available: local, p4d.24xlarge"),
+    # a global batch that no run can split, and accumulation modes where they cannot act
+    (["axes.global_batch=[0]"], "axes.global_batch must be a positive integer, got 0"),
+    (["axes.global_batch=[-8]"], "axes.global_batch must be a positive integer, got -8"),
+    (["axes.global_batch=[1.5]"], "axes.global_batch[0]: Value '1.5' of type 'float' could not be converted"),
+    (["axes.global_batch=[6]", "axes.micro_batch=[1]"],
+     "global_batch 6 is not divisible by the 4 data-parallel ranks of 2 node(s) x 2 GPUs"),
+    (["axes.global_batch=[12]", "axes.micro_batch=[4]"], "micro_batch 4 does not divide the 6 sequences per rank"),
+    (["axes.global_batch=[2]", "axes.nodes=[2]"], "global_batch 2 is not divisible by the 4 data-parallel ranks"),
+    (["axes.accumulation=[sync_once]", "axes.global_batch=[null]"], "axes.accumulation ['sync_once'] needs "
+     "axes.global_batch"),
+    (["axes.accumulation=[sync_twice]"], "axes.accumulation: unknown value 'sync_twice'"),
+    (["axes.accumulation=[allreduce_once]", "axes.global_batch=[8]"],
+     "accumulation=allreduce_once defers HYBRID_SHARD's all-reduce across nodes; FULL_SHARD has none"),
+    (["axes.accumulation=[keep_gathered]", "axes.global_batch=[16]", "axes.sharding=[NO_SHARD]"],
+     "accumulation=keep_gathered keeps gathered parameters; NO_SHARD never shards them"),
+    (["study.train_tokens=-1"], "study.train_tokens must be a positive number"),
+    (["study.knee_share=1.5"], "study.knee_share must be in (0, 1]"),
 ])
 def test_bad_config_is_one_line_and_exit_2(overrides, message, capsys, tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)  # a relative results_root would land here: nothing may be written

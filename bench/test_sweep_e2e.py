@@ -138,14 +138,14 @@ def test_smoke_sweep_end_to_end_then_resume(smoke_results: Path) -> None:
     assert len(parity) == 2 * 5 and set(parity["verdict"]) == {"same curve"}
     assert set(parity["reference run"]) == {"FULL_SHARD AC=none transformer_block r0"}
     comm = pd.read_csv(out / "comm_model.csv")  # probes at 1 and 2 nodes feed the communication model
-    assert len(comm) == 14 and comm["modelled comm (s)"].notna().all()
+    assert len(comm) == 16 and comm["modelled comm (s)"].notna().all()
     scaling = pd.read_csv(out / "scaling.csv")
     train = frame[frame.kind == "train"]
     assert sorted(scaling["tokens/s"]) == pytest.approx(sorted(train.tokens_per_s), rel=1e-9)
     # Second invocation: everything is finished, nothing is launched.
     started = time.monotonic()
     again = sweep(smoke_results)
-    assert again.returncode == 0 and "skipped 16" in again.stdout
+    assert again.returncode == 0 and "skipped 18" in again.stdout
     assert time.monotonic() - started < 30
 
 
@@ -159,14 +159,14 @@ def test_the_smoke_report_puts_predictions_beside_measurements_on_cpu(smoke_resu
     assert train.pred_tokens_per_s_per_gpu.notna().all() and (train.pred_mem_source == "measured").all()
     out = smoke_results / "smoke" / "report"
     predicted = pd.read_csv(out / "predicted.csv")
-    assert len(predicted) == 14 and predicted[["pred_tokens_per_s_per_gpu", "tokens_per_s_per_gpu",
+    assert len(predicted) == 16 and predicted[["pred_tokens_per_s_per_gpu", "tokens_per_s_per_gpu",
                                                "error"]].notna().all().all()
     per_gpu = train.tokens_per_s / (train.nodes * train.gpus_per_node)
     assert sorted(predicted.tokens_per_s_per_gpu) == pytest.approx(sorted(per_gpu), rel=1e-9)
     row = predicted.iloc[0]
     assert row.error == pytest.approx(row.tokens_per_s_per_gpu / row.pred_tokens_per_s_per_gpu - 1)
     memory = pd.read_csv(out / "memory.csv")
-    assert len(memory) == 14 and (memory.pred_mem_gib > 0).all()
+    assert len(memory) == 16 and (memory.pred_mem_gib > 0).all()
     text = (out / "report.md").read_text()
     assert "## Throughput: predicted before launch vs measured" in text
     assert "largest miss" in text and ("predicted with the published constants" in text
@@ -176,6 +176,37 @@ def test_the_smoke_report_puts_predictions_beside_measurements_on_cpu(smoke_resu
     assert "predicted with this study's own calibration" in text
     extrapolation = pd.read_csv(out / "extrapolation.csv")
     assert set(extrapolation.nodes) == {2} and "## Extrapolation" in text and "extrapolation (smoke)" in text
+
+
+@pytest.mark.slow
+def test_the_smoke_reports_its_strong_scaling_pair_in_days_and_dollars(smoke_results: Path, tmp_path: Path) -> None:
+    """The smoke's strong-scaling pair: 8 sequences per optimizer step on 1 node (2 ranks x micro batch 2 x 2
+    accumulation steps) and on 2 (4 ranks x 2 x 1) train the same sequences, so the same losses; the report
+    gives its efficiency on the step time, and days and dollars at a price, from the runs' own numbers."""
+    frame = table(smoke_results)
+    pair = frame[frame.global_batch == 8].sort_values("nodes")
+    assert list(pair.nodes) == [1, 2] and (pair.status == "ok").all()
+    one, two = pair.iloc[0], pair.iloc[1]
+    losses = [json.loads(row.extra)["losses"] for row in (one, two)]
+    assert losses[0] == pytest.approx(losses[1], rel=2e-2)  # bf16: the parity tolerance of mixed precision
+    weak = frame[(frame.kind == "train") & (frame.global_batch == 0) & (frame.nodes == 2)
+                 & (frame.gpus_per_node == 2) & (frame.sharding == "FULL_SHARD") & (frame.precision == "bf16_mixed")
+                 & (frame.activation_checkpointing == "none")].iloc[0]
+    assert json.loads(weak.extra)["losses"] == pytest.approx(losses[1], rel=1e-6)  # the same 8 sequences
+    out = tmp_path / "report"
+    proc = subprocess.run([sys.executable, "-m", "analysis.report", str(smoke_results / "smoke"), "--out", str(out),
+                           "--price", "2.5"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    strong = pd.read_csv(out / "strong.csv").set_index("nodes")
+    assert list(strong["accumulation steps"]) == [2, 1] and list(strong["source"]) == ["measured"] * 2
+    assert list(strong["step time (s)"]) == pytest.approx([one.step_time_s, two.step_time_s], rel=1e-12)
+    assert list(strong["predicted step time (s)"]) == pytest.approx([one.pred_step_time_s, two.pred_step_time_s])
+    assert strong.loc[2, "strong-scaling efficiency"] == pytest.approx(one.step_time_s / two.step_time_s / 2)
+    days = 1e12 / (8 * 128) * two.step_time_s / 86400
+    assert strong.loc[2, "days to train 1e+12 tokens"] == pytest.approx(days)
+    assert strong.loc[2, "USD to train 1e+12 tokens"] == pytest.approx(days * 24 * 2 * 2.5)
+    text = (out / "report.md").read_text()
+    assert "## Strong scaling" in text and "tiny_llama, FULL_SHARD bf16_mixed, global batch 8 sync_each" in text
 
 
 @pytest.mark.slow
