@@ -69,7 +69,7 @@ class Series:
         from trainer.config import parse_args
         run_id = parse_args(args).spec.run_id
         known = self.pending.setdefault(nproc, {}).setdefault(run_id, args)
-        assert known == args or run_id in self.done, f"two declared runs share run id {run_id}: {known}, {args}"
+        assert known == args or run_id in self.done, f"two runs share the run id {run_id}: {known}, {args}"
         return run_id
 
     def result(self, args: list[str], nproc: int) -> WorkerResult:
@@ -77,8 +77,8 @@ class Series:
         run_id = self.declare(args, nproc)
         if run_id not in self.done:
             todo = self.pending.pop(nproc)
-            whole = run_torchrun(["trainer.series", json.dumps(list(todo.values()))], nproc=nproc, timeout=900,
-                                 env={BUFFER_ENV: "20000"})
+            whole = run_torchrun(["trainer.series", json.dumps(list(todo.values()))], nproc=nproc,
+                                 timeout=900, env={BUFFER_ENV: "20000"})
             for rid in todo:
                 self.done[rid] = WorkerResult(whole.returncode, whole.output,
                                               [r for r in whole.records if r.get("run_id") == rid])

@@ -2,9 +2,9 @@
 
 Sharding strategy, activation checkpointing and wrapping policy change where tensors live and what is
 recomputed, not the mathematics, so within a group of runs equal in everything else (model, nodes, GPUs,
-precision, micro batch, global batch, sequence length, seed, steps) every loss curve must match the reference run's
-(FULL_SHARD first) to within a tolerance set by the precision's reduction-order noise. A run that
-departs trains something else: a bug in the strategy, not a faster way to train the same model.
+precision, micro batch, global batch, sequence length, seed, steps) every loss curve must match the
+reference run's (FULL_SHARD first) to within a tolerance set by the precision's reduction-order noise.
+A run that departs trains something else: a bug in the strategy, not a faster way to train the same model.
 """
 from __future__ import annotations
 

@@ -24,8 +24,9 @@ from bench import rundir
 
 COLUMNS = {"model": "model", "configuration": "configuration", "nodes": "nodes",
            "tokens_per_step": "tokens/step", "micro_batch": "micro batch", "grad_accum": "accumulation steps",
-           "step_time_s": "step time (s)", "source": "source", "pred_step_time_s": "predicted step time (s)", "efficiency": "strong-scaling efficiency",
-           "next_share": "next node count buys", "days_to_train": "days to train", "usd_to_train": "USD to train"}
+           "step_time_s": "step time (s)", "source": "source", "pred_step_time_s": "predicted step time (s)",
+           "efficiency": "strong-scaling efficiency", "next_share": "next node count buys",
+           "days_to_train": "days to train", "usd_to_train": "USD to train"}
 
 
 def sweep_study(sweeps: list[Path]) -> dict[str, float]:
@@ -36,7 +37,8 @@ def sweep_study(sweeps: list[Path]) -> dict[str, float]:
         except (OSError, yaml.YAMLError, AttributeError):
             continue
         if isinstance(study, dict):
-            return {k: float(v) for k, v in study.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            return {k: float(v) for k, v in study.items()
+                    if isinstance(v, (int, float)) and not isinstance(v, bool)}
     return {}
 
 
@@ -61,7 +63,8 @@ def strong_rows(agg: pd.DataFrame, prices: dict[str, float | None], train_tokens
         rows.append(pd.DataFrame({
             "model": group["model"], "configuration": group.apply(configuration_label, axis=1),
             "nodes": group["nodes"], "tokens_per_step": tokens, "micro_batch": group["micro_batch"],
-            "grad_accum": group["grad_accum"], "step_time_s": step, "pred_step_time_s": group["pred_step_time_s"],
+            "grad_accum": group["grad_accum"], "step_time_s": step,
+            "pred_step_time_s": group["pred_step_time_s"],
             "source": np.where(measured, "measured", np.where(known, "predicted", group["status"])),
             "efficiency": base_step / step * base["nodes"] / nodes,
             "next_share": (step - nxt_step) / (step * (1 - nodes / nxt_nodes)),
@@ -82,7 +85,8 @@ def knee_sentences(rows: pd.DataFrame, train_tokens: float, knee_share: float) -
         if len(below):
             after = group.loc[below[0] + 1]
             text += (f"; past {_nodes(at)} another node buys less than {knee_share:.0%} of the time linear "
-                     f"scaling would save ({_nodes(after)} buy {at['next_share']:.0%}: {_cost(after, train_tokens)})")
+                     f"scaling would save ({_nodes(after)} buy {at['next_share']:.0%}: "
+                     f"{_cost(after, train_tokens)})")
         else:
             text += (f"; every step up to {_nodes(at)} buys at least {knee_share:.0%} of the time linear "
                      "scaling would save: the knee lies beyond the planned node counts")

@@ -13,13 +13,14 @@ PREDICTED = {1: 98.0, 2: 50.0, 4: 26.0, 8: 19.0, 16: 18.0}
 
 
 def _agg() -> pd.DataFrame:
-    config = {"sweep": "s", "cluster": "p5.48xlarge", "model": "llama2_7b", "model_config": "", "gpus_per_node": 8,
-              "sharding": "FULL_SHARD", "precision": "bf16_mixed", "activation_checkpointing": "full",
-              "wrap_policy": "transformer_block", "compile": False, "offload": "none", "batch": "gb1024 sync_each",
-              "seq_len": 4096, "efa_per_node": 32}
+    config = {"sweep": "s", "cluster": "p5.48xlarge", "model": "llama2_7b", "model_config": "",
+              "gpus_per_node": 8, "sharding": "FULL_SHARD", "precision": "bf16_mixed",
+              "activation_checkpointing": "full", "wrap_policy": "transformer_block", "compile": False,
+              "offload": "none", "batch": "gb1024 sync_each", "seq_len": 4096, "efa_per_node": 32}
     assert set(config) == set(CONFIG)
     rows = [{**config, "nodes": n, "global_batch": 1024, "micro_batch": 128 // n, "grad_accum": 1.0,
-             "step_time_s": STEPS[n], "pred_step_time_s": PREDICTED[n], "status": "ok" if STEPS[n] else "timeout"}
+             "step_time_s": STEPS[n], "pred_step_time_s": PREDICTED[n],
+             "status": "ok" if STEPS[n] else "timeout"}
             for n in STEPS]
     weak = {**rows[0], "batch": "mb1", "global_batch": 0, "step_time_s": 5.0}  # no days for weak scaling here
     return pd.DataFrame([*rows, weak])
@@ -43,7 +44,8 @@ def test_days_dollars_efficiency_and_knee_from_the_step_times() -> None:
     assert "past 8 nodes another node buys less than 50%" in sentence and "16 nodes buy 20%" in sentence
     assert "(predicted)" in sentence  # the 16-node figure is the plan's
     (beyond,) = knee_sentences(rows.reset_index(), 1e12, 0.1)  # a lower bar: no knee within 16 nodes
-    assert beyond.startswith("llama2_7b, FULL_SHARD bf16_mixed + full AC, global batch 1024 sync_each: 16 nodes")
+    assert beyond.startswith("llama2_7b, FULL_SHARD bf16_mixed + full AC, global batch 1024 sync_each: "
+                             "16 nodes")
     assert "the knee lies beyond the planned node counts" in beyond
 
 

@@ -263,8 +263,8 @@ def _check_axes(axes: Axes, cluster: ClusterConfig) -> None:
         for v in getattr(axes, name):
             _positive(f"axes.{name}", v)
     if set(axes.accumulation) != {"sync_each"} and None in axes.global_batch:
-        raise ConfigError(f"axes.accumulation {list(axes.accumulation)} needs axes.global_batch: without one a "
-                          "step is one micro batch, with nothing to accumulate")
+        raise ConfigError(f"axes.accumulation {list(axes.accumulation)} needs axes.global_batch: without one "
+                          "a step is one micro batch, with nothing to accumulate")
     for v in axes.micro_batch:
         if v != AUTO and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise ConfigError(f"axes.micro_batch must be a positive integer or {AUTO}, got {v!r}")

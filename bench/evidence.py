@@ -75,8 +75,8 @@ def table_runs(results_csv: Path) -> list[tuple[RunSpec, dict[str, str]]]:
     typed = {"int": int, "bool": lambda text: text == "True"}
     with open(results_csv) as f:
         rows = [r for r in csv.DictReader(f) if r["status"] == "ok" and r["kind"] == "train"]
-    return [(RunSpec(**{f.name: typed.get(f.type, str)(r[f.name]) for f in fields(RunSpec) if f.name in r}), r)
-            for r in rows]
+    return [(RunSpec(**{f.name: typed.get(f.type, str)(r[f.name]) for f in fields(RunSpec) if f.name in r}),
+             r) for r in rows]
 
 
 def load_steps(root: Path) -> list[StepResult]:

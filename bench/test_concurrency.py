@@ -62,7 +62,8 @@ def max_nodes_in_flight(spans: dict[str, tuple[float, float, int, str]]) -> int:
     return peak
 
 
-SLEEPY = ["axes.global_batch=[null]", "axes.nodes=[1,2]", "axes.sharding=[FULL_SHARD]", "axes.activation_checkpointing=[none]",
+SLEEPY = ["axes.global_batch=[null]",
+          "axes.nodes=[1,2]", "axes.sharding=[FULL_SHARD]", "axes.activation_checkpointing=[none]",
           "axes.precision=[fp32,bf16_mixed]", "faults=[{match:{},fault:sleep,seconds:3}]"]
 
 
@@ -109,7 +110,8 @@ def _group_alive(pgid: int) -> bool:
 # Two runs whose order holds on any machine: runs start longest first (bench.schedule), and a full AC run
 # recomputes its forward pass, so it is predicted longer than the same run without AC whatever the device's
 # speed for each dtype (which moves an fp32 run before or after a bf16 one with the CPU's 16-bit units).
-ONE_NODE = ["axes.global_batch=[null]", "axes.nodes=[1]", "axes.sharding=[FULL_SHARD]", "axes.activation_checkpointing=[full,none]",
+ONE_NODE = ["axes.global_batch=[null]",
+            "axes.nodes=[1]", "axes.sharding=[FULL_SHARD]", "axes.activation_checkpointing=[full,none]",
             "nccl.enabled=false", "steps=3", "warmup_steps=1", "axes.precision=[fp32]"]
 
 

@@ -134,8 +134,10 @@ def test_ablation_changes_one_factor_at_a_time() -> None:
     (["axes.global_batch=[1.5]"], "axes.global_batch[0]: Value '1.5' of type 'float' could not be converted"),
     (["axes.global_batch=[6]", "axes.micro_batch=[1]"],
      "global_batch 6 is not divisible by the 4 data-parallel ranks of 2 node(s) x 2 GPUs"),
-    (["axes.global_batch=[12]", "axes.micro_batch=[4]"], "micro_batch 4 does not divide the 6 sequences per rank"),
-    (["axes.global_batch=[2]", "axes.nodes=[2]"], "global_batch 2 is not divisible by the 4 data-parallel ranks"),
+    (["axes.global_batch=[12]", "axes.micro_batch=[4]"],
+     "micro_batch 4 does not divide the 6 sequences per rank"),
+    (["axes.global_batch=[2]", "axes.nodes=[2]"],
+     "global_batch 2 is not divisible by the 4 data-parallel ranks"),
     (["axes.accumulation=[sync_once]", "axes.global_batch=[null]"], "axes.accumulation ['sync_once'] needs "
      "axes.global_batch"),
     (["axes.accumulation=[sync_twice]"], "axes.accumulation: unknown value 'sync_twice'"),

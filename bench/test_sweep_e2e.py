@@ -16,7 +16,8 @@ from bench.core.records import parse_records
 from conftest import SMOKE_SHAPE
 
 ROOT = Path(__file__).resolve().parents[1]
-ONE_NODE = ["axes.global_batch=[null]", "axes.nodes=[1]", "axes.sharding=[FULL_SHARD]", "axes.activation_checkpointing=[none]",
+ONE_NODE = ["axes.global_batch=[null]",
+            "axes.nodes=[1]", "axes.sharding=[FULL_SHARD]", "axes.activation_checkpointing=[none]",
             "nccl.enabled=false", "steps=3", "warmup_steps=1", "exclude=[]"]
 
 
@@ -179,7 +180,8 @@ def test_the_smoke_report_puts_predictions_beside_measurements_on_cpu(smoke_resu
 
 
 @pytest.mark.slow
-def test_the_smoke_reports_its_strong_scaling_pair_in_days_and_dollars(smoke_results: Path, tmp_path: Path) -> None:
+def test_the_smoke_reports_its_strong_scaling_pair_in_days_and_dollars(smoke_results: Path,
+                                                                        tmp_path: Path) -> None:
     """The smoke's strong-scaling pair: 8 sequences per optimizer step on 1 node (2 ranks x micro batch 2 x 2
     accumulation steps) and on 2 (4 ranks x 2 x 1) train the same sequences, so the same losses; the report
     gives its efficiency on the step time, and days and dollars at a price, from the runs' own numbers."""
@@ -190,23 +192,27 @@ def test_the_smoke_reports_its_strong_scaling_pair_in_days_and_dollars(smoke_res
     losses = [json.loads(row.extra)["losses"] for row in (one, two)]
     assert losses[0] == pytest.approx(losses[1], rel=2e-2)  # bf16: the parity tolerance of mixed precision
     weak = frame[(frame.kind == "train") & (frame.global_batch == 0) & (frame.nodes == 2)
-                 & (frame.gpus_per_node == 2) & (frame.sharding == "FULL_SHARD") & (frame.precision == "bf16_mixed")
+                 & (frame.gpus_per_node == 2) & (frame.sharding == "FULL_SHARD")
+                 & (frame.precision == "bf16_mixed")
                  & (frame.activation_checkpointing == "none")].iloc[0]
     assert json.loads(weak.extra)["losses"] == pytest.approx(losses[1], rel=1e-6)  # the same 8 sequences
     out = tmp_path / "report"
-    proc = subprocess.run([sys.executable, "-m", "analysis.report", str(smoke_results / "smoke"), "--out", str(out),
-                           "--price", "2.5"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "analysis.report", str(smoke_results / "smoke"),
+                           "--out", str(out), "--price", "2.5"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr
     strong = pd.read_csv(out / "strong.csv").set_index("nodes")
     assert list(strong["accumulation steps"]) == [2, 1] and list(strong["source"]) == ["measured"] * 2
     assert list(strong["step time (s)"]) == pytest.approx([one.step_time_s, two.step_time_s], rel=1e-12)
-    assert list(strong["predicted step time (s)"]) == pytest.approx([one.pred_step_time_s, two.pred_step_time_s])
+    assert list(strong["predicted step time (s)"]) == pytest.approx([one.pred_step_time_s,
+                                                                     two.pred_step_time_s])
     assert strong.loc[2, "strong-scaling efficiency"] == pytest.approx(one.step_time_s / two.step_time_s / 2)
     days = 1e12 / (8 * 128) * two.step_time_s / 86400
     assert strong.loc[2, "days to train 1e+12 tokens"] == pytest.approx(days)
     assert strong.loc[2, "USD to train 1e+12 tokens"] == pytest.approx(days * 24 * 2 * 2.5)
     text = (out / "report.md").read_text()
-    assert "## Strong scaling" in text and "tiny_llama, FULL_SHARD bf16_mixed, global batch 8 sync_each" in text
+    assert "## Strong scaling" in text
+    assert "tiny_llama, FULL_SHARD bf16_mixed, global batch 8 sync_each: 1 node train" in text
 
 
 @pytest.mark.slow

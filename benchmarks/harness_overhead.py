@@ -29,7 +29,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench import rundir  # noqa: E402
 
-QUICK = ["axes.gpus_per_node=[2]", "axes.global_batch=[null]", "axes.compile=[false]", "axes.sharding=[FULL_SHARD]",
+QUICK = ["axes.gpus_per_node=[2]", "axes.global_batch=[null]", "axes.compile=[false]",
+         "axes.sharding=[FULL_SHARD]",
          "axes.precision=[bf16_mixed]", "axes.activation_checkpointing=[none]", "nccl.enabled=false"]
 
 

@@ -31,7 +31,8 @@ from bench.plan import expand  # noqa: E402
 from bench.sweep import compose  # noqa: E402
 
 SLURM_DIR = Path("/tmp/fsdpbench-slurm")
-MIX = ["axes.global_batch=[null]", "axes.nodes=[1,2,4]", "axes.precision=[fp32,bf16_mixed]", "axes.seq_len=[32,64,96,128]",
+MIX = ["axes.global_batch=[null]",
+       "axes.nodes=[1,2,4]", "axes.precision=[fp32,bf16_mixed]", "axes.seq_len=[32,64,96,128]",
        "axes.sharding=[FULL_SHARD]", "axes.activation_checkpointing=[none]", "axes.gpus_per_node=[2]",
        "axes.compile=[false]", "nccl.enabled=false",
        # 8 x 1 node (2 precisions x 4 lengths), 4 x 2 nodes (bf16 only), 2 x 4 nodes (bf16, 2 lengths)

@@ -1,4 +1,5 @@
-"""Synthetic token batches: no data preparation, deterministic per (seed, step, sequence of the global batch)."""
+"""Synthetic token batches: no data preparation, deterministic per (seed, step, sequence of the global
+batch)."""
 from __future__ import annotations
 
 import torch

@@ -162,7 +162,7 @@ class Trainer:
             if self.args.fault == "nan" and step == self.args.fault_step:
                 loss = loss * float("nan")
             if k == 0:
-                self._fault(step, "hang")  # inside the step: the other ranks wait in the backward's collectives
+                self._fault(step, "hang")  # inside the step: the other ranks wait in the backward
             backward(loss / n, self.scaler)
             losses.append(loss.detach())
         optimizer_step(self.optimizer, self.scaler)

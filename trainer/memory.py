@@ -237,8 +237,8 @@ def _shard_tracker() -> type:
     return ShardTracker
 
 
-def track_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[dict[str, torch.Tensor]],
-               offloaded: bool, scaler: Any = None, period: int = 1,
+def track_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+               batches: list[dict[str, torch.Tensor]], offloaded: bool, scaler: Any = None, period: int = 1,
                accumulation: str = "sync_each") -> dict[str, Peak]:
     """One training step of one or more micro-batches (accumulated as the spec's mode says) under
     FSDPMemTracker: this rank's peak on its GPU and of offloaded state at each place of the step (highest()
@@ -348,7 +348,8 @@ def step_at(spec: RunSpec, arch: ModelArch, count: bool,
             optimizer = build_optimizer(model, lr=1e-4)
             batches = [synthetic_batch(vocab=arch.vocab, micro_batch=spec.micro_batch, seq_len=spec.seq_len,
                                        seed=spec.seed, first=k * spec.micro_batch, step=0, device=device,
-                                       encoder_decoder=arch.family == "t5") for k in range(micro_batches(spec))]
+                                       encoder_decoder=arch.family == "t5")
+                       for k in range(micro_batches(spec))]
             if count:
                 flops = counted_step(model, optimizer, batches[0])  # leaves AdamW's state behind
             else:

@@ -210,7 +210,7 @@ def accumulate(model: torch.nn.Module, accumulation: str, last: bool) -> None:
     optimizer always steps on the whole step's reduced, sharded gradients. sync_each sets nothing."""
     if accumulation == "sync_once":  # no reduce-scatter (nor HSDP all-reduce): unsharded gradients build up
         model.set_requires_gradient_sync(last)
-    elif accumulation == "allreduce_once":  # HSDP: reduce-scatter within the node each time, across nodes once
+    elif accumulation == "allreduce_once":  # HSDP: reduce-scatter within a node each time, across nodes once
         model.set_requires_all_reduce(last)
     elif accumulation == "keep_gathered":  # the next forward finds its parameters gathered
         model.set_reshard_after_backward(last)

@@ -31,7 +31,8 @@ OTHER_SEED = _args("FULL_SHARD", 1, 4, "--seed", "1")
 SELECTIVE_OP = _args("FULL_SHARD", 1, 4, "--activation-checkpointing", "selective_op")
 PRECISIONS = {p: _args("FULL_SHARD", 1, 2, "--precision", p, "--steps", "3")
               for p in ("bf16_mixed", "fp16_mixed", "bf16_pure")}
-FULL_AC_WHOLE = _args("FULL_SHARD", 1, 2, "--activation-checkpointing", "full", "--wrap-policy", "whole_model")
+FULL_AC_WHOLE = _args("FULL_SHARD", 1, 2, "--activation-checkpointing", "full",
+                      "--wrap-policy", "whole_model")
 for _run in (*STRATEGIES.values(), OTHER_SEED, SELECTIVE_OP):
     SERIES.declare(_run, nproc=4)
 for _run in (*PRECISIONS.values(), FULL_AC_WHOLE):

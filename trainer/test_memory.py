@@ -262,8 +262,8 @@ def _reference(specs: list[dict]) -> None:
         optimizer, scaler = build_optimizer(model, lr=1e-4), grad_scaler(spec.precision, device)
         n = micro_batches(spec)
         batches = [synthetic_batch(vocab=arch.vocab, micro_batch=spec.micro_batch, seq_len=spec.seq_len,
-                                   seed=spec.seed, first=(rank * n + k) * spec.micro_batch, step=0, device=device,
-                                   encoder_decoder=arch.family == "t5") for k in range(n)]
+                                   seed=spec.seed, first=(rank * n + k) * spec.micro_batch, step=0,
+                                   device=device, encoder_decoder=arch.family == "t5") for k in range(n)]
         backward_and_step(model(**batches[0]).loss, optimizer, scaler)  # the first step creates AdamW's state
         peak = highest(track_step(model, optimizer, batches, offloaded=spec.offload == "cpu", scaler=scaler,
                                   accumulation=spec.accumulation))

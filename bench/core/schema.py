@@ -62,8 +62,8 @@ class RunSpec:
     compile: bool = False  # torch.compile of each transformer block (regional), before sharding
     offload: str = "none"
     micro_batch: int = 1  # per GPU; 0 = auto: the sweep searches the largest that fits before the run
-    # sequences per optimizer step over all ranks (strong scaling): micro_batch x grad_accum x ranks equals it;
-    # 0 = none: each step is one micro batch per rank, and the global batch grows with the ranks (weak scaling)
+    # sequences per optimizer step over all ranks (strong scaling): micro_batch x grad_accum x ranks equals
+    # it; 0 = none: each step is one micro batch per rank, the global batch growing with the ranks (weak)
     global_batch: int = 0
     accumulation: str = "sync_each"  # one of ACCUMULATIONS: how a step of several micro-batches syncs
     seq_len: int = 128
@@ -106,8 +106,9 @@ class RunSpec:
         """A global batch the ranks (and a pinned micro batch) divide; a mode that applies to the strategy."""
         if self.global_batch:
             if self.global_batch % self.world_size:
-                raise ValueError(f"global_batch {self.global_batch} is not divisible by the {self.world_size} "
-                                 f"data-parallel ranks of {self.nodes} node(s) x {self.gpus_per_node} GPUs")
+                raise ValueError(f"global_batch {self.global_batch} is not divisible by the "
+                                 f"{self.world_size} data-parallel ranks of {self.nodes} node(s) x "
+                                 f"{self.gpus_per_node} GPUs")
             if self.micro_batch and (self.global_batch // self.world_size) % self.micro_batch:
                 raise ValueError(f"micro_batch {self.micro_batch} does not divide the "
                                  f"{self.global_batch // self.world_size} sequences per rank of global_batch "
@@ -119,7 +120,8 @@ class RunSpec:
             raise ValueError("accumulation=allreduce_once defers HYBRID_SHARD's all-reduce across nodes; "
                              f"{self.sharding} has none")
         if self.accumulation == "keep_gathered" and self.sharding == "NO_SHARD":
-            raise ValueError("accumulation=keep_gathered keeps gathered parameters; NO_SHARD never shards them")
+            raise ValueError("accumulation=keep_gathered keeps gathered parameters; NO_SHARD never shards "
+                             "them")
 
     @property
     def auto_micro_batch(self) -> bool:

@@ -228,7 +228,8 @@ def test_smoke_on_slurm_matches_the_local_launcher(slurm_cluster, tmp_path: Path
 @pytest.mark.slurm
 @pytest.mark.slow  # a real cluster, minutes each: .ci/run's slow step
 def test_failures_on_slurm_are_classified(slurm_cluster, tmp_path: Path) -> None:
-    proc = run_sweep(tmp_path, "cluster=slurm_local", "launcher=slurm", "axes.global_batch=[null]", "axes.nodes=[1]",
+    proc = run_sweep(tmp_path, "cluster=slurm_local", "launcher=slurm", "axes.global_batch=[null]",
+                     "axes.nodes=[1]",
                      "axes.sharding=[FULL_SHARD]", "axes.activation_checkpointing=[none]",
                      "axes.precision=[fp32,bf16_mixed]", "nccl.enabled=false", "steps=3", "warmup_steps=1",
                      "cluster.slurm.time_limit=00:01:00",
@@ -254,7 +255,8 @@ def _spans(sweep_dir: Path) -> dict[str, tuple[float, float, int, str]]:
 def test_slurm_runs_share_the_cluster_and_probes_and_full_width_runs_run_alone(slurm_cluster, tmp_path) -> None:
     from bench.test_concurrency import overlaps
     proc = run_sweep(tmp_path, "cluster=slurm_local", "launcher=slurm", "cluster.slurm.exclusive=true",
-                     "axes.global_batch=[null]", "axes.nodes=[2,4]", "axes.sharding=[FULL_SHARD]", "axes.activation_checkpointing=[none]",
+                     "axes.global_batch=[null]",
+                     "axes.nodes=[2,4]", "axes.sharding=[FULL_SHARD]", "axes.activation_checkpointing=[none]",
                      "axes.precision=[fp32,bf16_mixed]", "nccl.nodes=[2]",
                      "faults=[{match:{},fault:sleep,seconds:8}]")
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]  # sleep mode: no summaries
@@ -285,7 +287,8 @@ def test_a_job_held_in_the_queue_is_given_up_and_a_running_one_times_out(slurm_c
                           env={**os.environ, "SLURM_CONF": SLURM_CONF}).stdout.strip() == ""  # cancelled
 
 
-ONE_RUN = ["axes.global_batch=[null]", "axes.nodes=[1]", "axes.sharding=[FULL_SHARD]", "axes.activation_checkpointing=[none]",
+ONE_RUN = ["axes.global_batch=[null]",
+           "axes.nodes=[1]", "axes.sharding=[FULL_SHARD]", "axes.activation_checkpointing=[none]",
            "axes.precision=[fp32]", "nccl.enabled=false"]
 
 
@@ -344,7 +347,8 @@ def test_a_node_that_fails_under_a_run_is_on_the_record(slurm_cluster, tmp_path)
     import time
 
     from bench import rundir
-    args = ["cluster=slurm_local", "launcher=slurm", "axes.global_batch=[null]", "axes.nodes=[2]", "axes.sharding=[FULL_SHARD]",
+    args = ["cluster=slurm_local", "launcher=slurm", "axes.global_batch=[null]",
+            "axes.nodes=[2]", "axes.sharding=[FULL_SHARD]",
             "axes.activation_checkpointing=[none]", "axes.precision=[bf16_mixed]", "nccl.enabled=false",
             "steps=40", "warmup_steps=1"]
     sweep = subprocess.Popen([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={tmp_path}",

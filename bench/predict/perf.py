@@ -278,7 +278,7 @@ def _step(spec: RunSpec, arch: ModelArch, gpu: GpuSpec, network: Network, peak: 
     for comms, count in step_collectives(spec, arch):  # each micro-batch hides what it can behind its compute
         for phase, budget in window.items():
             comm = sum(collective_s(c, gpu, network, units) for c in comms if c.phase == phase)
-            shown = min(comm, max(0.0, comm - budget) + comm / units)  # past its compute, plus first/last unit
+            shown = min(comm, max(0.0, comm - budget) + comm / units)  # past its compute, + first/last unit
             exposed, hidden = exposed + count * shown, hidden + count * (comm - shown)
             total += count * comm
     exposed += cal.contention * hidden
@@ -287,9 +287,9 @@ def _step(spec: RunSpec, arch: ModelArch, gpu: GpuSpec, network: Network, peak: 
     step = max(accum * compute + optimizer + exposed, host)  # a CPU study's own cores are its compute
     model_flops = model_flops_per_token(arch, spec.seq_len) * tokens * accum
     calibrated = gpu.family in cal.matmul_efficiency or cal.source != CALIBRATION.source
-    return Prediction(step, tokens * accum / step, model_flops / step / peak if peak else None, accum * matmul,
-                      accum * elementwise + optimizer, total, exposed, network, calibrated, cal.source,
-                      host_s=host)
+    return Prediction(step, tokens * accum / step, model_flops / step / peak if peak else None,
+                      accum * matmul, accum * elementwise + optimizer, total, exposed, network, calibrated,
+                      cal.source, host_s=host)
 
 
 def predict(spec: RunSpec, gpu: GpuSpec, network: Network, arch: ModelArch | None = None,

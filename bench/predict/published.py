@@ -152,10 +152,10 @@ def foundry_stack(section: str, model: str) -> Stack:
     return FOUNDRY_2023
 
 
-# Composer, llm-foundry's trainer, skips gradient sync between micro-batches (its DDP sync strategy's no_sync)
-# only for a DistributedDataParallel model: ddp_sync_context (composer/distributed/dist_strategy.py) returns at
-# once for any other module, FSDP's included, so an FSDP run reduces its gradients every micro-batch: this
-# harness's sync_each (the FLOPs of a step are the same under either; its collectives are not)
+# Composer, llm-foundry's trainer, skips gradient sync between micro-batches (its DDP sync strategy's
+# no_sync) only for a DistributedDataParallel model: ddp_sync_context (composer/distributed/
+# dist_strategy.py) returns at once for any other module, FSDP's included, so an FSDP run reduces its
+# gradients every micro-batch: this harness's sync_each (a step's FLOPs are the same under either)
 FOUNDRY_ACCUMULATION = "sync_each"
 FOUNDRY_GPUS = {"h100_80gb": (H100, 3200), "a100_80gb": (A100, 1600), "a100_40gb": ("A100-SXM4-40GB", 1600)}
 FOUNDRY_PRECISION = {"amp_bf16": "bf16_mixed", "bf16": "bf16_pure", "amp_fp8": "fp8_tensorwise"}
@@ -180,8 +180,8 @@ def foundry_table(path: Path = FOUNDRY_TABLE) -> list[FoundryRow]:
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if not line.startswith("|") or f"mpt_{cells[0]}" not in MPT:
             continue
-        size, seq, gpus, gpu, mfu, _, _, mb, accum, global_batch, _, _, tokens, _, precision, _, sharding, ac, _, \
-            n = cells
+        size, seq, gpus, gpu, mfu, _, _, mb, accum, global_batch, _, _, tokens, _, precision, _, sharding, \
+            ac, _, n = cells
         name, network = FOUNDRY_GPUS[gpu]
         assert int(mb) * int(accum) * int(gpus) == int(global_batch), line  # the table's own arithmetic
         row = _row(FOUNDRY, MPT[f"mpt_{size}"], name, int(gpus) // 8, sharding,

@@ -142,11 +142,14 @@ def test_each_accumulation_mode_communicates_what_its_fsdp2_setting_does() -> No
     spec = RunSpec(model="llama2_7b", nodes=2, gpus_per_node=8, micro_batch=1, global_batch=64)
     assert spec.grad_accum == 4
     each = _kinds(step_collectives(spec, spec.arch))
-    assert each == {("all_gather", "forward"): 4, ("all_gather", "backward"): 4, ("reduce_scatter", "backward"): 4}
+    assert each == {("all_gather", "forward"): 4, ("all_gather", "backward"): 4,
+                    ("reduce_scatter", "backward"): 4}
     once = _kinds(step_collectives(replace(spec, accumulation="sync_once"), spec.arch))
-    assert once == {("all_gather", "forward"): 4, ("all_gather", "backward"): 4, ("reduce_scatter", "backward"): 1}
+    assert once == {("all_gather", "forward"): 4, ("all_gather", "backward"): 4,
+                    ("reduce_scatter", "backward"): 1}
     kept = _kinds(step_collectives(replace(spec, accumulation="keep_gathered"), spec.arch))
-    assert kept == {("all_gather", "forward"): 1, ("all_gather", "backward"): 4, ("reduce_scatter", "backward"): 4}
+    assert kept == {("all_gather", "forward"): 1, ("all_gather", "backward"): 4,
+                    ("reduce_scatter", "backward"): 4}
     hybrid = replace(spec, sharding="HYBRID_SHARD", accumulation="allreduce_once")
     deferred = _kinds(step_collectives(hybrid, spec.arch))
     assert deferred[("reduce_scatter", "backward")] == 4 and deferred[("all_reduce", "backward")] == 1
