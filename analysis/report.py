@@ -181,11 +181,24 @@ def _sizes_by_column(sizes: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index().rename(columns={"size_bytes": "size (B)"})
 
 
+def study_kinds(frame: pd.DataFrame) -> str:
+    """Per sweep, weak scaling (a micro batch per GPU, the global batch growing with the nodes) or strong
+    (one global batch at every node count), or both where a sweep holds both kinds of run."""
+    train = frame[frame["kind"] == "train"]
+    kinds = []
+    for sweep, runs in train.groupby("sweep"):
+        batches = sorted({int(b) for b in runs["global_batch"].fillna(0)})
+        named = [f"strong at global batch {b}" if b else "weak" for b in batches]
+        kinds.append(f"{sweep} {' and '.join(named)}")
+    return "; ".join(kinds) or "no training runs"
+
+
 def provenance(frame: pd.DataFrame) -> list[str]:
     def values(column: str) -> str:
         found = sorted({str(v) for v in frame[column].dropna().unique()}) if column in frame else []
         return ", ".join(found[:8]) + (" ..." if len(found) > 8 else "") if found else "unknown"
-    return [f"sweeps: {values('sweep')}", f"clusters: {values('cluster')}", f"devices: {values('device_name')}",
+    return [f"sweeps: {values('sweep')}", f"scaling: {study_kinds(frame)}", f"clusters: {values('cluster')}",
+            f"devices: {values('device_name')}",
             f"torch: {values('torch_version')}", f"git revision: {values('git_rev')}",
             f"hosts: {values('host')}", f"node counts: {values('nodes')}",
             f"runs: {len(frame)} ({', '.join(f'{k} {v}' for k, v in frame['status'].value_counts().items())})",

@@ -211,7 +211,7 @@ def test_the_smoke_reports_its_strong_scaling_pair_in_days_and_dollars(smoke_res
     assert strong.loc[2, "days to train 1e+12 tokens"] == pytest.approx(days)
     assert strong.loc[2, "USD to train 1e+12 tokens"] == pytest.approx(days * 24 * 2 * 2.5)
     text = (out / "report.md").read_text()
-    assert "## Strong scaling" in text
+    assert "## Strong scaling" in text and "scaling: smoke weak and strong at global batch 8" in text
     assert "tiny_llama, FULL_SHARD bf16_mixed, global batch 8 sync_each: 1 node train" in text
 
 
@@ -220,7 +220,7 @@ def test_a_staged_study_predicts_its_two_node_runs_from_its_one_node_runs(tmp_pa
     """As a user sizes a study: the one-node runs first, then --dry-run of the whole sweep on the same
     results dir shows the two-node runs calibrated on them with intervals, then the whole sweep runs them
     (keeping the one-node runs) with those predictions on record."""
-    axes = ["axes.sharding=[FULL_SHARD,NO_SHARD]", "axes.precision=[bf16_mixed]",
+    axes = ["axes.sharding=[FULL_SHARD,NO_SHARD]", "axes.precision=[bf16_mixed]", "axes.global_batch=[null]",
             "axes.activation_checkpointing=[none]", "steps=4", "warmup_steps=1"]
     first = sweep(tmp_path, *axes, "axes.global_batch=[null]", "axes.nodes=[1]", "nccl.nodes=[1]")
     assert first.returncode == 0, first.stderr[-2000:]

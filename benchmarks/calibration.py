@@ -31,7 +31,7 @@ from bench.predict.perf import CALIBRATION, Network, Predictor, predict, sweep_p
 from bench.sweep import compose  # noqa: E402
 
 QUICK = ["axes.sharding=[FULL_SHARD,NO_SHARD]", "axes.precision=[bf16_mixed]", "axes.compile=[false]",
-         "axes.activation_checkpointing=[none]", "nccl.gpus_per_node=[2]"]
+         "axes.activation_checkpointing=[none]", "nccl.gpus_per_node=[2]", "axes.global_batch=[null]"]
 STAGE_ONE = ["axes.nodes=[1]", "nccl.nodes=[1]"]
 
 
