@@ -45,7 +45,8 @@ def with_batch(frame: pd.DataFrame) -> pd.DataFrame:
     """The frame with CONFIG's "batch" column (a table of before global_batch: every run weak scaling)."""
     if frame.empty:
         return frame.assign(batch=pd.Series(dtype=str), grad_accum=pd.Series(dtype=float))
-    global_batch = pd.to_numeric(frame.get("global_batch", 0), errors="coerce").fillna(0).astype(int)
+    global_batch = pd.to_numeric(frame["global_batch"], errors="coerce").fillna(0).astype(int) \
+        if "global_batch" in frame else pd.Series(0, index=frame.index)
     micro = pd.to_numeric(frame["micro_batch"], errors="coerce")
     mode = frame["accumulation"] if "accumulation" in frame else "sync_each"
     strong = global_batch > 0
