@@ -30,7 +30,8 @@ from typing import Any
 from bench.core.hardware import GpuSpec, compute_dtype
 from bench.core.models import ModelArch
 from bench.core.schema import RunSpec, RunSummary
-from bench.predict.perf import CALIBRATION, Calibration, Network, Predictor, Stack, predict, probes_of
+from bench.predict.comm import Network
+from bench.predict.perf import CALIBRATION, Calibration, Predictor, Stack, predict, probes_of
 
 FORMAT = 1
 SIGMA = 0.05  # log scatter of one run's tokens/s about the model: repeats of a run differ by a few percent

@@ -10,7 +10,7 @@ One training step per GPU is modelled as
   residual adds: ELEMENTWISE_BYTES per hidden unit, token, block and pass) at the GPU's HBM bandwidth;
   this term is why an H100, 3.2x an A100's FLOPs with 1.6x its bandwidth, trains only about 2x faster;
 - optimizer: AdamW reads and writes 28 bytes per sharded parameter at HBM bandwidth;
-- communication: FSDP's collectives per step (all-gathers of the parameters in forward and backward,
+- communication (bench/predict/comm.py): FSDP's collectives per step (all-gathers of the parameters in forward and backward,
   reduce-scatter of the gradients; HYBRID_SHARD's inter-node all-reduce; NO_SHARD's all-reduce), each
   taking the longer of its intra-node leg (the GPUs' all-reduce bus bandwidth) and its network leg (bytes
   a node's adapters carry / the node's measured all-reduce throughput). FSDP2 prefetches the next unit's
@@ -44,11 +44,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from bench.core.flops import (COMPUTE_BYTES, REDUCE_BYTES, attention_square_flops_per_token,
-                              checkpointed_blocks, hardware_flops_per_token, model_flops_per_token)
+from bench.core.flops import (attention_square_flops_per_token, checkpointed_blocks, hardware_flops_per_token,
+                              model_flops_per_token)
 from bench.core.hardware import GPUS, INSTANCES, GpuSpec, compute_dtype, gpu_spec
 from bench.core.models import ModelArch, block_params, count_params, float8_linear_params
 from bench.core.schema import RunSpec, RunSummary
+from bench.predict.comm import INTER_NODE_STEP_S, INTRA_NODE_STEP_S, Network, collective_s, step_collectives
 from bench.predict.cpu import (CPU, CPU_EFFICIENCY, CPU_EMULATED_16BIT, cpu_peak_flops, cpu_runs_natively,
                                cpu_share)
 
@@ -107,12 +108,6 @@ SOCKET_NODE_GBS = 2.5  # 0 EFA, NCCL's socket transport: 2 TCP flows at EC2's 10
 # study's own 0-EFA probe replaces
 
 
-# Latency of one step of NCCL's ring (a collective over R ranks takes R-1 steps, an all-reduce 2(R-1)),
-# where the study has not probed it: an 8-byte all-reduce's time over its ring steps in real nccl-tests
-# outputs (shared/data/nccl-tests): 2 nodes x 8 H100, 135.8 us / 30 steps (sample_05); one node of 8 GPUs,
-# 22.8 us / 14 steps (sample_09). The study's own all-reduce probe replaces both (probe_network).
-INTER_NODE_STEP_S = 4.5e-6
-INTRA_NODE_STEP_S = 1.6e-6
 LATENCY_MAX_BYTES = 65536  # probe rows up to this size are latency, not bandwidth, bound
 
 # The CPU time of one block and pass on a GPU host: measured on an H200 machine (torch 2.11, eager FSDP2, one
@@ -121,86 +116,6 @@ LATENCY_MAX_BYTES = 65536  # probe rows up to this size are latency, not bandwid
 # micro batch 2 in 152 ms over 16 blocks (9.5 ms a block: the same floor, no per-step constant). Not fitted
 # to published rows: their steps are far above it.
 HOST_BLOCK_PASS_S = 2.24e-3
-
-
-@dataclass(frozen=True)
-class Network:
-    """What a node's adapters carry for FSDP's collectives, and where that figure comes from."""
-
-    node_gbs: float  # GB/s of node-level all-reduce throughput (algbw x 2(N-1)/N) at FSDP's message sizes
-    source: str
-    step_latency_s: float = INTER_NODE_STEP_S  # one ring step: what each of FSDP's many collectives pays
-
-
-@dataclass(frozen=True)
-class Collective:
-    kind: str  # "all_gather", "reduce_scatter", "all_reduce"
-    size: float  # bytes of the whole gathered or reduced tensor
-    ranks: int  # ranks in one group
-    nodes: int  # nodes the group spans
-    phase: str  # "forward" or "backward"
-
-
-def collectives(spec: RunSpec, arch: ModelArch) -> list[Collective]:
-    """FSDP's collectives of one step (parameters gathered in the compute dtype, Float8 linears in one byte;
-    gradients reduced in the mixed-precision policy's reduce dtype; trainer/parallel.py's mapping of the
-    four strategies)."""
-    params = count_params(arch)
-    gather = params * COMPUTE_BYTES[spec.precision]
-    if spec.precision == "fp8_tensorwise":  # float8 all-gather of the converted linears
-        gather -= float8_linear_params(arch) * (COMPUTE_BYTES[spec.precision] - 1)
-    grads = params * REDUCE_BYTES[spec.precision]
-    world, g, n = spec.world_size, spec.gpus_per_node, spec.nodes
-    if spec.sharding == "FULL_SHARD":
-        return [Collective("all_gather", gather, world, n, "forward"),
-                Collective("all_gather", gather, world, n, "backward"),
-                Collective("reduce_scatter", grads, world, n, "backward")]
-    if spec.sharding == "SHARD_GRAD_OP":
-        return [Collective("all_gather", gather, world, n, "forward"),
-                Collective("reduce_scatter", grads, world, n, "backward")]
-    if spec.sharding == "HYBRID_SHARD":  # shard within a node, then each shard's all-reduce across nodes
-        return [Collective("all_gather", gather, g, 1, "forward"),
-                Collective("all_gather", gather, g, 1, "backward"),
-                Collective("reduce_scatter", grads, g, 1, "backward"),
-                Collective("all_reduce", grads, n, n, "backward")]  # g groups at once: all of grads per node
-    return [Collective("all_reduce", grads, world, n, "backward")]  # NO_SHARD
-
-
-def step_collectives(spec: RunSpec, arch: ModelArch) -> list[tuple[list[Collective], int]]:
-    """The micro-batches of one optimizer step grouped by what they communicate: (collectives, how many
-    micro-batches), as each accumulation mode sets FSDP2 (trainer/parallel.py accumulate; the counts are
-    the ones trainer/test_accumulation.py reads from the flight recorder of real runs)."""
-    per, n = collectives(spec, arch), spec.grad_accum
-    if n == 1 or spec.accumulation == "sync_each":
-        return [(per, n)]
-    if spec.accumulation == "sync_once":  # gradients reduced (and all-reduced) on the last micro-batch only
-        return [([c for c in per if c.kind == "all_gather"], n - 1), (per, 1)]
-    if spec.accumulation == "allreduce_once":  # HYBRID_SHARD's all-reduce across nodes on the last only
-        return [([c for c in per if c.kind != "all_reduce"], n - 1), (per, 1)]
-    # keep_gathered: only the first micro-batch's forward gathers
-    return [(per, 1), ([c for c in per if not (c.kind == "all_gather" and c.phase == "forward")], n - 1)]
-
-
-def _factor(kind: str, ranks: int) -> float:
-    """Bus bytes per byte of the tensor (nccl-tests' definitions): (R-1)/R, twice that for all-reduce."""
-    return (2 if kind == "all_reduce" else 1) * (ranks - 1) / ranks
-
-
-def collective_s(c: Collective, gpu: GpuSpec, network: Network, units: int = 1) -> float:
-    """The longer of the intra-node leg and the network leg (a hierarchical collective pipelines both),
-    plus the ring's step latency once per FSDP unit (each unit gathers and reduces on its own)."""
-    per_node = c.ranks // c.nodes
-    intra = _factor(c.kind, per_node) * c.size / (gpu.intra_busbw_gbs * 1e9) if per_node > 1 else 0.0
-    net = _factor(c.kind, c.nodes) * c.size / (network.node_gbs * 1e9) if c.nodes > 1 else 0.0
-    return max(intra, net) + units * ring_steps(c, gpu) * network.step_latency_s
-
-
-def ring_steps(c: Collective, gpu: GpuSpec) -> int:
-    """Steps of the ring a collective takes: R-1 for a gather or reduce-scatter, 2(R-1) for an all-reduce;
-    on the CPU, gloo's reduce-scatter reduces the whole input, as an all-reduce does (the copy of its input
-    that the CPU memory check measured)."""
-    full = c.kind == "all_reduce" or (c.kind == "reduce_scatter" and gpu.family == "cpu")
-    return (2 if full else 1) * (c.ranks - 1)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ from bench.core.models import get_arch
 from bench.core.schema import RunSpec, RunSummary
 from bench.predict import calibrate, perf
 from bench.predict.calibrate import Observation, fit
-from bench.predict.perf import CALIBRATION, CPU, Network, Predictor, predict
+from bench.predict.comm import Network
+from bench.predict.perf import CALIBRATION, CPU, Predictor, predict
 from bench.sweep import compose
 
 H100 = GPUS["H100-SXM"]

@@ -15,8 +15,8 @@ from bench.core.hardware import GPUS
 from bench.core.models import count_params, get_arch
 from bench.core.schema import RunSpec
 from bench.evidence import FIRST_H200, table_runs
-from bench.predict.perf import (CALIBRATION, Network, Predictor, Stack, collectives, network_for, predict,
-                                probe_network, step_collectives)
+from bench.predict.comm import Network, collectives, step_collectives
+from bench.predict.perf import CALIBRATION, Predictor, Stack, network_for, predict, probe_network
 from bench.plan import expand
 from bench.predict.published import (CALIBRATION_ROWS, CHECK_ROWS, FOUNDRY, FOUNDRY_2023, FOUNDRY_FLASH2,
                                      foundry_table)
