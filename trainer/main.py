@@ -141,13 +141,8 @@ class Trainer:
     def batches(self, step: int) -> list[dict[str, torch.Tensor]]:
         """This rank's micro-batches of a step: its contiguous share of the step's global batch, in order
         (the same sequences however the global batch is split into ranks and micro-batches)."""
-        from trainer.data import synthetic_batch
-        spec, mb = self.spec, self.spec.micro_batch
-        first = self.rank * mb * spec.grad_accum
-        return [synthetic_batch(vocab=self.arch.vocab, micro_batch=mb, seq_len=spec.seq_len, seed=spec.seed,
-                                first=first + k * mb, step=step, device=self.device,
-                                encoder_decoder=self.arch.family == "t5")
-                for k in range(spec.grad_accum)]
+        from trainer.data import rank_batches
+        return rank_batches(self.spec, self.arch, self.rank, step, self.device)
 
     def step(self, micro_batches: list[dict[str, torch.Tensor]], step: int) -> torch.Tensor:
         """One optimizer step, and only that: the timed window. Each micro-batch's loss counts 1/n of the

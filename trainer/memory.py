@@ -336,7 +336,7 @@ def step_at(spec: RunSpec, arch: ModelArch, count: bool,
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
 
-    from trainer.data import synthetic_batch
+    from trainer.data import rank_batches
     from trainer.parallel import build_optimizer, parallelize
     device, flops = torch.device("cpu"), {}
     dist.init_process_group("fake", rank=0, world_size=spec.world_size, store=FakeStore())
@@ -346,10 +346,7 @@ def step_at(spec: RunSpec, arch: ModelArch, count: bool,
             model.to_empty(device=device)
             model.train()
             optimizer = build_optimizer(model, lr=1e-4)
-            batches = [synthetic_batch(vocab=arch.vocab, micro_batch=spec.micro_batch, seq_len=spec.seq_len,
-                                       seed=spec.seed, first=k * spec.micro_batch, step=0, device=device,
-                                       encoder_decoder=arch.family == "t5")
-                       for k in range(micro_batches(spec))]
+            batches = rank_batches(spec, arch, rank=0, step=0, device=device, count=micro_batches(spec))
             if count:
                 flops = counted_step(model, optimizer, batches[0])  # leaves AdamW's state behind
             else:

@@ -248,7 +248,7 @@ def _reference(specs: list[dict]) -> None:
 
     from bench.core.models import get_arch
     from bench.core.records import exit_now
-    from trainer.data import synthetic_batch
+    from trainer.data import rank_batches
     from trainer.memory import GIB, highest, micro_batches, track_step
     from trainer.model import materialize
     from trainer.parallel import backward_and_step, build_optimizer, grad_scaler, parallelize
@@ -260,10 +260,7 @@ def _reference(specs: list[dict]) -> None:
         materialize(model, device, spec.seed)
         model.train()
         optimizer, scaler = build_optimizer(model, lr=1e-4), grad_scaler(spec.precision, device)
-        n = micro_batches(spec)
-        batches = [synthetic_batch(vocab=arch.vocab, micro_batch=spec.micro_batch, seq_len=spec.seq_len,
-                                   seed=spec.seed, first=(rank * n + k) * spec.micro_batch, step=0,
-                                   device=device, encoder_decoder=arch.family == "t5") for k in range(n)]
+        batches = rank_batches(spec, arch, rank, step=0, device=device, count=micro_batches(spec))
         backward_and_step(model(**batches[0]).loss, optimizer, scaler)  # the first step creates AdamW's state
         peak = highest(track_step(model, optimizer, batches, offloaded=spec.offload == "cpu", scaler=scaler,
                                   accumulation=spec.accumulation))
