@@ -68,8 +68,9 @@ class Series:
         """A run to train (worker arguments, without the module); returns its run id."""
         from trainer.config import parse_args
         run_id = parse_args(args).spec.run_id
-        known = self.pending.setdefault(nproc, {}).setdefault(run_id, args)
-        assert known == args or run_id in self.done, f"two runs share the run id {run_id}: {known}, {args}"
+        if run_id not in self.done:  # a trained run is never queued again
+            known = self.pending.setdefault(nproc, {}).setdefault(run_id, args)
+            assert known == args, f"two runs share the run id {run_id}: {known}, {args}"
         return run_id
 
     def result(self, args: list[str], nproc: int) -> WorkerResult:
