@@ -154,19 +154,29 @@ def memory_rows(runs: list[RunSummary]) -> list[RunSummary]:
             and s.pred_mem_gib and s.mem_peak_alloc_gib]
 
 
+def _peak_error(s: RunSummary) -> float:
+    """The plan's peak against the device's, as a fraction. A compiled run is planned at its eager peak
+    (fake tensors trace eager ops; inductor's fusion frees intermediates sooner), a bound from above: only
+    its shortfall counts (H200, 2026-11-27: llama3_2_1b mb 16 compiled used 98.9 GiB against the eager
+    114.9)."""
+    error = s.pred_mem_gib / s.mem_peak_alloc_gib - 1
+    return min(error, 0.0) if s.spec.compile else error
+
+
 def check_fake_peak(runs: list[RunSummary]) -> Check:
     rows = memory_rows(runs)
     threshold = (f"fake-tensor peak within {MEMORY_TOLERANCE:.0%} of torch.cuda.max_memory_allocated, "
-                 "every run")
+                 "every run (compiled: at or above it, the eager peak being their bound)")
     if not rows:
         return Check("memory: fake-tensor peak", threshold, "no GPU run with both figures", False,
                      ["no GPU run measured device memory beside a fake-tensor prediction"])
     errors = {s.spec.label: s.pred_mem_gib / s.mem_peak_alloc_gib - 1 for s in rows}
-    bad = [f"{label}: predicted {e:+.1%}" for label, e in errors.items() if abs(e) > MEMORY_TOLERANCE]
+    bad = [f"{s.spec.label}: predicted {errors[s.spec.label]:+.1%}" for s in rows
+           if abs(_peak_error(s)) > MEMORY_TOLERANCE]
+    eager = [e for s in rows if not s.spec.compile for e in [errors[s.spec.label]]] or list(errors.values())
     worst = max(errors, key=lambda k: abs(errors[k]))
     return Check("memory: fake-tensor peak", threshold,
-                 f"{len(rows)} runs, median |error| "
-                 f"{statistics.median(abs(e) for e in errors.values()):.1%}, "
+                 f"{len(rows)} runs, median |error| {statistics.median(abs(e) for e in eager):.1%} (eager), "
                  f"worst {errors[worst]:+.1%} ({worst})", not bad and len(rows) >= 6,
                  bad or ([] if len(rows) >= 6 else [f"only {len(rows)} configurations (at least 6)"]))
 

@@ -46,23 +46,24 @@ class Step:
     budget_s: float  # a step past it is stopped (its runs cancelled) and the check fails
 
 
-# Budgets (they add up to TOTAL_BUDGET_S), from the first H200 run (benchmarks/evidence/NVIDIA-H200_*): about
-# 18 s a launch on one GPU (torchrun, imports, NCCL, the model on the device), 17-71 s for a sweep's plan
-# (fake-tensor memory; the micro batch search measures four rounds). The later steps' plans run on the CPU
-# while the smoke step has the GPU (prewarm), so their sweeps plan from the cache. smoke: 4 precisions with
-# AC full and the all-reduce probe; memory: 6 launches; mfu: 3 eager runs, each a micro batch trial and the
-# run, and 2 compiled (bf16, Float8). The least predictable step goes last, so an overrun costs only its rows.
+# Budgets (they add up to TOTAL_BUDGET_S), from the two H200 runs (benchmarks/evidence/NVIDIA-H200_*): 18-26 s
+# a launch on one GPU (torchrun, imports, CUDA and NCCL, the model on the device; 36 s with a micro batch
+# trial), 22 s for the smoke's own plan. The later steps' plans run on the CPU while the smoke step has the
+# GPU (prewarm), so their sweeps plan from the cache. smoke: the all-reduce probe and 4 precisions with AC
+# full (122 s measured); memory: 6 launches, CPU offload the longest (its optimizer on the host; over 52 s);
+# mfu: 3 eager runs, each a micro batch trial and the run, and 2 compiled (bf16, Float8): 119 s for the
+# first four. The least predictable step goes last, so an overrun costs only its rows.
 SMOKE_ONE_RANK = ("+sweep=smoke", "axes.nodes=[1]", "axes.gpus_per_node=[1]", "nccl.nodes=[1]",
                   "nccl.gpus_per_node=[1]")
 STEPS = (
     Step("smoke", "smoke", "the smoke sweep's one-rank runs (four precisions with AC full; the all-reduce "
-         "probe) on the GPU with NCCL", (*SMOKE_ONE_RANK, "axes.activation_checkpointing=[full]"), 120),
+         "probe) on the GPU with NCCL", (*SMOKE_ONE_RANK, "axes.activation_checkpointing=[full]"), 135),
     Step("memory", "gpucheck_memory", "six configurations of llama3_2_1b (AC none/full/selective_op, "
          "bf16_mixed/fp32, CPU offload): device peak beside the plan's fake-tensor peak",
-         ("+sweep=gpucheck_memory",), 150),
+         ("+sweep=gpucheck_memory",), 200),
     Step("mfu", "gpucheck_mfu", "llama3_2_1b, one GPU, FULL_SHARD, bf16_mixed at seq 2048/4096 without AC "
          "and at 2048 with AC full, at the largest micro batch that fits; then compiled, bf16 and Float8",
-         ("+sweep=gpucheck_mfu",), 260),
+         ("+sweep=gpucheck_mfu",), 205),
 )
 
 
@@ -76,16 +77,29 @@ def _echo_lines(stream: Any, log: Path, prefix: str) -> None:
             print(f"[{prefix}] {line}", end="", flush=True)
 
 
+# Cores the prewarming plans leave to the GPU step running beside them (its launch, the worker's Python that
+# feeds the GPU, NCCL's and the NVML sampler's threads): a host-bound run measured under 16 busy planning
+# processes ran 34% below its prediction (the H200's second evidence, gpucheck_memory bf16 mb 2).
+GPU_STEP_CORES = 4
+
+
+def prewarm_workers(steps: int, cores: int | None = None) -> int:
+    """Fake-tensor workers of each of `steps` plans prewarmed side by side: the cores left beside the GPU
+    step, shared evenly."""
+    return max(1, ((cores or os.cpu_count() or 2) - GPU_STEP_CORES) // max(1, steps))
+
+
 def prewarm(steps: tuple[Step, ...], plans: Path, common: list[str]) -> dict[str, subprocess.Popen]:
     """Each step's plan as a dry run on the CPU (fake-tensor memory, micro batch search), started now while
     the GPU runs an earlier step: the step's own sweep then plans from the memory cache in seconds."""
     plans.mkdir(parents=True, exist_ok=True)
+    workers = f"memory.workers={prewarm_workers(len(steps))}"  # the last memory.workers override wins
     started = {}
     for step in steps:
         with open(plans / f"{step.name}.log", "w") as log:  # the child holds its own copy
             started[step.name] = subprocess.Popen(
                 [sys.executable, "-m", "bench.sweep", *step.overrides, f"results_root={plans}", *common,
-                 "--dry-run"], cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT)
+                 workers, "--dry-run"], cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT)
     return started
 
 

@@ -14,7 +14,7 @@ from bench.config import AUTO, AXES, ConfigError, SweepConfig
 from bench.core.models import float8_linear_params, model_source
 from bench.core.schema import RunSpec
 from bench.predict import census
-from bench.predict.memory import MemoryFigure, lower_bound
+from bench.predict.memory import MemoryFigure, lower_bound, states_gib
 from bench.predict.perf import Prediction, Predictor
 
 HOST_FRACTION = 0.8  # offload=cpu: host memory also holds the OS, the workers and pinned staging buffers
@@ -130,43 +130,61 @@ def micro_batch_sizes(spec: RunSpec, largest: int) -> list[int]:
     return [1 << e for e in range(largest.bit_length())]
 
 
+def _estimate(spec: RunSpec, sizes: list[int], limit: float | None, points: dict[int, float]) -> int:
+    """The index of the largest size predicted to fit the GPU: the peak is affine in the micro batch
+    (activations grow with it, the states do not), drawn through the measured points, or through the one
+    point and the states' exact lower bound."""
+    if limit is None:
+        return len(sizes) - 1
+    (m0, g0), *rest = sorted(points.items())
+    m1, g1 = rest[-1] if rest else (0, states_gib(spec))
+    slope = (g1 - g0) / (m1 - m0) if m1 != m0 else 0.0
+    fits = [i for i, m in enumerate(sizes)
+            if MemoryFigure(g0 + slope * (m - m0), 0.0, "estimate").need_gib(spec) <= limit]
+    return max(fits, default=-1)
+
+
 def auto_starts(cfg: SweepConfig, specs: list[RunSpec], memory: MemorySource | None = None
                 ) -> dict[str, tuple[int, MemoryFigure, bool, str | None]]:
     """micro_batch auto: for each spec, the largest of its micro_batch_sizes (up to micro_batch_search.max)
-    that fits, by bisection over them (memory grows with the micro batch). The specs bisect in lockstep:
-    each round's candidates are measured together (in parallel), so a sweep of many auto runs costs about
-    log2(sizes) measurement rounds, not that many per run.
+    that fits. The first round measures the middle size and the largest; each later one the size the
+    measured points predict to be the largest that fits and the next one up (`_estimate`), which settles it
+    in two rounds where the peak is affine in the micro batch, as it is; any other answer narrows the
+    bracket and the next round predicts again within it. The specs search in lockstep, each round's candidates measured
+    together (in parallel): a round costs one measurement's time, and the plan's wall time is its rounds.
 
     Returns, by run id, (start, its figure, feasible, reason): infeasible when not even 1 fits.
     """
+    limit = cfg.cluster.gpu_memory_gib
     sizes = {s.run_id: micro_batch_sizes(s, cfg.micro_batch_search.max) for s in specs}
+    # per spec: low = the largest index known to fit (-1: none yet), high = the largest not known to fail
+    bracket = {s.run_id: (-1, len(sizes[s.run_id]) - 1) for s in specs}
+    points: dict[str, dict[int, float]] = {s.run_id: {} for s in specs}  # micro batch -> measured peak
+    seen: dict[str, dict[int, tuple[MemoryFigure, bool, str | None]]] = {s.run_id: {} for s in specs}
+    by_id = {s.run_id: s for s in specs}
 
-    def sized(spec: RunSpec, index: int) -> RunSpec:
-        return replace(spec, micro_batch=sizes[spec.run_id][index])
+    def candidates(run_id: str) -> list[int]:
+        low, high = bracket[run_id]
+        if not points[run_id]:  # two points draw the line: the middle, and the top (which may fit)
+            return sorted({high // 2, high})
+        guess = min(max(_estimate(by_id[run_id], sizes[run_id], limit, points[run_id]), low), high)
+        return [i for i in (guess, guess + 1) if low < i <= high] or [low + 1]
 
-    # spec, low, high (indices into its sizes), the index this round tries: the middle, then halves; low
-    # = -1 until a size fits (index 0 failing makes the run infeasible)
-    pending = {s.run_id: (s, -1, len(sizes[s.run_id]) - 1, (len(sizes[s.run_id]) - 1) // 2) for s in specs}
-    best: dict[str, tuple[int, MemoryFigure]] = {}  # the largest size that fitted so far
-    out: dict[str, tuple[int, MemoryFigure, bool, str | None]] = {}
-    while pending:
+    while pending := [r for r, (low, high) in bracket.items() if low < high]:
+        tries = [(r, i, replace(by_id[r], micro_batch=sizes[r][i])) for r in pending for i in candidates(r)]
         if memory:
-            memory.prefetch([sized(s, i) for s, _, _, i in pending.values()])
-        after: dict[str, tuple[RunSpec, int, int, int]] = {}
-        for run_id, (spec, low, high, index) in pending.items():
-            figure, ok, reason = feasibility(cfg, sized(spec, index), memory)
-            if index == 0 and not ok:
-                out[run_id] = (sizes[run_id][0], figure, False, reason)
-                continue
-            if ok:
-                low, best[run_id] = index, (sizes[run_id][index], figure)
-            else:
-                high = index - 1
-            if low < high:
-                after[run_id] = (spec, low, high, (low + high + 1) // 2 if low >= 0 else high // 2)
-            else:
-                out[run_id] = (*best[run_id], True, None)
-        pending = after
+            memory.prefetch([spec for _, _, spec in tries])
+        for run_id, index, spec in tries:
+            figure, ok, reason = seen[run_id][index] = feasibility(cfg, spec, memory)
+            points[run_id][spec.micro_batch] = figure.gpu_gib
+            low, high = bracket[run_id]
+            bracket[run_id] = (max(low, index), high) if ok else (low, min(high, index - 1))
+    out = {}
+    for run_id, (low, _) in bracket.items():
+        index = max(low, 0)
+        figure, ok, reason = seen[run_id].get(index) or feasibility(
+            cfg, replace(by_id[run_id], micro_batch=sizes[run_id][index]), memory)
+        out[run_id] = (sizes[run_id][index], figure, ok, reason)
     return out
 
 

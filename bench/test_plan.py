@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -10,7 +11,7 @@ from bench.config import ConfigError, from_dict
 from bench.core.models import count_params, get_arch
 from bench.core.schema import RunSpec
 from bench.predict.memory import MemoryFigure
-from bench.plan import expand
+from bench.plan import auto_starts, expand, feasibility, micro_batch_sizes
 from bench.sweep import compose, main
 
 
@@ -210,6 +211,46 @@ def test_auto_micro_batch_starts_at_the_largest_power_of_two_that_fits() -> None
     # at one global batch of 8: the largest size that divides each rank's share (4 on 2 ranks, 2 on 4)
     strong = [p for p in local if p.spec.micro_batch == 0 and p.spec.global_batch]
     assert sorted((p.spec.nodes, p.micro_batch_start) for p in strong) == [(1, 4), (2, 2)]
+
+
+class CountingMemory:
+    """A peak given as a function of the micro batch; counts the rounds (prefetches) and measurements."""
+
+    def __init__(self, peak: Callable[[int], float]) -> None:
+        self.peak, self.rounds, self.measured = peak, 0, 0
+
+    def prefetch(self, specs: list[RunSpec]) -> None:
+        self.rounds, self.measured = self.rounds + 1, self.measured + len(specs)
+
+    def figure(self, spec: RunSpec) -> MemoryFigure:
+        return MemoryFigure(self.peak(spec.micro_batch), 0.0, "measured")
+
+
+@pytest.mark.parametrize("name,peak", [
+    ("affine", lambda m: 10.0 + 3.0 * m),
+    ("affine, steep", lambda m: 2.0 + 9.5 * m),
+    ("convex", lambda m: 10.0 + 0.05 * m * m),
+    ("a step", lambda m: 20.0 + (40.0 if m > 5 else 0.0)),
+    ("nothing fits", lambda m: 90.0 + m),
+    ("everything fits", lambda m: 1.0 + 0.01 * m),
+])
+def test_the_micro_batch_search_finds_what_trying_every_size_finds(name: str, peak) -> None:
+    """The largest size whose need fits 80 GiB, as trying each size in turn finds it, whatever the shape of
+    the peak; an affine peak (the real shape) is settled in two rounds of measurement."""
+    raw, _ = compose(["+sweep=p5_scaling", "axes.model=[llama2_13b]", "axes.nodes=[1,2,4]",
+                      "axes.micro_batch=[auto]", "axes.activation_checkpointing=[none]", "nccl.enabled=false",
+                      "micro_batch_search.max=64", "axes.global_batch=[null,96]"])
+    cfg = from_dict(raw)
+    specs = [p.spec for p in expand(cfg)]
+    memory = CountingMemory(peak)
+    found = auto_starts(cfg, specs, memory)
+    for spec in specs:
+        fitting = [m for m in micro_batch_sizes(spec, 64)
+                   if feasibility(cfg, replace(spec, micro_batch=m), memory)[1]]
+        start, figure, feasible, _ = found[spec.run_id]
+        assert (start, feasible) == ((max(fitting), True) if fitting else (1, False)), (name, spec.label)
+        assert figure.gpu_gib == peak(start)
+    assert memory.rounds <= (2 if name.startswith("affine") else 4), (name, memory.rounds)
 
 
 @pytest.mark.parametrize("override,message", [("axes.micro_batch=[0]", "axes.micro_batch must be a positive"),

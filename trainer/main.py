@@ -42,6 +42,13 @@ def rank_device() -> torch.device:
     return torch.device("cpu")
 
 
+def offload_threads() -> int:
+    """Host threads of one rank whose optimizer runs on the CPU (offload=cpu): the cores this process may
+    use, shared evenly among the node's ranks."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -116,6 +123,8 @@ class Trainer:
         self.model = self.built.model
         materialize(self.model, self.device, spec.seed,
                     param_device=torch.device("cpu") if spec.offload == "cpu" else None)
+        if spec.offload == "cpu" and self.device.type == "cuda":  # the optimizer steps on the host: its
+            torch.set_num_threads(offload_threads())  # share of the node's cores, not OMP_NUM_THREADS=1
         self.model.train()
         self.optimizer = build_optimizer(self.model, self.args.lr)
         self.scaler = grad_scaler(spec.precision, self.device)
@@ -135,7 +144,7 @@ class Trainer:
                 "checkpointed_blocks": self.built.checkpointed_blocks,
                 "float8_linears": self.built.float8_linears, "compiled_blocks": self.built.compiled_blocks,
                 "param_device": str(next(self.model.parameters()).device), "backend": dist.get_backend(),
-                "offload_policy": _offload_policy(self.model),
+                "offload_policy": _offload_policy(self.model), "cpu_threads": torch.get_num_threads(),
                 **_versions(self.device)}
 
     def batches(self, step: int) -> list[dict[str, torch.Tensor]]:
