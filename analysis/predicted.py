@@ -81,7 +81,11 @@ CPU_CAUSE = ("the cores ran it at another speed than the study's earlier runs (a
 
 
 def throughput_table(agg: pd.DataFrame) -> pd.DataFrame:
-    """Per configuration and node count: predicted and measured tokens/s/GPU, MFU and scaling efficiency."""
+    """Per configuration and node count: predicted and measured tokens/s/GPU, MFU and scaling efficiency.
+    Every predicted figure of a row is the one prediction its run launched with (pred_source: the published
+    constants, or the study's calibration on its N runs finished by then), its efficiency against the base
+    node count's tokens/s/GPU in that same prediction (pred_base_tokens_per_s_per_gpu), which the base
+    row's own figure, predicted at its own launch, need not be."""
     if "pred_tokens_per_s_per_gpu" not in agg or agg["pred_tokens_per_s_per_gpu"].isna().all():
         return pd.DataFrame()
     rows = agg[agg["pred_tokens_per_s_per_gpu"].notna()]
@@ -93,6 +97,7 @@ def throughput_table(agg: pd.DataFrame) -> pd.DataFrame:
         "tokens_per_s_per_gpu": measured, "error": measured / rows["pred_tokens_per_s_per_gpu"] - 1,
         "pred_mfu": rows["pred_mfu"], "mfu": rows["mfu"],
         "pred_scaling_efficiency": rows["pred_scaling_efficiency"],
+        "pred_base_tokens_per_s_per_gpu": rows["pred_base_tokens_per_s_per_gpu"],
         "scaling_efficiency": rows["scaling_efficiency"], "pred_bound": rows["pred_bound"],
         "pred_step_time_s": rows["pred_step_time_s"], "step_time_s": rows["step_time_s"],
         "pred_source": rows["pred_source"].fillna("published constants"),

@@ -136,7 +136,8 @@ PREDICTED_COLUMNS = {"model": "model", "configuration": "configuration", "placem
                      "pred_tokens_per_s_per_gpu": "predicted tokens/s/GPU",
                      "tokens_per_s_per_gpu": "measured tokens/s/GPU", "error": "error",
                      "pred_scaling_efficiency": "predicted efficiency",
-                     "scaling_efficiency": "measured efficiency"}
+                     "pred_base_tokens_per_s_per_gpu": "of predicted base tokens/s/GPU",
+                     "scaling_efficiency": "measured efficiency", "pred_source": "predicted with"}
 EXTRAPOLATION_COLUMNS = {"sweep": "sweep", "label": "run", "base_nodes": "calibrated at nodes",
                          "nodes": "nodes", "predicted": "predicted tokens/s/GPU",
                          "measured": "measured tokens/s/GPU", "error": "error"}
@@ -318,8 +319,10 @@ def _sections(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], charts: dict
     sections.append(("Scaling (per configuration and node count; every column in scaling.csv)",
                      tables["scaling_short"]))
     if "predicted" in tables:
-        sections.append(("Throughput: predicted before launch vs measured (MFU, bound and step times in "
-                         "predicted.csv)", tables["predicted_short"]))
+        sections.append(("Throughput: predicted before launch vs measured (each row's predicted figures are "
+                         "the one prediction its run launched with, its efficiency against the base node "
+                         "count's tokens/s/GPU in that prediction; MFU, bound and step times in predicted.csv)",
+                         tables["predicted_short"]))
     if "extrapolation" in tables:
         sections.append(("Extrapolation: each run above the smallest node count, predicted from the smallest "
                          "node count's runs alone (the study's calibration, bench/predict/calibrate.py), vs "

@@ -328,3 +328,25 @@ def test_the_largest_miss_names_a_cause_that_fits_the_device() -> None:
     assert cpu.endswith(CPU_CAUSE) and gpu.endswith(CAUSES["compute-bound"])
     published = largest_miss(table.assign(pred_source="published constants"), cpu=True)[0]
     assert "which no CPU run calibrated" in published
+
+
+def test_each_predicted_row_shows_the_base_its_efficiency_was_predicted_against(tmp_path: Path) -> None:
+    """The 2-node run launched first, predicted with the published constants (1000 tokens/s/GPU at 2 nodes
+    against 1250 at 1 node: 80%); the 1-node run launched later, calibrated on the study's 3 runs (900).
+    The row says 80% of 1250 and which prediction, not 80% beside a base row of 900 (which reads 111%)."""
+    sweep = tmp_path / "study"
+    for nodes, pred, base, source in ((2, 1000.0, 1250.0, "published constants"),
+                                      (1, 900.0, 900.0, "this study's 3 runs")):
+        summary = write_run(sweep, tokens_per_s=800.0 * nodes * 8, nodes=nodes)
+        summary.pred_tokens_per_s_per_gpu, summary.pred_base_tokens_per_s_per_gpu = pred, base
+        summary.pred_scaling_efficiency, summary.pred_source = pred / base, source
+        rundir.write_summary(Path(summary.run_dir), summary)
+    out = tmp_path / "report"
+    build(load(sweep), out)
+    short = pd.read_csv(out / "predicted_short.csv").set_index("nodes x GPUs")
+    assert short.loc["2x8", "predicted efficiency"] == "80%"
+    assert short.loc["2x8", "of predicted base tokens/s/GPU"] == pytest.approx(1250.0)
+    assert short.loc["2x8", "predicted with"] == "published constants"
+    assert short.loc["1x8", "predicted with"] == "this study's 3 runs"
+    md = (out / "report.md").read_text()
+    assert "its efficiency against the base node count's tokens/s/GPU in that prediction" in md

@@ -87,7 +87,7 @@ SCHEDULER_STATES: dict[str, str] = {
     "CANCELLED": "cancelled", "DEADLINE": "timeout",
     "ImagePullBackOff": "launch_error", "ErrImagePull": "launch_error", "InvalidImageName": "launch_error",
     "CreateContainerConfigError": "launch_error", "Unschedulable": "launch_error",
-    "Evicted": "failed",
+    "Evicted": "failed", "NodeLost": "failed",
 }
 
 
@@ -118,22 +118,41 @@ def valid_throughput(summary: dict[str, Any]) -> bool:
     return _positive(summary.get("tokens_per_s"))
 
 
-def classify(outcome: Outcome, summaries: list[dict[str, Any]], log_text: str) -> tuple[str, str | None]:
-    """(status, error line). A run is ok only with an ok summary, valid throughput and clean exits."""
+def _worst(failures: list[dict[str, Any]]) -> dict[str, Any]:
+    return min(failures, key=lambda s: _FAILURE_PRIORITY.index(s["status"])
+               if s["status"] in _FAILURE_PRIORITY else len(_FAILURE_PRIORITY))
+
+
+def _harness_reason(outcome: Outcome) -> tuple[str, str] | None:
+    """(status, reason) where the runner itself ended the job: Ctrl-C, the run timeout, the queue timeout.
+    Whatever the workers wrote then is the echo of that (gloo's "Connection closed by peer" after our
+    SIGTERM), never the cause."""
     if outcome.cancelled:
         return "cancelled", "cancelled by the user (Ctrl-C / SIGTERM)"
+    if outcome.timed_out:
+        execution = f" of execution {outcome.execution} (the job was requeued)" if (outcome.execution or 1) > 1 \
+            else ""
+        return "timeout", (f"no result within the run's time limit ({outcome.wall_s or 0:.0f} s{execution}); "
+                           "killed by the harness")
+    if outcome.queue_timed_out:
+        return "launch_error", outcome.launch_error or "gave up in the queue"
+    return None
+
+
+def classify(outcome: Outcome, summaries: list[dict[str, Any]], log_text: str) -> tuple[str, str | None]:
+    """(status, error line). A run is ok only with an ok summary, valid throughput and clean exits."""
     failures = [s for s in summaries if s.get("status") not in (None, "ok")]
+    if harness := _harness_reason(outcome):  # the runner ended it: its reason first, the worker's after
+        last = _worst(failures).get("error") if failures else error_line(log_text)
+        status, reason = harness
+        return status, f"{reason}; the worker's last error: {last}" if last else reason
     if failures:
-        failures.sort(key=lambda s: _FAILURE_PRIORITY.index(s["status"])
-                      if s["status"] in _FAILURE_PRIORITY else len(_FAILURE_PRIORITY))
-        worst = failures[0]
+        worst = _worst(failures)
         status = worst["status"]
         if status == "failed":
             status = classify_text(worst.get("error") or "") or "failed"
         report = desync(log_text) if status in ("nccl_error", "failed") else None
         return status, f"{report}; {worst.get('error')}" if report else worst.get("error")
-    if outcome.timed_out:
-        return "timeout", f"no result within the run's time limit ({outcome.wall_s or 0:.0f} s); killed"
     if outcome.launch_error:
         return "launch_error", outcome.launch_error
     if outcome.error:

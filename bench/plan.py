@@ -37,6 +37,7 @@ class PlannedRun:
     micro_batch_start: int | None = None  # micro_batch auto: where the search starts
     perf: Prediction | None = None  # bench/predict/perf.py: step time, tokens/s/GPU, MFU (of first_spec)
     pred_efficiency: float | None = None  # against the smallest feasible planned node count of its config
+    pred_base: float | None = None  # that node count's tokens/s/GPU in the same prediction
 
     @property
     def first_spec(self) -> RunSpec:
@@ -50,7 +51,8 @@ class PlannedRun:
         if m:
             out |= {"pred_mem_gib": m.gpu_gib, "pred_mem_source": m.source}
         if perf:
-            out |= {**perf.fields(), "pred_scaling_efficiency": self.pred_efficiency}
+            out |= {**perf.fields(), "pred_scaling_efficiency": self.pred_efficiency,
+                    "pred_base_tokens_per_s_per_gpu": self.pred_base}
         return out
 
     def row(self) -> dict[str, Any]:
@@ -260,7 +262,8 @@ def with_predictions(plan: list[PlannedRun], predictor: Predictor) -> list[Plann
         if pred and anchor and pred.tokens_per_s_per_gpu > anchor[1]:
             pred = at_most(pred, anchor[1])
         efficiency = pred.tokens_per_s_per_gpu / anchor[1] if pred and anchor else None
-        out.append(replace(p, perf=pred, pred_efficiency=efficiency))
+        out.append(replace(p, perf=pred, pred_efficiency=efficiency,
+                           pred_base=anchor[1] if pred and anchor else None))
     return out
 
 

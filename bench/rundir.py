@@ -189,7 +189,9 @@ def read_records(run_dir_: Path) -> list[dict[str, Any]]:
 
     The worker writes records/ when it can reach the run dir (local, shared file system); otherwise
     (Kubernetes, no shared FS) the records are recovered from the collected logs. Given a run dir, the
-    newest attempt's; given an attempt dir, that attempt's.
+    newest attempt's; given an attempt dir, that attempt's. Of a job the scheduler ran more than once (a
+    Slurm requeue appends the next execution's records), the last execution's: what the first one's
+    workers wrote as their node went away is not this run's result.
     """
     run_dir_ = current_attempt_dir(run_dir_)
     files = sorted((run_dir_ / RECORDS_DIR).glob("*.jsonl"))
@@ -199,4 +201,5 @@ def read_records(run_dir_: Path) -> list[dict[str, Any]]:
     for path in files:
         with open(path, errors="replace") as f:
             records.extend(parse_records(f))
-    return records
+    last = max((r.get("execution", 0) for r in records), default=0)
+    return [r for r in records if r.get("execution", 0) == last]

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import datetime as dt
 import signal
+import statistics
 import subprocess
 import threading
 import time
 from collections import Counter
 from collections.abc import Generator, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,8 @@ from bench import rundir, schedule
 from bench.collect import infeasible_summary, summarize_run, write_results
 from bench.config import SweepConfig
 from bench.core.schema import RETRYABLE_STATUSES, RunSpec, RunSummary
-from bench.predict.cost import estimated_seconds
-from bench.launchers.base import DONE, PROJECT_ROOT, RUNNING, Launcher, Outcome
+from bench.predict.cost import estimated_seconds, startup_of
+from bench.launchers.base import DONE, PENDING, PROJECT_ROOT, RUNNING, Launcher, Outcome
 from bench.predict.memory import lower_bound
 from bench.plan import PlannedRun, micro_batch_sizes, with_predictions
 from bench.predict.calibrate import study_predictor
@@ -69,7 +70,7 @@ def node_budget(cfg: SweepConfig) -> int | None:
 
 def as_job(cfg: SweepConfig, planned: PlannedRun) -> schedule.Job:
     spec = planned.spec
-    seconds = estimated_seconds(planned, cfg.launcher.name)
+    seconds = estimated_seconds(planned, startup_of(cfg.cluster.instance_type, cfg.launcher.name))
     return schedule.Job(spec.run_id, spec.nodes, spec.kind == "nccl", seconds)
 
 
@@ -108,6 +109,7 @@ class _Sweep:
         self.counts: Counter[str] = Counter()
         self.predictor = study_predictor(cfg, sweep_dir)[0]
         self.learned = False  # a run ended ok since the waiting runs were last predicted
+        self.walls: dict[int, list[float]] = {}  # finished training runs' wall times, by node count
 
     def end(self, planned: PlannedRun, summary: RunSummary) -> None:
         rd = rundir.run_dir(self.sweep_dir, planned.spec)
@@ -119,6 +121,16 @@ class _Sweep:
         if summary.status == "ok":  # a probe or a training run: the study's calibration learns from it
             self.predictor = study_predictor(self.cfg, self.sweep_dir)[0]
             self.learned = True
+            if planned.spec.kind == "train" and summary.wall_s:
+                self.walls.setdefault(planned.spec.nodes, []).append(summary.wall_s)
+
+    def job(self, planned: PlannedRun) -> schedule.Job:
+        """The run as the schedule orders it: its predicted duration, else (no prediction: GPUs the cluster
+        file does not name) the median wall time of the study's finished runs at its node count."""
+        job = as_job(self.cfg, planned)
+        if job.seconds is None and (walls := self.walls.get(planned.spec.nodes)):
+            job = replace(job, seconds=statistics.median(walls))
+        return job
 
     def repredict(self, waiting: list[PlannedRun]) -> list[PlannedRun]:
         """The waiting runs predicted again with what the study has learned (each summary keeps the
@@ -177,12 +189,15 @@ def _drive(sweep: _Sweep, waiting: list[PlannedRun], active: dict[str, tuple[Pla
            budget: int | None) -> None:
     """Start what fits, step every run in flight, end what finished; until nothing waits or runs."""
     cfg = sweep.cfg
-    jobs = {p.spec.run_id: as_job(cfg, p) for p in waiting}
+    jobs = {p.spec.run_id: sweep.job(p) for p in waiting}
     while waiting or active:
         if sweep.stop.is_set():
             waiting.clear()
         in_flight = [jobs[key] for key in active]
-        waiting[:] = sweep.repredict(waiting)
+        if (fresh := sweep.repredict(waiting)) is not waiting:  # learned: the longest first, as now known
+            jobs |= {p.spec.run_id: sweep.job(p) for p in fresh}
+            by_id = {p.spec.run_id: p for p in fresh}
+            waiting[:] = [by_id[j.key] for j in schedule.order([jobs[p.spec.run_id] for p in fresh])]
         for job in schedule.pick([jobs[p.spec.run_id] for p in waiting], in_flight, budget,
                                  cfg.launcher.probes_alone):
             planned = next(p for p in waiting if p.spec.run_id == job.key)
@@ -232,6 +247,9 @@ def _attempt(sweep: _Sweep, planned: PlannedRun, rd: Path) -> RunSteps:
     finally:
         if handle is not None:
             _cleanup(launcher, handle, rd, attempt)
+    if handle is not None and (outcome.timed_out or outcome.cancelled or outcome.launch_error):
+        # ended by us (a timeout, Ctrl-C): the scheduler's own record of its executions, now it is out
+        outcome.executions = _executions(launcher, handle) or outcome.executions
     rundir.record_attempt(rd, attempt=attempt, ended_at=_now(),
                           **({"executions": outcome.executions} if outcome.executions else {}))
     summary = summarize_run(spec, cfg.sweep_name, ad, outcome, predicted=planned.predicted(),
@@ -279,6 +297,16 @@ def _reattach(sweep: _Sweep, rd: Path) -> tuple[Any, int]:
     return handle, attempt
 
 
+def _executions(launcher: Launcher, handle: Any) -> list[dict[str, Any]]:
+    """Each time the scheduler ran the job, as it recorded them (Slurm: sacct or the job-completion log),
+    where the launcher can read that; [] where it cannot or the record cannot be read."""
+    read = getattr(launcher, "executions", None)
+    try:
+        return read(handle) if read else []
+    except Exception:  # noqa: BLE001 - the record is a detail; the run's status stands without it
+        return []
+
+
 def _cleanup(launcher: Launcher, handle: Any, rd: Path, attempt: int) -> None:
     """cleanup() may fail too (API down); the failure is kept in the ledger, never raised past the run."""
     try:
@@ -287,34 +315,69 @@ def _cleanup(launcher: Launcher, handle: Any, rd: Path, attempt: int) -> None:
         rundir.record_attempt(rd, attempt=attempt, cleanup_error=f"{type(e).__name__}: {e}")
 
 
+@dataclass
+class _Clock:
+    """The runner's own view of a job: each spell in the queue and each execution, on the monotonic clock
+    (for the timeouts) and the wall clock (for the record). A job seen running, then pending again, was
+    requeued (Slurm after NODE_FAIL, a PyTorchJob recreating a lost pod): a new execution, on its own clock."""
+
+    pending_since: float
+    running_since: float | None = None
+    queued_s: float = 0.0
+    executions: list[dict[str, Any]] = field(default_factory=list)  # start, end (ISO) of each one seen
+
+    def see(self, state: str, now: float) -> None:
+        if state in (RUNNING, DONE) and self.running_since is None:
+            self.queued_s += now - self.pending_since
+            self.running_since = now
+            self.executions.append({"state": "running", "start": _now()})
+        elif state == PENDING and self.running_since is not None:  # back in the queue: requeued
+            self.executions[-1] |= {"state": "requeued", "end": _now()}
+            self.running_since, self.pending_since = None, now
+
+    def overrun(self, cfg: SweepConfig, now: float, reason: str | None) -> Outcome | None:
+        """The queue timeout (each spell in the queue, a requeued job's too) or the run timeout (each
+        execution from its own start): the harness's decision to end the job, or None."""
+        again = f" (requeued after execution {len(self.executions)})" if self.executions else ""
+        if self.running_since is None and now - self.pending_since > cfg.launcher.queue_timeout_s:
+            return Outcome(returncodes=[], queue_timed_out=True, launch_error=(
+                f"gave up after {now - self.pending_since:.0f} s in the queue{again} "
+                f"(launcher.queue_timeout_s): {reason or 'pending'}"))
+        if self.running_since is not None and now - self.running_since > cfg.launcher.timeout_s:
+            return Outcome(returncodes=[], timed_out=True)
+        return None
+
+
 def _watch(cfg: SweepConfig, launcher: Launcher, handle: Any, stop: threading.Event,
            ) -> Generator[None, None, Outcome]:
     """Poll until the job is done, the stop event, the queue timeout (while pending) or the run timeout
-    (counted from when the job runs). Deciding to stop a job is the runner's; cleanup() acts on it."""
-    submitted = time.monotonic()
-    running_since: float | None = None
+    (counted from when the job runs, each execution of a requeued job from its own start). Deciding to stop
+    a job is the runner's; cleanup() acts on it."""
+    clock = _Clock(pending_since=time.monotonic())
     while True:
         poll = launcher.poll(handle)
         now = time.monotonic()
-        if poll.state in (RUNNING, DONE) and running_since is None:
-            running_since = now
+        clock.see(poll.state, now)
         if poll.state == DONE and poll.outcome is not None:
             outcome = poll.outcome
             break
         if stop.is_set():
             outcome = Outcome(returncodes=[], cancelled=True)
             break
-        if running_since is None and now - submitted > cfg.launcher.queue_timeout_s:
-            outcome = Outcome(returncodes=[], launch_error=(
-                f"gave up after {now - submitted:.0f} s in the queue (launcher.queue_timeout_s): "
-                f"{poll.reason or 'pending'}"))
-            break
-        if running_since is not None and now - running_since > cfg.launcher.timeout_s:
-            outcome = Outcome(returncodes=[], timed_out=True)
+        if outcome := clock.overrun(cfg, now, poll.reason):
             break
         yield
-    outcome.queue_s = (running_since or now) - submitted
-    outcome.wall_s = None if running_since is None else now - running_since
+    if clock.running_since is None:
+        clock.queued_s += now - clock.pending_since
+    outcome.queue_s = clock.queued_s
+    outcome.wall_s = None if clock.running_since is None else now - clock.running_since
+    outcome.execution = len(clock.executions)
+    ended_by_us = "timed out" if outcome.timed_out else "cancelled" if outcome.cancelled else None
+    if clock.executions and clock.running_since is not None:
+        clock.executions[-1] |= {"end": _now()} | ({"state": f"{ended_by_us} by the harness"} if ended_by_us
+                                                 else {"state": "ended"})
+    if not outcome.executions and (len(clock.executions) > 1 or ended_by_us):  # what we saw, where the
+        outcome.executions = clock.executions  # launcher's own record does not say (it may, after cleanup)
     return outcome
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from bench import rundir, schedule
 from bench.config import ConfigError, SweepConfig, from_dict, omegaconf_message, register_schema
-from bench.predict.cost import plan_cost
+from bench.predict.cost import plan_cost, startup_of
 from bench.launchers.base import PROJECT_ROOT
 from bench.predict.memory import (CUDA_CONTEXT_GIB, FRAGMENTATION, MEASURE_OFF, NCCL_GIB_PER_COMMUNICATOR,
                           MemoryPlanner)
@@ -250,7 +250,8 @@ def _plan_and_launch(cfg: SweepConfig, plan: list[PlannedRun], launcher: Any, sw
     infeasible = sum(not p.feasible for p in plan)
     print(f"sweep {cfg.sweep_name}: {len(plan)} runs planned ({infeasible} infeasible) on {cfg.cluster.name} "
           f"with launcher {cfg.launcher.name} -> {sweep_dir}")
-    cost = plan_cost([p for p in plan if p.feasible], cfg.cluster, cfg.launcher.timeout_s, cfg.launcher.name)
+    cost = plan_cost([p for p in plan if p.feasible], cfg.cluster, cfg.launcher.timeout_s,
+                     startup_of(cfg.cluster.instance_type, cfg.launcher.name))
     print(cost.line(cfg.cluster.name))
     print(schedule_line(cfg, plan))
     if note := getattr(launcher, "plan_note", None):

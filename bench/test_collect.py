@@ -53,3 +53,20 @@ def test_a_requeued_jobs_executions_are_counted_with_the_time_they_cost(tmp_path
     assert "1 run(s) restarted 1 time(s)" in note and "node2 (down: bad DIMM)" in note
     assert "2.0 min of wall time and 0.07 node-hours" in note
     assert restart_notes(frame.assign(restarts=0)) == []
+
+
+def test_a_requeued_job_is_judged_by_its_last_execution(tmp_path: Path, monkeypatch) -> None:
+    """The first execution's workers, left running when their node's slurmd died, wrote gloo's error as
+    the job was requeued; the second (SLURM_RESTART_COUNT=1 in its workers' environment) ran to the end."""
+    spec = RunSpec(model="tiny_llama", nodes=2, gpus_per_node=2, micro_batch=2, seq_len=128)
+    (tmp_path / RECORDS_DIR).mkdir()
+    first = [format_record("meta", rank=1, host="node2"),
+             format_record("summary", rank=1, status="failed", error="RuntimeError: Connection closed by peer")]
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    second = [format_record("meta", rank=1, host="node4"),
+              format_record("summary", rank=1, status="ok", tokens_per_s=2000.0, tokens_per_s_per_gpu=500.0,
+                            step_time_s=0.5)]
+    (tmp_path / RECORDS_DIR / "rank1.jsonl").write_text("\n".join(first + second) + "\n")
+    summary = summarize_run(spec, "smoke", tmp_path, Outcome(returncodes=[0]), predicted={}, git_rev=None,
+                            started_at="2026-11-27T02:54:46+00:00")
+    assert summary.status == "ok" and summary.host == "node4" and summary.error is None

@@ -51,3 +51,24 @@ def test_largest_first_beats_the_plan_order() -> None:
         finally:
             s.order = original
     assert plan_order_makespan(plan, 2) == pytest.approx(11.0)
+
+
+def test_runs_without_a_prediction_are_ordered_by_the_studys_finished_runs(tmp_path) -> None:
+    """GPUs the cluster file does not name: nothing predicts a run, so the study's finished runs at its
+    node count (their median wall time) stand in, and the longest-first order uses them."""
+    import threading
+
+    from bench.config import from_dict
+    from bench.plan import expand
+    from bench.runner import _Sweep
+    from bench.sweep import compose
+    cfg = from_dict(compose(["+sweep=p5_scaling", "axes.model=[llama2_7b]", "axes.sharding=[FULL_SHARD]",
+                             "cluster.gpu=null", "nccl.enabled=false", "memory.measure=false"])[0])
+    plan = {p.spec.nodes: p for p in expand(cfg)}
+    sweep = _Sweep(cfg, None, tmp_path, threading.Event(), None, list(plan.values()))
+    assert sweep.job(plan[2]).seconds is None  # nothing finished yet: no estimate
+    sweep.walls = {2: [100.0, 300.0, 260.0], 4: [50.0]}
+    assert sweep.job(plan[2]).seconds == 260.0 and sweep.job(plan[4]).seconds == 50.0
+    assert sweep.job(plan[8]).seconds is None
+    ordered = order([sweep.job(plan[n]) for n in (4, 2)])
+    assert [j.nodes for j in ordered] == [2, 4]  # 2 x 260 node-seconds before 4 x 50

@@ -166,6 +166,9 @@ def test_the_smoke_report_puts_predictions_beside_measurements_on_cpu(smoke_resu
     assert sorted(predicted.tokens_per_s_per_gpu) == pytest.approx(sorted(per_gpu), rel=1e-9)
     row = predicted.iloc[0]
     assert row.error == pytest.approx(row.tokens_per_s_per_gpu / row.pred_tokens_per_s_per_gpu - 1)
+    # each row's figures are one prediction: its efficiency is its tokens/s over the base it shows
+    assert predicted.pred_scaling_efficiency.tolist() == pytest.approx(
+        (predicted.pred_tokens_per_s_per_gpu / predicted.pred_base_tokens_per_s_per_gpu).tolist(), rel=1e-9)
     memory = pd.read_csv(out / "memory.csv")
     assert len(memory) == 16 and (memory.pred_mem_gib > 0).all()
     text = (out / "report.md").read_text()

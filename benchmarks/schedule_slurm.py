@@ -7,8 +7,14 @@ max(total node-seconds / 4, longest run) over those durations. Prints the figure
 issue sets: concurrent <= 1.15 x bound, concurrent <= 0.5 x sequential. The mix pins every axis of the
 smoke sweep it depends on, and the script stops before launching if it no longer plans those 14 runs.
 
+Unequal runs (issue 48): 24 real trainings of 1, 2 and 4 one-rank nodes (fp32/bf16, AC none/full, seq
+128/256, 20 steps: 13-36 s each here), packed by their predicted durations (this machine's CPU, which
+slurm_local's nodes are); target <= 1.10 x the lower bound of their real durations.
+
     scripts/slurm_cluster.sh start && python benchmarks/schedule_slurm.py [--sleep-s 15]
-    python benchmarks/schedule_slurm.py --quick    # the concurrent pass alone, workers sleep 2 s
+    python benchmarks/schedule_slurm.py --unequal  # the 24-run mix of real trainings, concurrent
+    python benchmarks/schedule_slurm.py --quick    # the concurrent pass alone, workers sleep 2 s; the
+                                                   # unequal mix planned (each run's estimate), not run
 """
 from __future__ import annotations
 
@@ -40,6 +46,18 @@ MIX = ["axes.global_batch=[null]",
        "cluster=slurm_local", "launcher=slurm", "launcher.poll_s=0.5", "cluster.slurm.exclusive=true",
        "progress=false"]
 RUNS_BY_NODES = {1: 8, 2: 4, 4: 2}  # what the docstring and the lower bound are stated for
+UNEQUAL = ["axes.global_batch=[null]", "axes.nodes=[1,2,4]", "axes.gpus_per_node=[1]",
+           "axes.precision=[fp32,bf16_mixed]", "axes.activation_checkpointing=[none,full]",
+           "axes.seq_len=[128,256]", "axes.sharding=[FULL_SHARD]", "axes.compile=[false]", "exclude=[]",
+           "steps=20", "nccl.enabled=false", "cluster=slurm_local", "launcher=slurm", "launcher.poll_s=0.5",
+           "cluster.slurm.exclusive=true", "progress=false"]
+
+
+def planned_unequal() -> list[float | None]:
+    """The unequal mix's estimated run times, as the plan orders and packs them (nothing launched)."""
+    from bench.runner import as_job
+    cfg = from_dict(compose(["+sweep=smoke", *UNEQUAL, "memory.measure=false"])[0])
+    return [as_job(cfg, p).seconds for p in expand(cfg)]
 
 
 def sleeping(seconds: int) -> list[str]:
@@ -65,10 +83,11 @@ def slurm_times(sweep_dir: Path) -> list[tuple[int, float, float]]:
     return out
 
 
-def run(results: Path, sleep_s: int, *extra: str) -> tuple[float, list[tuple[int, float, float]]]:
+def run(results: Path, sleep_s: int, *extra: str, mix: list[str] | None = None,
+        ) -> tuple[float, list[tuple[int, float, float]]]:
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={results}",
-                           *sleeping(sleep_s), *extra], cwd=ROOT, capture_output=True, text=True)
+                           *(mix or sleeping(sleep_s)), *extra], cwd=ROOT, capture_output=True, text=True)
     wall = time.monotonic() - t0
     if proc.returncode not in (0, 1):  # sleep-mode runs have no summary: 1 is expected
         sys.exit(f"sweep failed ({proc.returncode}): {proc.stderr[-2000:]}")
@@ -85,8 +104,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sleep-s", type=int, default=15, help="how long each worker sleeps")
     parser.add_argument("--quick", action="store_true", help="the concurrent pass alone, workers sleep 2 s")
+    parser.add_argument("--unequal", action="store_true", help="the 24 unequal real trainings instead")
     args = parser.parse_args()
     sleep_s = 2 if args.quick else args.sleep_s
+    estimates = planned_unequal()
+    if len(estimates) != 24 or any(e is None for e in estimates):
+        sys.exit(f"the unequal mix plans {len(estimates)} runs, {sum(e is None for e in estimates)} without an "
+                 "estimate: it needs 24, each with its predicted duration")
+    print(f"unequal mix: 24 runs planned, estimated {min(estimates):.0f}-{max(estimates):.0f} s each")
+    if args.unequal:
+        with tempfile.TemporaryDirectory() as tmp:
+            wall, jobs = run(Path(tmp) / "unequal", 0, mix=UNEQUAL)
+        span, bound = makespan(jobs)
+        durations = sorted(e - s for _, s, e in jobs)
+        print(f"unequal: {len(jobs)} runs of {durations[0]:.0f}-{durations[-1]:.0f} s, sweep wall {wall:.1f} s, "
+              f"Slurm makespan {span:.1f} s, lower bound {bound:.1f} s: {span / bound:.2f}x (target <= 1.10)")
+        return
     if (mix := planned_mix()) != RUNS_BY_NODES:
         sys.exit(f"the mix plans {mix} runs by node count, not {RUNS_BY_NODES}: pin the smoke sweep's new axes")
     passes = [("concurrent", [])] if args.quick else [("sequential", ["launcher.max_nodes=1"]), ("concurrent", [])]

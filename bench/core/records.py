@@ -37,11 +37,25 @@ def error_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"
 
 
+# Slurm's count of a job's requeues (sbatch sets it in the job's environment; srun and torchrun pass it on):
+# a requeued job appends a second execution's records to the first's, and only the last one counts
+EXECUTION_ENV = "SLURM_RESTART_COUNT"
+
+
+def execution() -> int:
+    """Which execution of its job this worker is (0: the first)."""
+    try:
+        return int(os.environ.get(EXECUTION_ENV, "0"))
+    except ValueError:
+        return 0
+
+
 def format_record(kind: str, **payload: Any) -> str:
-    """One metric record as a line (no newline). Non-finite floats become null to stay valid JSON."""
+    """One metric record as a line (no newline). Non-finite floats become null to stay valid JSON. A
+    requeued job's records name their execution."""
     if kind not in RECORD_KINDS:
         raise ValueError(f"record kind={kind!r} is not one of: {', '.join(RECORD_KINDS)}")
-    body = {"v": SCHEMA_VERSION, "kind": kind, **payload}
+    body = {"v": SCHEMA_VERSION, "kind": kind, **({"execution": n} if (n := execution()) else {}), **payload}
     return RECORD_PREFIX + json.dumps(_finite(body), separators=(",", ":"), default=str)
 
 

@@ -281,6 +281,8 @@ class RunSummary:
     pred_tokens_per_s_per_gpu: float | None = None
     pred_mfu: float | None = None
     pred_scaling_efficiency: float | None = None  # against the smallest planned node count of its config
+    pred_base_tokens_per_s_per_gpu: float | None = None  # that node count's tokens/s/GPU in the same
+    # prediction: pred_scaling_efficiency = pred_tokens_per_s_per_gpu / it (one prediction per row)
     pred_bound: str | None = None  # compute-, memory-bandwidth-, network- or host-bound
     pred_source: str | None = None  # the constants it was predicted with: "published constants" or "this
     # study's N runs" (bench/predict/calibrate.py)

@@ -49,6 +49,7 @@ class Outcome:
     timed_out: bool = False
     cancelled: bool = False
     launch_error: str | None = None  # never started: render/submit failed, or given up in the queue
+    queue_timed_out: bool = False  # the runner gave up on it in the queue (launch_error says how long)
     error: str | None = None  # the launcher itself failed while the job ran (API error, command timeout)
     scheduler_state: str | None = None  # Slurm job state, Kubernetes condition/reason
     detail: str | None = None  # scheduler's reason text (OOMKilled, NodeFail ...)
@@ -57,6 +58,7 @@ class Outcome:
     # Each time the scheduler ran the job, oldest first, where it can tell (a Slurm job requeued after
     # NODE_FAIL runs again under its id): state, nodes, start, end (ISO), and the nodes that failed
     executions: list[dict[str, Any]] = field(default_factory=list)
+    execution: int | None = None  # the runner's count of executions it saw (a requeued job runs again)
 
 
 PENDING, RUNNING, DONE = "pending", "running", "done"

@@ -62,22 +62,40 @@ def terminal_condition(job: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+# Pod disruption conditions (kubernetes.io/docs/concepts/workloads/pods/disruptions/, "Pod disruption
+# conditions"): the reasons of a DisruptionTarget condition that mean the pod's node went away
+NODE_LOST_REASONS = ("DeletionByTaintManager", "DeletionByPodGC")
+ENDED_BY_NODE = ("Evicted", "NodeLost")  # a pod's end that its node decided
+
+
+def _node(pod: Any) -> str:
+    return getattr(pod.spec, "node_name", None) or "?"
+
+
 def pod_problem(pods: list[Any]) -> tuple[str, str] | None:
-    """The first pod state that decides the run: OOMKilled, Evicted, stuck image pulls, Unschedulable."""
-    for pod in pods:
-        status = pod.status
-        if status.reason == "Evicted":
-            return "Evicted", f"pod {pod.metadata.name} evicted: {status.message or ''}".strip()
-        for cs in status.container_statuses or []:
-            term = cs.state.terminated if cs.state else None
-            if term and term.reason == "OOMKilled":
-                return "OOMKilled", f"pod {pod.metadata.name} container {cs.name} OOMKilled"
-            wait = cs.state.waiting if cs.state else None
-            if wait and wait.reason in STUCK_WAITING:
-                return wait.reason, f"pod {pod.metadata.name}: {wait.reason}: {wait.message or ''}".strip()
-        for cond in status.conditions or []:
-            if cond.type == "PodScheduled" and cond.status == "False" and cond.reason == "Unschedulable":
-                return "Unschedulable", f"pod {pod.metadata.name} unschedulable: {cond.message or ''}".strip()
+    """The first pod state that decides the run: OOMKilled, Evicted or its node lost (each naming the node),
+    stuck image pulls, Unschedulable."""
+    return next((problem for pod in pods if (problem := _problem(pod))), None)
+
+
+def _problem(pod: Any) -> tuple[str, str] | None:
+    status, name = pod.status, pod.metadata.name
+    if status.reason == "Evicted":
+        return "Evicted", f"pod {name} on node {_node(pod)} evicted: {status.message or ''}".strip()
+    for cond in status.conditions or []:
+        if cond.type == "DisruptionTarget" and cond.status == "True":
+            state = "NodeLost" if cond.reason in NODE_LOST_REASONS else "Evicted"
+            return state, f"pod {name} on node {_node(pod)} disrupted ({cond.reason}): {cond.message or ''}".strip()
+    for cs in status.container_statuses or []:
+        term = cs.state.terminated if cs.state else None
+        if term and term.reason == "OOMKilled":
+            return "OOMKilled", f"pod {name} container {cs.name} OOMKilled"
+        wait = cs.state.waiting if cs.state else None
+        if wait and wait.reason in STUCK_WAITING:
+            return wait.reason, f"pod {name}: {wait.reason}: {wait.message or ''}".strip()
+    for cond in status.conditions or []:
+        if cond.type == "PodScheduled" and cond.status == "False" and cond.reason == "Unschedulable":
+            return "Unschedulable", f"pod {name} unschedulable: {cond.message or ''}".strip()
     return None
 
 
@@ -92,7 +110,7 @@ def exit_codes(pods: list[Any]) -> list[int | None]:
 
 def _restart(pod: Any, terminated: Any) -> dict[str, Any]:
     """One earlier run of a pod's worker container: its node, and what ended it where Kubernetes kept it."""
-    node = getattr(pod.spec, "node_name", None) or "?"
+    node = _node(pod)
     reason = terminated.reason if terminated else "restarted"
     return {"state": f"pod restart ({reason})", "nodes": node,
             "start": str(terminated.started_at) if terminated else None,
@@ -103,17 +121,21 @@ def _restart(pod: Any, terminated: Any) -> dict[str, Any]:
 def pod_executions(pods: list[Any], final: str) -> list[dict[str, Any]]:
     """A worker container that Kubernetes restarted ran more than once (restartPolicy Never forbids it,
     a user's policy may not): one entry per restart (only the last termination is kept by Kubernetes),
-    then the final execution; [] when nothing restarted."""
+    then the final execution, on the record however it ended (a pod evicted or its node lost names that
+    node); [] when no pod was seen."""
     earlier = []
     for pod in pods:
         for cs in pod.status.container_statuses or []:
             last = cs.last_state.terminated if cs.last_state else None
             earlier += [_restart(pod, last if i == cs.restart_count - 1 else None)
                         for i in range(cs.restart_count or 0)]
-    if not earlier:
+    if not pods:
         return []
-    nodes = ",".join(sorted({getattr(p.spec, "node_name", None) or "?" for p in pods}))
-    return [*earlier, {"state": final, "nodes": nodes}]
+    final_run: dict[str, Any] = {"state": final, "nodes": ",".join(sorted({_node(p) for p in pods}))}
+    lost = {_node(p): problem[1] for p in pods if (problem := _problem(p)) and problem[0] in ENDED_BY_NODE}
+    if lost:
+        final_run["failed_nodes"] = lost
+    return [*earlier, final_run]
 
 
 class KubernetesLauncher:
@@ -250,7 +272,7 @@ class KubernetesLauncher:
             elif "deadline" in detail.lower():
                 state = "DeadlineExceeded"
             return self._done(handle, None if state == "Succeeded" else state, detail)
-        if problem and problem[0] in ("OOMKilled", "Evicted"):
+        if problem and problem[0] in ("OOMKilled", *ENDED_BY_NODE):
             return self._done(handle, *problem)
         if problem and problem[0] in STUCK_WAITING:
             handle.stuck_since = handle.stuck_since or time.monotonic()

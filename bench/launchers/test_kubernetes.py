@@ -213,7 +213,14 @@ class FakeKube:
                                   message="0/4 nodes are available: 4 Insufficient vpc.amazonaws.com/efa.")
             return V1PodList(items=[_pod("w-0", run_id, phase="Pending", conditions=[cond])])
         if s == "evicted" and finished:
-            return V1PodList(items=[_pod("w-0", run_id, phase="Failed", reason="Evicted", state=_terminated(137))])
+            return V1PodList(items=[_pod("w-0", run_id, phase="Failed", reason="Evicted", state=_terminated(137),
+                                         node="ip-c")])
+        if s == "nodelost" and finished:  # ip-b stopped answering: the taint manager deletes its pod
+            lost = V1PodCondition(type="DisruptionTarget", status="True", reason="DeletionByTaintManager",
+                                  message="Taint manager: deleting due to NoExecute taint key "
+                                          "node.kubernetes.io/unreachable")
+            return V1PodList(items=[_pod("w-0", run_id, node="ip-a"),
+                                    _pod("w-1", run_id, node="ip-b", conditions=[lost])])
         if s == "oomkilled" and finished:
             return V1PodList(items=[_pod("w-0", run_id, phase="Failed", state=_terminated(137, "OOMKilled"))])
         if finished and s == "restarted":  # w-1's worker ran twice: its first run ended with an error
@@ -290,7 +297,7 @@ def test_mpijob_probe_parses_nccl_tests_from_the_launcher_log(tmp_path, shared_d
     ("oomkilled", "oom", "OOMKilled"),
     ("imagepull", "launch_error", "ImagePullBackOff"),
     ("unschedulable", "launch_error", "Insufficient vpc.amazonaws.com/efa"),  # after queue_timeout_s
-    ("evicted", "failed", "evicted"),
+    ("evicted", "failed", "on node ip-c evicted"),
     ("rendezvous", "rendezvous_error", "RendezvousTimeoutError"),
     ("deadline", "timeout", "deadline"),
 ])
@@ -301,8 +308,25 @@ def test_failure_classes(tmp_path, shared_data, scenario: str, status: str, word
 
 
 def test_harness_timeout_deletes_the_job(tmp_path, shared_data) -> None:
+    from bench import rundir
     row, fake = run_one(tmp_path, shared_data, "running-forever", "p5_scaling", "launcher.timeout_s=0.2")
     assert row.status == "timeout" and len(fake.deleted) == 1
+    assert row.error.startswith("no result within the run's time limit") and "killed by the harness" in row.error
+    [execution] = rundir.read_ledger(next((tmp_path / "p5_scaling" / "runs").glob("*")))[-1]["executions"]
+    assert execution["state"] == "timed out by the harness" and execution["start"] <= execution["end"]
+
+
+def test_a_pod_whose_node_is_lost_ends_the_run_naming_the_node(tmp_path, shared_data) -> None:
+    """A node that stops answering: Kubernetes' taint manager deletes its pods (pod condition DisruptionTarget,
+    DeletionByTaintManager). Our PyTorchJobs never restart a worker (restartPolicy Never, backoffLimit 0: a
+    restarted worker would mix two executions in one record), so the run ends failed at once, the node
+    named, its one execution on the record; `--rerun-failed` starts it again as a new attempt."""
+    from bench import rundir
+    row, fake = run_one(tmp_path, shared_data, "nodelost")
+    assert row.status == "failed" and row.restarts == 0 and len(fake.deleted) == 1
+    assert row.error.startswith("pod w-1 on node ip-b disrupted (DeletionByTaintManager)")
+    [execution] = rundir.read_ledger(next((tmp_path / "p5_scaling" / "runs").glob("*")))[-1]["executions"]
+    assert execution["state"] == "NodeLost" and list(execution["failed_nodes"]) == ["ip-b"]
 
 
 def test_pending_pods_do_not_count_against_the_run_timeout(tmp_path, shared_data) -> None:

@@ -28,6 +28,12 @@ class Costed(Protocol):
     def perf(self) -> Prediction | None: ...
 
 
+def startup_of(instance_type: str, launcher: str) -> str:
+    """Whose start-up a run pays: this machine's torchrun where the cluster is this machine (the local
+    launcher, or Slurm's test cluster slurm_local, instance type "local"), else the launcher's."""
+    return "local" if instance_type == "local" else launcher
+
+
 def overhead_s(launcher: str, kind: str = "train") -> float:
     """What a run costs beyond its steps: a cluster job's start-up (and a probe's size sweep); on this
     machine, a torchrun's."""

@@ -285,8 +285,9 @@ class Predictor:
     def device(self, spec: RunSpec) -> GpuSpec | None:
         if self.cfg.cluster.gpu:
             return GPUS[self.cfg.cluster.gpu]
-        if self.cfg.launcher.name not in ("local", "dryrun"):
+        if self.cfg.launcher.name not in ("local", "dryrun") and self.cfg.cluster.instance_type != "local":
             return None  # GPUs the cluster file does not name: no peak to predict against
+        # this machine: the local launcher, or a scheduler whose nodes are this machine (slurm_local)
         if self._local is None:
             from bench.gpus import local_gpu_name, local_gpus
             self._local = (local_gpus(), local_gpu_name())

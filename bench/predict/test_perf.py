@@ -235,6 +235,11 @@ def test_the_plan_carries_predictions_and_times_the_schedule_with_them() -> None
     assert full[1].pred_efficiency == 1.0 and 0.85 < full[16].pred_efficiency < 1.0
     assert full[16].perf.tokens_per_s_per_gpu < full[1].perf.tokens_per_s_per_gpu
     assert full[16].predicted()["pred_tokens_per_s_per_gpu"] == full[16].perf.tokens_per_s_per_gpu
+    for p in plan:  # one prediction per row: its efficiency is its tokens over the base's in that prediction
+        row = p.predicted()
+        assert row["pred_scaling_efficiency"] == row["pred_tokens_per_s_per_gpu"] / row[
+            "pred_base_tokens_per_s_per_gpu"]
+    assert full[16].predicted()["pred_base_tokens_per_s_per_gpu"] == full[1].perf.tokens_per_s_per_gpu
     from bench.predict.cost import STARTUP_S, estimated_seconds
     assert estimated_seconds(full[2], "slurm") == pytest.approx(STARTUP_S + 30 * full[2].perf.step_time_s)
 
