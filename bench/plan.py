@@ -146,8 +146,8 @@ def _estimate(spec: RunSpec, sizes: list[int], limit: float | None, points: dict
     return max(fits, default=-1)
 
 
-def auto_starts(cfg: SweepConfig, specs: list[RunSpec], memory: MemorySource | None = None
-                ) -> dict[str, tuple[int, MemoryFigure, bool, str | None]]:
+def auto_starts(cfg: SweepConfig, specs: list[RunSpec], memory: MemorySource | None = None,
+                with_first: list[RunSpec] | None = None) -> dict[str, tuple[int, MemoryFigure, bool, str | None]]:
     """micro_batch auto: for each spec, the largest of its micro_batch_sizes (up to micro_batch_search.max)
     that fits. The first round measures the middle size and the largest; each later one the size the
     measured points predict to be the largest that fits and the next one up (`_estimate`), which settles it
@@ -155,7 +155,8 @@ def auto_starts(cfg: SweepConfig, specs: list[RunSpec], memory: MemorySource | N
     bracket and the next round predicts again within it. The specs search in lockstep, each round's candidates measured
     together (in parallel): a round costs one measurement's time, and the plan's wall time is its rounds.
 
-    Returns, by run id, (start, its figure, feasible, reason): infeasible when not even 1 fits.
+    Returns, by run id, (start, its figure, feasible, reason): infeasible when not even 1 fits. `with_first`:
+    other specs measured in the first round's batch (the plan's fixed micro batches).
     """
     limit = cfg.cluster.gpu_memory_gib
     sizes = {s.run_id: micro_batch_sizes(s, cfg.micro_batch_search.max) for s in specs}
@@ -175,7 +176,8 @@ def auto_starts(cfg: SweepConfig, specs: list[RunSpec], memory: MemorySource | N
     while pending := [r for r, (low, high) in bracket.items() if low < high]:
         tries = [(r, i, replace(by_id[r], micro_batch=sizes[r][i])) for r in pending for i in candidates(r)]
         if memory:
-            memory.prefetch([spec for _, _, spec in tries])
+            memory.prefetch([spec for _, _, spec in tries] + (with_first or []))
+            with_first = None
         for run_id, index, spec in tries:
             figure, ok, reason = seen[run_id][index] = feasibility(cfg, spec, memory)
             points[run_id][spec.micro_batch] = figure.gpu_gib
@@ -216,10 +218,10 @@ def expand(cfg: SweepConfig, memory: MemorySource | None = None,
                 seen.add(spec.run_id)
                 specs.append(spec)
     auto = [s for s in specs if s.auto_micro_batch]
-    if memory:  # with the auto runs' first size (micro batch 1), so one batch of workers measures both
-        memory.prefetch([s for s in specs if not s.auto_micro_batch]
-                        + [replace(s, micro_batch=1) for s in auto])
-    starts = auto_starts(cfg, auto, memory)
+    fixed = [s for s in specs if not s.auto_micro_batch]
+    if memory and not auto:
+        memory.prefetch(fixed)
+    starts = auto_starts(cfg, auto, memory, with_first=fixed)  # one batch of workers measures both
     plan: list[PlannedRun] = []
     for spec in specs:
         if spec.auto_micro_batch:

@@ -22,7 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Generator, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +31,12 @@ from bench.collect import infeasible_summary, summarize_run, write_results
 from bench.config import SweepConfig
 from bench.core.schema import RETRYABLE_STATUSES, RunSpec, RunSummary
 from bench.predict.cost import estimated_seconds, startup_of
-from bench.launchers.base import DONE, PENDING, PROJECT_ROOT, RUNNING, Launcher, Outcome
+from bench.launchers.base import PROJECT_ROOT, Launcher, Outcome
 from bench.predict.memory import lower_bound
 from bench.plan import PlannedRun, micro_batch_sizes, with_predictions
 from bench.predict.calibrate import study_predictor
 from bench.progress import Progress
+from bench.watch import watch
 
 SEARCH_DIR = "search"  # an auto micro batch run's trials: <run dir>/search/mb<N>/
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -240,7 +241,7 @@ def _attempt(sweep: _Sweep, planned: PlannedRun, rd: Path) -> RunSteps:
         handle, outcome = _submit(sweep, spec, rd, ad, attempt, started)
     try:
         if handle is not None:
-            outcome = yield from _watch(cfg, launcher, handle, sweep.stop)
+            outcome = yield from watch(cfg, launcher, handle, sweep.stop)
             launcher.logs(handle, ad)
     except Exception as e:  # the launcher failed while the job ran: API error, command timeout ...
         outcome = Outcome(returncodes=[], error=f"launcher {launcher.name}: {type(e).__name__}: {e}")
@@ -313,72 +314,6 @@ def _cleanup(launcher: Launcher, handle: Any, rd: Path, attempt: int) -> None:
         launcher.cleanup(handle)
     except Exception as e:  # noqa: BLE001
         rundir.record_attempt(rd, attempt=attempt, cleanup_error=f"{type(e).__name__}: {e}")
-
-
-@dataclass
-class _Clock:
-    """The runner's own view of a job: each spell in the queue and each execution, on the monotonic clock
-    (for the timeouts) and the wall clock (for the record). A job seen running, then pending again, was
-    requeued (Slurm after NODE_FAIL, a PyTorchJob recreating a lost pod): a new execution, on its own clock."""
-
-    pending_since: float
-    running_since: float | None = None
-    queued_s: float = 0.0
-    executions: list[dict[str, Any]] = field(default_factory=list)  # start, end (ISO) of each one seen
-
-    def see(self, state: str, now: float) -> None:
-        if state in (RUNNING, DONE) and self.running_since is None:
-            self.queued_s += now - self.pending_since
-            self.running_since = now
-            self.executions.append({"state": "running", "start": _now()})
-        elif state == PENDING and self.running_since is not None:  # back in the queue: requeued
-            self.executions[-1] |= {"state": "requeued", "end": _now()}
-            self.running_since, self.pending_since = None, now
-
-    def overrun(self, cfg: SweepConfig, now: float, reason: str | None) -> Outcome | None:
-        """The queue timeout (each spell in the queue, a requeued job's too) or the run timeout (each
-        execution from its own start): the harness's decision to end the job, or None."""
-        again = f" (requeued after execution {len(self.executions)})" if self.executions else ""
-        if self.running_since is None and now - self.pending_since > cfg.launcher.queue_timeout_s:
-            return Outcome(returncodes=[], queue_timed_out=True, launch_error=(
-                f"gave up after {now - self.pending_since:.0f} s in the queue{again} "
-                f"(launcher.queue_timeout_s): {reason or 'pending'}"))
-        if self.running_since is not None and now - self.running_since > cfg.launcher.timeout_s:
-            return Outcome(returncodes=[], timed_out=True)
-        return None
-
-
-def _watch(cfg: SweepConfig, launcher: Launcher, handle: Any, stop: threading.Event,
-           ) -> Generator[None, None, Outcome]:
-    """Poll until the job is done, the stop event, the queue timeout (while pending) or the run timeout
-    (counted from when the job runs, each execution of a requeued job from its own start). Deciding to stop
-    a job is the runner's; cleanup() acts on it."""
-    clock = _Clock(pending_since=time.monotonic())
-    while True:
-        poll = launcher.poll(handle)
-        now = time.monotonic()
-        clock.see(poll.state, now)
-        if poll.state == DONE and poll.outcome is not None:
-            outcome = poll.outcome
-            break
-        if stop.is_set():
-            outcome = Outcome(returncodes=[], cancelled=True)
-            break
-        if outcome := clock.overrun(cfg, now, poll.reason):
-            break
-        yield
-    if clock.running_since is None:
-        clock.queued_s += now - clock.pending_since
-    outcome.queue_s = clock.queued_s
-    outcome.wall_s = None if clock.running_since is None else now - clock.running_since
-    outcome.execution = len(clock.executions)
-    ended_by_us = "timed out" if outcome.timed_out else "cancelled" if outcome.cancelled else None
-    if clock.executions and clock.running_since is not None:
-        clock.executions[-1] |= {"end": _now()} | ({"state": f"{ended_by_us} by the harness"} if ended_by_us
-                                                 else {"state": "ended"})
-    if not outcome.executions and (len(clock.executions) > 1 or ended_by_us):  # what we saw, where the
-        outcome.executions = clock.executions  # launcher's own record does not say (it may, after cleanup)
-    return outcome
 
 
 def _search_micro_batch(sweep: _Sweep, planned: PlannedRun, rd: Path) -> RunSteps:

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from bench import runner
+from bench import watch
 from bench.classify import classify
 from bench.config import from_dict
 from bench.launchers.base import DONE, PENDING, RUNNING, Outcome, Poll
@@ -34,13 +34,13 @@ class Scripted:
                     reason="BeginTime" if state == PENDING else None)
 
 
-def _watch(script: list[tuple[str, int]], monkeypatch, timeout_s: float = 120,
+def _watched(script: list[tuple[str, int]], monkeypatch, timeout_s: float = 120,
            queue_timeout_s: float = 200) -> Outcome:
     clock = [0.0]
-    monkeypatch.setattr(runner.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(watch.time, "monotonic", lambda: clock[0])
     cfg = from_dict(compose(["+sweep=smoke"])[0])
     cfg = replace(cfg, launcher=replace(cfg.launcher, timeout_s=timeout_s, queue_timeout_s=queue_timeout_s))
-    steps = runner._watch(cfg, Scripted(script, clock), object(), threading.Event())
+    steps = watch.watch(cfg, Scripted(script, clock), object(), threading.Event())
     try:
         while True:
             next(steps)
@@ -51,7 +51,7 @@ def _watch(script: list[tuple[str, int]], monkeypatch, timeout_s: float = 120,
 def test_a_requeued_job_runs_its_second_execution_on_its_own_clock(monkeypatch) -> None:
     """100 s running, requeued, 150 s pending (Slurm's BeginTime), 100 s running: 350 s since the first
     start, past the 120 s run timeout counted from there, and no execution past it."""
-    outcome = _watch([(PENDING, 1), (RUNNING, 10), (PENDING, 15), (RUNNING, 10)], monkeypatch)
+    outcome = _watched([(PENDING, 1), (RUNNING, 10), (PENDING, 15), (RUNNING, 10)], monkeypatch)
     assert not outcome.timed_out and outcome.launch_error is None and outcome.execution == 2
     assert outcome.wall_s == pytest.approx(100) and outcome.queue_s == pytest.approx(20 + 150)
     first, second = outcome.executions  # what the runner saw, where the launcher tells nothing
@@ -59,7 +59,7 @@ def test_a_requeued_job_runs_its_second_execution_on_its_own_clock(monkeypatch) 
 
 
 def test_the_second_execution_times_out_on_its_own_time_and_says_so(monkeypatch) -> None:
-    outcome = _watch([(RUNNING, 5), (PENDING, 3), (RUNNING, 20)], monkeypatch)
+    outcome = _watched([(RUNNING, 5), (PENDING, 3), (RUNNING, 20)], monkeypatch)
     assert outcome.timed_out and outcome.execution == 2 and outcome.wall_s == pytest.approx(130)
     status, error = classify(outcome, [{"status": "failed", "error": GLOO}], GLOO)
     assert status == "timeout"
@@ -68,7 +68,7 @@ def test_the_second_execution_times_out_on_its_own_time_and_says_so(monkeypatch)
 
 
 def test_pending_after_a_requeue_counts_against_the_queue_timeout(monkeypatch) -> None:
-    outcome = _watch([(RUNNING, 5), (PENDING, 30)], monkeypatch)
+    outcome = _watched([(RUNNING, 5), (PENDING, 30)], monkeypatch)
     assert outcome.queue_timed_out and not outcome.timed_out
     assert outcome.launch_error.startswith("gave up after 210 s in the queue (requeued after execution 1) "
                                            "(launcher.queue_timeout_s): BeginTime")
@@ -78,7 +78,7 @@ def test_pending_after_a_requeue_counts_against_the_queue_timeout(monkeypatch) -
 
 
 def test_a_job_that_never_left_the_queue_is_timed_there_once(monkeypatch) -> None:
-    outcome = _watch([(PENDING, 25)], monkeypatch)
+    outcome = _watched([(PENDING, 25)], monkeypatch)
     assert outcome.queue_timed_out and outcome.execution == 0 and outcome.wall_s is None
     assert outcome.launch_error.startswith("gave up after 210 s in the queue (launcher.queue_timeout_s)")
 

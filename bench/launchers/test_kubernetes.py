@@ -28,7 +28,8 @@ from bench.launchers.k8s_manifests import RUN_ID_LABEL, manifest
 from bench.launchers.k8s_schema import CRD_NAMES, load_crds, validate
 from bench.launchers.kubernetes import KubernetesLauncher
 from bench.plan import expand
-from bench.runner import _watch, execute
+from bench.runner import execute
+from bench.watch import watch
 from bench.sweep import compose
 
 IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdpbench:1.0"
@@ -188,6 +189,9 @@ class FakeKube:
             ok = self.scenario in ("ok", "nccl", "restarted")
             conditions.append({"type": "Succeeded" if ok else "Failed", "status": "True",
                                "reason": "JobSucceeded" if ok else "JobFailed", "message": "job finished"})
+        if finished and self.scenario == "nodelost":  # the training operator's own words (restartPolicy Never)
+            conditions.append({"type": "Failed", "status": "True", "reason": "PyTorchJobFailed",
+                               "message": f"PyTorchJob {name} is failed because 1 Worker replica(s) failed."})
         if finished and self.scenario == "deadline":
             conditions.append({"type": "Failed", "status": "True", "reason": "DeadlineExceeded",
                                "message": "Job was active longer than specified deadline"})
@@ -319,8 +323,9 @@ def test_harness_timeout_deletes_the_job(tmp_path, shared_data) -> None:
 def test_a_pod_whose_node_is_lost_ends_the_run_naming_the_node(tmp_path, shared_data) -> None:
     """A node that stops answering: Kubernetes' taint manager deletes its pods (pod condition DisruptionTarget,
     DeletionByTaintManager). Our PyTorchJobs never restart a worker (restartPolicy Never, backoffLimit 0: a
-    restarted worker would mix two executions in one record), so the run ends failed at once, the node
-    named, its one execution on the record; `--rerun-failed` starts it again as a new attempt."""
+    restarted worker would mix two executions in one record), so the training operator fails the job
+    (PyTorchJobFailed, "... is failed because 1 Worker replica(s) failed.", its controller's words) and the
+    run ends failed, the node named, its one execution on the record; `--rerun-failed` starts it again."""
     from bench import rundir
     row, fake = run_one(tmp_path, shared_data, "nodelost")
     assert row.status == "failed" and row.restarts == 0 and len(fake.deleted) == 1
@@ -353,7 +358,7 @@ def test_cancellation_deletes_what_it_created(tmp_path, shared_data) -> None:
     stop = threading.Event()
     stop.set()
     with pytest.raises(StopIteration) as done:
-        next(_watch(cfg, launcher, launcher.submit(launcher.render(spec, tmp_path), tmp_path), stop))
+        next(watch(cfg, launcher, launcher.submit(launcher.render(spec, tmp_path), tmp_path), stop))
     assert done.value.value.cancelled and fake.jobs, "watching never deletes: cleanup does"
     name = next(iter(fake.jobs))
     launcher.cleanup(launcher.attach({"name": name, "kind": "PyTorchJob"}, tmp_path / "attempt-1"))
