@@ -29,6 +29,15 @@ def test_the_slurm_schedule_mix_plans_exactly_its_fourteen_runs() -> None:
     assert schedule_slurm.planned_mix() == schedule_slurm.RUNS_BY_NODES == {1: 8, 2: 4, 4: 2}
 
 
+def test_the_unequal_mix_plans_24_runs_each_with_a_predicted_duration() -> None:
+    """slurm_local's nodes are this machine: its runs are predicted on the CPU, so the schedule packs them by
+    their durations (issue 48: before, "no run-time estimate for slurm_local"), unequal ones unequal."""
+    import schedule_slurm
+    estimates = schedule_slurm.planned_unequal()
+    assert len(estimates) == 24 and all(e is not None and e > 0 for e in estimates)
+    assert max(estimates) > 1.2 * min(estimates)
+
+
 def _figure(pattern: str, text: str) -> float:
     found = re.search(pattern, text)
     assert found, f"{pattern!r} not in:\n{text[-2000:]}"
@@ -101,7 +110,7 @@ def test_harness_overhead_compares_the_sweep_with_the_same_runs_under_bare_torch
 @pytest.mark.slurm
 def test_schedule_slurm_packs_its_mix_on_the_real_cluster(slurm_cluster: str) -> None:
     out = quick("schedule_slurm.py")
-    assert "mix: 14 runs" in out
+    assert "mix: 14 runs" in out and "unequal mix: 24 runs planned, estimated" in out
     assert _figure(r"concurrent / lower bound = ([\d.]+)", out) >= 1.0  # a makespan is never under its bound
 
 

@@ -87,7 +87,7 @@ def _activation_peak(ac: str) -> float:
     model = build_meta_model(arch, torch.float32)
     apply_activation_checkpointing(model, ac)
     materialize(model, torch.device("cpu"), seed=0)
-    ids = torch.randint(0, arch.vocab, (2, 512))
+    ids = torch.randint(0, arch.vocab, (2, 256))
     tracker = MemTracker()
     tracker.track_external(model)
     with tracker:
