@@ -321,8 +321,8 @@ def _sections(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], charts: dict
     if "predicted" in tables:
         sections.append(("Throughput: predicted before launch vs measured (each row's predicted figures are "
                          "the one prediction its run launched with, its efficiency against the base node "
-                         "count's tokens/s/GPU in that prediction; MFU, bound and step times in predicted.csv)",
-                         tables["predicted_short"]))
+                         "count's tokens/s/GPU in that prediction; MFU, bound and step times in "
+                         "predicted.csv)", tables["predicted_short"]))
     if "extrapolation" in tables:
         sections.append(("Extrapolation: each run above the smallest node count, predicted from the smallest "
                          "node count's runs alone (the study's calibration, bench/predict/calibrate.py), vs "

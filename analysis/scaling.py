@@ -25,7 +25,8 @@ METRICS = {  # column -> how repeats are combined (all by median; spread from mi
     "mem_rss_gib": "max", "compile_s": "median",
 }
 PREDICTED = ("pred_mem_gib", "pred_mem_source", "pred_step_time_s", "pred_tokens_per_s_per_gpu", "pred_mfu",
-             "pred_scaling_efficiency", "pred_base_tokens_per_s_per_gpu", "pred_bound", "pred_source")  # the plan's, one per configuration
+             "pred_scaling_efficiency", "pred_base_tokens_per_s_per_gpu", "pred_bound",
+             "pred_source")  # the plan's, one per configuration
 ABLATION_FACTORS = [  # (factor, baseline value(s), optimised value): one row per pair that differs in it only
     ("precision", ("fp32",), "bf16_mixed"),
     ("precision", ("bf16_mixed",), "fp8_tensorwise"),

@@ -130,8 +130,8 @@ def _harness_reason(outcome: Outcome) -> tuple[str, str] | None:
     if outcome.cancelled:
         return "cancelled", "cancelled by the user (Ctrl-C / SIGTERM)"
     if outcome.timed_out:
-        execution = f" of execution {outcome.execution} (the job was requeued)" if (outcome.execution or 1) > 1 \
-            else ""
+        requeued = (outcome.execution or 1) > 1
+        execution = f" of execution {outcome.execution} (the job was requeued)" if requeued else ""
         return "timeout", (f"no result within the run's time limit ({outcome.wall_s or 0:.0f} s{execution}); "
                            "killed by the harness")
     if outcome.queue_timed_out:

@@ -147,13 +147,15 @@ def _estimate(spec: RunSpec, sizes: list[int], limit: float | None, points: dict
 
 
 def auto_starts(cfg: SweepConfig, specs: list[RunSpec], memory: MemorySource | None = None,
-                with_first: list[RunSpec] | None = None) -> dict[str, tuple[int, MemoryFigure, bool, str | None]]:
+                with_first: list[RunSpec] | None = None
+                ) -> dict[str, tuple[int, MemoryFigure, bool, str | None]]:
     """micro_batch auto: for each spec, the largest of its micro_batch_sizes (up to micro_batch_search.max)
     that fits. The first round measures the middle size and the largest; each later one the size the
     measured points predict to be the largest that fits and the next one up (`_estimate`), which settles it
     in two rounds where the peak is affine in the micro batch, as it is; any other answer narrows the
-    bracket and the next round predicts again within it. The specs search in lockstep, each round's candidates measured
-    together (in parallel): a round costs one measurement's time, and the plan's wall time is its rounds.
+    bracket and the next round predicts again within it. The specs search in lockstep, each round's
+    candidates measured together (in parallel): a round costs one measurement's time, and the plan's wall
+    time is its rounds.
 
     Returns, by run id, (start, its figure, feasible, reason): infeasible when not even 1 fits. `with_first`:
     other specs measured in the first round's batch (the plan's fixed micro batches).

@@ -61,7 +61,8 @@ def test_a_requeued_job_is_judged_by_its_last_execution(tmp_path: Path, monkeypa
     spec = RunSpec(model="tiny_llama", nodes=2, gpus_per_node=2, micro_batch=2, seq_len=128)
     (tmp_path / RECORDS_DIR).mkdir()
     first = [format_record("meta", rank=1, host="node2"),
-             format_record("summary", rank=1, status="failed", error="RuntimeError: Connection closed by peer")]
+             format_record("summary", rank=1, status="failed",
+                           error="RuntimeError: Connection closed by peer")]
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     second = [format_record("meta", rank=1, host="node4"),
               format_record("summary", rank=1, status="ok", tokens_per_s=2000.0, tokens_per_s_per_gpu=500.0,

@@ -84,6 +84,7 @@ def test_a_job_that_never_left_the_queue_is_timed_there_once(monkeypatch) -> Non
 
 
 def test_a_cancelled_run_is_cancelled_with_the_workers_echo_after() -> None:
-    status, error = classify(Outcome(returncodes=[], cancelled=True), [{"status": "failed", "error": GLOO}], "")
+    failed = [{"status": "failed", "error": GLOO}]
+    status, error = classify(Outcome(returncodes=[], cancelled=True), failed, "")
     assert (status, error) == ("cancelled", f"cancelled by the user (Ctrl-C / SIGTERM); the worker's last "
                                             f"error: {GLOO}")

@@ -1,7 +1,8 @@
-"""Watching one job to its end on the runner's own clock: the queue timeout for each spell in the queue, the run
-timeout for each execution from its own start (a job seen running, then pending again, was requeued: Slurm
-after NODE_FAIL, a PyTorchJob recreating a lost pod), and the executions the runner saw, for the record where
-the scheduler keeps none. Deciding to stop a job is the runner's; the launcher's cleanup() acts on it."""
+"""Watching one job to its end on the runner's own clock: the queue timeout for each spell in the queue,
+the run timeout for each execution from its own start (a job seen running, then pending again, was
+requeued: Slurm after NODE_FAIL, a PyTorchJob recreating a lost pod), and the executions the runner saw,
+for the record where the scheduler keeps none. Deciding to stop a job is the runner's; the launcher's
+cleanup() acts on it."""
 from __future__ import annotations
 
 import datetime as dt
@@ -23,7 +24,8 @@ def _now() -> str:
 class Clock:
     """The runner's own view of a job: each spell in the queue and each execution, on the monotonic clock
     (for the timeouts) and the wall clock (for the record). A job seen running, then pending again, was
-    requeued (Slurm after NODE_FAIL, a PyTorchJob recreating a lost pod): a new execution, on its own clock."""
+    requeued (Slurm after NODE_FAIL, a PyTorchJob recreating a lost pod): a new execution, on its own
+    clock."""
 
     pending_since: float
     running_since: float | None = None

@@ -109,16 +109,18 @@ def main() -> None:
     sleep_s = 2 if args.quick else args.sleep_s
     estimates = planned_unequal()
     if len(estimates) != 24 or any(e is None for e in estimates):
-        sys.exit(f"the unequal mix plans {len(estimates)} runs, {sum(e is None for e in estimates)} without an "
-                 "estimate: it needs 24, each with its predicted duration")
+        unknown = sum(e is None for e in estimates)
+        sys.exit(f"the unequal mix plans {len(estimates)} runs, {unknown} without an estimate: it needs 24, "
+                 "each with its predicted duration")
     print(f"unequal mix: 24 runs planned, estimated {min(estimates):.0f}-{max(estimates):.0f} s each")
     if args.unequal:
         with tempfile.TemporaryDirectory() as tmp:
             wall, jobs = run(Path(tmp) / "unequal", 0, mix=UNEQUAL)
         span, bound = makespan(jobs)
         durations = sorted(e - s for _, s, e in jobs)
-        print(f"unequal: {len(jobs)} runs of {durations[0]:.0f}-{durations[-1]:.0f} s, sweep wall {wall:.1f} s, "
-              f"Slurm makespan {span:.1f} s, lower bound {bound:.1f} s: {span / bound:.2f}x (target <= 1.10)")
+        print(f"unequal: {len(jobs)} runs of {durations[0]:.0f}-{durations[-1]:.0f} s, sweep wall "
+              f"{wall:.1f} s, Slurm makespan {span:.1f} s, lower bound {bound:.1f} s: {span / bound:.2f}x "
+              "(target <= 1.10)")
         return
     if (mix := planned_mix()) != RUNS_BY_NODES:
         sys.exit(f"the mix plans {mix} runs by node count, not {RUNS_BY_NODES}: pin the smoke sweep's new axes")

@@ -85,7 +85,8 @@ def _problem(pod: Any) -> tuple[str, str] | None:
     for cond in status.conditions or []:
         if cond.type == "DisruptionTarget" and cond.status == "True":
             state = "NodeLost" if cond.reason in NODE_LOST_REASONS else "Evicted"
-            return state, f"pod {name} on node {_node(pod)} disrupted ({cond.reason}): {cond.message or ''}".strip()
+            return state, (f"pod {name} on node {_node(pod)} disrupted ({cond.reason}): "
+                           f"{cond.message or ''}").strip()
     for cs in status.container_statuses or []:
         term = cs.state.terminated if cs.state else None
         if term and term.reason == "OOMKilled":

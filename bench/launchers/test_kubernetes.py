@@ -189,7 +189,7 @@ class FakeKube:
             ok = self.scenario in ("ok", "nccl", "restarted")
             conditions.append({"type": "Succeeded" if ok else "Failed", "status": "True",
                                "reason": "JobSucceeded" if ok else "JobFailed", "message": "job finished"})
-        if finished and self.scenario == "nodelost":  # the training operator's own words (restartPolicy Never)
+        if finished and self.scenario == "nodelost":  # the training operator's words (restartPolicy Never)
             conditions.append({"type": "Failed", "status": "True", "reason": "PyTorchJobFailed",
                                "message": f"PyTorchJob {name} is failed because 1 Worker replica(s) failed."})
         if finished and self.scenario == "deadline":
@@ -217,8 +217,8 @@ class FakeKube:
                                   message="0/4 nodes are available: 4 Insufficient vpc.amazonaws.com/efa.")
             return V1PodList(items=[_pod("w-0", run_id, phase="Pending", conditions=[cond])])
         if s == "evicted" and finished:
-            return V1PodList(items=[_pod("w-0", run_id, phase="Failed", reason="Evicted", state=_terminated(137),
-                                         node="ip-c")])
+            evicted = _pod("w-0", run_id, phase="Failed", reason="Evicted", state=_terminated(137), node="ip-c")
+            return V1PodList(items=[evicted])
         if s == "nodelost" and finished:  # ip-b stopped answering: the taint manager deletes its pod
             lost = V1PodCondition(type="DisruptionTarget", status="True", reason="DeletionByTaintManager",
                                   message="Taint manager: deleting due to NoExecute taint key "
@@ -315,14 +315,15 @@ def test_harness_timeout_deletes_the_job(tmp_path, shared_data) -> None:
     from bench import rundir
     row, fake = run_one(tmp_path, shared_data, "running-forever", "p5_scaling", "launcher.timeout_s=0.2")
     assert row.status == "timeout" and len(fake.deleted) == 1
-    assert row.error.startswith("no result within the run's time limit") and "killed by the harness" in row.error
+    assert row.error.startswith("no result within the run's time limit")
+    assert "killed by the harness" in row.error
     [execution] = rundir.read_ledger(next((tmp_path / "p5_scaling" / "runs").glob("*")))[-1]["executions"]
     assert execution["state"] == "timed out by the harness" and execution["start"] <= execution["end"]
 
 
 def test_a_pod_whose_node_is_lost_ends_the_run_naming_the_node(tmp_path, shared_data) -> None:
-    """A node that stops answering: Kubernetes' taint manager deletes its pods (pod condition DisruptionTarget,
-    DeletionByTaintManager). Our PyTorchJobs never restart a worker (restartPolicy Never, backoffLimit 0: a
+    """A node that stops answering: Kubernetes' taint manager deletes its pods (pod condition
+    DisruptionTarget, DeletionByTaintManager). Our PyTorchJobs never restart a worker (restartPolicy Never, backoffLimit 0: a
     restarted worker would mix two executions in one record), so the training operator fails the job
     (PyTorchJobFailed, "... is failed because 1 Worker replica(s) failed.", its controller's words) and the
     run ends failed, the node named, its one execution on the record; `--rerun-failed` starts it again."""

@@ -399,7 +399,8 @@ def test_a_node_that_stops_answering_under_a_run_is_on_the_record(slurm_cluster,
     assert summary.status == "ok" and summary.restarts == 1, (summary.status, summary.error)
     first, last = summary.extra["executions"]
     assert first["state"] == "NODE_FAIL" and last["state"] == "COMPLETED" and failed in first["failed_nodes"]
-    assert summary.restart_lost_s > 60 and summary.restart_lost_s + summary.wall_s > 150  # the old clock's end
+    assert summary.restart_lost_s > 60
+    assert summary.restart_lost_s + summary.wall_s > 150  # past where the old clock would have killed it
     assert rundir.read_ledger(d)[-1]["executions"] == summary.extra["executions"]
     report = subprocess.run([sys.executable, "-m", "analysis.report", str(tmp_path / "smoke")], cwd=ROOT,
                             capture_output=True, text=True, timeout=300)
