@@ -135,9 +135,8 @@ MEMORY_COLUMNS = {"model": "model", "configuration": "configuration", "placement
 PREDICTED_COLUMNS = {"model": "model", "configuration": "configuration", "placement": "nodes x GPUs",
                      "pred_tokens_per_s_per_gpu": "predicted tokens/s/GPU",
                      "tokens_per_s_per_gpu": "measured tokens/s/GPU", "error": "error",
-                     "pred_scaling_efficiency": "predicted efficiency",
-                     "pred_base_tokens_per_s_per_gpu": "of predicted base tokens/s/GPU",
-                     "scaling_efficiency": "measured efficiency", "pred_source": "predicted with"}
+                     "pred_scaling_efficiency": "predicted efficiency (of the base, predicted with)",
+                     "scaling_efficiency": "measured efficiency"}
 EXTRAPOLATION_COLUMNS = {"sweep": "sweep", "label": "run", "base_nodes": "calibrated at nodes",
                          "nodes": "nodes", "predicted": "predicted tokens/s/GPU",
                          "measured": "measured tokens/s/GPU", "error": "error"}
@@ -164,6 +163,16 @@ def _present(frame: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
     keep = [c for c in columns if c in frame.columns and (frame[c].notna().any() or c in ("status",))
             and not (c in ADDED_DEFAULTS and (frame[c] == ADDED_DEFAULTS[c]).all())]  # never varied
     return frame[keep].rename(columns=columns)
+
+
+def _with_base(shown: pd.DataFrame, predicted: pd.DataFrame) -> pd.DataFrame:
+    """The predicted efficiency as the page reads it, with what it came from: "47% of 2,145 (this study's 1
+    runs)", the base node count's tokens/s/GPU and the constants of the same prediction."""
+    cells = [None if pd.isna(eff) else f"{eff:.0%}" + ("" if pd.isna(base) else f" of {base:,.0f}")
+             + ("" if pd.isna(source) else f" ({source})")
+             for eff, base, source in zip(predicted["pred_scaling_efficiency"],
+                                          predicted["pred_base_tokens_per_s_per_gpu"], predicted["pred_source"])]
+    return shown.assign(pred_scaling_efficiency=cells)
 
 
 def _percent(frame: pd.DataFrame, *columns: str) -> pd.DataFrame:
@@ -260,8 +269,8 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
         tables["memory_short"] = _present(_percent(memory, "mem_error"), MEMORY_COLUMNS)
     if not predicted.empty:
         tables["predicted"] = predicted
-        tables["predicted_short"] = _present(_percent(predicted, "error", "pred_scaling_efficiency",
-                                                      "scaling_efficiency"), PREDICTED_COLUMNS)
+        tables["predicted_short"] = _present(_with_base(_percent(predicted, "error", "scaling_efficiency"),
+                                                        predicted), PREDICTED_COLUMNS)
     comm = comm_model(agg, sizes) if not sizes.empty else pd.DataFrame()
     if not comm.empty:
         tables["comm_model"] = _present(comm, COMM_COLUMNS)
