@@ -13,7 +13,6 @@ as `cancelled`, the table is written. A second signal cleans up at once and stil
 """
 from __future__ import annotations
 
-import datetime as dt
 import signal
 import statistics
 import subprocess
@@ -36,7 +35,7 @@ from bench.predict.memory import lower_bound
 from bench.plan import PlannedRun, micro_batch_sizes, with_predictions
 from bench.predict.calibrate import study_predictor
 from bench.progress import Progress
-from bench.watch import watch
+from bench.watch import now_iso, watch
 
 SEARCH_DIR = "search"  # an auto micro batch run's trials: <run dir>/search/mb<N>/
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -93,10 +92,6 @@ def stop_on_signals() -> Iterator[threading.Event]:
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
 class _Sweep:
@@ -231,7 +226,7 @@ def _run(sweep: _Sweep, planned: PlannedRun) -> RunSteps:
 def _attempt(sweep: _Sweep, planned: PlannedRun, rd: Path) -> RunSteps:
     """One submission of a run (or the re-attached job of an earlier sweep), watched to its end."""
     cfg, launcher, spec = sweep.cfg, sweep.launcher, planned.spec
-    started = _now()
+    started = now_iso()
     handle, attempt = _reattach(sweep, rd)
     if handle is None:
         attempt += 1
@@ -251,7 +246,7 @@ def _attempt(sweep: _Sweep, planned: PlannedRun, rd: Path) -> RunSteps:
     if handle is not None and (outcome.timed_out or outcome.cancelled or outcome.launch_error):
         # ended by us (a timeout, Ctrl-C): the scheduler's own record of its executions, now it is out
         outcome.executions = _executions(launcher, handle) or outcome.executions
-    rundir.record_attempt(rd, attempt=attempt, ended_at=_now(),
+    rundir.record_attempt(rd, attempt=attempt, ended_at=now_iso(),
                           **({"executions": outcome.executions} if outcome.executions else {}))
     summary = summarize_run(spec, cfg.sweep_name, ad, outcome, predicted=planned.predicted(),
                             git_rev=sweep.rev, started_at=started)
@@ -292,9 +287,9 @@ def _reattach(sweep: _Sweep, rd: Path) -> tuple[Any, int]:
         _cleanup(sweep.launcher, handle, rd, attempt)
         handle = None
     if handle is None:
-        rundir.record_attempt(rd, attempt=attempt, ended_at=_now(), note="job gone or cancelled on resume")
+        rundir.record_attempt(rd, attempt=attempt, ended_at=now_iso(), note="job gone or cancelled on resume")
     else:
-        rundir.record_attempt(rd, attempt=attempt, reattached_at=_now())
+        rundir.record_attempt(rd, attempt=attempt, reattached_at=now_iso())
     return handle, attempt
 
 

@@ -16,7 +16,8 @@ from bench.config import SweepConfig
 from bench.launchers.base import DONE, PENDING, RUNNING, Launcher, Outcome
 
 
-def _now() -> str:
+def now_iso() -> str:
+    """Now, as the run ledger and the executions record it (UTC, to the second)."""
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
@@ -36,9 +37,9 @@ class Clock:
         if state in (RUNNING, DONE) and self.running_since is None:
             self.queued_s += now - self.pending_since
             self.running_since = now
-            self.executions.append({"state": "running", "start": _now()})
+            self.executions.append({"state": "running", "start": now_iso()})
         elif state == PENDING and self.running_since is not None:  # back in the queue: requeued
-            self.executions[-1] |= {"state": "requeued", "end": _now()}
+            self.executions[-1] |= {"state": "requeued", "end": now_iso()}
             self.running_since, self.pending_since = None, now
 
     def overrun(self, cfg: SweepConfig, now: float, reason: str | None) -> Outcome | None:
@@ -55,7 +56,7 @@ class Clock:
 
 
 def watch(cfg: SweepConfig, launcher: Launcher, handle: Any, stop: threading.Event,
-           ) -> Generator[None, None, Outcome]:
+          ) -> Generator[None, None, Outcome]:
     """Poll until the job is done, the stop event, the queue timeout (while pending) or the run timeout
     (counted from when the job runs, each execution of a requeued job from its own start). Deciding to stop
     a job is the runner's; cleanup() acts on it."""
@@ -80,7 +81,7 @@ def watch(cfg: SweepConfig, launcher: Launcher, handle: Any, stop: threading.Eve
     outcome.execution = len(clock.executions)
     ended_by_us = "timed out" if outcome.timed_out else "cancelled" if outcome.cancelled else None
     if clock.executions and clock.running_since is not None:
-        clock.executions[-1] |= {"end": _now()} | ({"state": f"{ended_by_us} by the harness"} if ended_by_us
+        clock.executions[-1] |= {"end": now_iso()} | ({"state": f"{ended_by_us} by the harness"} if ended_by_us
                                                  else {"state": "ended"})
     if not outcome.executions and (len(clock.executions) > 1 or ended_by_us):  # what we saw, where the
         outcome.executions = clock.executions  # launcher's own record does not say (it may, after cleanup)
