@@ -173,7 +173,7 @@ def check_fake_peak(runs: list[RunSummary]) -> Check:
     errors = {s.spec.label: s.pred_mem_gib / s.mem_peak_alloc_gib - 1 for s in rows}
     bad = [f"{s.spec.label}: predicted {errors[s.spec.label]:+.1%}" for s in rows
            if abs(_peak_error(s)) > MEMORY_TOLERANCE]
-    eager = [e for s in rows if not s.spec.compile for e in [errors[s.spec.label]]] or list(errors.values())
+    eager = [errors[s.spec.label] for s in rows if not s.spec.compile] or list(errors.values())
     worst = max(errors, key=lambda k: abs(errors[k]))
     return Check("memory: fake-tensor peak", threshold,
                  f"{len(rows)} runs, median |error| {statistics.median(abs(e) for e in eager):.1%} (eager), "

@@ -164,15 +164,15 @@ def auto_starts(cfg: SweepConfig, specs: list[RunSpec], memory: MemorySource | N
     sizes = {s.run_id: micro_batch_sizes(s, cfg.micro_batch_search.max) for s in specs}
     # per spec: low = the largest index known to fit (-1: none yet), high = the largest not known to fail
     bracket = {s.run_id: (-1, len(sizes[s.run_id]) - 1) for s in specs}
-    points: dict[str, dict[int, float]] = {s.run_id: {} for s in specs}  # micro batch -> measured peak
     seen: dict[str, dict[int, tuple[MemoryFigure, bool, str | None]]] = {s.run_id: {} for s in specs}
     by_id = {s.run_id: s for s in specs}
 
     def candidates(run_id: str) -> list[int]:
         low, high = bracket[run_id]
-        if not points[run_id]:  # two points draw the line: the middle, and the top (which may fit)
+        if not seen[run_id]:  # two points draw the line: the middle, and the top (which may fit)
             return sorted({high // 2, high})
-        guess = min(max(_estimate(by_id[run_id], sizes[run_id], limit, points[run_id]), low), high)
+        points = {sizes[run_id][i]: figure.gpu_gib for i, (figure, _, _) in seen[run_id].items()}
+        guess = min(max(_estimate(by_id[run_id], sizes[run_id], limit, points), low), high)
         return [i for i in (guess, guess + 1) if low < i <= high] or [low + 1]
 
     while pending := [r for r, (low, high) in bracket.items() if low < high]:
@@ -181,8 +181,7 @@ def auto_starts(cfg: SweepConfig, specs: list[RunSpec], memory: MemorySource | N
             memory.prefetch([spec for _, _, spec in tries] + (with_first or []))
             with_first = None
         for run_id, index, spec in tries:
-            figure, ok, reason = seen[run_id][index] = feasibility(cfg, spec, memory)
-            points[run_id][spec.micro_batch] = figure.gpu_gib
+            _, ok, _ = seen[run_id][index] = feasibility(cfg, spec, memory)
             low, high = bracket[run_id]
             bracket[run_id] = (max(low, index), high) if ok else (low, min(high, index - 1))
     out = {}
