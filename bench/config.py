@@ -170,6 +170,24 @@ class StudyConfig:
     knee_share: float = 0.5
 
 
+PREFLIGHT_MODES = ("auto", "on", "warn", "off")
+
+
+@dataclass
+class PreflightConfig:
+    """Nodes checked before a study spends its reservation (bench/preflight.py): one short job per node,
+    then all-reduce between pairs of nodes; a node that differs from the others refuses the study."""
+
+    # auto: on for launchers that reach several machines (slurm, kubernetes), off for local and dryrun;
+    # on: refuse a study whose nodes disagree; warn: show the table and go on; off: no preflight
+    mode: str = "auto"
+    tolerance: float = 0.25  # a node this fraction below the median (local workload, pair bandwidth) is named
+    seconds: float = 2.0  # the timed local workload per node
+    timeout_s: float = 300  # per round of jobs, queueing included: a node silent past it is named
+    pair_bytes: int = 1 << 25  # the largest all-reduce between a pair of nodes
+    nodes: list[str] | None = None  # the nodes to check; None: every node the launcher can reach
+
+
 @dataclass
 class FaultRule:
     """Test hook: inject a worker fault into the runs whose spec matches every key of `match`."""
@@ -201,6 +219,7 @@ class SweepConfig:
     micro_batch_search: MicroBatchSearch = field(default_factory=MicroBatchSearch)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     study: StudyConfig = field(default_factory=StudyConfig)
+    preflight: PreflightConfig = field(default_factory=PreflightConfig)
     faults: list[FaultRule] = field(default_factory=list)
     cluster: ClusterConfig = MISSING
     launcher: LauncherConfig = MISSING
@@ -335,6 +354,16 @@ def _check_faults(faults: list[FaultRule]) -> None:
             raise ConfigError(f"faults: unknown fault {f.fault!r}; known: {', '.join(FAULTS)}")
 
 
+def _check_preflight(p: PreflightConfig) -> None:
+    if p.mode not in PREFLIGHT_MODES:
+        raise ConfigError(f"preflight.mode={p.mode!r} is not one of: {', '.join(PREFLIGHT_MODES)}")
+    if not 0 < p.tolerance < 1:
+        raise ConfigError(f"preflight.tolerance={p.tolerance} must be a fraction between 0 and 1")
+    for name in ("seconds", "timeout_s", "pair_bytes"):
+        if getattr(p, name) <= 0:
+            raise ConfigError(f"preflight.{name} must be > 0, got {getattr(p, name)}")
+
+
 def validate(cfg: SweepConfig) -> None:
     """The rules a type cannot express; the first one broken is a ConfigError."""
     if not cfg.sweep_name:
@@ -344,6 +373,7 @@ def validate(cfg: SweepConfig) -> None:
                           "dir stays under results_root")
     _check_cluster(cfg.cluster)
     _check_launcher(cfg.launcher)
+    _check_preflight(cfg.preflight)
     _check_axes(cfg.axes, cfg.cluster)
     for i, rule in enumerate(cfg.exclude):
         if set(rule) - set(AXES):

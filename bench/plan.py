@@ -134,11 +134,16 @@ def micro_batch_sizes(spec: RunSpec, largest: int) -> list[int]:
 
 def _estimate(spec: RunSpec, sizes: list[int], limit: float | None, points: dict[int, float]) -> int:
     """The index of the largest size predicted to fit the GPU: the peak is affine in the micro batch
-    (activations grow with it, the states do not), drawn through the measured points, or through the one
-    point and the states' exact lower bound."""
+    (activations grow with it, the states do not), drawn through the two points nearest the limit (the
+    largest that fits and the smallest that does not, where there are both: a bracket that closes on any
+    monotone shape), or through the one point and the states' exact lower bound."""
     if limit is None:
         return len(sizes) - 1
-    (m0, g0), *rest = sorted(points.items())
+    fit = sorted((m, g) for m, g in points.items()
+                 if MemoryFigure(g, 0.0, "estimate").need_gib(spec) <= limit)
+    over = sorted((m, g) for m, g in points.items() if (m, g) not in fit)
+    # the two points nearest the limit
+    (m0, g0), *rest = fit[-1:] + over[:1] if fit and over else fit[-2:] or over[:2]
     m1, g1 = rest[-1] if rest else (0, states_gib(spec))
     slope = (g1 - g0) / (m1 - m0) if m1 != m0 else 0.0
     fits = [i for i, m in enumerate(sizes)
@@ -146,16 +151,29 @@ def _estimate(spec: RunSpec, sizes: list[int], limit: float | None, points: dict
     return max(fits, default=-1)
 
 
+def _group(spec: RunSpec) -> tuple[Any, ...]:
+    """Specs that differ only in their node count (and micro batch): their peaks less their states are one
+    curve of the micro batch, a rank's activations and buffers not depending on how many ranks share the
+    states (measured on p5_strong: the same to the MiB at 1 to 16 nodes)."""
+    return tuple(v for k, v in spec.to_dict().items() if k not in ("nodes", "micro_batch"))
+
+
+def _may_fit(spec: RunSpec, limit: float | None) -> bool:
+    """Whether the states alone leave room (else nothing is measured for it)."""
+    return limit is None or MemoryFigure(states_gib(spec), 0.0, "bound").need_gib(spec) <= limit
+
+
 def auto_starts(cfg: SweepConfig, specs: list[RunSpec], memory: MemorySource | None = None,
                 with_first: list[RunSpec] | None = None
                 ) -> dict[str, tuple[int, MemoryFigure, bool, str | None]]:
     """micro_batch auto: for each spec, the largest of its micro_batch_sizes (up to micro_batch_search.max)
-    that fits. The first round measures the middle size and the largest; each later one the size the
-    measured points predict to be the largest that fits and the next one up (`_estimate`), which settles it
-    in two rounds where the peak is affine in the micro batch, as it is; any other answer narrows the
-    bracket and the next round predicts again within it. The specs search in lockstep, each round's
-    candidates measured together (in parallel): a round costs one measurement's time, and the plan's wall
-    time is its rounds.
+    that fits. The first round measures, of each group of specs that differ only in nodes (`_group`), the
+    one with the most sizes: its middle size and its largest. Each later round measures per spec the size
+    the measured points predict to be the largest that fits and the next one up (`_estimate`): its own
+    points where it has some, else its group's, moved by the difference in states (`states_gib`). An
+    affine peak, as it is, is settled in two rounds; any other answer narrows the bracket and the next
+    round predicts again within it. The specs search in lockstep, each round's candidates measured
+    together (in parallel): a round costs its measurements divided among the workers.
 
     Returns, by run id, (start, its figure, feasible, reason): infeasible when not even 1 fits. `with_first`:
     other specs measured in the first round's batch (the plan's fixed micro batches).
@@ -166,13 +184,30 @@ def auto_starts(cfg: SweepConfig, specs: list[RunSpec], memory: MemorySource | N
     bracket = {s.run_id: (-1, len(sizes[s.run_id]) - 1) for s in specs}
     seen: dict[str, dict[int, tuple[MemoryFigure, bool, str | None]]] = {s.run_id: {} for s in specs}
     by_id = {s.run_id: s for s in specs}
+    first: dict[tuple[Any, ...], str] = {}  # per group, the spec the first round measures: the one with the
+    for spec in sorted(specs, key=lambda s: (not _may_fit(s, limit), -len(sizes[s.run_id]))):  # most sizes
+        first.setdefault(_group(spec), spec.run_id)
+
+    def points(run_id: str) -> dict[int, float]:
+        """GiB by micro batch: the spec's measured figures, and its group's moved to its states."""
+        spec, at = by_id[run_id], {}
+        for other in (r for r in seen if _group(by_id[r]) == _group(spec) and r != run_id):
+            for i, (figure, _, _) in seen[other].items():
+                if figure.source != "measured":
+                    continue  # a lower bound says nothing of the activations
+                m = sizes[other][i]
+                moved = states_gib(spec, accumulating=(spec.per_rank or 0) > m)
+                at[m] = figure.gpu_gib - states_gib(replace(by_id[other], micro_batch=m)) + moved
+        return at | {sizes[run_id][i]: figure.gpu_gib for i, (figure, _, _) in seen[run_id].items()}
 
     def candidates(run_id: str) -> list[int]:
         low, high = bracket[run_id]
-        if not seen[run_id]:  # two points draw the line: the middle, and the top (which may fit)
+        known = points(run_id)
+        if not known:
+            if not seen[first[_group(by_id[run_id])]]:
+                return [] if first[_group(by_id[run_id])] != run_id else sorted({high // 2, high})
             return sorted({high // 2, high})
-        points = {sizes[run_id][i]: figure.gpu_gib for i, (figure, _, _) in seen[run_id].items()}
-        guess = min(max(_estimate(by_id[run_id], sizes[run_id], limit, points), low), high)
+        guess = min(max(_estimate(by_id[run_id], sizes[run_id], limit, known), low), high)
         return [i for i in (guess, guess + 1) if low < i <= high] or [low + 1]
 
     while pending := [r for r, (low, high) in bracket.items() if low < high]:

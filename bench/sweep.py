@@ -5,7 +5,7 @@ launches (or, with --dry-run, renders every submission and stops).
 
 Exit status: 0 every planned run ended ok or infeasible; 1 some run did not (the table and everything
 finished are still written); 130 interrupted; 2 bad configuration or a sweep dir in use (one line on
-stderr, nothing launched).
+stderr, nothing launched); 3 the preflight named a node (bench/preflight.py; nothing launched).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import rundir, schedule
+from bench import preflight, rundir, schedule
 from bench.config import ConfigError, SweepConfig, from_dict, omegaconf_message, register_schema
 from bench.predict.cost import plan_cost, startup_of
 from bench.launchers.base import PROJECT_ROOT
@@ -230,7 +230,10 @@ def main(argv: list[str] | None = None) -> int:
         with rundir.locked(sweep_dir):
             memory = MemoryPlanner(cfg)
             predictor, calibration = study_predictor(cfg, sweep_dir)
-            plan = expand(cfg, memory, predictor)
+            try:
+                plan = expand(cfg, memory, predictor)
+            finally:
+                memory.close()  # its measuring processes: nothing measures after the plan
             print(f"planned in {time.perf_counter() - started:.1f} s; {memory.summary()}")
             if calibration:
                 print(calibration)
@@ -262,6 +265,14 @@ def _plan_and_launch(cfg: SweepConfig, plan: list[PlannedRun], launcher: Any, sw
         print(f"dry run: submissions written under {sweep_dir / rundir.RUNS_DIR}/*/"
               f"{rundir.ATTEMPT_PREFIX}*/{rundir.SUBMISSION_DIR}/")
         return EXIT_OK
+    if (mode := preflight.mode_of(cfg)) != "off":
+        verdict = preflight.check(cfg, launcher, sweep_dir, out=sys.stdout)
+        print(preflight.format_verdict(verdict))
+        if (named := preflight.problems(verdict)) and mode == "on":
+            print(f"error: preflight: {named[0]}{f' (and {len(named) - 1} more)' if len(named) > 1 else ''}; "
+                  "nothing launched: leave the node out (cluster.slurm.extra_sbatch=[--exclude=NODE]) or "
+                  "accept it with preflight.mode=warn", file=sys.stderr)
+            return preflight.EXIT_REFUSED
     from bench.runner import execute
     counts = execute(cfg, plan, launcher, sweep_dir)
     interrupted = counts.pop("interrupted")

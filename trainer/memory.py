@@ -118,13 +118,19 @@ class _PlacePeaks(TorchDispatchMode):
         """Block `index` of a stack (T5: the encoder's or the decoder's) of `depth` blocks runs."""
         self.at = tuple(f"{self.stage} {stack} {p}" for p in places(index, depth, self.period))
 
+    def _current(self) -> Any:
+        """The tracker's current figures per device, read in place: get_tracker_snapshot() deep-copies
+        them, after every operator a sixth of a measurement's time."""
+        current = getattr(self.tracker, "_curr_mem_snap", None)
+        return (self.tracker.get_tracker_snapshot() if current is None else current).values()
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 (torch's signature)
         from torch.distributed.tensor import DTensor
         if any(t is DTensor for t in types):
             return NotImplemented  # let DTensor run its local operators, which come back here one by one
         out = func(*args, **(kwargs or {}))
-        for snapshot in self.tracker.get_tracker_snapshot().values():  # one device: the CPU
-            named = _named(snapshot)
+        for snapshot in self._current():  # one device: the CPU
+            named = _named(snapshot)  # a copy, which a new peak keeps
             host = sum(named.get(c, 0) for c in OFFLOADED) if self.offloaded else 0
             for place in self.at:
                 peak = self.peaks.setdefault(place, Peak())

@@ -20,7 +20,7 @@ from bench.core.schema import SCHEMA_VERSION
 
 RECORD_PREFIX = "@@fsdpbench@@ "
 # memory, flight and census: the worker commands' answers
-RECORD_KINDS = ("meta", "step", "summary", "nvml", "nccl", "memory", "flight", "census")
+RECORD_KINDS = ("meta", "step", "summary", "nvml", "nccl", "memory", "flight", "census", "preflight")
 RECORDS_DIR = "records"
 # The worker's process-group timeout, from the harness (bench.launchers.base.job_env): a collective that
 # waits longer fails the run, and its ranks leave flight-recorder dumps (trainer/flight.py).

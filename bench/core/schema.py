@@ -31,7 +31,7 @@ WRAP_POLICIES = ("transformer_block", "whole_model")
 # reduce-scatter within a node every micro-batch (set_requires_all_reduce); parameters kept gathered from
 # one micro-batch's backward to the next one's forward (set_reshard_after_backward)
 ACCUMULATIONS = ("sync_each", "sync_once", "allreduce_once", "keep_gathered")
-RUN_KINDS = ("train", "nccl")
+RUN_KINDS = ("train", "nccl", "preflight")  # preflight: one node's facts and speed alone
 FAULTS = ("none", "oom", "nan", "hang", "crash", "sleep")  # test hook; sleep: no work, just the time
 
 STATUSES = ("ok", "oom", "timeout", "nccl_error", "rendezvous_error", "launch_error", "nan_loss",
@@ -72,6 +72,7 @@ class RunSpec:
     efa_per_node: int = 0
     cluster: str = "local"
     launcher: str = "local"
+    hosts: str = ""  # the nodes the job must run on, comma-separated ("": wherever the scheduler puts it)
     repeat: int = 0
     seed: int = 0
     nccl_min_bytes: int = 8
@@ -172,8 +173,12 @@ class RunSpec:
     @property
     def label(self) -> str:
         """Human-readable part of the run dir name."""
+        on = f"-on-{self.hosts.replace(',', '-')}" if self.hosts else ""
+        if self.kind == "preflight":
+            return f"preflight-n{self.nodes}x{self.gpus_per_node}{on}"
         if self.kind == "nccl":
-            return f"nccl-allreduce-n{self.nodes}x{self.gpus_per_node}-efa{self.efa_per_node}-r{self.repeat}"
+            return (f"nccl-allreduce-n{self.nodes}x{self.gpus_per_node}-efa{self.efa_per_node}-r{self.repeat}"
+                    f"{on}")
         ac = {"none": "noac", "full": "acfull", "selective": "acsel",
               "selective_op": "acselop"}[self.activation_checkpointing]
         options = "-compile" if self.compile else ""
@@ -190,10 +195,10 @@ class RunSpec:
 
     def to_argv(self) -> list[str]:
         """Worker command-line arguments that reproduce this spec (`--model tiny_llama ...`); a preset's
-        empty model_config is left out (its default)."""
+        empty model_config and an empty hosts are left out (their defaults)."""
         argv: list[str] = []
         for f in fields(self):
-            if not (f.name == "model_config" and not self.model_config):
+            if not (f.name in ("model_config", "hosts") and not getattr(self, f.name)):
                 argv += [f"--{f.name.replace('_', '-')}", str(getattr(self, f.name))]
         return argv
 
@@ -208,7 +213,7 @@ SPEC_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RunSpec))
 # Fields added after schema v1 began, at their defaults: left out of run ids, and of reports that never
 # varied them.
 ADDED_DEFAULTS = {"compile": False, "offload": "none", "model_config": "", "global_batch": 0,
-                  "accumulation": "sync_each"}
+                  "accumulation": "sync_each", "hosts": ""}
 
 
 def _flag(text: str) -> bool:

@@ -97,7 +97,7 @@ class Launcher(Protocol):
 
 def worker_module_argv(spec: RunSpec, run_dir: Path | None, extra: list[str]) -> list[str]:
     """`-m trainer ...` or `-m nccl.probe ...`: the module half of a worker command line."""
-    module = "trainer" if spec.kind == "train" else "nccl.probe"
+    module = {"train": "trainer", "nccl": "nccl.probe", "preflight": "trainer.preflight"}[spec.kind]
     argv = ["-m", module, *spec.to_argv()]
     if run_dir is not None:
         argv += ["--run-dir", str(run_dir)]

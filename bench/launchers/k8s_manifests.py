@@ -9,10 +9,18 @@ from typing import Any
 
 from bench.config import ConfigError, SweepConfig
 from bench.core.schema import RunSpec
-from bench.launchers.base import IMAGE_PYTHON, IMAGE_WORKDIR, fault_args, job_env, rendezvous_conf
+from bench.launchers.base import (
+    IMAGE_PYTHON,
+    IMAGE_WORKDIR,
+    fault_args,
+    job_env,
+    rendezvous_conf,
+    worker_module_argv,
+)
 from nccl.command import all_reduce_perf_argv
 
 GROUP = "kubeflow.org"
+HOSTNAME_LABEL = "kubernetes.io/hostname"  # the well-known label of each node's name
 PYTORCHJOB = {"group": GROUP, "version": "v1", "plural": "pytorchjobs", "kind": "PyTorchJob"}
 MPIJOB = {"group": GROUP, "version": "v2beta1", "plural": "mpijobs", "kind": "MPIJob"}
 RUN_ID_LABEL = "fsdpbench.io/run-id"
@@ -58,6 +66,7 @@ def _env(cfg: SweepConfig, spec: RunSpec) -> list[dict[str, Any]]:
     """The launchers' common environment (no shared run dir in a pod: the flight recorder dumps under /tmp
     and the watchdog's report reaches the pod log)."""
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(job_env(cfg, spec, None).items())]
+    env.append({"name": "FSDPBENCH_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
     if cfg.cluster.kubernetes.hf_token_secret:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": cfg.cluster.kubernetes.hf_token_secret, "key": "token"}}})
@@ -81,6 +90,10 @@ def _pod_spec(cfg: SweepConfig, spec: RunSpec, container: dict[str, Any], worker
         container["volumeMounts"] = [{"name": "shm", "mountPath": "/dev/shm"}]
         if cfg.cluster.instance_type != "local":
             pod["nodeSelector"] = {k.instance_type_label: cfg.cluster.instance_type}
+        if spec.hosts:  # a preflight's job on its node, or its pair of nodes
+            pod["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [{"key": HOSTNAME_LABEL, "operator": "In",
+                                                              "values": spec.hosts.split(",")}]}]}}}
     if k.image_pull_secret:
         pod["imagePullSecrets"] = [{"name": k.image_pull_secret}]
     if k.service_account:
@@ -105,7 +118,7 @@ def pytorchjob(cfg: SweepConfig, spec: RunSpec, name: str) -> dict[str, Any]:
     """
     command = [IMAGE_PYTHON, "-m", "torch.distributed.run", f"--nnodes={spec.nodes}",
                f"--nproc-per-node={spec.gpus_per_node}", "--rdzv-backend=c10d", "--max-restarts=0",
-               "-m", "trainer", *spec.to_argv(), *fault_args(cfg, spec)]
+               *worker_module_argv(spec, None, fault_args(cfg, spec))]
     container = {"name": "pytorch", "image": _image(cfg), "imagePullPolicy": "IfNotPresent",
                  "workingDir": IMAGE_WORKDIR, "command": command,
                  "env": _env(cfg, spec),
@@ -164,4 +177,5 @@ def mpijob(cfg: SweepConfig, spec: RunSpec, name: str) -> dict[str, Any]:
 
 def manifest(cfg: SweepConfig, spec: RunSpec, name: str | None = None) -> dict[str, Any]:
     name = name or job_name(spec)
-    return pytorchjob(cfg, spec, name) if spec.kind == "train" else mpijob(cfg, spec, name)
+    # training and the preflight's node jobs under torchrun; all-reduce probes under MPI (nccl-tests)
+    return mpijob(cfg, spec, name) if spec.kind == "nccl" else pytorchjob(cfg, spec, name)

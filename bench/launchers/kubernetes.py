@@ -178,6 +178,22 @@ class KubernetesLauncher:
                               ) from None
         self.crds = self.read_crds()
 
+    def node_names(self) -> tuple[list[str], dict[str, str]]:
+        """The nodes of the cluster's instance type that are Ready, and those that are not (by why): the
+        preflight's."""
+        self._connect()
+        label = self.cfg.cluster.kubernetes.instance_type_label
+        kind = self.cfg.cluster.instance_type
+        selector = f"{label}={kind}" if kind != "local" else None
+        up, down = [], {}
+        for node in self._core.list_node(label_selector=selector, _request_timeout=30).items:
+            ready = next((c.status for c in node.status.conditions or [] if c.type == "Ready"), "Unknown")
+            if ready == "True" and not node.spec.unschedulable:
+                up.append(node.metadata.name)
+            else:
+                down[node.metadata.name] = "cordoned" if node.spec.unschedulable else f"Ready={ready}"
+        return up, down
+
     def read_crds(self) -> dict[str, dict[str, Any]]:
         """The Kubeflow CRDs installed in the cluster (apiextensions.k8s.io/v1), by kind; a kind whose CRD is
         missing is left out (a sweep without probes needs no MPI operator)."""

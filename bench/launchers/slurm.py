@@ -86,6 +86,8 @@ def sbatch_lines(cfg: SweepConfig, spec: RunSpec) -> list[str]:
         lines.append(f"#SBATCH --account={_check_safe('slurm.account', s.account)}")
     if s.exclusive:
         lines.append("#SBATCH --exclusive")
+    if spec.hosts:  # a preflight's job on its node, or its pair of nodes
+        lines.append(f"#SBATCH --nodelist={_check_safe('hosts', spec.hosts)}")
     gpus = s.gpus_per_node if s.gpus_per_node is not None else (cfg.cluster.gpus_per_node if cfg.cluster.gpu
                                                                  else None)
     if gpus:  # 0: a cluster without GPU GRES, which would reject the option
@@ -224,6 +226,32 @@ class SlurmLauncher:
         if proc.returncode != 0:
             raise ConfigError(f"Slurm controller not reachable (sinfo: {proc.stderr.strip()[:200]}); "
                               "start the test cluster with scripts/slurm_cluster.sh start, or dry-run")
+
+    def node_names(self) -> tuple[list[str], dict[str, str]]:
+        """The partition's nodes a job can run on, and those Slurm holds down (by state): the preflight's."""
+        argv = ["sinfo", "-N", "-h", "-o", "%N %T"]
+        if self.cfg.cluster.slurm.partition:
+            argv += ["-p", self.cfg.cluster.slurm.partition]
+        up: list[str] = []
+        down: dict[str, str] = {}
+        left_out = self._excluded()
+        for line in self._run(argv).stdout.splitlines():
+            node, state = line.split()[:2]
+            if node in left_out:
+                continue
+            if any(state.lower().rstrip("*~#!%$@^-").startswith(d) for d in DOWN_STATES):
+                down[node] = state
+            elif node not in up:
+                up.append(node)
+        return up, down
+
+    def _excluded(self) -> set[str]:
+        """Nodes the study's jobs leave out (slurm.extra_sbatch's --exclude=, a hostlist Slurm expands)."""
+        lists = [x.split("=", 1)[1] for x in self.cfg.cluster.slurm.extra_sbatch
+                 if x.startswith("--exclude=")]
+        if not lists:
+            return set()
+        return set(self._run(["scontrol", "show", "hostnames", ",".join(lists)]).stdout.split())
 
     def _run(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=_CMD_TIMEOUT_S,

@@ -1,11 +1,14 @@
 """Slurm launcher: golden batch script, quoting, state parsing, and runs on the real test cluster."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -200,8 +203,8 @@ def test_missing_sbatch_says_what_to_do(capsys, monkeypatch) -> None:
 
 def run_sweep(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={tmp_path}",
-                           *SMOKE_SHAPE, "launcher.poll_s=0.5", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=900)
+                           *SMOKE_SHAPE, "launcher.poll_s=0.5", "preflight.mode=off", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
 
 
 @pytest.mark.slurm
@@ -306,8 +309,8 @@ def test_a_rerun_reattaches_to_the_job_a_killed_sweep_left_running(slurm_cluster
     from bench import rundir
     args = ["cluster=slurm_local", "launcher=slurm", *ONE_RUN, "faults=[{match:{},fault:sleep,seconds:20}]"]
     first = subprocess.Popen([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={tmp_path}",
-                              *SMOKE_SHAPE, "launcher.poll_s=0.5", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+                              *SMOKE_SHAPE, "launcher.poll_s=0.5", "preflight.mode=off", *args], cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     runs = tmp_path / "smoke" / "runs"
     deadline = time.monotonic() + 120
     while not any((rundir.read_ledger(d) or [{}])[-1].get("job") for d in runs.glob("*")):
@@ -376,8 +379,8 @@ def test_a_node_that_stops_answering_under_a_run_is_on_the_record(slurm_cluster,
             "axes.activation_checkpointing=[none]", "axes.precision=[bf16_mixed]", "nccl.enabled=false",
             "steps=200", "warmup_steps=1"]  # about 75 s here: longer than Slurm takes to miss the node
     sweep = subprocess.Popen([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={tmp_path}",
-                              *SMOKE_SHAPE, "launcher.poll_s=0.5", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+                              *SMOKE_SHAPE, "launcher.poll_s=0.5", "preflight.mode=off", *args], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline, seen = time.monotonic() + 180, None
     while seen is None or seen[0] != "RUNNING":
         assert time.monotonic() < deadline and sweep.poll() is None, "the run never started"
@@ -407,3 +410,44 @@ def test_a_node_that_stops_answering_under_a_run_is_on_the_record(slurm_cluster,
     assert report.returncode == 0, report.stderr[-2000:]
     text = (tmp_path / "smoke" / "report" / "report.md").read_text()
     assert "restarted" in text and failed in text
+
+
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
+
+
+def _preflight(tmp_path: Path, *args: str) -> tuple[int, dict]:
+    proc = subprocess.run([sys.executable, "-m", "bench.preflight", "+sweep=smoke", "cluster=slurm_local",
+                           "launcher=slurm", f"results_root={tmp_path}", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "SLURM_CONF": SLURM_CONF})
+    verdict = json.loads((tmp_path / "smoke" / "preflight.json").read_text())
+    return proc.returncode, verdict
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_the_preflight_names_the_node_slowed_from_outside_and_no_other(slurm_cluster, tmp_path) -> None:
+    """node3's slurmd (and so every job it starts) in a cgroup of a fifth of a core: nothing in the code
+    knows. The preflight names node3 alone, by its local workload and its pairs; with it back, no node."""
+    slow = CPU_CGROUP / "fsdpbench-slow"
+    try:
+        slow.mkdir(exist_ok=True)
+    except OSError:
+        pytest.skip("no writable cgroup v1 cpu controller to slow a node with")
+    pid = (Path(SLURM_CONF).parent / "slurmd.node3.pid").read_text().strip()
+    try:
+        (slow / "cpu.cfs_period_us").write_text("100000")
+        (slow / "cpu.cfs_quota_us").write_text("20000")
+        (slow / "cgroup.procs").write_text(pid)
+        rc, verdict = _preflight(tmp_path / "slowed")
+    finally:
+        for task in (slow / "cgroup.procs").read_text().split():
+            (CPU_CGROUP / "cgroup.procs").write_text(task)
+        slow.rmdir()
+    named = {r["node"]: r["problems"] for r in verdict["rows"] if r["problems"]}
+    assert rc == 3 and list(named) == ["node3"] and not verdict["links"], verdict
+    assert any(p.startswith("matmul TFLOPS") for p in named["node3"])
+    assert any(p.startswith("all-reduce GB/s") for p in named["node3"])  # both its pairs
+    rc, verdict = _preflight(tmp_path / "healthy")
+    assert rc == 0 and not any(r["problems"] for r in verdict["rows"]) and not verdict["links"], verdict
+    assert verdict["seconds"] < 90 and len(verdict["pairs"]) == 4
+

@@ -33,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,14 +99,15 @@ class MemoryFigure:
                 + NCCL_GIB_PER_COMMUNICATOR * communicators(spec))
 
 
-def states_gib(spec: RunSpec) -> float:
+def states_gib(spec: RunSpec, accumulating: bool | None = None) -> float:
     """Per GPU, the sharded parameters, gradients and AdamW state: what any step's peak holds at least; under
-    sync_once accumulation the gradients whole, as they build up unsharded until the step's last micro-batch
-    (in the parameters' dtype: fp32 master weights under mixed precision, trainer/test_memory.py)."""
+    sync_once accumulation (the spec's, else `accumulating`) the gradients whole, as they build up
+    unsharded until the step's last micro-batch (in the parameters' dtype: fp32 master weights under mixed
+    precision, trainer/test_memory.py)."""
     params = count_params(spec.arch)
     shard = shard_size(spec.sharding, spec.nodes, spec.gpus_per_node)
     states = params * state_bytes_per_param(spec.precision) / shard
-    if spec.accumulation == "sync_once" and spec.grad_accum > 1:
+    if spec.accumulation == "sync_once" and (spec.grad_accum > 1 if accumulating is None else accumulating):
         states += params * PARAM_BYTES[spec.precision] * (1 - 1 / shard)
     return states / GIB
 
@@ -171,6 +173,7 @@ class MemoryPlanner:
         self.unavailable = None if importlib.util.find_spec("torch") else (
             "torch is not installed where the sweep plans (pip install torch to measure)")
         self._known: dict[str, MemoryFigure] = {}
+        self._pool: Measurers | None = None  # kept between prefetches (a micro batch search's rounds)
 
     def figure(self, spec: RunSpec) -> MemoryFigure:
         """The run's memory figure, measuring its configuration now if nobody has yet."""
@@ -217,9 +220,11 @@ class MemoryPlanner:
         print(f"memory: measuring {len(todo)} configuration(s) on fake tensors with {workers} process(es), "
               f"cached in {self.dir}", file=self.out, flush=True)
         biggest_first = sorted(todo.values(), key=lambda s: -count_params(s.arch) * s.world_size)
-        args = ("--cuda",) if self.cuda else ()
-        for done, (spec, result) in enumerate(measure_in_workers(biggest_first, workers,
-                                                                 self.cfg.memory.timeout_s, args), 1):
+        if self._pool is None:
+            self._pool = Measurers(self.cfg.memory.workers, self.cfg.memory.timeout_s,
+                                   ("--cuda",) if self.cuda else ())
+            weakref.finalize(self, self._pool.close)
+        for done, (spec, result) in enumerate(self._pool.measure(biggest_first), 1):
             key = memory_key(spec, self.cuda)
             if "error" in result:
                 figure = lower_bound(spec, f"not measured: {result['error']}")
@@ -230,6 +235,11 @@ class MemoryPlanner:
             shown = f"{figure.gpu_gib:.3g} GiB/GPU" if figure.source == "measured" else figure.note
             print(f"memory: [{done}/{len(todo)}] {spec.label}: {shown} ({result.get('seconds', 0):.0f} s)",
                   file=self.out, flush=True)
+
+    def close(self) -> None:
+        """Stop the measuring processes (the plan is made: nothing measures after it)."""
+        if self._pool:
+            self._pool.close()
 
     def summary(self) -> str:
         return f"memory: {self.measured} measured, {self.cached} from the cache ({self.dir})"
@@ -301,44 +311,72 @@ class _Worker:
         self.stderr.close()
 
 
+class Measurers:
+    """`python -m trainer.memory` processes kept between batches of specs: a search measures in rounds, and
+    starting torch again for each round cost more than a round's measurements. Stopped by close(), when
+    the owner is collected, or with the sweep (PR_SET_PDEATHSIG); every process is gone after a batch that
+    raised (Ctrl-C included)."""
+
+    def __init__(self, workers: int, timeout_s: float, args: tuple[str, ...] = ()) -> None:
+        self.workers, self.timeout_s, self.args = workers, timeout_s, args
+        self.answers: queue.Queue = queue.Queue()
+        self.live: list[_Worker] = []
+
+    def measure(self, specs: list[RunSpec]) -> Iterable[tuple[RunSpec, dict[str, Any]]]:
+        """Yield (spec, memory record) as the processes answer, in the order they finish. A spec whose
+        process died or stayed silent past timeout_s gets a record with `error` (and a fresh process takes
+        the rest)."""
+        todo = list(specs)
+        while len(self.live) < min(self.workers, len(todo)):
+            self.live.append(_Worker(self.answers, self.args))
+        finished = False
+        try:
+            while todo or any(w.spec for w in self.live):
+                for worker in self.live:
+                    if worker.spec is None and todo:
+                        worker.give(todo.pop(0))
+                try:
+                    worker, record = self.answers.get(timeout=1.0)
+                except queue.Empty:
+                    late = [w for w in self.live if w.spec and time.monotonic() - w.since > self.timeout_s]
+                    for worker in late:
+                        yield worker.spec, {
+                            "error": f"no answer within memory.timeout_s={self.timeout_s:g} s"}
+                        self._retire(worker, bool(todo))
+                    continue
+                if worker not in self.live:
+                    continue  # a stopped worker's last words
+                if record is None:  # died: its spec fails, a new process takes the rest
+                    if worker.spec:
+                        yield worker.spec, {"error": f"the measuring process died: {worker.last_words()}"}
+                    self._retire(worker, bool(todo))
+                    continue
+                spec, worker.spec = worker.spec, None
+                if spec is not None:
+                    yield spec, record
+            finished = True
+        finally:
+            if not finished:
+                self.close()
+
+    def _retire(self, worker: _Worker, replace: bool) -> None:
+        worker.stop()
+        self.live.remove(worker)
+        if replace:
+            self.live.append(_Worker(self.answers, self.args))
+
+    def close(self) -> None:
+        for worker in self.live:
+            worker.stop()
+        self.live.clear()
+
+
 def measure_in_workers(specs: list[RunSpec], workers: int, timeout_s: float,
                        args: tuple[str, ...] = ()) -> Iterable[tuple[RunSpec, dict[str, Any]]]:
-    """Yield (spec, memory record) as the worker processes answer, in the order they finish. A spec whose
-    process died or stayed silent past timeout_s gets a record with `error` (and a fresh process takes the
-    rest). Every process is gone when this returns or raises, Ctrl-C included. args: the command's
+    """Measurers.measure once, every process gone when this returns or raises. args: the command's
     (--whole: every model stepped whole, the check benchmarks/memory_plan.py runs)."""
-    answers: queue.Queue = queue.Queue()
-    todo, live = list(specs), [_Worker(answers, args) for _ in range(workers)]
-
-    def retire(worker: _Worker) -> None:
-        worker.stop()
-        live.remove(worker)
-        if todo:
-            live.append(_Worker(answers, args))
-
+    pool = Measurers(workers, timeout_s, args)
     try:
-        while todo or any(w.spec for w in live):
-            for worker in live:
-                if worker.spec is None and todo:
-                    worker.give(todo.pop(0))
-            try:
-                worker, record = answers.get(timeout=1.0)
-            except queue.Empty:
-                late = [w for w in live if w.spec and time.monotonic() - w.since > timeout_s]
-                for worker in late:
-                    yield worker.spec, {"error": f"no answer within memory.timeout_s={timeout_s:g} s"}
-                    retire(worker)
-                continue
-            if worker not in live:
-                continue  # a stopped worker's last words
-            if record is None:  # died: its spec fails, a new process takes the rest
-                if worker.spec:
-                    yield worker.spec, {"error": f"the measuring process died: {worker.last_words()}"}
-                retire(worker)
-                continue
-            spec, worker.spec = worker.spec, None
-            if spec is not None:
-                yield spec, record
+        yield from pool.measure(specs)
     finally:
-        for worker in live:
-            worker.stop()
+        pool.close()

@@ -44,6 +44,12 @@ def test_each_configuration_is_measured_once_then_read_from_the_cache(tmp_path: 
     full, none = sorted(plan, key=lambda p: p.spec.activation_checkpointing)
     assert full.memory.categories["activations"] < none.memory.categories["activations"]
     assert "memory: [2/2]" in capsys.readouterr().out  # progress, one line per configuration
+    # a later round (the micro batch search's) is measured by the same processes, gone once closed
+    processes = [w.proc for w in first._pool.live]
+    first.prefetch([replace(full.spec, micro_batch=full.spec.micro_batch + 1)])
+    assert first.measured == 3 and [w.proc for w in first._pool.live] == processes
+    first.close()
+    assert all(proc.poll() is not None for proc in processes)
 
 
 def test_a_measurement_past_its_time_limit_is_planned_on_the_lower_bound(tmp_path: Path) -> None:

@@ -1,0 +1,304 @@
+"""`python -m bench.preflight +sweep=NAME`: check every node of the study's cluster before its first run.
+
+At 16 nodes one bad node sets the pace of all of them, and synchronous FSDP hides which: every rank waits in
+the same collectives. So, through the study's own launcher: one short job per node, all in parallel
+(`python -m trainer.preflight`: versions, GPUs, EFA adapters, free space, a local workload timed with no
+communication), then all-reduce between pairs of nodes (`python -m nccl.probe` or nccl-tests, as the
+study's probes), each node in two pairs where there are three nodes or more, so a bad node shows in both
+its pairs and a bad link in one. The verdict is a table, one row a node, naming what sets a node apart: a
+speed more than `preflight.tolerance` below the median node's, versions other than the majority's, fewer
+GPUs or EFA adapters than the study asks, ECC errors, clocks held down, a node that did not answer.
+
+`bench.sweep` runs it first on launchers that reach several machines (preflight.mode=auto) and refuses a
+study whose nodes disagree unless preflight.mode=warn; the table is kept in the sweep dir
+(bench.rundir.PREFLIGHT_JSON) and shown in the report. Every job is cleaned up however the check ends.
+"""
+from __future__ import annotations
+
+import socket
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench import rundir
+from bench.config import ConfigError, SweepConfig
+from bench.core.records import error_line
+from bench.core.schema import RunSpec
+from bench.launchers.base import DONE, Launcher
+from bench.watch import now_iso
+from nccl.records import records_from_logs
+
+EXIT_REFUSED = 3  # bench.sweep and this command: the nodes disagree (preflight.mode=on)
+# NVML's clock throttle reasons that mean a GPU is held below its clocks by its state, not by its load:
+# HW slowdown, SW thermal, HW thermal, HW power brake (nvml.h nvmlClocksThrottleReason*)
+BAD_THROTTLE = {0x8: "hardware slowdown", 0x20: "software thermal", 0x40: "hardware thermal",
+                0x80: "power brake"}
+VERSIONS = (("torch", "torch"), ("python", "Python"), ("cuda", "CUDA"), ("nccl", "NCCL"),
+            ("driver", "driver"), ("gpu", "GPU"), ("libfabric", "libfabric"), ("ofi_plugin", "aws-ofi-nccl"),
+            ("ofi_plugin_loads", "aws-ofi-nccl loads"))
+SPEEDS = (("matmul_tflops", "matmul TFLOPS"), ("copy_gbs", "copy GB/s"),
+          ("pair_busbw_gbs", "all-reduce GB/s"))
+MIN_FREE_GIB = 1.0
+
+
+def mode_of(cfg: SweepConfig) -> str:
+    """on, warn or off: auto is on where the launcher reaches several machines."""
+    if cfg.preflight.mode != "auto":
+        return cfg.preflight.mode
+    return "on" if cfg.launcher.name in ("slurm", "kubernetes") else "off"
+
+
+def study_efa(cfg: SweepConfig) -> int:
+    asked = [e for e in [*cfg.axes.efa_per_node, *(cfg.nccl.efa_per_node or [])] if e is not None]
+    return max(asked or [cfg.cluster.efa_per_node])
+
+
+def node_spec(cfg: SweepConfig, node: str) -> RunSpec:
+    return RunSpec(kind="preflight", nodes=1, gpus_per_node=cfg.cluster.gpus_per_node,
+                   precision=cfg.axes.precision[0], efa_per_node=study_efa(cfg), cluster=cfg.cluster.name,
+                   launcher=cfg.launcher.name, hosts=node)
+
+
+def pair_spec(cfg: SweepConfig, pair: tuple[str, str]) -> RunSpec:
+    top = cfg.preflight.pair_bytes
+    return RunSpec(kind="nccl", nodes=2, gpus_per_node=cfg.cluster.gpus_per_node, efa_per_node=study_efa(cfg),
+                   cluster=cfg.cluster.name, launcher=cfg.launcher.name, hosts=",".join(pair),
+                   nccl_min_bytes=max(8, top // 64), nccl_max_bytes=top, nccl_iters=5)
+
+
+def pair_rounds(nodes: list[str]) -> list[list[tuple[str, str]]]:
+    """Pairs of neighbours on a ring (every node in two pairs; one pair of two nodes), in rounds of pairs
+    that share no node, so a round runs side by side."""
+    n = len(nodes)
+    if n < 2:
+        return []
+    pairs = [(nodes[0], nodes[1])] if n == 2 else [(nodes[i], nodes[(i + 1) % n]) for i in range(n)]
+    rounds: list[list[tuple[str, str]]] = []
+    for pair in pairs:
+        slot = next((r for r in rounds if not {*pair} & {x for p in r for x in p}), None)
+        if slot is None:
+            rounds.append(slot := [])
+        slot.append(pair)
+    return rounds
+
+
+@dataclass
+class Answer:
+    """One preflight job: its workers' records, else why there are none."""
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+
+
+def run_round(launcher: Launcher, specs: list[RunSpec], base: Path, timeout_s: float,
+              out: Any = sys.stderr) -> dict[str, Answer]:
+    """Submit every spec at once, wait for all (at most timeout_s, queueing included), read their records.
+    Every job is cleaned up on the way out, Ctrl-C included; a job still going at the deadline is named."""
+    handles: dict[str, tuple[Any, Path]] = {}
+    answers: dict[str, Answer] = {}
+    by_id = {spec.run_id: spec for spec in specs}
+    try:
+        for spec in specs:
+            attempt = rundir.attempt_dir(base / f"{spec.label}-{spec.run_id}", 1)
+            try:
+                submission = launcher.render(spec, attempt)
+                rundir.write_submission(attempt, submission)
+                handles[spec.run_id] = (launcher.submit(submission, attempt), attempt)
+            except Exception as e:  # noqa: BLE001 - one node's submission failing is that node's answer
+                answers[spec.run_id] = Answer(error=f"could not be submitted: {error_line(e)}")
+        deadline = time.monotonic() + timeout_s
+        while len(answers) < len(specs) and time.monotonic() < deadline:
+            for run_id, (handle, attempt) in handles.items():
+                if run_id not in answers and launcher.poll(handle).state == DONE:
+                    launcher.logs(handle, attempt)
+                    records = rundir.read_records(attempt)
+                    if by_id[run_id].kind == "nccl" and not any(r.get("kind") == "nccl" for r in records):
+                        records = records_from_logs(attempt, by_id[run_id])  # nccl-tests: its table
+                    answers[run_id] = Answer(records, None if records else "finished without an answer")
+            time.sleep(0.5)
+        for run_id in handles.keys() - answers.keys():
+            answers[run_id] = Answer(error=f"no answer within preflight.timeout_s={timeout_s:g} s")
+    finally:
+        for handle, _ in handles.values():
+            launcher.cleanup(handle)
+    return answers
+
+
+def node_row(node: str, answer: Answer) -> dict[str, Any]:
+    """One node's facts, its slowest GPU's speeds (a node is as fast as its slowest rank)."""
+    facts = [r for r in answer.records if r.get("kind") == "preflight" and "error" not in r]
+    if not facts:
+        errors = [r["error"] for r in answer.records if r.get("error")]
+        return {"node": node, "answered": False, "problems": [answer.error or errors[0] if errors or
+                                                               answer.error else "no answer"]}
+    first = facts[0]
+    row: dict[str, Any] = {"node": node, "answered": True, "ranks": len(facts), "problems": []}
+    for key, _ in VERSIONS:
+        row[key] = first.get(key)
+    for key in ("gpus", "efa_adapters", "results_free_gib", "threads", "dtype"):
+        row[key] = first.get(key)
+    row["matmul_tflops"] = min(f["matmul_tflops"] for f in facts)
+    row["copy_gbs"] = min(f["copy_gbs"] for f in facts)
+    row["ecc_uncorrected"] = sum(f.get("ecc_uncorrected") or 0 for f in facts)
+    row["throttled"] = sorted({name for f in facts for bit, name in BAD_THROTTLE.items()
+                               if (f.get("throttle_reasons") or 0) & bit})
+    return row
+
+
+def busbw_of(answer: Answer) -> float | None:
+    """The largest message's bus bandwidth of a pair's all-reduce (GB/s): the probe's rows, or nccl-tests'
+    table parsed from the logs."""
+    sizes = [r for r in answer.records if r.get("kind") == "nccl" and r.get("busbw") is not None]
+    return max(sizes, key=lambda r: r.get("size", 0))["busbw"] if sizes else None
+
+
+Pairs = dict[tuple[str, str], float | None]  # a pair of nodes' all-reduce bus bandwidth (GB/s)
+
+
+def judge(cfg: SweepConfig, rows: list[dict[str, Any]], pairs: Pairs) -> list[str]:
+    """Name what sets each node apart (each row's `problems`); returns the problems of no single node
+    (a slow link between two nodes that are fine with their other neighbour)."""
+    tol, answered = cfg.preflight.tolerance, [r for r in rows if r["answered"]]
+    for row in answered:  # a node's best pair: one fine pair clears the node (the other is the link)
+        own = [bw for pair, bw in pairs.items() if row["node"] in pair]
+        row["pair_busbw_gbs"] = max((bw for bw in own if bw is not None), default=None)
+    for key, label in SPEEDS:
+        values = [r[key] for r in answered if r.get(key) is not None]
+        if len(values) < 2:
+            continue
+        median = statistics.median(values)
+        for row in answered:
+            if row.get(key) is not None and row[key] < median * (1 - tol):
+                row["problems"].append(f"{label} {row[key]:.3g}, {1 - row[key] / median:.0%} below the "
+                                       f"median {median:.3g}")
+    for key, label in VERSIONS:
+        counts: dict[Any, int] = {}
+        for row in answered:
+            counts[row.get(key)] = counts.get(row.get(key), 0) + 1
+        if len(counts) > 1:
+            common, n = max(counts.items(), key=lambda kv: kv[1])
+            for row in answered:
+                if row.get(key) != common:
+                    row["problems"].append(
+                        f"{label} {row.get(key)} where {n} of {len(answered)} have {common}")
+    efa, gpus = study_efa(cfg), cfg.cluster.gpus_per_node if cfg.cluster.gpu else None
+    for row in answered:
+        if (row.get("efa_adapters") or 0) < efa:
+            row["problems"].append(f"{row.get('efa_adapters') or 0} EFA adapters, the study asks {efa}")
+        if gpus and (row.get("gpus") or 0) < gpus:
+            row["problems"].append(f"{row.get('gpus') or 0} GPUs, the cluster has {gpus} per node")
+        if row.get("ecc_uncorrected"):
+            row["problems"].append(f"{row['ecc_uncorrected']} uncorrected ECC errors")
+        if row.get("throttled"):
+            row["problems"].append("clocks held down: " + ", ".join(row["throttled"]))
+        if row.get("results_free_gib") is not None and row["results_free_gib"] < MIN_FREE_GIB:
+            row["problems"].append(f"{row['results_free_gib']:.2f} GiB free where results are written")
+    return _slow_links(pairs, tol, rows)
+
+
+def _slow_links(pairs: Pairs, tol: float, rows: list[dict[str, Any]]) -> list[str]:
+    """A pair below the median pair whose nodes each have a fine pair elsewhere: the link, not a node."""
+    values = [bw for bw in pairs.values() if bw is not None]
+    if len(values) < 3:
+        return []
+    median, slow_nodes = statistics.median(values), {r["node"] for r in rows if any(
+        p.startswith("all-reduce") for p in r["problems"])}
+    return [f"all-reduce {a}-{b} {bw:.3g} GB/s, {1 - bw / median:.0%} below the median pair's {median:.3g}"
+            for (a, b), bw in pairs.items()
+            if bw is not None and bw < median * (1 - tol) and not {a, b} & slow_nodes]
+
+
+def check(cfg: SweepConfig, launcher: Launcher, sweep_dir: Path, out: Any = sys.stderr) -> dict[str, Any]:
+    """Run the preflight; write and return the verdict (rows, links, when, how long)."""
+    started = time.monotonic()
+    nodes, down = cluster_nodes(cfg, launcher)
+    if not nodes and not down:
+        raise ConfigError("preflight: the launcher lists no nodes; name them with preflight.nodes=[...]")
+    base = sweep_dir / rundir.PREFLIGHT_DIR
+    print(f"preflight: {len(nodes)} node(s) with {launcher.name}, one job each ...", file=out, flush=True)
+    specs = {node: node_spec(cfg, node) for node in nodes}
+    answers = run_round(launcher, list(specs.values()), base, cfg.preflight.timeout_s, out)
+    rows = [node_row(node, answers[spec.run_id]) for node, spec in specs.items()]
+    rows += [{"node": node, "answered": False, "problems": [f"down in the scheduler ({state})"]}
+             for node, state in down.items()]
+    ready = [r["node"] for r in rows if r["answered"]]
+    pairs: dict[tuple[str, str], float | None] = {}
+    for i, pair_round in enumerate(pair_rounds(ready), 1):
+        print(f"preflight: all-reduce between pairs of nodes, round {i}: "
+              + ", ".join("-".join(p) for p in pair_round), file=out, flush=True)
+        pair_specs = {pair: pair_spec(cfg, pair) for pair in pair_round}
+        got = run_round(launcher, list(pair_specs.values()), base, cfg.preflight.timeout_s, out)
+        pairs.update({pair: busbw_of(got[spec.run_id]) for pair, spec in pair_specs.items()})
+    links = judge(cfg, rows, pairs)
+    verdict = {"when": now_iso(), "seconds": round(time.monotonic() - started, 1), "tolerance":
+               cfg.preflight.tolerance, "rows": rows, "links": links,
+               "pairs": [{"nodes": list(p), "busbw_gbs": bw} for p, bw in pairs.items()]}
+    rundir.write_json(sweep_dir / rundir.PREFLIGHT_JSON, verdict)
+    return verdict
+
+
+def cluster_nodes(cfg: SweepConfig, launcher: Launcher) -> tuple[list[str], dict[str, str]]:
+    """The nodes to check, and those the scheduler holds down (by state)."""
+    if cfg.preflight.nodes:
+        return list(cfg.preflight.nodes), {}
+    lister = getattr(launcher, "node_names", None)
+    return lister() if lister else ([socket.gethostname()], {})  # local: this machine
+
+
+def problems(verdict: dict[str, Any]) -> list[str]:
+    """One line per node or link that sets itself apart."""
+    return ([f"{r['node']}: " + "; ".join(r["problems"]) for r in verdict["rows"] if r["problems"]]
+            + verdict["links"])
+
+
+def format_verdict(verdict: dict[str, Any]) -> str:
+    """The table, one row a node, then what is named."""
+    head = ["node", "matmul TFLOPS", "copy GB/s", "all-reduce GB/s", "torch", "NCCL", "driver", "EFA",
+            "verdict"]
+    lines = []
+    for r in verdict["rows"]:
+        cells = [r["node"]] + [f"{r[k]:.3g}" if r.get(k) is not None else "-"
+                               for k in ("matmul_tflops", "copy_gbs", "pair_busbw_gbs")]
+        cells += ["-" if r.get(k) is None else str(r[k]) for k in ("torch", "nccl", "driver", "efa_adapters")]
+        cells.append("; ".join(r["problems"]) or "ok")
+        lines.append(cells)
+    widths = [max(len(x) for x in col) for col in zip(head, *lines)]
+    text = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *lines]]
+    text += [f"link: {link}" for link in verdict["links"]]
+    named = problems(verdict)
+    text.append(f"preflight: {len(verdict['rows'])} node(s) in {verdict['seconds']:.0f} s; "
+                + (f"{len(named)} named" if named else "no node stands apart")
+                + f" (tolerance {verdict['tolerance']:.0%} below the median)")
+    return "\n".join(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bench.config import from_dict
+    from bench.sweep import EXIT_CONFIG, compose, make_launcher
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        raw, _ = compose(args)
+        if not raw.get("sweep_name"):
+            raise ConfigError("choose a sweep with +sweep=NAME")
+        cfg = from_dict(raw)
+        launcher = make_launcher(cfg)
+        if check_launcher := getattr(launcher, "preflight", None):
+            check_launcher()
+        sweep_dir = Path(cfg.results_root) / cfg.sweep_name
+        with rundir.locked(sweep_dir):
+            verdict = check(cfg, launcher, sweep_dir)
+    except (ConfigError, rundir.SweepDirBusy) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    except KeyboardInterrupt:
+        print("interrupted: every preflight job was cleaned up", file=sys.stderr)
+        return 130
+    print(format_verdict(verdict))
+    return EXIT_REFUSED if problems(verdict) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""The preflight (bench/preflight.py): which node it names and why, the pairs it measures, its jobs through
+the launchers, and one real run on this machine. On the 4-node Slurm cluster with a node slowed from outside:
+bench/launchers/test_slurm.py (slow)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from bench import preflight, rundir
+from bench.config import ConfigError, from_dict
+from bench.launchers.k8s_manifests import manifest
+from bench.launchers.slurm import render_script
+from bench.sweep import compose
+
+
+def cfg_of(*overrides: str):
+    return from_dict(compose(["+sweep=smoke", *overrides])[0])
+
+
+def row(node: str, matmul: float = 1.0, copy: float = 10.0, **facts: Any) -> dict[str, Any]:
+    answer = preflight.Answer([{"kind": "preflight", "node": node, "torch": "2.13.0", "python": "3.11.7",
+                                "matmul_tflops": matmul, "copy_gbs": copy, "efa_adapters": 0, **facts}])
+    return preflight.node_row(node, answer)
+
+
+def test_a_node_slower_than_the_median_by_more_than_the_tolerance_is_named_and_no_other() -> None:
+    cfg = cfg_of()
+    rows = [row("a", 1.0), row("b", 0.9), row("c", 1.1), row("d", 0.5)]  # median 0.95; d is 47% below
+    assert preflight.judge(cfg, rows, {}) == []
+    assert [r["problems"] for r in rows] == [[], [], [], ["matmul TFLOPS 0.5, 47% below the median 0.95"]]
+
+
+def test_a_node_whose_versions_or_adapters_differ_is_named_with_the_difference() -> None:
+    cfg = cfg_of("axes.efa_per_node=[4]")
+    rows = [row("a", efa_adapters=4), row("b", efa_adapters=4), row("c", efa_adapters=2, torch="2.12.0")]
+    preflight.judge(cfg, rows, {})
+    assert rows[0]["problems"] == rows[1]["problems"] == []
+    assert rows[2]["problems"] == ["torch 2.12.0 where 2 of 3 have 2.13.0",
+                                   "2 EFA adapters, the study asks 4"]
+
+
+def test_a_node_slow_with_both_its_pairs_is_named_a_link_slow_alone_is_the_link() -> None:
+    cfg = cfg_of()
+    rows = [row(n) for n in "abcd"]
+    pairs = preflight.pair_rounds(["a", "b", "c", "d"])
+    # each node in two pairs, in none twice a round
+    assert pairs == [[("a", "b"), ("c", "d")], [("b", "c"), ("d", "a")]]
+    node_c = {("a", "b"): 10.0, ("c", "d"): 4.0, ("b", "c"): 4.0, ("d", "a"): 10.0}
+    assert preflight.judge(cfg, rows, node_c) == []
+    assert [r["node"] for r in rows if r["problems"]] == ["c"]
+    assert rows[2]["problems"] == ["all-reduce GB/s 4, 60% below the median 10"]
+    rows = [row(n) for n in "abcd"]
+    link = {("a", "b"): 10.0, ("c", "d"): 10.0, ("b", "c"): 4.0, ("d", "a"): 10.0}
+    assert preflight.judge(cfg, rows, link) == ["all-reduce b-c 4 GB/s, 60% below the median pair's 10"]
+    assert not any(r["problems"] for r in rows)
+
+
+def test_a_node_that_did_not_answer_is_named_as_such() -> None:
+    silent = preflight.node_row("x", preflight.Answer(error="no answer within preflight.timeout_s=40 s"))
+    assert silent == {"node": "x", "answered": False,
+                      "problems": ["no answer within preflight.timeout_s=40 s"]}
+    verdict = {"rows": [row("a"), silent], "links": [], "seconds": 3, "tolerance": 0.25}
+    assert preflight.problems(verdict) == ["x: no answer within preflight.timeout_s=40 s"]
+    assert "x     -" in preflight.format_verdict(verdict)
+
+
+def test_each_job_runs_on_its_node_on_slurm_and_kubernetes(tmp_path: Path, shared_data: Path) -> None:
+    """Slurm's --nodelist; on Kubernetes a required node affinity on the node's name, the manifest checked
+    against the served CRD's schema like any job of the study (bench/launchers/test_kubernetes.py)."""
+    from bench.launchers.k8s_schema import load_crds, validate
+    crds = load_crds(shared_data / "k8s")
+    slurm = cfg_of("cluster=slurm_local", "launcher=slurm")
+    script = render_script(slurm, preflight.node_spec(slurm, "node3"), tmp_path, {})
+    assert "#SBATCH --nodelist=node3\n" in script and " -m trainer.preflight " in script
+    k8s = cfg_of("cluster=p5.48xlarge", "launcher=kubernetes", "cluster.kubernetes.image=reg.io/fsdpbench:1")
+    job = manifest(k8s, preflight.pair_spec(k8s, ("ip-10-0-0-1", "ip-10-0-0-2")))
+    assert job["kind"] == "MPIJob"  # nccl-tests between the pair, as the study's own probes
+    pod = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    required = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    term = required["nodeSelectorTerms"]
+    assert term == [{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
+                                           "values": ["ip-10-0-0-1", "ip-10-0-0-2"]}]}]
+    assert validate(job, crds) == []
+    node_job = manifest(k8s, preflight.node_spec(k8s, "ip-10-0-0-1"))
+    worker = node_job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    command = worker["containers"][0]["command"]
+    assert command[command.index("-m", 2) + 1] == "trainer.preflight"
+    assert validate(node_job, crds) == []
+
+
+@pytest.mark.parametrize("override,message", [("preflight.mode=sometimes", "preflight.mode='sometimes'"),
+                                              ("preflight.tolerance=1.5", "preflight.tolerance=1.5 must be")])
+def test_bad_preflight_settings_are_one_line(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        cfg_of(override)
+
+
+def test_the_preflight_of_this_machine_reports_what_it_runs(tmp_path: Path, capsys) -> None:
+    assert preflight.main(["+sweep=smoke", f"results_root={tmp_path}", "preflight.seconds=0.5"]) == 0
+    verdict = json.loads((tmp_path / "smoke" / rundir.PREFLIGHT_JSON).read_text())
+    (node,) = verdict["rows"]
+    assert node["answered"] and node["torch"] == torch.__version__ and node["problems"] == []
+    assert node["matmul_tflops"] > 0 and node["copy_gbs"] > 0 and node["efa_adapters"] == 0
+    assert "no node stands apart" in capsys.readouterr().out
+    assert preflight.mode_of(cfg_of()) == "off" and preflight.mode_of(cfg_of("launcher=slurm")) == "on"
