@@ -59,14 +59,21 @@ def log_tail(run_dir_: Path) -> str:
     return "\n".join(parts)
 
 
+def run_records(run_dir_: Path, spec: RunSpec) -> list[dict[str, Any]]:
+    """The run's metric records; of an all-reduce probe that wrote none (the nccl-tests binary), those
+    parsed from its output."""
+    records = rundir.read_records(run_dir_)
+    if spec.kind == "nccl" and not any(r["kind"] == "summary" for r in records):
+        records += records_from_logs(run_dir_, spec)
+    return records
+
+
 def summarize_run(spec: RunSpec, sweep: str, run_dir_: Path, outcome: Outcome, *,
                   predicted: dict[str, Any], git_rev: str | None, started_at: str) -> RunSummary:
     """Classify the run and lift the steady-state metrics out of its summary record."""
-    records = rundir.read_records(run_dir_)
+    records = run_records(run_dir_, spec)
     text = log_tail(run_dir_)
     if spec.kind == "nccl":
-        if not any(r["kind"] == "summary" for r in records):  # nccl-tests binary: parse its output
-            records += records_from_logs(run_dir_, spec)
         records = [check_transport(r, spec, text) if r["kind"] == "summary" else r for r in records]
     summaries = [r for r in records if r["kind"] == "summary"]
     status, error = classify(outcome, summaries, text)

@@ -14,7 +14,7 @@ from bench.config import AUTO, AXES, ConfigError, SweepConfig
 from bench.core.models import float8_linear_params, model_source
 from bench.core.schema import RunSpec
 from bench.predict import census
-from bench.predict.memory import MemoryFigure, lower_bound, states_gib
+from bench.predict.memory import MemoryFigure, lower_bound, state_fits, states_gib
 from bench.predict.perf import Prediction, Predictor
 
 HOST_FRACTION = 0.8  # offload=cpu: host memory also holds the OS, the workers and pinned staging buffers
@@ -158,11 +158,6 @@ def _group(spec: RunSpec) -> tuple[Any, ...]:
     return tuple(v for k, v in spec.to_dict().items() if k not in ("nodes", "micro_batch"))
 
 
-def _may_fit(spec: RunSpec, limit: float | None) -> bool:
-    """Whether the states alone leave room (else nothing is measured for it)."""
-    return limit is None or MemoryFigure(states_gib(spec), 0.0, "bound").need_gib(spec) <= limit
-
-
 def auto_starts(cfg: SweepConfig, specs: list[RunSpec], memory: MemorySource | None = None,
                 with_first: list[RunSpec] | None = None
                 ) -> dict[str, tuple[int, MemoryFigure, bool, str | None]]:
@@ -184,14 +179,18 @@ def auto_starts(cfg: SweepConfig, specs: list[RunSpec], memory: MemorySource | N
     bracket = {s.run_id: (-1, len(sizes[s.run_id]) - 1) for s in specs}
     seen: dict[str, dict[int, tuple[MemoryFigure, bool, str | None]]] = {s.run_id: {} for s in specs}
     by_id = {s.run_id: s for s in specs}
-    first: dict[tuple[Any, ...], str] = {}  # per group, the spec the first round measures: the one with the
-    for spec in sorted(specs, key=lambda s: (not _may_fit(s, limit), -len(sizes[s.run_id]))):  # most sizes
-        first.setdefault(_group(spec), spec.run_id)
+    group = {s.run_id: _group(s) for s in specs}
+    members: dict[tuple[Any, ...], list[str]] = {}
+    for run_id, g in group.items():
+        members.setdefault(g, []).append(run_id)
+    # per group, the spec the first round measures: one that is measured at all, with the most sizes
+    first = {g: min(ids, key=lambda r: (not state_fits(by_id[r], limit), -len(sizes[r])))
+             for g, ids in members.items()}
 
     def points(run_id: str) -> dict[int, float]:
         """GiB by micro batch: the spec's measured figures, and its group's moved to its states."""
         spec, at = by_id[run_id], {}
-        for other in (r for r in seen if _group(by_id[r]) == _group(spec) and r != run_id):
+        for other in (r for r in members[group[run_id]] if r != run_id):
             for i, (figure, _, _) in seen[other].items():
                 if figure.source != "measured":
                     continue  # a lower bound says nothing of the activations
@@ -203,10 +202,9 @@ def auto_starts(cfg: SweepConfig, specs: list[RunSpec], memory: MemorySource | N
     def candidates(run_id: str) -> list[int]:
         low, high = bracket[run_id]
         known = points(run_id)
-        if not known:
-            if not seen[first[_group(by_id[run_id])]]:
-                return [] if first[_group(by_id[run_id])] != run_id else sorted({high // 2, high})
-            return sorted({high // 2, high})
+        if not known:  # two points draw a line: the middle size, and the largest (which may fit)
+            waits = run_id != first[group[run_id]] and not seen[first[group[run_id]]]
+            return [] if waits else sorted({high // 2, high})  # others wait for their group's first
         guess = min(max(_estimate(by_id[run_id], sizes[run_id], limit, known), low), high)
         return [i for i in (guess, guess + 1) if low < i <= high] or [low + 1]
 

@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from bench import rundir
+from bench.collect import run_records
 from bench.config import ConfigError, SweepConfig
 from bench.core.records import error_line
 from bench.core.schema import RunSpec
 from bench.launchers.base import DONE, Launcher
 from bench.watch import now_iso
-from nccl.records import records_from_logs
 
 EXIT_REFUSED = 3  # bench.sweep and this command: the nodes disagree (preflight.mode=on)
 # NVML's clock throttle reasons that mean a GPU is held below its clocks by its state, not by its load:
@@ -93,8 +93,8 @@ class Answer:
     error: str | None = None
 
 
-def run_round(launcher: Launcher, specs: list[RunSpec], base: Path, timeout_s: float,
-              out: Any = sys.stderr) -> dict[str, Answer]:
+def run_round(launcher: Launcher, specs: list[RunSpec], sweep_dir: Path, timeout_s: float
+              ) -> dict[str, Answer]:
     """Submit every spec at once, wait for all (at most timeout_s, queueing included), read their records.
     Every job is cleaned up on the way out, Ctrl-C included; a job still going at the deadline is named."""
     handles: dict[str, tuple[Any, Path]] = {}
@@ -102,7 +102,7 @@ def run_round(launcher: Launcher, specs: list[RunSpec], base: Path, timeout_s: f
     by_id = {spec.run_id: spec for spec in specs}
     try:
         for spec in specs:
-            attempt = rundir.attempt_dir(base / f"{spec.label}-{spec.run_id}", 1)
+            attempt = rundir.attempt_dir(rundir.preflight_run_dir(sweep_dir, spec), 1)
             try:
                 submission = launcher.render(spec, attempt)
                 rundir.write_submission(attempt, submission)
@@ -114,9 +114,7 @@ def run_round(launcher: Launcher, specs: list[RunSpec], base: Path, timeout_s: f
             for run_id, (handle, attempt) in handles.items():
                 if run_id not in answers and launcher.poll(handle).state == DONE:
                     launcher.logs(handle, attempt)
-                    records = rundir.read_records(attempt)
-                    if by_id[run_id].kind == "nccl" and not any(r.get("kind") == "nccl" for r in records):
-                        records = records_from_logs(attempt, by_id[run_id])  # nccl-tests: its table
+                    records = run_records(attempt, by_id[run_id])
                     answers[run_id] = Answer(records, None if records else "finished without an answer")
             time.sleep(0.5)
         for run_id in handles.keys() - answers.keys():
@@ -132,8 +130,8 @@ def node_row(node: str, answer: Answer) -> dict[str, Any]:
     facts = [r for r in answer.records if r.get("kind") == "preflight" and "error" not in r]
     if not facts:
         errors = [r["error"] for r in answer.records if r.get("error")]
-        return {"node": node, "answered": False, "problems": [answer.error or errors[0] if errors or
-                                                               answer.error else "no answer"]}
+        return {"node": node, "answered": False,
+                "problems": [answer.error or (errors[0] if errors else "no answer")]}
     first = facts[0]
     row: dict[str, Any] = {"node": node, "answered": True, "ranks": len(facts), "problems": []}
     for key, _ in VERSIONS:
@@ -217,10 +215,9 @@ def check(cfg: SweepConfig, launcher: Launcher, sweep_dir: Path, out: Any = sys.
     nodes, down = cluster_nodes(cfg, launcher)
     if not nodes and not down:
         raise ConfigError("preflight: the launcher lists no nodes; name them with preflight.nodes=[...]")
-    base = sweep_dir / rundir.PREFLIGHT_DIR
     print(f"preflight: {len(nodes)} node(s) with {launcher.name}, one job each ...", file=out, flush=True)
     specs = {node: node_spec(cfg, node) for node in nodes}
-    answers = run_round(launcher, list(specs.values()), base, cfg.preflight.timeout_s, out)
+    answers = run_round(launcher, list(specs.values()), sweep_dir, cfg.preflight.timeout_s)
     rows = [node_row(node, answers[spec.run_id]) for node, spec in specs.items()]
     rows += [{"node": node, "answered": False, "problems": [f"down in the scheduler ({state})"]}
              for node, state in down.items()]
@@ -230,7 +227,7 @@ def check(cfg: SweepConfig, launcher: Launcher, sweep_dir: Path, out: Any = sys.
         print(f"preflight: all-reduce between pairs of nodes, round {i}: "
               + ", ".join("-".join(p) for p in pair_round), file=out, flush=True)
         pair_specs = {pair: pair_spec(cfg, pair) for pair in pair_round}
-        got = run_round(launcher, list(pair_specs.values()), base, cfg.preflight.timeout_s, out)
+        got = run_round(launcher, list(pair_specs.values()), sweep_dir, cfg.preflight.timeout_s)
         pairs.update({pair: busbw_of(got[spec.run_id]) for pair, spec in pair_specs.items()})
     links = judge(cfg, rows, pairs)
     verdict = {"when": now_iso(), "seconds": round(time.monotonic() - started, 1), "tolerance":

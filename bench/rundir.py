@@ -56,6 +56,11 @@ def run_dir(sweep_dir: Path, spec: RunSpec) -> Path:
     return sweep_dir / RUNS_DIR / f"{spec.label}-{spec.run_id}"
 
 
+def preflight_run_dir(sweep_dir: Path, spec: RunSpec) -> Path:
+    """Where one preflight job (a node's, or a pair's all-reduce) keeps its submission, logs and records."""
+    return sweep_dir / PREFLIGHT_DIR / f"{spec.label}-{spec.run_id}"
+
+
 def attempt_dir(run_dir_: Path, attempt: int) -> Path:
     return run_dir_ / f"{ATTEMPT_PREFIX}{attempt}"
 

@@ -112,6 +112,12 @@ def states_gib(spec: RunSpec, accumulating: bool | None = None) -> float:
     return states / GIB
 
 
+def state_fits(spec: RunSpec, limit: float | None) -> bool:
+    """Whether the GPU holds the state alone (on the host under offload=cpu): else the run is infeasible
+    without measuring."""
+    return limit is None or lower_bound(spec, "").gpu_gib <= limit
+
+
 def lower_bound(spec: RunSpec, note: str) -> MemoryFigure:
     """The figure where nothing was measured: the state alone, in host memory under offload=cpu."""
     states = states_gib(spec)
@@ -202,10 +208,8 @@ class MemoryPlanner:
             return lower_bound(spec, f"not measured ({MEASURE_OFF})")
         if self.unavailable:
             return lower_bound(spec, f"not measured: {self.unavailable}")
-        limit = self.cfg.cluster.gpu_memory_gib
-        floor = lower_bound(spec, "not measured: parameters, gradients and AdamW state alone do not fit")
-        if limit is not None and floor.gpu_gib > limit:
-            return floor
+        if not state_fits(spec, self.cfg.cluster.gpu_memory_gib):
+            return lower_bound(spec, "not measured: parameters, gradients and AdamW state alone do not fit")
         return None
 
     def _read(self, key: str, spec: RunSpec) -> MemoryFigure | None:
