@@ -269,9 +269,10 @@ def _plan_and_launch(cfg: SweepConfig, plan: list[PlannedRun], launcher: Any, sw
         verdict = preflight.check(cfg, launcher, sweep_dir, out=sys.stdout)
         print(preflight.format_verdict(verdict))
         if (named := preflight.problems(verdict)) and mode == "on":
-            print(f"error: preflight: {named[0]}{f' (and {len(named) - 1} more)' if len(named) > 1 else ''}; "
-                  "nothing launched: leave the node out (cluster.slurm.extra_sbatch=[--exclude=NODE]) or "
-                  "accept it with preflight.mode=warn", file=sys.stderr)
+            more = f" (and {len(named) - 1} more)" if len(named) > 1 else ""
+            print(f"error: preflight: {named[0]}{more}; nothing launched: leave the node out "
+                  "(\"cluster.slurm.extra_sbatch=['--exclude=NODE']\") or accept it with preflight.mode=warn",
+                  file=sys.stderr)
             return preflight.EXIT_REFUSED
     from bench.runner import execute
     counts = execute(cfg, plan, launcher, sweep_dir)

@@ -107,3 +107,25 @@ def test_the_preflight_of_this_machine_reports_what_it_runs(tmp_path: Path, caps
     assert node["matmul_tflops"] > 0 and node["copy_gbs"] > 0 and node["efa_adapters"] == 0
     assert "no node stands apart" in capsys.readouterr().out
     assert preflight.mode_of(cfg_of()) == "off" and preflight.mode_of(cfg_of("launcher=slurm")) == "on"
+
+
+def test_a_sweep_whose_preflight_names_a_node_launches_nothing(tmp_path: Path, capsys) -> None:
+    """preflight.mode=on on this machine, its one job given no time to answer: the sweep stops with exit 3
+    and one line naming the node, before any run; the job is gone."""
+    from bench.sweep import main
+    assert main(["+sweep=smoke", f"results_root={tmp_path}", "preflight.mode=on",
+                 "preflight.timeout_s=0.01"]) == preflight.EXIT_REFUSED
+    err = capsys.readouterr().err
+    assert err.startswith("error: preflight: ") and "no answer within preflight.timeout_s=0.01 s" in err
+    assert err.count("\n") == 1 and not (tmp_path / "smoke" / rundir.RUNS_DIR).exists()
+    (job,) = (tmp_path / "smoke" / rundir.PREFLIGHT_DIR).iterdir()
+    submission = json.loads((job / "attempt-1" / "submission" / "submission.json").read_text())
+    assert "trainer.preflight" in submission["argvs"][0]
+    assert not [c for c in Path("/proc").glob("[0-9]*/cmdline") if str(tmp_path) in _read(c)]  # cleaned up
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_bytes().decode(errors="replace")
+    except OSError:  # the process ended meanwhile
+        return ""

@@ -229,21 +229,12 @@ class SlurmLauncher:
 
     def node_names(self) -> tuple[list[str], dict[str, str]]:
         """The partition's nodes a job can run on, and those Slurm holds down (by state): the preflight's."""
-        argv = ["sinfo", "-N", "-h", "-o", "%N %T"]
-        if self.cfg.cluster.slurm.partition:
-            argv += ["-p", self.cfg.cluster.slurm.partition]
-        up: list[str] = []
-        down: dict[str, str] = {}
+        partition = self.cfg.cluster.slurm.partition
         left_out = self._excluded()
-        for line in self._run(argv).stdout.splitlines():
-            node, state = line.split()[:2]
-            if node in left_out:
-                continue
-            if any(state.lower().rstrip("*~#!%$@^-").startswith(d) for d in DOWN_STATES):
-                down[node] = state
-            elif node not in up:
-                up.append(node)
-        return up, down
+        nodes = {n: v for n, v in self._nodes(*(["-p", partition] if partition else [])).items()
+                 if n not in left_out}
+        up = [node for node, (_, down) in nodes.items() if not down]
+        return up, {node: state for node, (state, down) in nodes.items() if down}
 
     def _excluded(self) -> set[str]:
         """Nodes the study's jobs leave out (slurm.extra_sbatch's --exclude=, a hostlist Slurm expands)."""
@@ -301,15 +292,20 @@ class SlurmLauncher:
         state, reason, nodes = (line.split("|") + ["", ""])[:3]
         return state or None, reason or None, nodes or None
 
-    def down_nodes(self, nodes: str) -> dict[str, str]:
-        """The nodes of a node list Slurm holds down, drained or failed, each with Slurm's reason."""
-        proc = self._run(["sinfo", "-h", "-N", "-n", nodes, "-o", "%N|%T|%E"], check=False)
+    def _nodes(self, *select: str) -> dict[str, tuple[str, bool]]:
+        """sinfo's nodes (those `select` picks, once each): the state as Slurm gives it (with its reason
+        where it holds the node down) and whether it does."""
+        proc = self._run(["sinfo", "-h", "-N", *select, "-o", "%N|%T|%E"], check=False)
         out = {}
         for line in proc.stdout.splitlines() if proc.returncode == 0 else []:
             node, state, reason = (line.split("|") + ["", ""])[:3]
-            if state.lower().startswith(DOWN_STATES):
-                out[node] = f"{state}: {reason}" if reason and reason != "none" else state
+            down = state.lower().startswith(DOWN_STATES)
+            out[node] = (f"{state}: {reason}" if down and reason and reason != "none" else state, down)
         return out
+
+    def down_nodes(self, nodes: str) -> dict[str, str]:
+        """The nodes of a node list Slurm holds down, drained or failed, each with Slurm's reason."""
+        return {node: state for node, (state, down) in self._nodes("-n", nodes).items() if down}
 
     def executions(self, handle: SlurmHandle) -> list[dict[str, Any]]:
         """Every time Slurm ran the job (a requeue keeps its id): sacct's duplicates where accounting runs,
