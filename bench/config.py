@@ -140,8 +140,8 @@ class NcclSweepConfig:
 
 @dataclass
 class MicroBatchSearch:
-    """`micro_batch: auto`: start at the largest power of two the estimate fits (at most `max`), confirm
-    with a short run of `steps`, halve on OOM."""
+    """`micro_batch: auto`: the run starts at the largest power of two the estimate fits (at most `max`); on
+    OOM, short runs of `steps` at the smaller sizes find the one that fits."""
 
     max: int = 64
     steps: int = 4

@@ -361,6 +361,21 @@ def evidence_name(gpu: str, torch: str, date: str) -> str:
     return f"{slug(gpu)}_torch-{slug(torch)}_{date}"
 
 
+def free_name(out_dir: Path, name: str, results_root: str) -> str:
+    """name, or name-2, -3 ...: a second run on one GPU on one day does not overwrite the first's evidence;
+    rendering the same results root again (--from) rewrites its own file."""
+    n, candidate = 1, name
+    while (out_dir / f"{candidate}.json").exists():
+        try:
+            if json.loads((out_dir / f"{candidate}.json").read_text()).get("results_root") == results_root:
+                break
+        except ValueError:
+            pass  # unreadable: not ours to overwrite
+        n += 1
+        candidate = f"{name}-{n}"
+    return candidate
+
+
 def write_evidence(root: Path, out_dir: Path, command: str) -> tuple[int, list[Path]]:
     """Check the runs under root and write the evidence; (exit status, files written)."""
     runs, steps = load_runs(root), load_steps(root)
@@ -375,7 +390,7 @@ def write_evidence(root: Path, out_dir: Path, command: str) -> tuple[int, list[P
             "git_rev": gpu_run.git_rev, "results_root": str(root), "command": command,
             "verdict": "every check holds" if not failed else f"{len(failed)} check(s) failed"}
     out_dir.mkdir(parents=True, exist_ok=True)
-    name = evidence_name(meta["gpu"], meta["torch"], meta["date"])
+    name = free_name(out_dir, evidence_name(meta["gpu"], meta["torch"], meta["date"]), str(root))
     md, js = out_dir / f"{name}.md", out_dir / f"{name}.json"
     rundir.atomic_write_text(md, render_markdown(meta, checks, runs, steps) + "\n")
     rundir.write_json(js, evidence_json(meta, checks, runs, steps))

@@ -46,13 +46,14 @@ class Step:
     budget_s: float  # a step past it is stopped (its runs cancelled) and the check fails
 
 
-# Budgets (they add up to TOTAL_BUDGET_S), from the two H200 runs (benchmarks/evidence/NVIDIA-H200_*): 18-26 s
-# a launch on one GPU (torchrun, imports, CUDA and NCCL, the model on the device; 36 s with a micro batch
-# trial), 22 s for the smoke's own plan. The later steps' plans run on the CPU while the smoke step has the
-# GPU (prewarm), so their sweeps plan from the cache. smoke: the all-reduce probe and 4 precisions with AC
-# full (122 s measured); memory: 6 launches, CPU offload the longest (its optimizer on the host; over 52 s);
-# mfu: 3 eager runs, each a micro batch trial and the run, and 2 compiled (bf16, Float8): 119 s for the
-# first four. The least predictable step goes last, so an overrun costs only its rows.
+# Budgets (they add up to TOTAL_BUDGET_S), from the three H200 runs (benchmarks/evidence/NVIDIA-H200_*): 18-26 s
+# a launch on one GPU (torchrun, imports, CUDA and NCCL, the model on the device), 22 s for the smoke's own
+# plan. The later steps' plans run on the CPU while the smoke step has the GPU (prewarm), so their sweeps
+# plan from the cache. smoke: the all-reduce probe and 4 precisions with AC full (121-122 s measured);
+# memory: 6 launches, CPU offload the longest (its optimizer on the host; 154-157 s); mfu: 3 eager runs and
+# 2 compiled (bf16, Float8), one launch each since an auto micro batch run is its own first try (the first
+# four 132 s, bf16 compiled 41 s of it; each run took a second launch before, and the step overran 205 s).
+# The least predictable step goes last, so an overrun costs only its rows.
 SMOKE_ONE_RANK = ("+sweep=smoke", "axes.nodes=[1]", "axes.gpus_per_node=[1]", "nccl.nodes=[1]",
                   "nccl.gpus_per_node=[1]")
 STEPS = (
@@ -60,10 +61,10 @@ STEPS = (
          "probe) on the GPU with NCCL", (*SMOKE_ONE_RANK, "axes.activation_checkpointing=[full]"), 135),
     Step("memory", "gpucheck_memory", "six configurations of llama3_2_1b (AC none/full/selective_op, "
          "bf16_mixed/fp32, CPU offload): device peak beside the plan's fake-tensor peak",
-         ("+sweep=gpucheck_memory",), 200),
+         ("+sweep=gpucheck_memory",), 185),
     Step("mfu", "gpucheck_mfu", "llama3_2_1b, one GPU, FULL_SHARD, bf16_mixed at seq 2048/4096 without AC "
          "and at 2048 with AC full, at the largest micro batch that fits; then compiled, bf16 and Float8",
-         ("+sweep=gpucheck_mfu",), 205),
+         ("+sweep=gpucheck_mfu",), 220),
 )
 
 

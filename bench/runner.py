@@ -312,34 +312,39 @@ def _cleanup(launcher: Launcher, handle: Any, rd: Path, attempt: int) -> None:
 
 
 def _search_micro_batch(sweep: _Sweep, planned: PlannedRun, rd: Path) -> RunSteps:
-    """micro_batch auto: short trial runs (in rd/search/mbN) from the planned start, the next smaller size on
-    OOM (half; with a global batch, the next that divides each rank's share),
-    then the real run at the size that fitted. The search is recorded in the summary's extra."""
-    cfg, spec = sweep.cfg, planned.spec
-    search = cfg.micro_batch_search
-    trials: list[dict[str, Any]] = []
-    m, last = planned.micro_batch_start or 1, None
-    while m >= 1 and not sweep.stop.is_set():
+    """micro_batch auto: the real run at the planned start, which the plan measured to fit, so a run that
+    fits launches once (a job, a queue wait and a start-up on a cluster; ~20 s on one GPU). On OOM, short
+    trial runs (in rd/search/mbN) at the next smaller sizes (half; with a global batch, the next that divides
+    each rank's share), then the real run again at the size that fitted. The search is recorded in the
+    summary's extra, the first entry being the real run's own attempt."""
+    spec, search = planned.spec, sweep.cfg.micro_batch_search
+    start = planned.micro_batch_start or 1
+    first = yield from _attempt(sweep, replace(planned, spec=replace(spec, micro_batch=start)), rd)
+    trials = [_trial_row(start, first)]
+    last, m = first, start
+    while last.status == "oom" and not sweep.stop.is_set():
+        m = max((size for size in micro_batch_sizes(spec, m) if size < m), default=0)
+        if m < 1:
+            break
         trial = replace(spec, micro_batch=m, steps=search.steps, warmup_steps=search.warmup_steps)
         last = yield from _attempt(sweep, PlannedRun(trial, None, True), rd / SEARCH_DIR / f"mb{m}")
-        trials.append({"micro_batch": m, "status": last.status, "mem_peak_alloc_gib": last.mem_peak_alloc_gib,
-                       "step_time_s": last.step_time_s, "error": last.error})
-        if last.status != "oom":
-            break
-        m = max((size for size in micro_batch_sizes(spec, m) if size < m), default=0)
-    if last is not None and last.status == "ok":
-        final = replace(spec, micro_batch=trials[-1]["micro_batch"])
-        found = planned
-        if final != planned.first_spec:  # below the planned start: no figure was made for this size
-            found = PlannedRun(final, lower_bound(final, "not measured: below the planned start"), True,
-                               perf=sweep.predictor.predict(final))
-        summary = yield from _attempt(sweep, replace(found, spec=final), rd)
-    else:  # every size ran out of memory, another failure, or a stop: the run ends as its last trial did
-        summary = last or RunSummary(run_id=spec.run_id, sweep=cfg.sweep_name, status="cancelled", spec=spec,
-                                     error="stopped before the micro batch search began")
+        trials.append(_trial_row(m, last))
+    summary = first
+    if last is not first and last.status == "ok":  # below the planned start: no figure was made for this size
+        final = replace(spec, micro_batch=m)
+        found = PlannedRun(final, lower_bound(final, "not measured: below the planned start"), True,
+                           perf=sweep.predictor.predict(final))
+        summary = yield from _attempt(sweep, found, rd)
+    elif last is not first:  # another failure or a stop: the run ends as its last trial did
+        summary = last
         summary.spec, summary.run_id, summary.run_dir = spec, spec.run_id, str(rd)
-        if summary.status == "oom":
-            start = trials[0]["micro_batch"]
-            summary.error = f"micro batch search: out of memory at every size from {start} to 1"
+    if last.status == "oom":
+        sizes = ", ".join(str(t["micro_batch"]) for t in trials)
+        summary.error = f"micro batch search: out of memory at micro batch {sizes}"
     summary.extra = {**summary.extra, "micro_batch_search": trials}
     return summary
+
+
+def _trial_row(micro_batch: int, summary: RunSummary) -> dict[str, Any]:
+    return {"micro_batch": micro_batch, "status": summary.status, "mem_peak_alloc_gib": summary.mem_peak_alloc_gib,
+            "step_time_s": summary.step_time_s, "error": summary.error}

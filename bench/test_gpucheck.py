@@ -212,3 +212,13 @@ def test_the_steps_fit_the_total_and_the_prewarm_leaves_the_gpu_step_its_cores()
     assert sum(step.budget_s for step in gpucheck.STEPS) <= evidence.TOTAL_BUDGET_S
     assert gpucheck.prewarm_workers(2, cores=16) == 6  # 12 of 16 cores planning, 4 beside the GPU's run
     assert gpucheck.prewarm_workers(2, cores=4) == 1 and gpucheck.prewarm_workers(1, cores=2) == 1
+
+
+def test_a_second_run_on_the_same_day_keeps_the_first_runs_evidence(tmp_path: Path) -> None:
+    name = "NVIDIA-H200_torch-2.11.0-cu130_2026-11-27"
+    assert evidence.free_name(tmp_path, name, "results/a") == name
+    (tmp_path / f"{name}.json").write_text(json.dumps({"results_root": "results/a"}))
+    assert evidence.free_name(tmp_path, name, "results/a") == name  # --from the same root: rewritten
+    assert evidence.free_name(tmp_path, name, "results/b") == f"{name}-2"
+    (tmp_path / f"{name}-2.json").write_text("{not json")
+    assert evidence.free_name(tmp_path, name, "results/c") == f"{name}-3"

@@ -243,22 +243,26 @@ def test_a_staged_study_predicts_its_two_node_runs_from_its_one_node_runs(tmp_pa
 
 
 @pytest.mark.slow
-def test_auto_micro_batch_backs_off_from_an_injected_oom(tmp_path: Path) -> None:
-    """Search from 8 (max), OOM injected at 8 and 4: the run trains at 2 and records the search."""
-    args = [*ONE_NODE, "axes.precision=[fp32]", "axes.micro_batch=[auto]", "micro_batch_search.max=8",
-            "micro_batch_search.steps=2", "faults=[{match:{micro_batch:[8,4]},fault:oom,step:1}]"]
+def test_auto_micro_batch_launches_once_where_it_fits_and_backs_off_from_an_injected_oom(tmp_path: Path) -> None:
+    """Both start at 8 (max). bf16: fits, one launch, no trials. fp32: OOM injected at 8 and 4, so its own
+    run at 8 fails, trials at 4 and 2, and the run again at 2; the search is in its summary."""
+    args = [*ONE_NODE, "axes.precision=[fp32,bf16_mixed]", "axes.micro_batch=[auto]", "micro_batch_search.max=8",
+            "micro_batch_search.steps=2", "faults=[{match:{micro_batch:[8,4],precision:fp32},fault:oom,step:1}]"]
     proc = sweep(tmp_path, *args)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    frame = table(tmp_path)
-    assert len(frame) == 1 and frame.status[0] == "ok" and frame.micro_batch[0] == 2
-    search = json.loads(frame.extra[0])["micro_batch_search"]
-    assert [(t["micro_batch"], t["status"]) for t in search] == [(8, "oom"), (4, "oom"), (2, "ok")]
-    run = next((tmp_path / "smoke" / "runs").iterdir())
-    assert "mbauto" in run.name
-    assert sorted(p.name for p in (run / "search").iterdir()) == ["mb2", "mb4", "mb8"]
-    assert frame.tokens_per_s[0] > 0  # the real run (3 steps), not the 2-step trial
-    assert json.loads((run / rundir.SUMMARY_JSON).read_text())["steps"] == 3
-    assert "skipped 1" in sweep(tmp_path, *args).stdout  # resume finds it done
+    frame = table(tmp_path).set_index("precision")
+    assert (frame.status == "ok").all() and frame.micro_batch.to_dict() == {"fp32": 2, "bf16_mixed": 8}
+    searches = {p: [(t["micro_batch"], t["status"]) for t in json.loads(frame.extra[p])["micro_batch_search"]]
+                for p in frame.index}
+    assert searches == {"fp32": [(8, "oom"), (4, "oom"), (2, "ok")], "bf16_mixed": [(8, "ok")]}
+    fp32, bf16 = Path(frame.run_dir["fp32"]), Path(frame.run_dir["bf16_mixed"])
+    assert fp32 != bf16 and "mbauto" in fp32.name
+    assert sorted(p.name for p in (fp32 / "search").iterdir()) == ["mb2", "mb4"]
+    assert [a["attempt"] for a in rundir.read_ledger(fp32)] == [1, 2]  # at 8 (oom), then at 2
+    assert not (bf16 / "search").exists() and [a["attempt"] for a in rundir.read_ledger(bf16)] == [1]
+    assert frame.tokens_per_s["fp32"] > 0  # the real run (3 steps), not the 2-step trial
+    assert json.loads((fp32 / rundir.SUMMARY_JSON).read_text())["steps"] == 3
+    assert "skipped 2" in sweep(tmp_path, *args).stdout  # resume finds both done
 
 
 def test_a_hung_collective_names_the_rank_that_never_came(tmp_path: Path) -> None:
