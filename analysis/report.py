@@ -25,53 +25,10 @@ from analysis.strong import COLUMNS as STRONG_COLUMNS
 from analysis.strong import knee_sentences, strong_rows, sweep_study
 from analysis.scaling import (ablation, aggregate, headline, missing_baselines, nccl_sizes, nccl_summary,
                               probe_sentences, restart_notes, status_table)
+from analysis.definitions import DEFINITIONS
+from analysis.nodes import preflight_table, straggler_notes
 from bench.core.schema import ADDED_DEFAULTS
 
-DEFINITIONS = """\
-- **tokens/s**: global tokens per second of the whole job, from the median step time of the steady-state
-  window (warm-up steps excluded); spread = min/max over repeats and the std of step times.
-- **TFLOPS/GPU** (model): training FLOPs per token 6*N + 12*L*H*Q*T (N = parameters without the input
-  embedding, L layers, H heads, Q head dim, T sequence length; the torchtitan / llm-foundry convention)
-  times tokens/s, divided by the GPUs.
-- **MFU** = model TFLOPS/GPU / the GPU's dense peak for the compute dtype (bench/core/hardware.py, no
-  sparsity).
-  **HFU** also counts the forward recompute of activation checkpointing. CPU runs have no MFU.
-  fp8_tensorwise runs (torchao Float8 linears) are divided by the BF16 peak too, so MFU compares
-  precisions on one denominator; against the FP8 peak (twice the BF16 one) it would be about half.
-- **compile time**: with compile=true (each transformer block through torch.compile), the warm-up steps'
-  time beyond steady-state steps: compilation, kept out of the timed window. Inductor caches compiled
-  graphs on the node (/tmp): a node that compiled the same blocks before takes seconds, a cold one longer.
-- **Scaling efficiency** at n nodes = (tokens/s at n / n) / (tokens/s at base / base), base = the smallest
-  node count with an ok run of the same configuration. A weak-scaling study (no global batch) keeps each
-  GPU's micro batch, so the global batch grows with the nodes. A strong-scaling study (global batch "gb N":
-  N sequences per optimizer step at every node count, micro batch x accumulation steps x GPUs = N) compares
-  the same work: the same number is (step time at base / step time at n) x base / n, and the timed unit is
-  the optimizer step, all its micro-batches included. "next node count buys": of the step time linear
-  scaling would save by going to the next planned node count, the share the study measured (or predicted);
-  the knee is the first node count whose next step buys less than study.knee_share.
-- **busbw** (all-reduce) = algbw * 2(n-1)/n with algbw = bytes / time (nccl-tests' definition);
-  avg busbw = mean over message sizes (and placements), as nccl-tests' "Avg bus bandwidth" line.
-- Memory: peak allocated/reserved by torch per GPU (max over ranks), NVML memory used (max over GPUs and
-  samples); on CPU, the host RSS peak per process. **Predicted** memory is what the plan judged the run
-  by: rank 0's peak of one steady training step of the run's own model, parallelization and optimizer on
-  fake tensors (FSDPMemTracker), else the lower bound of its state (studies planned before: the analytic
-  estimate); error = (predicted - measured peak allocated) / measured. The plan adds headroom for what
-  the allocator's peak does not hold: reserved / allocated and NVML used - reserved show what each GPU run
-  really needed.
-- **Predicted** throughput (bench/predict/perf.py, made when the run was planned): step = matmuls at a calibrated
-  fraction of the dense peak + elementwise and optimizer memory traffic at HBM bandwidth + the FSDP
-  communication prefetch cannot hide (network: the study's probe, else the instance's published
-  nccl-tests figure) + contention; error = measured / predicted - 1. The constants, their sources and every
-  published row's error: `python benchmarks/perf_model.py`.
-- **Communication model**: the bus bytes FSDP moves per GPU and step for the strategy (analysis/comm.py)
-  divided by the all-reduce busbw measured at the same node and EFA count, as if nothing overlapped. A
-  point is communication-bound when that time is >= 90% of the step, or when the growth of it explains at
-  least half of the step time lost against the base node count.
-- **Cost**: measured wall time (start-up included) x nodes x the cluster's on-demand price per
-  instance-hour; per million tokens and time to train use the steady-state tokens/s.
-- **Loss parity**: runs equal in everything but strategy, AC and wrapping must share a loss curve
-  (max relative deviation within 0.1% in fp32, 2% in mixed precision, 5% in pure bf16).
-"""
 
 SCALING_COLUMNS = {
     "sweep": "sweep", "model": "model", "sharding": "sharding", "precision": "precision",
@@ -92,11 +49,11 @@ SCALING_SHORT = {"model": "model", "sharding": "sharding", "precision": "precisi
                  "gpus_per_node": "GPUs/node", "nodes": "nodes",
                  "tokens_per_s_per_gpu": "tokens/s/GPU", "mfu": "MFU", "mem_peak_alloc_gib": "peak alloc (GiB/GPU)",
                  "mem_rss_gib": "host RSS (GiB/proc)", "scaling_efficiency": "scaling efficiency",
-                 "status": "status"}
+                 "straggler": "straggler", "status": "status"}
 HEADLINE_COLUMNS = {"model": "model", "configuration": "configuration", "nodes": "nodes",
                     "tokens_per_s_per_gpu": "tokens/s/GPU", "tflops_per_gpu": "TFLOPS/GPU", "mfu": "MFU",
                     "mem_peak_alloc_gib": "peak alloc (GiB/GPU)", "scaling_efficiency": "scaling efficiency",
-                    "status": "status"}
+                    "straggler": "straggler", "status": "status"}
 EFA_COLUMNS = {"nodes": "nodes", "gpus_per_node": "GPUs/node", "efa_per_node": "EFA adapters",
                "transport": "transport (NCCL)", "nics": "NICs found", "busbw_avg_gbs": "avg busbw (GB/s)", "busbw_max_gbs": "max busbw (GB/s)",
                "ok_runs": "ok runs"}
@@ -260,6 +217,9 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
         tables["nccl_sizes"] = _sizes_by_column(sizes)
         most = _sizes_by_column(sizes[sizes["nodes"] == sizes["nodes"].max()])
         tables["nccl_sizes_short"] = most.iloc[:, :8]  # the page: size + at most 7 EFA counts
+    preflight, preflight_notes = preflight_table(loaded.sweeps)
+    if not preflight.empty:
+        tables["preflight"] = preflight
     memory, predicted = memory_table(agg), throughput_table(agg)  # every column in memory.csv, predicted.csv
     extrapolated, unreadable = extrapolation_table(loaded.sweeps)
     if not extrapolated.empty:
@@ -289,7 +249,7 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
     cpu = frame["device_name"].fillna("").eq("cpu").any()
     notes = (loaded.notes + missing_baselines(agg) + departures(parity) + memory_notes(memory)
              + largest_miss(predicted, cpu) + extrapolation_sentence(extrapolated) + restart_notes(frame)
-             + unreadable)
+             + straggler_notes(frame) + preflight_notes + unreadable)
     if not one_rank.empty:
         notes.append(f"{len(one_rank)} one-rank all-reduce probe(s) measured no network (bus bandwidth is 0 "
                      "by definition on one rank): left out of the EFA table, kept in nccl.csv")
@@ -356,6 +316,9 @@ def _sections(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], charts: dict
     sections.append(("Cost per sweep (all runs, failed ones included; per-run figures in cost_runs.csv)",
                      tables["cost_sweeps"]))
     sections.append(("Cost per configuration (steady-state tokens/s, on-demand price)", tables["cost"]))
+    if "preflight" in tables:
+        sections.append(("Preflight: each node alone and in pairs before the study (preflight.json)",
+                         tables["preflight"]))
     sections.append((f"Run status ({ok} ok of {len(frame)}; not ok below)", tables["status"]))
     for name, title in charts.items():
         if name != "throughput_vs_nodes":

@@ -12,6 +12,8 @@ import json
 import numpy as np
 import pandas as pd
 
+from analysis.nodes import joined, straggler_cells
+
 # "batch": a weak-scaling run's micro batch ("mb2"), or a strong-scaling run's global batch and accumulation
 # mode ("gb1024 sync_each"): at one global batch each node count picks its own micro batch, and the study
 # compares them as one configuration (batch_label)
@@ -73,13 +75,13 @@ def aggregate(frame: pd.DataFrame) -> pd.DataFrame:
         # accumulation steps a strong-scaling node count ran
         **{c: (c, "first") for c in (*PREDICTED, "micro_batch", "grad_accum", "global_batch")}).reset_index()
     if not ok.empty:
-        stats = ok.groupby(keys, dropna=False).agg(
-            **{c: (c, how) for c, how in METRICS.items()},
+        stats = ok.assign(straggler=straggler_cells(ok)).groupby(keys, dropna=False).agg(
+            **{c: (c, how) for c, how in METRICS.items()}, straggler=("straggler", joined),
             tokens_per_s_min=("tokens_per_s", "min"), tokens_per_s_max=("tokens_per_s", "max"),
             step_time_s_std=("step_time_s_std", "median")).reset_index()
         out = out.merge(stats, on=keys, how="left")
     else:
-        for c in [*METRICS, "tokens_per_s_min", "tokens_per_s_max", "step_time_s_std"]:
+        for c in [*METRICS, "tokens_per_s_min", "tokens_per_s_max", "step_time_s_std", "straggler"]:
             out[c] = np.nan
     return add_efficiency(out).sort_values(keys, ignore_index=True)
 

@@ -26,7 +26,7 @@ COLUMNS = {"model": "model", "configuration": "configuration", "nodes": "nodes",
            "tokens_per_step": "tokens/step", "micro_batch": "micro batch", "grad_accum": "accumulation steps",
            "step_time_s": "step time (s)", "source": "source", "pred_step_time_s": "predicted step time (s)",
            "efficiency": "strong-scaling efficiency", "next_share": "next node count buys",
-           "days_to_train": "days to train", "usd_to_train": "USD to train"}
+           "days_to_train": "days to train", "usd_to_train": "USD to train", "straggler": "straggler"}
 
 
 def sweep_study(sweeps: list[Path]) -> dict[str, float]:
@@ -68,7 +68,8 @@ def strong_rows(agg: pd.DataFrame, prices: dict[str, float | None], train_tokens
             "source": np.where(measured, "measured", np.where(known, "predicted", group["status"])),
             "efficiency": base_step / step * base["nodes"] / nodes,
             "next_share": (step - nxt_step) / (step * (1 - nodes / nxt_nodes)),
-            "days_to_train": days, "usd_to_train": days * 24 * nodes * price}))
+            "days_to_train": days, "usd_to_train": days * 24 * nodes * price,
+            "straggler": group["straggler"] if "straggler" in group else None}))
     return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=list(COLUMNS))
 
 

@@ -350,3 +350,34 @@ def test_each_predicted_row_shows_the_base_its_efficiency_was_predicted_against(
     assert len(short.columns) + 1 <= 8  # the page's limit (analysis/test_browser.py), the index included
     md = (out / "report.md").read_text()
     assert "its efficiency against the base node count's tokens/s/GPU in that prediction" in md
+
+
+def test_a_run_held_back_by_a_straggler_is_flagged_beside_its_efficiency(tmp_path: Path) -> None:
+    """The 4-node run's summary named node3 (its compute 2.4x the others', 1.2 s a step they waited): the
+    page flags that row beside its efficiency and says why; the 2-node run, whose slowest node was within
+    the tolerance, is not flagged. The study's preflight, which named node3 too, is its own table."""
+    sweep = tmp_path / "study"
+    for nodes in (1, 2, 4):
+        summary = write_run(sweep, tokens_per_s=SCALING[nodes], nodes=nodes)
+        if nodes > 1:
+            summary.slowest_node, summary.slowest_node_held_s = f"node{nodes - 1}", 1.2 if nodes == 4 else 0.01
+            summary.slowest_node_excess = 1.4 if nodes == 4 else 0.02
+            summary.straggler = "node3" if nodes == 4 else None
+            rundir.write_summary(rundir.run_dir(sweep, summary.spec), summary)
+    rows = [{"node": f"node{i}", "answered": True, "matmul_tflops": 0.3 if i == 3 else 1.0, "copy_gbs": 9.0,
+             "pair_busbw_gbs": 2.0, "torch": "2.13.0", "problems": ["matmul TFLOPS 70% below"] if i == 3 else []}
+            for i in range(1, 5)]
+    rundir.write_json(sweep / rundir.PREFLIGHT_JSON, {"when": "2026-11-27T07:30:00", "seconds": 55.0,
+                                                      "tolerance": 0.25, "rows": rows, "links": [], "pairs": []})
+    out = tmp_path / "report"
+    build(load(sweep), out)
+    md = (out / "report.md").read_text()
+    preflight = md.split("## Preflight", 1)[1].split("##", 1)[0]
+    assert "| study | node3 | 0.3 | 9 | 2 | 2.13.0 | matmul TFLOPS 70% below |" in preflight
+    assert "| study | node1 | 1 | 9 | 2 | 2.13.0 | ok |" in preflight
+    assert "study: preflight of 4 node(s) at 2026-11-27T07:30:00: named node3 (tolerance 25%)" in md
+    scaling = md.split("## Scaling (per configuration", 1)[1].split("##", 1)[0]
+    rows = {line.split(" | ")[5]: line for line in scaling.splitlines() if line.startswith("| llama2_7b")}
+    assert "| 92% | node3 (compute +140%, 1.2 s a step) |" in rows["4"]
+    assert "node" not in rows["2"] and "| straggler |" in scaling
+    assert "study: 1 run(s) were held back by a straggler (node3)" in md

@@ -9,7 +9,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from bench import rundir
+from bench import rundir, straggler
 from bench.classify import classify
 from bench.core.records import parse_records
 from bench.core.schema import SUMMARY_COLUMNS, RunSpec, RunSummary
@@ -41,6 +41,17 @@ def _restarts(summary: RunSummary, outcome: Outcome, metas: list[dict[str, Any]]
         summary.restart_lost_s = (starts[-1] - starts[0]).total_seconds()  # type: ignore[operator]
 
 
+def _straggler(summary: RunSummary, tolerance: float) -> None:
+    """The slowest node of the run by each rank's own compute (bench/straggler.py), named as its straggler
+    where it held the others back by more than tolerance."""
+    found = straggler.find(summary.extra.get("per_rank") or [], tolerance)
+    if found is None:
+        return
+    summary.slowest_node, summary.slowest_node_excess, summary.slowest_node_held_s = (
+        found.unit, found.excess, found.held_s)
+    summary.straggler = found.unit if found.named else None
+
+
 def _when(text: str | None) -> dt.datetime | None:
     try:
         return dt.datetime.fromisoformat(text) if text else None
@@ -69,7 +80,8 @@ def run_records(run_dir_: Path, spec: RunSpec) -> list[dict[str, Any]]:
 
 
 def summarize_run(spec: RunSpec, sweep: str, run_dir_: Path, outcome: Outcome, *,
-                  predicted: dict[str, Any], git_rev: str | None, started_at: str) -> RunSummary:
+                  predicted: dict[str, Any], git_rev: str | None, started_at: str,
+                  tolerance: float = 0.25) -> RunSummary:
     """Classify the run and lift the steady-state metrics out of its summary record."""
     records = run_records(run_dir_, spec)
     text = log_tail(run_dir_)
@@ -94,6 +106,8 @@ def summarize_run(spec: RunSpec, sweep: str, run_dir_: Path, outcome: Outcome, *
             setattr(summary, f"nccl_{key}", source[key])
     summary.extra = {k: source[k] for k in _EXTRA_KEYS if k in source}
     _restarts(summary, outcome, metas)
+    if status == "ok":
+        _straggler(summary, tolerance)
     nccl = source.get("nccl_version") or (metas[0].get("nccl") if metas else None)  # probe, or a GPU worker
     if nccl:
         summary.extra["nccl_version"] = nccl

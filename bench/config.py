@@ -181,7 +181,9 @@ class PreflightConfig:
     # auto: on for launchers that reach several machines (slurm, kubernetes), off for local and dryrun;
     # on: refuse a study whose nodes disagree; warn: show the table and go on; off: no preflight
     mode: str = "auto"
-    tolerance: float = 0.25  # a node this fraction below the median (local workload, pair bandwidth) is named
+    # a node this fraction below the median (local workload, pair bandwidth) is named; in a run, a node
+    # whose compute per step is this fraction above the others' median is named its straggler
+    tolerance: float = 0.25
     seconds: float = 2.0  # the timed local workload per node
     timeout_s: float = 300  # per round of jobs, queueing included: a node silent past it is named
     pair_bytes: int = 1 << 25  # the largest all-reduce between a pair of nodes

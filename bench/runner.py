@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench import rundir, schedule
+from bench import rundir, schedule, straggler
 from bench.collect import infeasible_summary, summarize_run, write_results
 from bench.config import SweepConfig
 from bench.core.schema import RETRYABLE_STATUSES, RunSpec, RunSummary
@@ -113,7 +113,7 @@ class _Sweep:
         write_results(self.sweep_dir)
         self.counts[summary.status] += 1
         self.progress.finish(planned.spec.label, summary.status, summary.wall_s,
-                             summary.error if summary.status != "ok" else None)
+                             summary.error if summary.status != "ok" else straggler.note(summary))
         if summary.status == "ok":  # a probe or a training run: the study's calibration learns from it
             self.predictor = study_predictor(self.cfg, self.sweep_dir)[0]
             self.learned = True
@@ -249,7 +249,7 @@ def _attempt(sweep: _Sweep, planned: PlannedRun, rd: Path) -> RunSteps:
     rundir.record_attempt(rd, attempt=attempt, ended_at=now_iso(),
                           **({"executions": outcome.executions} if outcome.executions else {}))
     summary = summarize_run(spec, cfg.sweep_name, ad, outcome, predicted=planned.predicted(),
-                            git_rev=sweep.rev, started_at=started)
+                            git_rev=sweep.rev, started_at=started, tolerance=cfg.preflight.tolerance)
     summary.run_dir, summary.attempt = str(rd), attempt
     return summary
 

@@ -175,6 +175,7 @@ ONE_RUN = (*gpucheck.SMOKE_ONE_RANK, "axes.precision=[bf16_mixed]", "axes.activa
            "axes.compile=[false]", "nccl.enabled=false", "steps=3", "warmup_steps=1")
 
 
+@pytest.mark.slow  # two real sweeps, one stopped at its budget: half a minute of the default suite's five
 def test_steps_run_under_their_budgets_and_an_overrun_is_stopped_and_named(stand_in_gpu, tmp_path: Path,
                                                                             capsys) -> None:
     steps = (Step("smoke", "smoke", "one tiny run", ONE_RUN, 120),

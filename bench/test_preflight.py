@@ -14,6 +14,7 @@ from bench import preflight, rundir
 from bench.config import ConfigError, from_dict
 from bench.launchers.k8s_manifests import manifest
 from bench.launchers.slurm import render_script
+from bench.plan import expand
 from bench.sweep import compose
 
 
@@ -75,7 +76,9 @@ def test_each_job_runs_on_its_node_on_slurm_and_kubernetes(tmp_path: Path, share
     crds = load_crds(shared_data / "k8s")
     slurm = cfg_of("cluster=slurm_local", "launcher=slurm")
     script = render_script(slurm, preflight.node_spec(slurm, "node3"), tmp_path, {})
-    assert "#SBATCH --nodelist=node3\n" in script and " -m trainer.preflight " in script
+    assert "#SBATCH --nodelist=node3\n#SBATCH --no-requeue\n" in script and " -m trainer.preflight " in script
+    study = render_script(slurm, next(p.spec for p in expand(slurm) if p.spec.kind == "train"), tmp_path, {})
+    assert "--no-requeue" not in study  # a study's run is requeued after a node failure, on its own clock
     k8s = cfg_of("cluster=p5.48xlarge", "launcher=kubernetes", "cluster.kubernetes.image=reg.io/fsdpbench:1")
     job = manifest(k8s, preflight.pair_spec(k8s, ("ip-10-0-0-1", "ip-10-0-0-2")))
     assert job["kind"] == "MPIJob"  # nccl-tests between the pair, as the study's own probes

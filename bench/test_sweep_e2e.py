@@ -105,9 +105,15 @@ def test_dry_run_renders_and_launches_nothing(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     sub_files = list((tmp_path / "smoke" / "runs").glob("*/attempt-1/submission/submission.json"))
     assert len(sub_files) == 18  # the two-ranks-per-node smoke: 16 training runs (2 strong scaling), 2 probes
-    argvs = json.loads(sub_files[0].read_text())["argvs"]
-    # each agent: its devices (none on this machine: CPU), then torchrun
-    assert argvs[0][:2] == ["env", "CUDA_VISIBLE_DEVICES="] and argvs[0][3:5] == ["-m", "torch.distributed.run"]
+    for sub in sub_files:
+        argvs = json.loads(sub.read_text())["argvs"]
+        # each agent: its devices (none on this machine: CPU), a simulated node's own name where there are
+        # several (what a run names its straggler by), then torchrun
+        names = [f"FSDPBENCH_NODE_NAME=local{i}" for i in range(len(argvs))] if len(argvs) > 1 else []
+        for argv, name in zip(argvs, names or [None] * len(argvs)):
+            env = argv[:2 + bool(name)]
+            assert env == ["env", "CUDA_VISIBLE_DEVICES=", *([name] if name else [])], argv
+            assert argv[len(env) + 1:len(env) + 3] == ["-m", "torch.distributed.run"]
     assert not list((tmp_path / "smoke" / "runs").glob("*/summary.json"))
     assert not list((tmp_path / "smoke" / "runs").glob("*/logs/*"))
 

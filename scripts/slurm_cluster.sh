@@ -59,7 +59,17 @@ SlurmctldTimeout=30
 SlurmdTimeout=30
 SchedulerType=sched/backfill
 SlurmdParameters=config_overrides
+TaskProlog=$DIR/taskprolog.sh
 EOF
+    # Each node's own environment, from outside any job: the lines of $DIR/env.<node> ("export NAME=value"),
+    # which slurmd sets in every task it starts there (tests give one node what a real machine might have:
+    # another library path, a plugin that does not load)
+    cat >"$DIR/taskprolog.sh" <<EOF
+#!/bin/sh
+[ -f "$DIR/env.\$SLURMD_NODENAME" ] && cat "$DIR/env.\$SLURMD_NODENAME"
+exit 0
+EOF
+    chmod +x "$DIR/taskprolog.sh"
     for k in $(seq 1 "$NODES"); do
         echo "NodeName=node$k NodeHostname=$(hostname) NodeAddr=127.0.0.1 Port=$((CTLD_PORT + k)) CPUs=$CPUS State=UNKNOWN" >>"$CONF"
     done

@@ -20,7 +20,8 @@ import torch.distributed as dist
 
 from bench.core.flops import hardware_flops_per_token, model_flops_per_token
 from bench.core.hardware import peak_tflops
-from bench.core.records import COLLECTIVE_TIMEOUT_ENV, Emitter
+from bench.core.records import COLLECTIVE_TIMEOUT_ENV, Emitter, node_name
+from trainer.clock import ComputeClock, steady_compute_s, timed_modules
 from trainer.config import TrainArgs, parse_args
 from trainer.flight import collectives_between, dump_on_sigterm, write_dump
 from trainer.metrics import summarize_steps
@@ -128,6 +129,8 @@ class Trainer:
         self.model.train()
         self.optimizer = build_optimizer(self.model, self.args.lr)
         self.scaler = grad_scaler(spec.precision, self.device)
+        # each rank's compute without its waits, where there are peers to wait for (a straggler's mark)
+        self.clock = ComputeClock(timed_modules(self.model), self.device) if dist.get_world_size() > 1 else None
 
     def meta(self) -> dict[str, Any]:
         local_numel = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
@@ -197,6 +200,8 @@ class Trainer:
             batches = self.batches(step)
             self._fault(step, "oom")
             _sync(self.device)
+            if self.clock:
+                self.clock.step()
             t0, t0_ns = time.perf_counter(), time.time_ns()
             loss = self.step(batches, step)
             _sync(self.device)
@@ -240,7 +245,9 @@ class Trainer:
             stats["mfu_note"] = (f"no peak TFLOPS known for {device_name!r}: MFU not computed (add the GPU to "
                                  "bench/core/hardware.py with its datasheet)")
         per_rank: list[dict[str, Any]] = [{}] * dist.get_world_size()
-        dist.all_gather_object(per_rank, {**_memory(self.device), **nvml})
+        compute = steady_compute_s(self.clock.per_step_s(), spec.warmup_steps) if self.clock else None
+        dist.all_gather_object(per_rank, {**_memory(self.device), **nvml, "rank": self.rank, "node": node_name(),
+                                          "compute_s": compute})
         out: dict[str, Any] = {"status": "ok", **stats, "world_size": dist.get_world_size(),
                                "backend": dist.get_backend(),
                                "loss_first": self.losses[0], "loss_last": self.losses[-1],

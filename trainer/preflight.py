@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from bench.core.records import error_line, format_record
+from bench.core.records import error_line, format_record, node_name
 from bench.core.schema import add_fault_arguments, add_spec_arguments, spec_from_namespace
 
 DTYPES = {"fp32": torch.float32, "bf16_mixed": torch.bfloat16, "fp16_mixed": torch.float16,
@@ -31,12 +31,6 @@ DTYPES = {"fp32": torch.float32, "bf16_mixed": torch.bfloat16, "fp16_mixed": tor
 # Where the aws-ofi-nccl plugin lives on AWS's images (DLAMI, the EKS and ParallelCluster AMIs), beside
 # whatever LD_LIBRARY_PATH names.
 PLUGIN_DIRS = ("/opt/amazon/ofi-nccl/lib", "/opt/aws-ofi-nccl/lib", "/usr/local/lib")
-
-
-def node_name() -> str:
-    """The scheduler's name for this node (Slurm's, a Kubernetes node's from the downward API), else the
-    host name: several Slurm nodes may share one host."""
-    return os.environ.get("SLURMD_NODENAME") or os.environ.get("FSDPBENCH_NODE_NAME") or socket.gethostname()
 
 
 def ofi_plugin() -> dict[str, Any]:

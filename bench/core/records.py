@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import socket
 import sys
 import threading
 from collections.abc import Iterable, Iterator
@@ -134,3 +135,9 @@ def exit_now(code: int) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def node_name() -> str:
+    """The scheduler's name for this node (Slurm's, a Kubernetes node's from the downward API), else the
+    host name: several Slurm nodes may share one host."""
+    return os.environ.get("SLURMD_NODENAME") or os.environ.get("FSDPBENCH_NODE_NAME") or socket.gethostname()

@@ -304,6 +304,13 @@ class RunSummary:
     # wall time from its first start to its last, which they cost
     restarts: int | None = None
     restart_lost_s: float | None = None
+    # A multi-rank run's slowest node by its own compute per step, without its waits (trainer/clock.py; on
+    # one node, its slowest rank), that compute over the median of the others' less 1, and the seconds a
+    # step the others waited for it; straggler: that node, where the excess passes preflight.tolerance
+    slowest_node: str | None = None
+    slowest_node_excess: float | None = None
+    slowest_node_held_s: float | None = None
+    straggler: str | None = None
     nccl_busbw_avg_gbs: float | None = None
     nccl_busbw_max_gbs: float | None = None
     nccl_algbw_max_gbs: float | None = None

@@ -88,9 +88,11 @@ class LocalLauncher:
         py = python_executable(self.cfg)
         worker = worker_module_argv(spec, run_dir, fault_args(self.cfg, spec))
         agent = torchrun_argv(py, spec, f"127.0.0.1:{PORT_TOKEN}", spec.run_id, rendezvous_conf(self.cfg))
-        # `env` sets each agent's devices without a shell; torchrun's workers inherit them
-        argvs = tuple(tuple(["env", f"CUDA_VISIBLE_DEVICES={devices}", *agent, *worker])
-                      for devices in self.devices(spec))
+        # `env` sets each agent's devices without a shell, and a simulated node's name where there are
+        # several (one host name for all of them otherwise); torchrun's workers inherit them
+        argvs = tuple(tuple(["env", f"CUDA_VISIBLE_DEVICES={devices}",
+                             *([f"FSDPBENCH_NODE_NAME=local{i}"] if spec.nodes > 1 else []), *agent, *worker])
+                      for i, devices in enumerate(self.devices(spec)))
         return Submission(run_id=spec.run_id, argvs=argvs, env=job_env(self.cfg, spec, os.path.abspath(run_dir)))
 
     def submit(self, submission: Submission, run_dir: Path) -> LocalHandle:

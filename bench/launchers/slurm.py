@@ -86,8 +86,9 @@ def sbatch_lines(cfg: SweepConfig, spec: RunSpec) -> list[str]:
         lines.append(f"#SBATCH --account={_check_safe('slurm.account', s.account)}")
     if s.exclusive:
         lines.append("#SBATCH --exclusive")
-    if spec.hosts:  # a preflight's job on its node, or its pair of nodes
-        lines.append(f"#SBATCH --nodelist={_check_safe('hosts', spec.hosts)}")
+    if spec.hosts:  # a preflight's job on its node, or its pair of nodes: a node that fails the launch is
+        # the answer, not a job to requeue (Slurm holds such a requeue, and it outlived the preflight)
+        lines += [f"#SBATCH --nodelist={_check_safe('hosts', spec.hosts)}", "#SBATCH --no-requeue"]
     gpus = s.gpus_per_node if s.gpus_per_node is not None else (cfg.cluster.gpus_per_node if cfg.cluster.gpu
                                                                  else None)
     if gpus:  # 0: a cluster without GPU GRES, which would reject the option

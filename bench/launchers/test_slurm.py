@@ -1,6 +1,7 @@
 """Slurm launcher: golden batch script, quoting, state parsing, and runs on the real test cluster."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -9,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -423,26 +425,34 @@ def _preflight(tmp_path: Path, *args: str) -> tuple[int, dict]:
     return proc.returncode, verdict
 
 
-@pytest.mark.slurm
-@pytest.mark.slow
-def test_the_preflight_names_the_node_slowed_from_outside_and_no_other(slurm_cluster, tmp_path) -> None:
-    """node3's slurmd (and so every job it starts) in a cgroup of a fifth of a core: nothing in the code
-    knows. The preflight names node3 alone, by its local workload and its pairs; with it back, no node."""
+@contextlib.contextmanager
+def _slowed(node: str) -> Iterator[None]:
+    """The node's slurmd (and so every job it starts) in a cgroup of a fifth of a core: nothing in the code
+    knows. Skips where no cgroup v1 cpu controller can be written."""
     slow = CPU_CGROUP / "fsdpbench-slow"
     try:
         slow.mkdir(exist_ok=True)
     except OSError:
         pytest.skip("no writable cgroup v1 cpu controller to slow a node with")
-    pid = (Path(SLURM_CONF).parent / "slurmd.node3.pid").read_text().strip()
+    pid = (Path(SLURM_CONF).parent / f"slurmd.{node}.pid").read_text().strip()
     try:
         (slow / "cpu.cfs_period_us").write_text("100000")
         (slow / "cpu.cfs_quota_us").write_text("20000")
         (slow / "cgroup.procs").write_text(pid)
-        rc, verdict = _preflight(tmp_path / "slowed")
+        yield
     finally:
         for task in (slow / "cgroup.procs").read_text().split():
             (CPU_CGROUP / "cgroup.procs").write_text(task)
         slow.rmdir()
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_the_preflight_names_the_node_slowed_from_outside_and_no_other(slurm_cluster, tmp_path) -> None:
+    """node3 slowed from outside: the preflight names node3 alone, by its local workload and its pairs; with
+    it back, no node."""
+    with _slowed("node3"):
+        rc, verdict = _preflight(tmp_path / "slowed")
     named = {r["node"]: r["problems"] for r in verdict["rows"] if r["problems"]}
     assert rc == 3 and list(named) == ["node3"] and not verdict["links"], verdict
     assert any(p.startswith("matmul TFLOPS") for p in named["node3"])
@@ -451,3 +461,80 @@ def test_the_preflight_names_the_node_slowed_from_outside_and_no_other(slurm_clu
     assert rc == 0 and not any(r["problems"] for r in verdict["rows"]) and not verdict["links"], verdict
     assert verdict["seconds"] < 90 and len(verdict["pairs"]) == 4
 
+
+def _train_4_nodes(root: Path, repeats: int) -> tuple[subprocess.CompletedProcess, list]:
+    from bench import rundir
+    proc = subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=smoke", "cluster=slurm_local",
+                           "launcher=slurm", f"results_root={root}", "preflight.mode=off", "axes.nodes=[4]",
+                           "axes.gpus_per_node=[1]", "axes.global_batch=[null]", "axes.sharding=[FULL_SHARD]",
+                           "axes.precision=[fp32]", "axes.activation_checkpointing=[none]", "axes.compile=[false]",
+                           "nccl.enabled=false", "steps=8", "warmup_steps=2", f"repeats={repeats}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "SLURM_CONF": SLURM_CONF})
+    return proc, [rundir.read_summary(d) for d in rundir.iter_run_dirs(root / "smoke")]
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_4_node_run_names_the_node_slowed_from_outside_as_its_straggler(slurm_cluster, tmp_path) -> None:
+    """A 4-node FSDP2 run, one rank a node, node3 slowed from outside: its summary and the sweep's line name
+    node3, by each rank's own compute (its peers' waits excluded); two healthy runs name no node."""
+    with _slowed("node3"):
+        proc, (slowed,) = _train_4_nodes(tmp_path / "slowed", repeats=1)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert slowed.status == "ok" and slowed.straggler == "node3", (slowed.slowest_node, slowed.extra)
+    assert slowed.slowest_node_excess > 1 and 0 < slowed.slowest_node_held_s < slowed.step_time_s
+    assert "straggler node3: its compute +" in proc.stdout
+    nodes = {r["node"] for r in slowed.extra["per_rank"]}
+    assert nodes == {"node1", "node2", "node3", "node4"}
+    proc, healthy = _train_4_nodes(tmp_path / "healthy", repeats=2)
+    assert proc.returncode == 0 and len(healthy) == 2, proc.stdout[-3000:]
+    for run in healthy:
+        assert run.status == "ok" and run.straggler is None and run.slowest_node_excess < 0.25, run.extra
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_node_that_does_not_answer_is_named_and_nothing_is_left_in_the_queue(slurm_cluster, tmp_path) -> None:
+    """node4's slurmd stopped (SIGSTOP) for the preflight: node4 is named as silent within the timeout, the
+    study refused; once it answers again, no job of the preflight is left (Slurm held a requeue of the job
+    it could not launch until the jobs said --no-requeue)."""
+    pid = int((Path(SLURM_CONF).parent / "slurmd.node4.pid").read_text())
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        rc, verdict = _preflight(tmp_path, "preflight.timeout_s=30")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    named = {r["node"]: r["problems"] for r in verdict["rows"] if r["problems"]}
+    assert rc == 3 and named == {"node4": ["no answer within preflight.timeout_s=30 s"]}, verdict
+    time.sleep(15)  # the held requeue was back in the queue within 5 s of the node answering
+    deadline, left = time.monotonic() + 60, None
+    while left != [] and time.monotonic() < deadline:
+        out = subprocess.run(["squeue", "-h", "-o", "%i %j %T %r"], capture_output=True, text=True,
+                             env={**os.environ, "SLURM_CONF": SLURM_CONF}).stdout
+        left = [line for line in out.splitlines() if "fsdpbench-" in line]
+        time.sleep(0 if left == [] else 3)
+    assert left == [], left
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_node_whose_environment_differs_is_named_with_the_difference(slurm_cluster, tmp_path) -> None:
+    """node3's own environment, set by its slurmd (the test cluster's TaskProlog reads env.node3): an
+    LD_LIBRARY_PATH holding an aws-ofi-nccl plugin that does not load. The preflight names node3 alone, with
+    the plugin it found and that it does not load, where the other three have none."""
+    conf = Path(SLURM_CONF)
+    if "TaskProlog=" not in conf.read_text():
+        pytest.skip("the test cluster predates its TaskProlog: scripts/slurm_cluster.sh stop, then start")
+    plugin = tmp_path / "plugin"
+    plugin.mkdir()
+    (plugin / "libnccl-net.so").write_bytes(b"")  # not a shared object: dlopen fails, as a broken install's
+    env = conf.parent / "env.node3"
+    env.write_text(f"export LD_LIBRARY_PATH={plugin}\n")
+    try:
+        rc, verdict = _preflight(tmp_path / "study")
+    finally:
+        env.unlink()
+    named = {r["node"]: r["problems"] for r in verdict["rows"] if r["problems"]}
+    assert rc == 3 and list(named) == ["node3"], verdict
+    assert named["node3"] == [f"aws-ofi-nccl {plugin / 'libnccl-net.so'} where 3 of 4 have None",
+                              "aws-ofi-nccl loads False where 3 of 4 have None"]
