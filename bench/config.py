@@ -28,7 +28,10 @@ _SWEEP_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
 class ConfigError(ValueError):
-    """A configuration problem, reported as one line before anything is launched."""
+    """A configuration problem, reported as one line before anything is launched (exit EXIT_CONFIG)."""
+
+
+EXIT_CONFIG = 2  # every command's exit status for a ConfigError
 
 
 @dataclass

@@ -37,8 +37,7 @@ EXIT_REFUSED = 3  # bench.sweep and this command: the nodes disagree (preflight.
 BAD_THROTTLE = {0x8: "hardware slowdown", 0x20: "software thermal", 0x40: "hardware thermal",
                 0x80: "power brake"}
 VERSIONS = (("torch", "torch"), ("python", "Python"), ("cuda", "CUDA"), ("nccl", "NCCL"),
-            ("driver", "driver"), ("gpu", "GPU"), ("libfabric", "libfabric"), ("ofi_plugin", "aws-ofi-nccl"),
-            ("ofi_plugin_loads", "aws-ofi-nccl loads"))
+            ("driver", "driver"), ("gpu", "GPU"), ("libfabric", "libfabric"), ("ofi_plugin", "aws-ofi-nccl"))
 SPEEDS = (("matmul_tflops", "matmul TFLOPS"), ("copy_gbs", "copy GB/s"),
           ("pair_busbw_gbs", "all-reduce GB/s"))
 MIN_FREE_GIB = 1.0
@@ -136,7 +135,8 @@ def node_row(node: str, answer: Answer) -> dict[str, Any]:
     row: dict[str, Any] = {"node": node, "answered": True, "ranks": len(facts), "problems": []}
     for key, _ in VERSIONS:
         row[key] = first.get(key)
-    for key in ("gpus", "efa_adapters", "results_free_gib", "threads", "dtype"):
+    for key in ("gpus", "efa_adapters", "results_free_gib", "threads", "dtype", "ofi_plugin_loads",
+                "ofi_plugin_error"):
         row[key] = first.get(key)
     row["matmul_tflops"] = min(f["matmul_tflops"] for f in facts)
     row["copy_gbs"] = min(f["copy_gbs"] for f in facts)
@@ -188,6 +188,8 @@ def judge(cfg: SweepConfig, rows: list[dict[str, Any]], pairs: Pairs) -> list[st
             row["problems"].append(f"{row.get('efa_adapters') or 0} EFA adapters, the study asks {efa}")
         if gpus and (row.get("gpus") or 0) < gpus:
             row["problems"].append(f"{row.get('gpus') or 0} GPUs, the cluster has {gpus} per node")
+        if row.get("ofi_plugin_loads") is False:  # NCCL would fail to load it, or fall back to sockets
+            row["problems"].append(f"aws-ofi-nccl does not load: {row.get('ofi_plugin_error')}")
         if row.get("ecc_uncorrected"):
             row["problems"].append(f"{row['ecc_uncorrected']} uncorrected ECC errors")
         if row.get("throttled"):
@@ -273,8 +275,8 @@ def format_verdict(verdict: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.config import from_dict
-    from bench.sweep import EXIT_CONFIG, compose, make_launcher
+    from bench.compose import compose, make_launcher
+    from bench.config import EXIT_CONFIG, from_dict
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         raw, _ = compose(args)

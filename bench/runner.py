@@ -17,7 +17,6 @@ import signal
 import statistics
 import subprocess
 import threading
-import time
 from collections import Counter
 from collections.abc import Generator, Iterator
 from contextlib import contextmanager

@@ -15,72 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from bench import preflight, rundir, schedule
-from bench.config import ConfigError, SweepConfig, from_dict, omegaconf_message, register_schema
+from bench.compose import available_sweeps, compose, make_launcher
+from bench.config import EXIT_CONFIG, ConfigError, SweepConfig, from_dict
 from bench.predict.cost import plan_cost, startup_of
-from bench.launchers.base import PROJECT_ROOT
 from bench.predict.memory import (CUDA_CONTEXT_GIB, FRAGMENTATION, MEASURE_OFF, NCCL_GIB_PER_COMMUNICATOR,
                           MemoryPlanner)
 from bench.predict.calibrate import study_predictor
 from bench.plan import PlannedRun, expand
 
-CONFIG_DIR = PROJECT_ROOT / "sweeps"
 FLAGS = {"--dry-run": "dry_run=true", "--rerun-failed": "rerun_failed=true", "--force": "force=true"}
-EXIT_OK, EXIT_RUN_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_RUN_FAILED, EXIT_INTERRUPTED = 0, 1, 130  # and EXIT_CONFIG (2), bench.config's
 GOOD_STATUSES = ("ok", "infeasible")
-
-
-def available_sweeps() -> list[str]:
-    return sorted(p.stem for p in (CONFIG_DIR / "sweep").glob("*.yaml"))
-
-
-def compose(overrides: list[str]) -> tuple[dict[str, Any], str]:
-    """Resolved config as a plain dict, and its YAML for the results store."""
-    from hydra import compose as hydra_compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-    register_schema()
-    try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-            cfg = hydra_compose(config_name="config", overrides=overrides)
-        cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
-        return OmegaConf.to_container(cfg, resolve=True), OmegaConf.to_yaml(cfg, resolve=True)
-    except OmegaConfBaseException as e:
-        raise ConfigError(omegaconf_message(e)) from None
-    except HydraException as e:
-        cause = e.__cause__
-        if isinstance(cause, OmegaConfBaseException):  # "Error merging override X" + why: keep the why
-            raise ConfigError(omegaconf_message(cause)) from None
-        raise ConfigError(hydra_message(str(e)) or type(e).__name__) from None
-
-
-def hydra_message(text: str) -> str:
-    """Hydra's multi-line error as one line that keeps what a user acts on: the error, the `+key` hint and
-    the available options (not the config search path)."""
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    if not lines:
-        return ""
-    out = lines[0]
-    hints = [ln for ln in lines[1:] if ln.startswith("To append")]
-    if hints:
-        out += f" ({hints[0][0].lower()}{hints[0][1:]})"
-    if any(ln.startswith("Available options") for ln in lines):
-        start = next(i for i, ln in enumerate(lines) if ln.startswith("Available options"))
-        options = [ln for ln in lines[start + 1:] if ":" not in ln and "=" not in ln]
-        out += f"; available: {', '.join(options)}"
-    return out
-
-
-def make_launcher(cfg: SweepConfig) -> Any:
-    name = cfg.launcher.name
-    if name in ("local", "dryrun"):
-        from bench.launchers.local import LocalLauncher
-        return LocalLauncher(cfg)
-    if name == "slurm":
-        from bench.launchers.slurm import SlurmLauncher
-        return SlurmLauncher(cfg)
-    from bench.launchers.kubernetes import KubernetesLauncher
-    return KubernetesLauncher(cfg)
 
 
 PLAN_MEMORY = (f"memory per GPU in GiB: the peak measured on fake tensors (>= where not measured: the lower "

@@ -42,6 +42,11 @@ def test_a_node_whose_versions_or_adapters_differ_is_named_with_the_difference()
     assert rows[0]["problems"] == rows[1]["problems"] == []
     assert rows[2]["problems"] == ["torch 2.12.0 where 2 of 3 have 2.13.0",
                                    "2 EFA adapters, the study asks 4"]
+    plugin = "/opt/amazon/ofi-nccl/lib/libnccl-net.so"
+    rows = [row(n, ofi_plugin=plugin, ofi_plugin_loads=True) for n in "ab"] + [
+        row("c", ofi_plugin=plugin, ofi_plugin_loads=False, ofi_plugin_error="libfabric.so.1: cannot open")]
+    preflight.judge(cfg_of(), rows, {})  # the same plugin everywhere, one that does not load on c
+    assert [r["problems"] for r in rows] == [[], [], ["aws-ofi-nccl does not load: libfabric.so.1: cannot open"]]
 
 
 def test_a_node_slow_with_both_its_pairs_is_named_a_link_slow_alone_is_the_link() -> None:

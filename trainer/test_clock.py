@@ -60,6 +60,7 @@ def _lag(args: list[str]) -> None:
     import torch.distributed as dist
 
     from bench.core.records import Emitter, exit_now
+    from trainer.clock import ComputeClock, timed_modules
     from trainer.main import Trainer, init_process_group, rank_device
     from trainer.model import transformer_blocks
     parsed = parse_args(args)
@@ -67,6 +68,8 @@ def _lag(args: list[str]) -> None:
     init_process_group(device)
     trainer = Trainer(parsed, device, Emitter(dist.get_rank(), parsed.spec.run_id, None))
     trainer.setup()
+    if trainer.clock is None:  # one rank (trainer/test_gpu.py): nobody to wait for, the clock alone
+        trainer.clock = ComputeClock(timed_modules(trainer.model), device)
     if dist.get_rank() == 1:
         parent, _, i = transformer_blocks(trainer.model)[0]
         parent[i].register_forward_pre_hook(lambda *_: time.sleep(SLEEP_S))
@@ -75,7 +78,8 @@ def _lag(args: list[str]) -> None:
     trainer.train()
     summary = trainer.summary({})
     if dist.get_rank() == 0:
-        print(format_record("summary", per_rank=summary["per_rank"], step_time_s=summary["step_time_s"]), flush=True)
+        print(format_record("summary", per_rank=summary["per_rank"], step_time_s=summary["step_time_s"],
+                            device=str(device)), flush=True)
     dist.barrier()
     exit_now(0)
 

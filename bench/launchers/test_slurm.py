@@ -482,7 +482,8 @@ def test_a_4_node_run_names_the_node_slowed_from_outside_as_its_straggler(slurm_
         proc, (slowed,) = _train_4_nodes(tmp_path / "slowed", repeats=1)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert slowed.status == "ok" and slowed.straggler == "node3", (slowed.slowest_node, slowed.extra)
-    assert slowed.slowest_node_excess > 1 and 0 < slowed.slowest_node_held_s < slowed.step_time_s
+    # how much depends on what else runs on the 2 cores (+202% alone, +47% under the slow suite)
+    assert slowed.slowest_node_excess > 0.25 and 0 < slowed.slowest_node_held_s < slowed.step_time_s
     assert "straggler node3: its compute +" in proc.stdout
     nodes = {r["node"] for r in slowed.extra["per_rank"]}
     assert nodes == {"node1", "node2", "node3", "node4"}
@@ -536,5 +537,6 @@ def test_a_node_whose_environment_differs_is_named_with_the_difference(slurm_clu
         env.unlink()
     named = {r["node"]: r["problems"] for r in verdict["rows"] if r["problems"]}
     assert rc == 3 and list(named) == ["node3"], verdict
-    assert named["node3"] == [f"aws-ofi-nccl {plugin / 'libnccl-net.so'} where 3 of 4 have None",
-                              "aws-ofi-nccl loads False where 3 of 4 have None"]
+    found, loads = named["node3"]
+    assert found == f"aws-ofi-nccl {plugin / 'libnccl-net.so'} where 3 of 4 have None"
+    assert loads.startswith("aws-ofi-nccl does not load: ") and "too short" in loads  # dlopen's own words
