@@ -44,7 +44,8 @@ def _restarts(summary: RunSummary, outcome: Outcome, metas: list[dict[str, Any]]
 def _straggler(summary: RunSummary, tolerance: float) -> None:
     """The slowest node of the run by each rank's own compute (bench/straggler.py), named as its straggler
     where it held the others back by more than tolerance."""
-    found = straggler.find(summary.extra.get("per_rank") or [], tolerance)
+    on_gpu = summary.device_name not in (None, "cpu")
+    found = straggler.find(summary.extra.get("per_rank") or [], tolerance, name_ranks=on_gpu)
     if found is None:
         return
     summary.slowest_node, summary.slowest_node_excess, summary.slowest_node_held_s = (

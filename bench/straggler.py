@@ -33,9 +33,10 @@ def _units(per_rank: list[dict[str, Any]]) -> dict[str, float]:
     return units
 
 
-def find(per_rank: list[dict[str, Any]], tolerance: float) -> Straggler | None:
-    """The run's slowest unit, named when its compute exceeds the others' median by more than tolerance;
-    None where fewer than two units report compute (one rank, or an older worker)."""
+def find(per_rank: list[dict[str, Any]], tolerance: float, name_ranks: bool = True) -> Straggler | None:
+    """The run's slowest unit, named when its compute exceeds the others' median by more than tolerance
+    (a rank of a one-node run only where name_ranks: ranks sharing one host's CPU cores time each other's
+    time slices, GPUs do not); None where fewer than two units report compute (one rank, an older worker)."""
     units = _units(per_rank)
     if len(units) < 2:
         return None
@@ -44,7 +45,8 @@ def find(per_rank: list[dict[str, Any]], tolerance: float) -> Straggler | None:
     if others <= 0:
         return None
     excess = units[slowest] / others - 1
-    return Straggler(slowest, excess, units[slowest] - others, excess > tolerance)
+    by_node = len({r.get("node") for r in per_rank if isinstance(r, dict)}) > 1
+    return Straggler(slowest, excess, units[slowest] - others, excess > tolerance and (by_node or name_ranks))
 
 
 def note(summary: RunSummary) -> str | None:

@@ -41,6 +41,9 @@ def test_the_lagging_rank_is_named_with_what_it_cost(lagging) -> None:
     assert found is not None and found.named and found.unit.endswith("rank 1")
     assert found.held_s == pytest.approx(2 * SLEEP_S, abs=0.04)
     assert straggler.find(lagging["per_rank"][:1], tolerance=0.25) is None  # one unit: nobody to hold back
+    # ranks of one host's CPU time each other's time slices: measured, not named there
+    on_cpu = straggler.find(lagging["per_rank"], tolerance=0.25, name_ranks=False)
+    assert on_cpu is not None and on_cpu.held_s == found.held_s and not on_cpu.named
 
 
 def test_nodes_are_as_slow_as_their_slowest_rank_and_compared_with_the_others() -> None:
