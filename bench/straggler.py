@@ -22,22 +22,23 @@ class Straggler:
     named: bool  # excess above the tolerance: the run's scaling is this unit's, not FSDP's
 
 
-def _units(per_rank: list[dict[str, Any]]) -> dict[str, float]:
-    """Compute seconds per step by node (its slowest rank), or by rank where the run has one node."""
+def _units(per_rank: list[dict[str, Any]]) -> tuple[dict[str, float], bool]:
+    """Compute seconds per step by node (its slowest rank), or by rank where the run has one node; and
+    whether the units are nodes."""
     timed = [(i, r) for i, r in enumerate(per_rank) if isinstance(r, dict) and r.get("compute_s") is not None]
     nodes = {r.get("node") for _, r in timed}
     units: dict[str, float] = {}
     for i, r in timed:
         key = str(r.get("node")) if len(nodes) > 1 else f"{r.get('node')} rank {r.get('rank', i)}"
         units[key] = max(units.get(key, 0.0), float(r["compute_s"]))
-    return units
+    return units, len(nodes) > 1
 
 
 def find(per_rank: list[dict[str, Any]], tolerance: float, name_ranks: bool = True) -> Straggler | None:
     """The run's slowest unit, named when its compute exceeds the others' median by more than tolerance
     (a rank of a one-node run only where name_ranks: ranks sharing one host's CPU cores time each other's
     time slices, GPUs do not); None where fewer than two units report compute (one rank, an older worker)."""
-    units = _units(per_rank)
+    units, by_node = _units(per_rank)
     if len(units) < 2:
         return None
     slowest = max(units, key=lambda k: units[k])
@@ -45,7 +46,6 @@ def find(per_rank: list[dict[str, Any]], tolerance: float, name_ranks: bool = Tr
     if others <= 0:
         return None
     excess = units[slowest] / others - 1
-    by_node = len({r.get("node") for r in per_rank if isinstance(r, dict)}) > 1
     return Straggler(slowest, excess, units[slowest] - others, excess > tolerance and (by_node or name_ranks))
 
 

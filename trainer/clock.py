@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
 Mark = Any  # a torch.cuda.Event, or a perf_counter reading
 
@@ -71,7 +70,6 @@ class ComputeClock:
     def __init__(self, modules: list[nn.Module], device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.steps: list[list[tuple[Mark, Mark]]] = []
-        self.handles: list[RemovableHandle] = []
         for module in modules:
             self._install(module)
 
@@ -119,9 +117,9 @@ class ComputeClock:
                 opener = backward["open"]
                 outputs[0].register_hook(lambda grad: opener())
 
-        self.handles += [module.register_forward_pre_hook(pre_forward, with_kwargs=True),
-                         module.register_forward_hook(post_forward, prepend=True),
-                         module.register_forward_hook(after_fsdp_post_forward)]
+        module.register_forward_pre_hook(pre_forward, with_kwargs=True)
+        module.register_forward_hook(post_forward, prepend=True)
+        module.register_forward_hook(after_fsdp_post_forward)
 
     def per_step_s(self) -> list[float]:
         """Seconds of compute in each step (reads the CUDA events: call after the last step's sync)."""
@@ -129,10 +127,6 @@ class ComputeClock:
             torch.cuda.synchronize()
             return [sum(a.elapsed_time(b) for a, b in marks) / 1e3 for marks in self.steps]
         return [sum(b - a for a, b in marks) for marks in self.steps]
-
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
 
 
 def steady_compute_s(per_step: list[float], warmup_steps: int) -> float | None:
