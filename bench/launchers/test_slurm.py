@@ -21,6 +21,7 @@ from bench.config import ConfigError, from_dict
 from bench.launchers.base import Outcome
 from bench.launchers.slurm import SlurmLauncher, _parse_job_record, render_script
 from bench.plan import expand
+from bench.preflight import format_verdict
 from bench.sweep import compose
 from conftest import SLURM_CONF, SMOKE_SHAPE
 
@@ -450,15 +451,21 @@ def _slowed(node: str) -> Iterator[None]:
 @pytest.mark.slow
 def test_the_preflight_names_the_node_slowed_from_outside_and_no_other(slurm_cluster, tmp_path) -> None:
     """node3 slowed from outside: the preflight names node3 alone, by its local workload and its pairs; with
-    it back, no node."""
+    it back, no node.
+
+    Slowed, at a tolerance of 50%: node3 reads 66-79% below the median on every speed, while a healthy node's
+    best pair, measured once in a round beside node3's pair on two shared cores, read up to 35% below its
+    neighbours' (0.644 against 1.015 GB/s here, further on CI: node4 named at 25%). The healthy cluster is judged
+    at the default 25%."""
     with _slowed("node3"):
-        rc, verdict = _preflight(tmp_path / "slowed")
+        rc, verdict = _preflight(tmp_path / "slowed", "preflight.tolerance=0.5")
     named = {r["node"]: r["problems"] for r in verdict["rows"] if r["problems"]}
-    assert rc == 3 and list(named) == ["node3"] and not verdict["links"], verdict
+    assert rc == 3 and list(named) == ["node3"] and not verdict["links"], format_verdict(verdict)
     assert any(p.startswith("matmul TFLOPS") for p in named["node3"])
     assert any(p.startswith("all-reduce GB/s") for p in named["node3"])  # both its pairs
     rc, verdict = _preflight(tmp_path / "healthy")
-    assert rc == 0 and not any(r["problems"] for r in verdict["rows"]) and not verdict["links"], verdict
+    assert rc == 0 and not any(r["problems"] for r in verdict["rows"]) and not verdict["links"], \
+        format_verdict(verdict)
     assert verdict["seconds"] < 90 and len(verdict["pairs"]) == 4
 
 
