@@ -20,6 +20,7 @@ import pandas as pd
 from analysis.scaling import configuration_label
 from bench import rundir
 from bench.predict.memory import CUDA_CONTEXT_GIB, FRAGMENTATION
+from bench.predict.perf import FLOOR
 
 
 def _placement(rows: pd.DataFrame) -> pd.Series:
@@ -106,10 +107,17 @@ def throughput_table(agg: pd.DataFrame) -> pd.DataFrame:
 
 def largest_miss(table: pd.DataFrame, cpu: bool) -> list[str]:
     """The run furthest from its prediction, in one sentence with the likely cause; and how many runs the
-    study's own calibration predicted (bench/predict/calibrate.py), with their median error apart."""
+    study's own calibration predicted (bench/predict/calibrate.py), with their median error apart. Runs
+    whose prediction is a floor only (perf.unmodeled: CPU offload) are counted apart, not missed."""
     both = table[table["error"].notna()] if not table.empty else table
+    floors = both[both["pred_source"].str.contains(FLOOR, regex=False)] if not both.empty else both
+    both = both.drop(floors.index)
+    left_out = ""
+    if not floors.empty:  # perf.unmodeled: the miss is what the model leaves out, not its constants
+        why = str(floors["pred_source"].iloc[0]).split(FLOOR, 1)[1]
+        left_out = f"{len(floors)} runs left out, their prediction a floor only: {why}"
     if both.empty:
-        return []
+        return [f"prediction: {left_out}"] if left_out else []
     row = both.loc[both["error"].abs().idxmax()]
     ratio = row["tokens_per_s_per_gpu"] / row["pred_tokens_per_s_per_gpu"]
     how = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
@@ -123,6 +131,7 @@ def largest_miss(table: pd.DataFrame, cpu: bool) -> list[str]:
     if not own.empty:
         text += (f"; {len(own)} of them predicted with this study's own calibration: within "
                  f"{own['error'].abs().median():.0%} (median)")
+    text += f"; {left_out}" if left_out else ""
     return [text + f"; largest miss {row['model']} {row['configuration']} at {int(row['nodes'])} nodes ran "
             f"{how} than predicted ({row['tokens_per_s_per_gpu']:,.0f} vs {row['pred_tokens_per_s_per_gpu']:,.0f}; "
             f"{row['pred_source']}); the model held it {row['pred_bound']}: {cause}"]

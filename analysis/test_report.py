@@ -381,3 +381,22 @@ def test_a_run_held_back_by_a_straggler_is_flagged_beside_its_efficiency(tmp_pat
     assert "| 92% | node3 (compute +140%, 1.2 s a step) |" in rows["4"]
     assert "node" not in rows["2"] and "| straggler |" in scaling
     assert "study: 1 run(s) were held back by a straggler (node3)" in md
+
+
+def test_a_floor_prediction_is_counted_apart_not_named_the_largest_miss() -> None:
+    """A CPU-offload run 13x below its prediction (the H200's: 2,784 against 38,095) is what the model leaves
+    out, not a miss of its constants: the median and the largest miss are the other runs'."""
+    from analysis.predicted import largest_miss
+    from bench.predict.perf import FLOOR
+    table = pd.DataFrame({"model": ["llama3_2_1b"] * 3, "configuration": ["bf16", "bf16 + offload cpu", "fp32"],
+                          "nodes": [1, 1, 1], "tokens_per_s_per_gpu": [48641.0, 2784.0, 4963.0],
+                          "pred_tokens_per_s_per_gpu": [46605.0, 38095.0, 5242.0],
+                          "pred_bound": ["compute-bound", "host-bound", "compute-bound"],
+                          "pred_source": ["published constants", f"published constants{FLOOR}CPU offload (...)",
+                                          "published constants"]})
+    table["error"] = table.tokens_per_s_per_gpu / table.pred_tokens_per_s_per_gpu - 1
+    line = largest_miss(table, cpu=False)[0]
+    assert "(median over 2)" in line and "1 runs left out, their prediction a floor only: CPU offload" in line
+    assert "fp32 at 1 nodes ran 1.06x slower" in line
+    only = largest_miss(table.iloc[[1]], cpu=False)
+    assert only == ["prediction: 1 runs left out, their prediction a floor only: CPU offload (...)"]

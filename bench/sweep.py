@@ -47,7 +47,7 @@ def _perf_cells(p: PlannedRun) -> list[str]:
     perf = p.perf
     if perf is None or not p.feasible:
         return ["-"] * 4
-    tokens = f"{perf.tokens_per_s_per_gpu:,.0f}"
+    tokens = ("<=" if perf.unmodeled else "") + f"{perf.tokens_per_s_per_gpu:,.0f}"  # a ceiling: see its note
     if perf.interval:  # a calibrated prediction: its ~90% interval
         tokens += f" ({perf.interval[0]:,.0f}-{perf.interval[1]:,.0f})"
     return [tokens, f"{perf.mfu:.2f}" if perf.mfu is not None else "-",

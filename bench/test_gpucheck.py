@@ -178,7 +178,7 @@ ONE_RUN = (*gpucheck.SMOKE_ONE_RANK, "axes.precision=[bf16_mixed]", "axes.activa
 @pytest.mark.slow  # two real sweeps, one stopped at its budget: half a minute of the default suite's five
 def test_steps_run_under_their_budgets_and_an_overrun_is_stopped_and_named(stand_in_gpu, tmp_path: Path,
                                                                             capsys) -> None:
-    steps = (Step("smoke", "smoke", "one tiny run", ONE_RUN, 120),
+    steps = (Step("smoke", "smoke", "one tiny run", ONE_RUN, 90),
              Step("slow", "slow", "a run that sleeps past its step's budget",
                   (*ONE_RUN, "sweep_name=slow", "axes.seq_len=[64]",
                    "faults=[{match:{},fault:sleep,seconds:300}]"),
@@ -190,7 +190,10 @@ def test_steps_run_under_their_budgets_and_an_overrun_is_stopped_and_named(stand
     recorded = evidence.load_steps(root)
     assert [r.name for r in recorded] == ["smoke", "slow"]
     assert recorded[0].returncode == 0 and recorded[1].returncode is None
-    assert 12 <= recorded[1].elapsed_s < 12 + 60  # SIGINT at the budget, the sweep's own shutdown after
+    assert recorded[0].budget_s == 90  # the second step has its own 12 s and what the first left unused
+    assert recorded[1].budget_s == pytest.approx(12 + 90 - recorded[0].elapsed_s, abs=0.5)
+    budget = recorded[1].budget_s
+    assert budget <= recorded[1].elapsed_s < budget + 60  # SIGINT at the budget, the sweep's own shutdown after
     slow = rundir.read_summary(next(rundir.iter_run_dirs(root / "slow")))
     assert slow.status == "cancelled"  # the stopped sweep wrote its run down, and left nothing running
     leftover = subprocess.run(["pgrep", "-f", slow.run_id], capture_output=True, text=True)
@@ -198,7 +201,7 @@ def test_steps_run_under_their_budgets_and_an_overrun_is_stopped_and_named(stand
     code, files = evidence.write_evidence(root, tmp_path / "ev", "python -m bench.gpucheck")
     checks = {c["name"]: c for c in json.loads(files[1].read_text())["checks"]}
     assert code == evidence.EXIT_FAILED
-    assert checks["time"]["failures"] == ["step slow: stopped at its budget of 12 s"]
+    assert checks["time"]["failures"] == [f"step slow: stopped at its budget of {budget:.0f} s"]
     # planned against the H100 the stand-in names (its 81559 MiB), but the worker ran on this CPU
     smoke = rundir.read_summary(next(rundir.iter_run_dirs(root / "smoke")))
     assert smoke.status == "ok" and smoke.pred_mem_source == "measured" and smoke.pred_mfu is not None

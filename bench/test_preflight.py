@@ -13,7 +13,7 @@ import torch
 from bench import preflight, rundir
 from bench.config import ConfigError, from_dict
 from bench.launchers.k8s_manifests import manifest
-from bench.launchers.slurm import render_script
+from bench.launchers.slurm_script import render_script
 from bench.plan import expand
 from bench.sweep import compose
 

@@ -19,7 +19,8 @@ import pytest
 from bench.classify import classify
 from bench.config import ConfigError, from_dict
 from bench.launchers.base import Outcome
-from bench.launchers.slurm import SlurmLauncher, _parse_job_record, render_script
+from bench.launchers.slurm import SlurmLauncher, _parse_job_record
+from bench.launchers.slurm_script import render_script
 from bench.plan import expand
 from bench.preflight import format_verdict
 from bench.sweep import compose
@@ -453,10 +454,10 @@ def test_the_preflight_names_the_node_slowed_from_outside_and_no_other(slurm_clu
     """node3 slowed from outside: the preflight names node3 alone, by its local workload and its pairs; with
     it back, no node.
 
-    Slowed, at a tolerance of 50%: node3 reads 66-79% below the median on every speed, while a healthy node's
-    best pair, measured once in a round beside node3's pair on two shared cores, read up to 35% below its
-    neighbours' (0.644 against 1.015 GB/s here, further on CI: node4 named at 25%). The healthy cluster is judged
-    at the default 25%."""
+    Slowed, at a tolerance of 50%: node3 reads 64-79% below the median on every speed, while a healthy
+    node's pair in a round beside node3's (whose partner spins in gloo's wait on the two shared cores) read
+    up to 31% below its like (0.561 against 0.817 GB/s here; CI named node4 at 25%). The healthy cluster
+    is judged at the default 25% (its pairs within 13% of each other over 20 iterations, 3 runs here)."""
     with _slowed("node3"):
         rc, verdict = _preflight(tmp_path / "slowed", "preflight.tolerance=0.5")
     named = {r["node"]: r["problems"] for r in verdict["rows"] if r["problems"]}
@@ -505,15 +506,16 @@ def test_a_4_node_run_names_the_node_slowed_from_outside_as_its_straggler(slurm_
 def test_a_node_that_does_not_answer_is_named_and_nothing_is_left_in_the_queue(slurm_cluster, tmp_path) -> None:
     """node4's slurmd stopped (SIGSTOP) for the preflight: node4 is named as silent within the timeout, the
     study refused; once it answers again, no job of the preflight is left (Slurm held a requeue of the job
-    it could not launch until the jobs said --no-requeue)."""
+    it could not launch until the jobs said --no-requeue). Judged at a 50% tolerance: the subject is the
+    silent node, and on CI a healthy node's pairs once read 41% below the others' (node2 named)."""
     pid = int((Path(SLURM_CONF).parent / "slurmd.node4.pid").read_text())
     os.kill(pid, signal.SIGSTOP)
     try:
-        rc, verdict = _preflight(tmp_path, "preflight.timeout_s=30")
+        rc, verdict = _preflight(tmp_path, "preflight.timeout_s=30", "preflight.tolerance=0.5")
     finally:
         os.kill(pid, signal.SIGCONT)
     named = {r["node"]: r["problems"] for r in verdict["rows"] if r["problems"]}
-    assert rc == 3 and named == {"node4": ["no answer within preflight.timeout_s=30 s"]}, verdict
+    assert rc == 3 and named == {"node4": ["no answer within preflight.timeout_s=30 s"]}, format_verdict(verdict)
     time.sleep(15)  # the held requeue was back in the queue within 5 s of the node answering
     deadline, left = time.monotonic() + 60, None
     while left != [] and time.monotonic() < deadline:

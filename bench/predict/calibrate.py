@@ -31,7 +31,7 @@ from bench.core.hardware import GpuSpec, compute_dtype
 from bench.core.models import ModelArch
 from bench.core.schema import RunSpec, RunSummary
 from bench.predict.comm import Network
-from bench.predict.perf import CALIBRATION, Calibration, Predictor, Stack, predict, probes_of
+from bench.predict.perf import CALIBRATION, Calibration, Predictor, Stack, predict, probes_of, unmodeled
 
 FORMAT = 1
 SIGMA = 0.05  # log scatter of one run's tokens/s about the model: repeats of a run differ by a few percent
@@ -211,8 +211,8 @@ def fit(observations: list[Observation], prior: Calibration = CALIBRATION) -> Fi
 
 def observations(predictor: Predictor, summaries: Iterable[RunSummary]) -> list[Observation]:
     """The study's training runs that ended ok on this cluster, on the device the predictor predicts for
-    (a local run that went to the CPU is not evidence about the GPU), sorted by run id (the fit is the
-    same whatever order the run dirs are read in)."""
+    (a local run that went to the CPU is not evidence about the GPU), of what the model describes (not
+    perf.unmodeled), sorted by run id (the fit is the same whatever order the run dirs are read in)."""
     out = []
     for s in summaries:
         spec = s.spec
@@ -220,7 +220,7 @@ def observations(predictor: Predictor, summaries: Iterable[RunSummary]) -> list[
                 or spec.micro_batch < 1 or spec.cluster != predictor.cfg.cluster.name):
             continue
         where = predictor.setting(spec)
-        if where is None or (s.device_name == "cpu") != (where[0].family == "cpu"):
+        if where is None or (s.device_name == "cpu") != (where[0].family == "cpu") or unmodeled(spec, where[0]):
             continue
         try:
             arch = spec.arch

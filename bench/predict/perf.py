@@ -118,6 +118,20 @@ LATENCY_MAX_BYTES = 65536  # probe rows up to this size are latency, not bandwid
 HOST_BLOCK_PASS_S = 2.24e-3
 
 
+FLOOR = "; a floor: "  # in pred_source, before what the model left out of the run (unmodeled)
+
+
+def unmodeled(spec: RunSpec, gpu: GpuSpec) -> str | None:
+    """Why the step model is only a floor under a run's step on this device, else None. CPU offload on a
+    GPU: its optimizer steps on the host and its shards cross PCIe every step, neither of which the model
+    has (the H200's offload run: 1.47 s a step measured, 0.108 s predicted). Such a run is no evidence for
+    the study's calibration (bench/predict/calibrate.py): its 13x miss would pull every other run's
+    prediction."""
+    if spec.offload != "none" and gpu.family != "cpu":
+        return "CPU offload (the host's optimizer step and PCIe copies are not modeled)"
+    return None
+
+
 @dataclass(frozen=True)
 class Prediction:
     step_time_s: float
@@ -132,6 +146,7 @@ class Prediction:
     source: str = CALIBRATION.source  # which constants: published, or this study's N runs
     spread: float | None = None  # half-width of the ~90% interval, log units: tokens/s x exp(+-spread)
     host_s: float = 0.0  # the CPU's floor under the step (HOST_BLOCK_PASS_S)
+    unmodeled: str | None = None  # what the model leaves out of this run's step (unmodeled): a floor only
 
     @property
     def interval(self) -> tuple[float, float] | None:
@@ -153,8 +168,9 @@ class Prediction:
 
     def fields(self) -> dict[str, Any]:
         """As results-table columns (prefixed pred_)."""
+        source = self.source + (f"{FLOOR}{self.unmodeled}" if self.unmodeled else "")
         return {"pred_step_time_s": self.step_time_s, "pred_tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
-                "pred_mfu": self.mfu, "pred_bound": self.bound, "pred_source": self.source}
+                "pred_mfu": self.mfu, "pred_bound": self.bound, "pred_source": source}
 
 
 def stack_attention_s(spec: RunSpec, arch: ModelArch, stack: Stack, family: str, peak: float,
@@ -204,7 +220,7 @@ def _step(spec: RunSpec, arch: ModelArch, gpu: GpuSpec, network: Network, peak: 
     calibrated = gpu.family in cal.matmul_efficiency or cal.source != CALIBRATION.source
     return Prediction(step, tokens * accum / step, model_flops / step / peak if peak else None,
                       accum * matmul, accum * elementwise + optimizer, total, exposed, network, calibrated,
-                      cal.source, host_s=host)
+                      cal.source, host_s=host, unmodeled=unmodeled(spec, gpu))
 
 
 def predict(spec: RunSpec, gpu: GpuSpec, network: Network, arch: ModelArch | None = None,

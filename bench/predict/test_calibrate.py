@@ -226,3 +226,24 @@ def test_runs_of_another_cluster_or_device_are_not_evidence(tmp_path: Path) -> N
     assert [o.run_id for o in seen] == [s.run_id for s in rundir.read_summaries(sweep_dir)
                                         if s.run_id not in (other.run_id, gpu_run.run_id)]
     assert math.isclose(seen[0].tokens_per_s_per_gpu, 7000.0)
+
+
+def test_a_cpu_offload_run_is_predicted_as_a_floor_and_is_no_evidence(tmp_path: Path) -> None:
+    """The model has no host optimizer step and no PCIe copies: an offload run's prediction is a floor
+    (the H200's offload run measured 13x below it), named so, and the fit never sees the run, which would
+    pull every other prediction."""
+    cfg = _cfg(tmp_path, "cluster=p5.48xlarge", "launcher=dryrun")
+    sweep_dir = tmp_path / "smoke"
+    runs = [_finished(sweep_dir, cfg, 1, 8, tokens, **fields)
+            for tokens, fields in ((20000.0, {}), (1500.0, {"offload": "cpu"}))]
+    for run in runs:
+        run.device_name = "NVIDIA H100 80GB HBM3"
+        rundir.write_summary(rundir.run_dir(sweep_dir, run.spec), run)
+    predictor = Predictor(cfg)
+    seen = calibrate.observations(predictor, rundir.read_summaries(sweep_dir))
+    assert [o.run_id for o in seen] == [runs[0].run_id]
+    plain, offload = (predictor.predict(r.spec) for r in runs)
+    assert plain.unmodeled is None and perf.FLOOR not in plain.fields()["pred_source"]
+    assert offload.unmodeled.startswith("CPU offload") and perf.FLOOR in offload.fields()["pred_source"]
+    assert offload.step_time_s <= plain.step_time_s  # the GPU's work alone (tiny_llama: the launches bound both)
+    assert predict(runs[1].spec, CPU, Network(1.0, "loopback")).unmodeled is None  # a CPU study: host is all
