@@ -47,10 +47,11 @@ def _perf_cells(p: PlannedRun) -> list[str]:
     perf = p.perf
     if perf is None or not p.feasible:
         return ["-"] * 4
-    tokens = ("<=" if perf.unmodeled else "") + f"{perf.tokens_per_s_per_gpu:,.0f}"  # a ceiling: see its note
+    at_most = "<=" if perf.unmodeled else ""  # the step a floor (perf.unmodeled): these are ceilings
+    tokens = f"{at_most}{perf.tokens_per_s_per_gpu:,.0f}"
     if perf.interval:  # a calibrated prediction: its ~90% interval
         tokens += f" ({perf.interval[0]:,.0f}-{perf.interval[1]:,.0f})"
-    return [tokens, f"{perf.mfu:.2f}" if perf.mfu is not None else "-",
+    return [tokens, f"{at_most}{perf.mfu:.2f}" if perf.mfu is not None else "-",
             f"{p.pred_efficiency:.0%}" if p.pred_efficiency is not None else "-", perf.bound.split("-")[0]]
 
 

@@ -20,7 +20,8 @@ from bench.predict import calibrate, perf
 from bench.predict.calibrate import Observation, fit
 from bench.predict.comm import Network
 from bench.predict.perf import CALIBRATION, CPU, Predictor, predict
-from bench.sweep import compose
+from bench.plan import PlannedRun
+from bench.sweep import compose, format_plan
 
 H100 = GPUS["H100-SXM"]
 EFA = Network(200.0, "test network", 4.5e-6)
@@ -247,3 +248,5 @@ def test_a_cpu_offload_run_is_predicted_as_a_floor_and_is_no_evidence(tmp_path: 
     assert offload.unmodeled.startswith("CPU offload") and perf.FLOOR in offload.fields()["pred_source"]
     assert offload.step_time_s <= plain.step_time_s  # the GPU's work alone (tiny_llama: the launches bound both)
     assert predict(runs[1].spec, CPU, Network(1.0, "loopback")).unmodeled is None  # a CPU study: host is all
+    line = format_plan([PlannedRun(runs[1].spec, None, True, perf=offload)]).splitlines()[-1]
+    assert f"<={offload.tokens_per_s_per_gpu:,.0f}" in line and f"<={offload.mfu:.2f}" in line
