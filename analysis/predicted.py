@@ -115,7 +115,7 @@ def largest_miss(table: pd.DataFrame, cpu: bool) -> list[str]:
     left_out = ""
     if not floors.empty:  # perf.unmodeled: the miss is what the model leaves out, not its constants
         why = str(floors["pred_source"].iloc[0]).split(FLOOR, 1)[1]
-        left_out = f"{len(floors)} runs left out, their prediction a floor only: {why}"
+        left_out = f"left out, their prediction a floor only: {len(floors)} ({why})"
     if both.empty:
         return [f"prediction: {left_out}"] if left_out else []
     row = both.loc[both["error"].abs().idxmax()]

@@ -396,7 +396,7 @@ def test_a_floor_prediction_is_counted_apart_not_named_the_largest_miss() -> Non
                                           "published constants"]})
     table["error"] = table.tokens_per_s_per_gpu / table.pred_tokens_per_s_per_gpu - 1
     line = largest_miss(table, cpu=False)[0]
-    assert "(median over 2)" in line and "1 runs left out, their prediction a floor only: CPU offload" in line
+    assert "(median over 2)" in line and "left out, their prediction a floor only: 1 (CPU offload" in line
     assert "fp32 at 1 nodes ran 1.06x slower" in line
     only = largest_miss(table.iloc[[1]], cpu=False)
-    assert only == ["prediction: 1 runs left out, their prediction a floor only: CPU offload (...)"]
+    assert only == ["prediction: left out, their prediction a floor only: 1 (CPU offload (...))"]

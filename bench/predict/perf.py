@@ -335,6 +335,8 @@ class Predictor:
         if self.fit is None:
             return predict(spec, gpu, network)
         pred = predict(spec, gpu, network, cal=self.fit.calibration)
+        if pred.unmodeled:  # a floor: the study's scatter says nothing of how far above it the run lands
+            return pred
         spread = self.fit.spread(lambda cal: predict(spec, gpu, network, cal=cal).tokens_per_s_per_gpu)
         return replace(pred, spread=spread)
 

@@ -250,3 +250,7 @@ def test_a_cpu_offload_run_is_predicted_as_a_floor_and_is_no_evidence(tmp_path: 
     assert predict(runs[1].spec, CPU, Network(1.0, "loopback")).unmodeled is None  # a CPU study: host is all
     line = format_plan([PlannedRun(runs[1].spec, None, True, perf=offload)]).splitlines()[-1]
     assert f"<={offload.tokens_per_s_per_gpu:,.0f}" in line and f"<={offload.mfu:.2f}" in line
+    calibrated, _ = calibrate.study_predictor(cfg, sweep_dir)  # fitted on the plain run alone
+    assert calibrated.fit.runs == (runs[0].run_id,)
+    assert calibrated.predict(runs[0].spec).interval is not None
+    assert calibrated.predict(runs[1].spec).interval is None  # a floor has no interval about it
