@@ -11,6 +11,7 @@ from typing import Any
 
 from bench import rundir, straggler
 from bench.classify import classify
+from bench.config import PreflightConfig
 from bench.core.records import parse_records
 from bench.core.schema import SUMMARY_COLUMNS, RunSpec, RunSummary
 from bench.launchers.base import PROJECT_ROOT, TRACE_PREFIX, Outcome
@@ -82,7 +83,7 @@ def run_records(run_dir_: Path, spec: RunSpec) -> list[dict[str, Any]]:
 
 def summarize_run(spec: RunSpec, sweep: str, run_dir_: Path, outcome: Outcome, *,
                   predicted: dict[str, Any], git_rev: str | None, started_at: str,
-                  tolerance: float = 0.25) -> RunSummary:
+                  tolerance: float = PreflightConfig.tolerance) -> RunSummary:
     """Classify the run and lift the steady-state metrics out of its summary record."""
     records = run_records(run_dir_, spec)
     text = log_tail(run_dir_)
