@@ -10,16 +10,20 @@ fitted to.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.core.hardware import gpu_spec  # noqa: E402
 from bench.evidence import EVIDENCE_DIR, table_runs  # noqa: E402
+from bench.predict import perf  # noqa: E402
 from bench.predict.calibrate import Observation, fit as fit_study  # noqa: E402
 from bench.predict.perf import CALIBRATION, Calibration, network_for, predict  # noqa: E402
 from bench.predict.published import (CALIBRATION_ROWS, CHECK_ROWS, FOUNDRY_2023, FoundryRow,  # noqa: E402
@@ -184,6 +188,42 @@ def kernel_sensitivity(rows: list[PublishedRow]) -> None:
         print(f"  FlashAttention-1 class kernel {label:<32} median |error| {median:5.1%}")
 
 
+def _scatter(errors: list[float]) -> float:
+    """The median distance of the log errors from their own median: how well a reading ranks the rows, with
+    the stack's overall offset (the model's one figure for all of them) taken out."""
+    logs = [math.log1p(e) for e in errors]
+    centre = statistics.median(logs)
+    return statistics.median(abs(x - centre) for x in logs)
+
+
+def accumulation_sensitivity(rows: list[FoundryRow]) -> None:
+    """llm-foundry's table read with its GradAccum (the optimizer once a step) and as one micro batch a step
+    (once a micro batch, as before issue 46): both readings' median |error|, offset and scatter, the
+    accumulating rows apart; then each stack's optimizer at the bytes its own code moves instead of fused
+    AdamW's 28 (perf.OPTIMIZER_BYTES): Composer's DecoupledAdamW and clipping on this table, this harness's
+    foreach AdamW on its own GPU runs."""
+    readings = {"with GradAccum": [r.row for r in rows],
+                "one micro batch a step": [replace(r.row, spec=replace(r.row.spec, global_batch=0)) for r in rows]}
+    for label, published in readings.items():
+        errors = [error(row, CALIBRATION) for row in published]
+        accumulating = [e for e, r in zip(errors, rows, strict=True) if r.row.spec.grad_accum > 1]
+        single = [e for e, r in zip(errors, rows, strict=True) if r.row.spec.grad_accum == 1]
+        print(f"  {label:<24} median |error| {statistics.median(map(abs, errors)):5.2%}, median "
+              f"{statistics.median(errors):+6.2%} (accumulating rows {statistics.median(accumulating):+6.2%}, "
+              f"the rest {statistics.median(single):+6.2%}), scatter about its median {_scatter(errors):5.2%}")
+    for label, counted, check in (("Composer's DecoupledAdamW + clipping", 92, [r.row for r in rows]),
+                                  ("this harness's foreach AdamW", 72, None)):
+        with mock.patch.object(perf, "OPTIMIZER_BYTES", counted):
+            if check is None:
+                with contextlib.redirect_stdout(io.StringIO()):
+                    errors = measured_here(CALIBRATION)
+                where = "this project's GPU runs"
+            else:
+                errors, where = [error(row, CALIBRATION) for row in check], "llm-foundry's table"
+        print(f"  optimizer at {counted} B/param ({label}): {where}, median |error| "
+              f"{statistics.median(map(abs, errors)):5.2%}")
+
+
 def measured_here(cal: Calibration) -> list[float]:
     """Every training run bench.gpucheck measured on a GPU for this project, predicted as a plan would
     before launch with these constants (one rank: no network), beside what it measured; a run whose
@@ -233,6 +273,8 @@ def main() -> None:
     whole, points = foundry(foundry_rows)
     print("\nThe same table, one kernel figure moved (its cited range's ends; the H100 halving changed):")
     kernel_sensitivity([r.row for r in foundry_rows])
+    print("\nThe same table with and without its GradAccum, and each stack's optimizer as its code counts:")
+    accumulation_sensitivity(foundry_rows)
     print("\nThis project's own GPU runs (benchmarks/evidence/, never fitted to):")
     ours = measured_here(shipped)
     print()
