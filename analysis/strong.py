@@ -9,7 +9,8 @@ the plan's prediction (bench/predict/perf.py, recorded in the run's summary) and
 
 The knee: going from n nodes to the next planned count n' saves T_n - T_n' of each step's time; linear
 scaling would save T_n (1 - n/n'). Their ratio is the share of a linear gain that step buys (1: as much, 0:
-nothing, below 0: slower). The knee is the first n whose next step buys less than `study.knee_share`.
+nothing, below 0: slower). The knee is the first n whose next step buys less than `study.knee_share`; where
+the next count is slower outright, the report says that instead of a negative share.
 """
 from __future__ import annotations
 
@@ -83,7 +84,10 @@ def knee_sentences(rows: pd.DataFrame, train_tokens: float, knee_share: float) -
         below = group.index[group["next_share"] < knee_share]
         at = group.loc[below[0]] if len(below) else group.iloc[-1]
         text = f"{model}, {label}: {_cost(at, train_tokens)}"
-        if len(below):
+        if len(below) and at["next_share"] < 0:
+            after = group.loc[below[0] + 1]
+            text += f"; the next node count is slower at this global batch ({_cost(after, train_tokens)})"
+        elif len(below):
             after = group.loc[below[0] + 1]
             text += (f"; past {_nodes(at)} another node buys less than {knee_share:.0%} of the time linear "
                      f"scaling would save ({_nodes(after)} buy {at['next_share']:.0%}: "

@@ -53,3 +53,12 @@ def test_no_price_no_dollars() -> None:
     rows = strong_rows(_agg(), {}, 1e12)
     assert rows["usd_to_train"].isna().all() and rows["days_to_train"].notna().all()
     assert "$" not in knee_sentences(rows, 1e12, 0.5)[0]
+
+
+def test_a_slower_next_node_count_is_called_slower_not_a_negative_share() -> None:
+    agg = _agg()
+    agg.loc[agg["nodes"] == 2, "step_time_s"] = 120.0  # 2 nodes take longer than 1 (a CPU study's loopback)
+    rows = strong_rows(agg, {}, 1e12)
+    (sentence,) = knee_sentences(rows, 1e12, 0.5)
+    assert "1 node train" in sentence and "the next node count is slower at this global batch (2 nodes train" in sentence
+    assert "buy -" not in sentence
