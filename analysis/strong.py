@@ -103,7 +103,8 @@ def _cost(row: pd.Series, train_tokens: float) -> str:
     """"8 nodes train 1e+12 tokens in 12.3 days, $290,000 (predicted)"."""
     usd = f", ${row['usd_to_train']:,.0f}" if pd.notna(row["usd_to_train"]) else ""
     mark = " (predicted)" if row["source"] == "predicted" else ""
-    return f"{_nodes(row)} train {train_tokens:.3g} tokens in {row['days_to_train']:.1f} days{usd}{mark}"
+    verb = "trains" if row["nodes"] == 1 else "train"
+    return f"{_nodes(row)} {verb} {train_tokens:.3g} tokens in {row['days_to_train']:.1f} days{usd}{mark}"
 
 
 def _nodes(row: pd.Series) -> str:
