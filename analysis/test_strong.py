@@ -60,5 +60,6 @@ def test_a_slower_next_node_count_is_called_slower_not_a_negative_share() -> Non
     agg.loc[agg["nodes"] == 2, "step_time_s"] = 120.0  # 2 nodes take longer than 1 (a CPU study's loopback)
     rows = strong_rows(agg, {}, 1e12)
     (sentence,) = knee_sentences(rows, 1e12, 0.5)
-    assert "1 node trains 1e+12 tokens" in sentence and "the next node count is slower at this global batch (2 nodes train" in sentence
+    assert "1 node trains 1e+12 tokens" in sentence
+    assert "the next node count is slower at this global batch (2 nodes train" in sentence
     assert "buy -" not in sentence

@@ -221,7 +221,7 @@ def test_the_smoke_reports_its_strong_scaling_pair_in_days_and_dollars(smoke_res
     assert strong.loc[2, "USD to train 1e+12 tokens"] == pytest.approx(days * 24 * 2 * 2.5)
     text = (out / "report.md").read_text()
     assert "## Strong scaling" in text and "scaling: smoke weak and strong at global batch 8" in text
-    assert "tiny_llama, FULL_SHARD bf16_mixed, global batch 8 sync_each: 1 node train" in text
+    assert "tiny_llama, FULL_SHARD bf16_mixed, global batch 8 sync_each: 1 node trains" in text
 
 
 @pytest.mark.slow
