@@ -84,14 +84,14 @@ def knee_sentences(rows: pd.DataFrame, train_tokens: float, knee_share: float) -
         below = group.index[group["next_share"] < knee_share]
         at = group.loc[below[0]] if len(below) else group.iloc[-1]
         text = f"{model}, {label}: {_cost(at, train_tokens)}"
-        if len(below) and at["next_share"] < 0:
+        if len(below):
             after = group.loc[below[0] + 1]
-            text += f"; the next node count is slower at this global batch ({_cost(after, train_tokens)})"
-        elif len(below):
-            after = group.loc[below[0] + 1]
-            text += (f"; past {_nodes(at)} another node buys less than {knee_share:.0%} of the time linear "
-                     f"scaling would save ({_nodes(after)} buy {at['next_share']:.0%}: "
-                     f"{_cost(after, train_tokens)})")
+            if at["next_share"] < 0:
+                text += f"; the next node count is slower at this global batch ({_cost(after, train_tokens)})"
+            else:
+                text += (f"; past {_nodes(at)} another node buys less than {knee_share:.0%} of the time "
+                         f"linear scaling would save ({_nodes(after)} buy {at['next_share']:.0%}: "
+                         f"{_cost(after, train_tokens)})")
         else:
             text += (f"; every step up to {_nodes(at)} buys at least {knee_share:.0%} of the time linear "
                      "scaling would save: the knee lies beyond the planned node counts")
