@@ -209,8 +209,9 @@ def accumulation_sensitivity(rows: list[FoundryRow]) -> None:
         accumulating = [e for e, r in zip(errors, rows, strict=True) if r.row.spec.grad_accum > 1]
         single = [e for e, r in zip(errors, rows, strict=True) if r.row.spec.grad_accum == 1]
         print(f"  {label:<24} median |error| {statistics.median(map(abs, errors)):5.2%}, median "
-              f"{statistics.median(errors):+6.2%} (accumulating rows {statistics.median(accumulating):+6.2%}, "
-              f"the rest {statistics.median(single):+6.2%}), scatter about its median {_scatter(errors):5.2%}")
+              f"{statistics.median(errors):+6.2%} (accumulating rows "
+              f"{statistics.median(accumulating):+6.2%}, the rest {statistics.median(single):+6.2%}), "
+              f"scatter about its median {_scatter(errors):5.2%}")
     with mock.patch.object(perf, "OPTIMIZER_BYTES", 92):
         errors = [error(r.row, CALIBRATION) for r in rows]
     print(f"  optimizer at 92 B/param (Composer's DecoupledAdamW + clipping): llm-foundry's table, "

@@ -177,8 +177,8 @@ def parallelize(spec: RunSpec, arch: ModelArch, device: torch.device,
 
 
 def build_optimizer(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
-    """AdamW over the sharded parameters, foreach: torch's own default on a GPU (torchtitan defaults to fused);
-    trainer/memory.py's measurements and the GPU evidence were taken with it."""
+    """AdamW over the sharded parameters, foreach: torch's own default on a GPU (torchtitan defaults to
+    fused); trainer/memory.py's measurements and the GPU evidence were taken with it."""
     return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, foreach=True)
 
 
