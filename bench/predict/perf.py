@@ -10,6 +10,8 @@ One training step per GPU is modelled as
   residual adds: ELEMENTWISE_BYTES per hidden unit, token, block and pass) at the GPU's HBM bandwidth;
   this term is why an H100, 3.2x an A100's FLOPs with 1.6x its bandwidth, trains only about 2x faster;
 - optimizer: AdamW reads and writes 28 bytes per sharded parameter at HBM bandwidth;
+- accumulation: where a step accumulates several micro-batches, the gradient adds FSDP2 runs on the compute
+  stream (sync_once's unsharded gradients: `accumulation_bytes`) at HBM bandwidth;
 - communication (bench/predict/comm.py): FSDP's collectives per step (all-gathers of the parameters in forward and backward,
   reduce-scatter of the gradients; HYBRID_SHARD's inter-node all-reduce; NO_SHARD's all-reduce), each
   taking the longer of its intra-node leg (the GPUs' all-reduce bus bandwidth) and its network leg (bytes
@@ -44,8 +46,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from bench.core.flops import (attention_square_flops_per_token, checkpointed_blocks, hardware_flops_per_token,
-                              model_flops_per_token)
+from bench.core.flops import (COMPUTE_BYTES, PARAM_BYTES, REDUCE_BYTES, attention_square_flops_per_token,
+                              checkpointed_blocks, hardware_flops_per_token, model_flops_per_token)
 from bench.core.hardware import GPUS, INSTANCES, GpuSpec, compute_dtype, gpu_spec
 from bench.core.models import ModelArch, block_params, count_params, float8_linear_params
 from bench.core.schema import RunSpec, RunSummary
@@ -178,6 +180,33 @@ class Prediction:
                 "pred_mfu": self.mfu, "pred_bound": self.bound, "pred_source": source}
 
 
+def shard_ranks(spec: RunSpec) -> int:
+    """The ranks a parameter is sharded over: each holds 1/this of the optimizer's state and gradients."""
+    return {"FULL_SHARD": spec.world_size, "SHARD_GRAD_OP": spec.world_size,
+            "HYBRID_SHARD": spec.gpus_per_node, "NO_SHARD": 1}[spec.sharding]
+
+
+def accumulation_bytes(spec: RunSpec, params: int) -> tuple[float, float]:
+    """HBM bytes one rank's gradient accumulation moves per optimizer step (each add reads both operands
+    and writes one), as FSDP2 runs it: (on the compute stream, beside it on the reduce-scatter stream).
+    sync_once adds each later micro-batch's unsharded gradients (compute dtype) into an accumulator of
+    the reduce dtype in the post-backward hook, after casting the first micro-batch's where the two differ
+    (FSDPParam.to_accumulated_grad_if_needed, accumulate_unsharded_grad_if_needed): the whole model's
+    parameters, in the step's critical path. The other modes reduce every micro-batch and add the new
+    shard into the sharded gradient (foreach_reduce; allreduce_once into HSDP's partial reduce output) in
+    the parameters' own dtype, which is every precision's reduce dtype too, on the reduce-scatter stream
+    beside the backward: a 1/shard of that, which the model leaves to the overlap.
+    trainer/test_accumulation_traffic.py counts these bytes in real FSDP2 steps."""
+    n, p = spec.grad_accum, spec.precision
+    if n == 1:
+        return 0.0, 0.0
+    if spec.accumulation == "sync_once":
+        grad, acc = COMPUTE_BYTES[p], REDUCE_BYTES[p]
+        cast = grad + acc if grad != acc else 0
+        return float(params * (cast + (n - 1) * (2 * acc + grad))), 0.0
+    return 0.0, params / shard_ranks(spec) * (n - 1) * 3 * PARAM_BYTES[p]
+
+
 def stack_attention_s(spec: RunSpec, arch: ModelArch, stack: Stack, family: str, peak: float,
                       efficiency: float) -> float:
     """Per token: a stack's attention kernel on its own work (the causal half of the square; forward two
@@ -203,9 +232,9 @@ def _step(spec: RunSpec, arch: ModelArch, gpu: GpuSpec, network: Network, peak: 
     share = stack.traffic if stack is not None else cal.compile_traffic if spec.compile else 1.0
     traffic = cal.elementwise_bytes * share
     elementwise = traffic * arch.hidden * tokens * arch.blocks * (3 + 3 * recompute) / hbm
-    shard = {"FULL_SHARD": spec.world_size, "SHARD_GRAD_OP": spec.world_size,
-             "HYBRID_SHARD": spec.gpus_per_node, "NO_SHARD": 1}[spec.sharding]
-    optimizer = OPTIMIZER_BYTES * count_params(arch) / shard / hbm if spec.offload == "none" else 0.0
+    params = count_params(arch)
+    optimizer = OPTIMIZER_BYTES * params / shard_ranks(spec) / hbm if spec.offload == "none" else 0.0
+    once = optimizer + accumulation_bytes(spec, params)[0] / hbm  # a step's, not its micro-batches' compute
     compute = matmul + elementwise
     forward_share = model_flops_per_token(arch, spec.seq_len) / 3 / (hw_flops / tokens)
     window = {"forward": compute * forward_share, "backward": compute * (1 - forward_share)}
@@ -220,11 +249,11 @@ def _step(spec: RunSpec, arch: ModelArch, gpu: GpuSpec, network: Network, peak: 
     exposed += cal.contention * hidden
     accum = spec.grad_accum
     host = HOST_BLOCK_PASS_S * arch.blocks * (3 + 3 * recompute) * accum if gpu.family != "cpu" else 0.0
-    step = max(accum * compute + optimizer + exposed, host)  # a CPU study's own cores are its compute
+    step = max(accum * compute + once + exposed, host)  # a CPU study's own cores are its compute
     model_flops = model_flops_per_token(arch, spec.seq_len) * tokens * accum
     calibrated = gpu.family in cal.matmul_efficiency or cal.source != CALIBRATION.source
     return Prediction(step, tokens * accum / step, model_flops / step / peak if peak else None,
-                      accum * matmul, accum * elementwise + optimizer, total, exposed, network, calibrated,
+                      accum * matmul, accum * elementwise + once, total, exposed, network, calibrated,
                       cal.source, host_s=host, unmodeled=unmodeled(spec, gpu))
 
 

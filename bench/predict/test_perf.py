@@ -16,7 +16,8 @@ from bench.core.models import count_params, get_arch
 from bench.core.schema import RunSpec
 from bench.evidence import FIRST_H200, table_runs
 from bench.predict.comm import Network, collectives, step_collectives
-from bench.predict.perf import CALIBRATION, Predictor, Stack, network_for, predict, probe_network
+from bench.predict.perf import (CALIBRATION, Predictor, Stack, accumulation_bytes, network_for, predict,
+                                probe_network)
 from bench.plan import expand
 from bench.predict.published import (CALIBRATION_ROWS, CHECK_ROWS, FOUNDRY, FOUNDRY_2023, FOUNDRY_FLASH2,
                                      foundry_table)
@@ -169,6 +170,25 @@ def test_a_global_batch_is_one_optimizer_step_of_its_micro_batches() -> None:
     sockets = network_for("p5.48xlarge", 0)
     each, once = (predict(replace(four, accumulation=m), H100, sockets) for m in ("sync_each", "sync_once"))
     assert once.step_time_s < 0.9 * each.step_time_s and each.bound == "network-bound"
+
+
+def test_sync_once_pays_its_unsharded_adds_and_buys_them_back_only_where_reductions_show() -> None:
+    """sync_once adds each micro-batch's unsharded gradients on the compute stream (the bytes
+    trainer/test_accumulation_traffic.py counts in FSDP2): on one p5 node, whose reduce-scatters hide behind
+    the backward, that costs more than the reductions it saves; across 16 nodes it pays for itself."""
+    one = RunSpec(model="llama2_7b", nodes=1, gpus_per_node=8, micro_batch=1, seq_len=4096, global_batch=32,
+                  activation_checkpointing="full", efa_per_node=32, cluster="p5.48xlarge")
+    node = network_for("p5.48xlarge", 32, None, 1)
+    each, once = (predict(replace(one, accumulation=m), H100, node) for m in ("sync_each", "sync_once"))
+    adds = accumulation_bytes(replace(one, accumulation="sync_once"), count_params(one.arch))[0]
+    assert adds == count_params(one.arch) * (2 + 4 + 3 * (4 + 2 + 4))  # bf16 cast to fp32, then 3 adds
+    assert once.step_time_s - each.step_time_s == pytest.approx(
+        adds / (H100.hbm_tbs * 1e12) + once.exposed_s - each.exposed_s, rel=1e-9)
+    assert once.step_time_s > each.step_time_s
+    sixteen = replace(one, nodes=16, global_batch=16 * 32)
+    net = network_for("p5.48xlarge", 32, None, 16)
+    each, once = (predict(replace(sixteen, accumulation=m), H100, net) for m in ("sync_each", "sync_once"))
+    assert once.step_time_s < each.step_time_s
 
 
 def _efficiency(spec: RunSpec, network: Network, model=predict) -> float:
