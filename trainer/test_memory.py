@@ -191,7 +191,8 @@ def test_t5_is_stepped_whole_because_two_shallow_copies_miss_its_peak() -> None:
     """T5 3B's decoder: the second block from the bottom, at 3 blocks deep, still feels the top block, so
     its line through 3 and 4 blocks puts the 9-block backward peak 1.3% low (Llama's places hold from 3
     blocks on: the 92 configurations of benchmarks/memory_plan.py --check). The planner steps T5 whole."""
-    from trainer.memory import at_depth, extrapolate, highest, shallow_depths, step_at
+    from trainer.depth import at_depth, extrapolate, highest, shallow_depths
+    from trainer.memory import step_at
     spec = RunSpec(model="t5_3b", nodes=2, gpus_per_node=8, micro_batch=4, seq_len=512,
                    activation_checkpointing="full")
     assert shallow_depths(spec) is None
@@ -258,7 +259,8 @@ def _reference(specs: list[dict]) -> None:
     from bench.core.models import get_arch
     from bench.core.records import exit_now
     from trainer.data import rank_batches
-    from trainer.memory import GIB, highest, micro_batches, track_step
+    from trainer.depth import highest
+    from trainer.memory import GIB, micro_batches, track_step
     from trainer.model import materialize
     from trainer.parallel import backward_and_step, build_optimizer, grad_scaler, parallelize
     dist.init_process_group("gloo")
