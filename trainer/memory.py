@@ -23,8 +23,8 @@ Where the measured step differs from the run on its GPUs (the planner's headroom
   FlopCounterMode (FLOPs per token, recompute included); counting the tracked step would change what the
   tracker sees.
 
-A deep model with identical blocks is measured at two shallow depths and drawn to its own
-(trainer/depth.py).
+A deep model of identical blocks is measured at two shallow depths, and each place's peak is carried
+on a straight line to the model's own depth (trainer/depth.py).
 """
 from __future__ import annotations
 
