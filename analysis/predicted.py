@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.scaling import configuration_label
+from analysis.scaling import configuration_label, node_count
 from bench import rundir
 from bench.predict.memory import CUDA_CONTEXT_GIB, FRAGMENTATION
 from bench.predict.perf import FLOOR
@@ -55,7 +55,7 @@ def memory_notes(table: pd.DataFrame) -> list[str]:
     worst = both.loc[both["mem_error"].abs().idxmax()]
     text = (f"memory: predicted within {both['mem_error'].abs().median():.1%} of the measured peak (median), "
             f"worst {worst['mem_error']:+.1%} ({worst['model']} {worst['configuration']} at "
-            f"{int(worst['nodes'])} nodes)")
+            f"{node_count(worst['nodes'])})")
     ratio = both["reserved_ratio"].max()
     if pd.notna(ratio):
         text += (f"; reserved / allocated up to {ratio:.2f} (the plan allows {1 + FRAGMENTATION:.2f})")
@@ -132,7 +132,8 @@ def largest_miss(table: pd.DataFrame, cpu: bool) -> list[str]:
         text += (f"; {len(own)} of them predicted with this study's own calibration: within "
                  f"{own['error'].abs().median():.0%} (median)")
     text += f"; {left_out}" if left_out else ""
-    return [text + f"; largest miss {row['model']} {row['configuration']} at {int(row['nodes'])} nodes ran "
+    where = f"{row['model']} {row['configuration']} at {node_count(row['nodes'])}"
+    return [text + f"; largest miss {where} ran "
             f"{how} than predicted ({row['tokens_per_s_per_gpu']:,.0f} vs {row['pred_tokens_per_s_per_gpu']:,.0f}; "
             f"{row['pred_source']}); the model held it {row['pred_bound']}: {cause}"]
 

@@ -112,10 +112,10 @@ def missing_baselines(agg: pd.DataFrame) -> list[str]:
         smallest = group.loc[group["nodes"].idxmin()]
         if pd.isna(smallest["tokens_per_s"]):
             base = group["base_nodes"].dropna()
-            where = (f"efficiency is relative to {int(base.iloc[0])} nodes instead" if len(base)
-                     else "no efficiency can be given")
-            notes.append(f"{describe(dict(zip(CONFIG, key)))}: no ok run at {int(smallest['nodes'])} "
-                         f"node(s) ({smallest['status']}); {where}")
+            where = (f"efficiency is relative to {node_count(base.iloc[0])} instead"
+                     if len(base) else "no efficiency can be given")
+            notes.append(f"{describe(dict(zip(CONFIG, key)))}: no ok run at "
+                         f"{node_count(smallest['nodes'])} ({smallest['status']}); {where}")
     return notes
 
 
@@ -130,6 +130,11 @@ def _options(config: dict | pd.Series) -> str:
     """The H100-era options when set: " + compile", " + offload cpu"."""
     return ((" + compile" if config.get("compile") in (True, "True") else "") +
             (f" + offload {config['offload']}" if config.get("offload") not in (None, "none") else ""))
+
+
+def node_count(nodes: float) -> str:
+    """"1 node", "4 nodes": every sentence of the report that names a node count."""
+    return f"{int(nodes)} node{'' if nodes == 1 else 's'}"
 
 
 def configuration_label(config: pd.Series) -> str:
@@ -171,14 +176,14 @@ def headline(agg: pd.DataFrame) -> tuple[list[str], pd.DataFrame]:
             text += f", MFU {last['mfu']:.2f}"
         failed_above = series[(series["nodes"] > last["nodes"]) & series["tokens_per_s"].isna()]
         for _, f in failed_above.iterrows():
-            text += f"; {f['status']} at {int(f['nodes'])} nodes"
+            text += f"; {f['status']} at {node_count(f['nodes'])}"
         sentences.append(text)
         rows.append(series[["model", "nodes", "status", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu",
                             "mem_peak_alloc_gib", "scaling_efficiency"]].assign(
                                 configuration=configuration_label(best)))
         largest = runs["nodes"].max()
         for _, r in runs[(runs["nodes"] == largest) & runs["tokens_per_s"].isna() & ~same].iterrows():
-            sentences.append(f"{model}, {configuration_label(r)}: {r['status']} at {int(largest)} nodes")
+            sentences.append(f"{model}, {configuration_label(r)}: {r['status']} at {node_count(largest)}")
     return sentences, pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
 
 
@@ -244,7 +249,7 @@ def probe_sentences(probes: pd.DataFrame) -> list[str]:
             if r.efa_per_node and not tcp.empty and tcp.iloc[0] > 0:
                 text += f", {r.busbw_avg_gbs / tcp.iloc[0]:.1f}x TCP"
             parts.append(text)
-        sentences.append(f"{int(nodes)} nodes: " + "; ".join(parts))
+        sentences.append(f"{node_count(nodes)}: " + "; ".join(parts))
     return sentences
 
 

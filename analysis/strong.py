@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from analysis.scaling import CONFIG, configuration_label
+from analysis.scaling import CONFIG, configuration_label, node_count
 from bench import rundir
 
 COLUMNS = {"model": "model", "configuration": "configuration", "nodes": "nodes",
@@ -89,12 +89,12 @@ def knee_sentences(rows: pd.DataFrame, train_tokens: float, knee_share: float) -
             if at["next_share"] < 0:
                 text += f"; the next node count is slower at this global batch ({_cost(after, train_tokens)})"
             else:
-                text += (f"; past {_nodes(at)} another node buys less than {knee_share:.0%} of the time "
-                         f"linear scaling would save ({_nodes(after)} buy {at['next_share']:.0%}: "
-                         f"{_cost(after, train_tokens)})")
+                text += (f"; past {node_count(at['nodes'])} another node buys less than {knee_share:.0%} of the "
+                         f"time linear scaling would save ({node_count(after['nodes'])} buy "
+                         f"{at['next_share']:.0%}: {_cost(after, train_tokens)})")
         else:
-            text += (f"; every step up to {_nodes(at)} buys at least {knee_share:.0%} of the time linear "
-                     "scaling would save: the knee lies beyond the planned node counts")
+            text += (f"; every step up to {node_count(at['nodes'])} buys at least {knee_share:.0%} of the time "
+                     "linear scaling would save: the knee lies beyond the planned node counts")
         out.append(text)
     return out
 
@@ -104,8 +104,6 @@ def _cost(row: pd.Series, train_tokens: float) -> str:
     usd = f", ${row['usd_to_train']:,.0f}" if pd.notna(row["usd_to_train"]) else ""
     mark = " (predicted)" if row["source"] == "predicted" else ""
     verb = "trains" if row["nodes"] == 1 else "train"
-    return f"{_nodes(row)} {verb} {train_tokens:.3g} tokens in {row['days_to_train']:.1f} days{usd}{mark}"
+    days = f"{row['days_to_train']:.1f} days"
+    return f"{node_count(row['nodes'])} {verb} {train_tokens:.3g} tokens in {days}{usd}{mark}"
 
-
-def _nodes(row: pd.Series) -> str:
-    return f"{int(row['nodes'])} node{'s' if row['nodes'] != 1 else ''}"

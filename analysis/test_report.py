@@ -89,7 +89,7 @@ def test_missing_baseline_is_said_and_efficiency_uses_the_next(tmp_path: Path) -
     out = tmp_path / "report"
     build(load(sweep), out)
     text = (out / "report.md").read_text()
-    assert "no ok run at 1 node(s) (oom); efficiency is relative to 2 nodes instead" in text
+    assert "no ok run at 1 node (oom); efficiency is relative to 2 nodes instead" in text
     agg = aggregate(load(sweep).frame).set_index("nodes")
     assert agg.loc[4, "scaling_efficiency"] == pytest.approx(0.9)  # (3600/4) / (2000/2)
     assert pd.isna(agg.loc[1, "tokens_per_s"]) and agg.loc[1, "status"] == "oom"  # failed, never 0
@@ -397,6 +397,6 @@ def test_a_floor_prediction_is_counted_apart_not_named_the_largest_miss() -> Non
     table["error"] = table.tokens_per_s_per_gpu / table.pred_tokens_per_s_per_gpu - 1
     line = largest_miss(table, cpu=False)[0]
     assert "(median over 2)" in line and "left out, their prediction a floor only: 1 (CPU offload" in line
-    assert "fp32 at 1 nodes ran 1.06x slower" in line
+    assert "fp32 at 1 node ran 1.06x slower" in line
     only = largest_miss(table.iloc[[1]], cpu=False)
     assert only == ["prediction: left out, their prediction a floor only: 1 (CPU offload (...))"]

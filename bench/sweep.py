@@ -112,7 +112,7 @@ def schedule_line(cfg: SweepConfig, plan: list[PlannedRun]) -> str:
     from bench.runner import as_job, node_budget
     jobs = [as_job(cfg, p) for p in plan if p.feasible]
     budget = node_budget(cfg)
-    where = f"{budget} nodes in flight" if budget is not None else "one run at a time"
+    where = f"{budget} node{'' if budget == 1 else 's'} in flight" if budget is not None else "one run at a time"
     if not jobs or any(j.seconds is None for j in jobs):
         return (f"schedule: {where}; no run-time estimate for {cfg.cluster.name} (no prediction without a "
                 "named GPU: set cluster.gpu)")

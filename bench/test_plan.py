@@ -336,3 +336,10 @@ def test_new_axes_keep_the_run_ids_of_existing_studies() -> None:
     add_spec_arguments(parser)
     for spec in (on, RunSpec()):  # the worker reads back exactly the spec (bool("False") would be True)
         assert spec_from_namespace(parser.parse_args(spec.to_argv())) == spec
+
+
+def test_the_schedule_line_names_its_node_budget_in_words() -> None:
+    from bench.sweep import schedule_line
+    for budget, words in ((1, "1 node in flight"), (4, "4 nodes in flight")):
+        raw, _ = compose(["+sweep=smoke", f"launcher.max_nodes={budget}"])
+        assert schedule_line(from_dict(raw), []).startswith(f"schedule: {words};")
