@@ -33,8 +33,8 @@ from bench.core.schema import ADDED_DEFAULTS
 SCALING_COLUMNS = {
     "sweep": "sweep", "model": "model", "sharding": "sharding", "precision": "precision",
     "activation_checkpointing": "AC", "wrap_policy": "wrap", "compile": "compile", "offload": "offload",
-    "micro_batch": "micro batch", "seq_len": "seq len", "gpus_per_node": "GPUs/node", "nodes": "nodes",
-    "status": "status", "compile_s": "compile time (s)",
+    "batch": "batch", "micro_batch": "micro batch", "seq_len": "seq len", "gpus_per_node": "GPUs/node",
+    "nodes": "nodes", "status": "status", "compile_s": "compile time (s)",
     "ok_runs": "ok runs", "tokens_per_s": "tokens/s", "tokens_per_s_min": "tokens/s min",
     "tokens_per_s_max": "tokens/s max", "samples_per_s": "samples/s", "tflops_per_gpu": "TFLOPS/GPU",
     "mfu": "MFU", "hfu": "HFU", "step_time_s": "step time (s)", "step_time_s_std": "step time std (s)",
@@ -46,7 +46,7 @@ SCALING_COLUMNS = {
 # What a reader compares; the full-width table stays in scaling.csv.
 SCALING_SHORT = {"model": "model", "sharding": "sharding", "precision": "precision",
                  "activation_checkpointing": "AC", "compile": "compile", "offload": "offload",
-                 "gpus_per_node": "GPUs/node", "nodes": "nodes",
+                 "batch": "batch", "gpus_per_node": "GPUs/node", "nodes": "nodes",
                  "tokens_per_s_per_gpu": "tokens/s/GPU", "mfu": "MFU", "mem_peak_alloc_gib": "peak alloc (GiB/GPU)",
                  "mem_rss_gib": "host RSS (GiB/proc)", "scaling_efficiency": "scaling efficiency",
                  "straggler": "straggler", "status": "status"}

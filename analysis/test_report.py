@@ -73,6 +73,22 @@ def test_the_answer_comes_first_with_the_known_efficiency(tmp_path: Path) -> Non
     assert "compile" not in short.columns and "offload" not in short.columns  # axes this study did not vary
 
 
+def test_a_weak_and_a_strong_run_of_one_configuration_are_two_rows_that_say_which(tmp_path: Path) -> None:
+    """At one node count, micro batch 2 a step and a global batch of 32 (micro batch 2 x 2 steps x 8 GPUs)
+    are different runs: the scaling tables name each one's batch, so no two rows read alike."""
+    sweep = tmp_path / "study"
+    write_run(sweep, tokens_per_s=1000.0, nodes=1, micro_batch=2)
+    write_run(sweep, tokens_per_s=1100.0, nodes=1, micro_batch=2, global_batch=32)
+    out = tmp_path / "report"
+    build(load(sweep), out)
+    for table in ("scaling_short.csv", "scaling.csv"):
+        rows = pd.read_csv(out / table)
+        assert sorted(rows["batch"]) == ["gb32 sync_each", "mb2"], table
+        described = rows.drop(columns=[c for c in rows.columns if "tokens/s" in c or "samples" in c
+                                       or "TFLOPS" in c])
+        assert not described.duplicated().any(), table
+
+
 def test_repeats_are_medians_with_spread(tmp_path: Path) -> None:
     sweep = tmp_path / "study"
     for repeat, tps in enumerate([1100.0, 900.0, 1000.0]):
@@ -377,7 +393,9 @@ def test_a_run_held_back_by_a_straggler_is_flagged_beside_its_efficiency(tmp_pat
     assert "| study | node1 | 1 | 9 | 2 | 2.13.0 | ok |" in preflight
     assert "study: preflight of 4 node(s) at 2026-11-27T07:30:00: named node3 (tolerance 25%)" in md
     scaling = md.split("## Scaling (per configuration", 1)[1].split("##", 1)[0]
-    rows = {line.split(" | ")[5]: line for line in scaling.splitlines() if line.startswith("| llama2_7b")}
+    header = [c.strip() for c in next(r for r in scaling.splitlines() if r.startswith("| model")).split("|")]
+    rows = {line.split("|")[header.index("nodes")].strip(): line
+            for line in scaling.splitlines() if line.startswith("| llama2_7b")}
     assert "| 92% | node3 (compute +140%, 1.2 s a step) |" in rows["4"]
     assert "node" not in rows["2"] and "| straggler |" in scaling
     assert "study: 1 run(s) were held back by a straggler (node3)" in md
