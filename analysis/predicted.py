@@ -169,7 +169,7 @@ def extrapolation_sentence(table: pd.DataFrame) -> list[str]:
         top = rows[rows["nodes"] == rows["nodes"].max()]
         worst = top.loc[top["error"].abs().idxmax()]
         out.append(f"extrapolation ({sweep}): calibrated on its {int(worst['base_runs'])} runs at "
-                   f"{int(worst['base_nodes'])} node(s) alone, the prediction of its largest node count "
+                   f"{node_count(worst['base_nodes'])} alone, the prediction of its largest node count "
                    f"({int(worst['nodes'])}) missed by {top['error'].abs().median():.0%} (median over "
                    f"{len(top)} runs), at worst {worst['error']:+.0%} ({worst['label']})")
     return out

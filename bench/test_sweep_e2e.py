@@ -186,6 +186,7 @@ def test_the_smoke_report_puts_predictions_beside_measurements_on_cpu(smoke_resu
     assert "predicted with this study's own calibration" in text
     extrapolation = pd.read_csv(out / "extrapolation.csv")
     assert set(extrapolation.nodes) == {2} and "## Extrapolation" in text and "extrapolation (smoke)" in text
+    assert " runs at 1 node alone, " in text
 
 
 @pytest.mark.slow
