@@ -47,7 +47,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from bench.core.flops import (COMPUTE_BYTES, PARAM_BYTES, REDUCE_BYTES, attention_square_flops_per_token,
-                              checkpointed_blocks, hardware_flops_per_token, model_flops_per_token)
+                              checkpointed_blocks, hardware_flops_per_token, model_flops_per_token,
+                              shard_size)
 from bench.core.hardware import GPUS, INSTANCES, GpuSpec, compute_dtype, gpu_spec
 from bench.core.models import ModelArch, block_params, count_params, float8_linear_params
 from bench.core.schema import RunSpec, RunSummary
@@ -180,12 +181,6 @@ class Prediction:
                 "pred_mfu": self.mfu, "pred_bound": self.bound, "pred_source": source}
 
 
-def shard_ranks(spec: RunSpec) -> int:
-    """The ranks a parameter is sharded over: each holds 1/this of the optimizer's state and gradients."""
-    return {"FULL_SHARD": spec.world_size, "SHARD_GRAD_OP": spec.world_size,
-            "HYBRID_SHARD": spec.gpus_per_node, "NO_SHARD": 1}[spec.sharding]
-
-
 def accumulation_bytes(spec: RunSpec, params: int) -> tuple[float, float]:
     """HBM bytes one rank's gradient accumulation moves per optimizer step (each add reads both operands
     and writes one), as FSDP2 runs it: (on the compute stream, beside it on the reduce-scatter stream).
@@ -204,7 +199,8 @@ def accumulation_bytes(spec: RunSpec, params: int) -> tuple[float, float]:
         grad, acc = COMPUTE_BYTES[p], REDUCE_BYTES[p]
         cast = grad + acc if grad != acc else 0
         return float(params * (cast + (n - 1) * (2 * acc + grad))), 0.0
-    return 0.0, params / shard_ranks(spec) * (n - 1) * 3 * PARAM_BYTES[p]
+    shard = shard_size(spec.sharding, spec.nodes, spec.gpus_per_node)
+    return 0.0, params / shard * (n - 1) * 3 * PARAM_BYTES[p]
 
 
 def stack_attention_s(spec: RunSpec, arch: ModelArch, stack: Stack, family: str, peak: float,
@@ -233,7 +229,8 @@ def _step(spec: RunSpec, arch: ModelArch, gpu: GpuSpec, network: Network, peak: 
     traffic = cal.elementwise_bytes * share
     elementwise = traffic * arch.hidden * tokens * arch.blocks * (3 + 3 * recompute) / hbm
     params = count_params(arch)
-    optimizer = OPTIMIZER_BYTES * params / shard_ranks(spec) / hbm if spec.offload == "none" else 0.0
+    shard = shard_size(spec.sharding, spec.nodes, spec.gpus_per_node)
+    optimizer = OPTIMIZER_BYTES * params / shard / hbm if spec.offload == "none" else 0.0
     once = optimizer + accumulation_bytes(spec, params)[0] / hbm  # a step's, not its micro-batches' compute
     compute = matmul + elementwise
     forward_share = model_flops_per_token(arch, spec.seq_len) / 3 / (hw_flops / tokens)
