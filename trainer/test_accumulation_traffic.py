@@ -4,6 +4,7 @@ parallelization, real tensors on one rank of a fake process group, three micro-b
 that reads or writes an accumulator seen by a dispatch mode as it runs."""
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -51,20 +52,23 @@ class _Traffic(TorchDispatchMode):
     def __init__(self, storages: Callable[[], tuple[set[int], set[int]]]) -> None:
         super().__init__()
         self.storages, self.bytes = storages, 0
-        self.casts: dict[int, int] = {}  # output storage -> the cast's bytes, until an add writes it
+        # output storage -> (the output, the cast's bytes), until an add writes it; a storage address is reused
+        # once its tensor is freed, so only a cast whose output still lives is the accumulator's
+        self.casts: dict[int, tuple[weakref.ref, int]] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         out = func(*args, **(kwargs or {}))
         if func is torch.ops.aten._to_copy.default:
-            self.casts[_storage(out)] = args[0].nbytes + out.nbytes
+            self.casts[_storage(out)] = (weakref.ref(out), args[0].nbytes + out.nbytes)
         elif func in ADDS:
             inputs = [a for a in args[:2] if isinstance(a, torch.Tensor)]
             touched = {_storage(a) for a in inputs}
             acc, unsharded = self.storages()
             if touched & (acc | unsharded):
                 self.bytes += sum(a.nbytes for a in inputs) + out.nbytes
-                if _storage(args[0]) in acc:  # the accumulator this add writes: was it a cast's output?
-                    self.bytes += self.casts.pop(_storage(args[0]), 0)
+                output, cast = self.casts.pop(_storage(args[0]), (lambda: None, 0))
+                if _storage(args[0]) in acc and output() is not None:  # the accumulator was a cast's output
+                    self.bytes += cast
         return out
 
 
