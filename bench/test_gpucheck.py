@@ -77,6 +77,14 @@ def test_the_headroom_checks_use_the_plans_constants() -> None:
     assert evidence.check_fragmentation([_run(spec, **full, mem_peak_reserved_gib=59.5)]).passed is True
     frag = evidence.check_fragmentation([_run(spec, **full, mem_peak_reserved_gib=60.5)])  # 1.21 > 1.20
     assert frag.passed is False and "1.21x > 1.20x" in frag.failures[0]
+    # a compiled run is planned at its eager peak: what the plan holds for it is that peak times 1.20
+    compiled = replace(spec, compile=True)
+    bound = evidence.check_fragmentation([_run(compiled, pred_mem_gib=57.0, mem_peak_alloc_gib=44.0,
+                                               mem_peak_reserved_gib=53.7)])  # 1.22x of 44, 0.94x of 57
+    assert bound.passed is True and "0.94x" in bound.measured
+    over_plan = evidence.check_fragmentation([_run(compiled, pred_mem_gib=44.0, mem_peak_alloc_gib=44.0,
+                                                   mem_peak_reserved_gib=53.7)])
+    assert over_plan.passed is False and "1.22x > 1.20x" in over_plan.failures[0]
     small = evidence.check_fragmentation([_run(spec, mem_peak_reserved_gib=15.0)])  # 1.5x of 10 GiB
     assert small.passed is False and small.failures == ["no GPU run allocated half its GPU"]
     # outside the allocator: 1.5 GiB context + 0.5 per communicator; FULL_SHARD holds 1, HYBRID_SHARD 3
