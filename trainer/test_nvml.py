@@ -80,3 +80,26 @@ def test_no_gpu_or_no_library_is_a_recorded_reason() -> None:
     sampler = NvmlSampler(0, 1, print, nvml=broken)
     assert not sampler.available and sampler.reason == "OSError: NVML Shared Library Not Found"
     assert sampler.stop() == {"nvml_available": False, "nvml_reason": "OSError: NVML Shared Library Not Found"}
+
+
+def test_the_last_reading_is_taken_at_stop_while_the_run_holds_its_memory() -> None:
+    """A run shorter than the interval is read once at its start, before its peak: stop() reads again."""
+    nvml, seen = FakeNvml(), []
+    sampler = NvmlSampler(0, 3600.0, seen.append, nvml=nvml)
+    sampler.start()
+    while not seen:
+        time.sleep(0.01)
+    nvml.nvmlDeviceGetMemoryInfo = lambda h: SimpleNamespace(used=70 * 2**30, total=80 * 2**30)
+    agg = sampler.stop()
+    assert [s["mem_used_gib"] for s in seen] == [30, 70] and agg["nvml_mem_used_gib"] == 70
+    assert agg["nvml_samples"] == 2
+
+
+def test_a_sampler_that_failed_reads_nothing_more_at_stop() -> None:
+    nvml, seen = FakeNvml(), []
+    sampler = NvmlSampler(0, 0.01, seen.append, nvml=nvml)
+    nvml.nvmlDeviceGetUtilizationRates = lambda h: (_ for _ in ()).throw(RuntimeError("GPU is lost"))
+    sampler.start()
+    agg = sampler.stop()
+    assert seen == [] and agg == {"nvml_available": True,
+                                  "nvml_reason": "sampling stopped: RuntimeError: GPU is lost"}
