@@ -2,6 +2,8 @@
 not fit on CPU (smoke) or refused before launch (a cluster that names its GPU)."""
 from __future__ import annotations
 
+import datetime as dt
+import json
 import os
 import subprocess
 import sys
@@ -125,3 +127,12 @@ execute(cfg, plan, LocalLauncher(cfg, gpus=["0", "1", "2", "3"]), Path({str(tmp_
     metas = [r for r in rundir.read_records(run) if r["kind"] == "meta"]
     seen = {(m["group_rank"], m["local_rank"]): m["cuda_visible_devices"] for m in metas}
     assert seen == {(0, 0): "0,1", (0, 1): "0,1", (1, 0): "2,3", (1, 1): "2,3"}
+    # where each worker's start-up went: to main() (the interpreter, torch's import: seconds), the process
+    # group, the model; together less than the whole launch the ledger saw (to the second)
+    (attempt,) = json.loads((run.parent / "ledger.json").read_text())["attempts"]
+    launch = (dt.datetime.fromisoformat(attempt["ended_at"])
+              - dt.datetime.fromisoformat(attempt["submitted_at"])).total_seconds()
+    for m in metas:
+        startup = m["startup"]
+        assert startup["to_main_s"] > 0.5 and startup["process_group_s"] >= 0 and startup["setup_s"] > 0
+        assert sum(startup.values()) < launch + 1, (startup, launch)

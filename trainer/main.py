@@ -13,6 +13,7 @@ import resource
 import socket
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -273,9 +274,23 @@ def _offload_policy(model: torch.nn.Module) -> str | None:
     return type(policy).__name__ if policy is not None else None
 
 
-def train_run(args: TrainArgs, device: torch.device, emit: Emitter) -> int:
+def since_process_start() -> float | None:
+    """Seconds since this process started, from Linux's /proc (the interpreter's start and every import
+    before the caller included); None where there is no /proc."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+
+
+def train_run(args: TrainArgs, device: torch.device, emit: Emitter,
+              startup: dict[str, float | None] | None = None) -> int:
     """One run in this (initialised) process group: set up, train, summarise; every failure a status in a
-    summary record. Returns the exit code."""
+    summary record. Returns the exit code. The meta record carries where its start-up went (`startup`: the
+    process's start to main, the process group; then the model's setup), as a GPU launch costs 20-26 s
+    beyond its steps where a CPU one costs 6 (the H200's evidence, benchmarks/evidence/)."""
     rank = dist.get_rank()
     if dist.get_world_size() != args.spec.world_size:
         emit("summary", status="rendezvous_error",
@@ -285,9 +300,11 @@ def train_run(args: TrainArgs, device: torch.device, emit: Emitter) -> int:
                           lambda s: emit("nvml", **s))
     trainer = Trainer(args, device, emit)
     try:
+        began = time.monotonic()
         trainer.setup()
+        startup = {**(startup or {}), "setup_s": time.monotonic() - began}
         emit("meta", **trainer.meta(), nvml_available=sampler.available, nvml_reason=sampler.reason,
-             records_file_error=emit.file_error)
+             records_file_error=emit.file_error, startup=startup)
         if args.instrument:
             sampler.start()
         trainer.train()
@@ -306,18 +323,21 @@ def train_run(args: TrainArgs, device: torch.device, emit: Emitter) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    startup = {"to_main_s": since_process_start()}
     args = parse_args(argv)  # exits 2 on bad input, before anything distributed starts
     device = rank_device()
     rank = int(os.environ.get("RANK", "0"))
     emit = Emitter(rank, args.spec.run_id, args.run_dir)
+    began = time.monotonic()
     try:
         init_process_group(device)
     except Exception as e:
         emit("summary", status="rendezvous_error", error=f"{type(e).__name__}: {e}")
         return EXIT_RDZV
+    startup["process_group_s"] = time.monotonic() - began
     dump_on_sigterm(rank)  # stopped by the harness or by torchrun: leave the flight recorder's dump
     try:
-        code = train_run(args, device, emit)
+        code = train_run(args, device, emit, startup)
     finally:
         emit.close()
     if code == EXIT_OK:
