@@ -38,8 +38,8 @@ FULL_AC_WHOLE = _args("FULL_SHARD", 1, 2, "--activation-checkpointing", "full",
 # returns a view, whose pre-backward hook an in-place op would drop (the backward then runs on resharded
 # parameters): the same losses say none does
 T5 = {(sharding, micro): ["--model", "tiny_t5", "--sharding", sharding, "--nodes", "1", "--gpus-per-node",
-                          "2", "--precision", "fp32", "--steps", "3", "--warmup-steps", "1", "--seq-len", "64",
-                          "--micro-batch", str(micro), "--global-batch", "4"]
+                          "2", "--precision", "fp32", "--steps", "3", "--warmup-steps", "1", "--seq-len",
+                          "64", "--micro-batch", str(micro), "--global-batch", "4"]
       for sharding, micro in (("NO_SHARD", 2), ("FULL_SHARD", 2), ("FULL_SHARD", 1))}
 for _run in (*STRATEGIES.values(), OTHER_SEED, SELECTIVE_OP):
     SERIES.declare(_run, nproc=4)
