@@ -37,10 +37,8 @@ FULL_AC_WHOLE = _args("FULL_SHARD", 1, 2, "--activation-checkpointing", "full",
 # (FULL_SHARD, 2 each), sharded accumulating (1 x 2 each) and sharded with AC full. torch 2.13's FSDP2 warns
 # that a T5 block (and its checkpoint wrapper) returns a view, whose pre-backward hook an in-place op would
 # drop (the backward then runs on resharded parameters): the same losses say none does
-T5 = {(sharding, micro, ac): ["--model", "tiny_t5", "--sharding", sharding, "--nodes", "1", "--gpus-per-node",
-                              "2", "--precision", "fp32", "--steps", "3", "--warmup-steps", "1", "--seq-len",
-                              "64", "--micro-batch", str(micro), "--global-batch", "4",
-                              "--activation-checkpointing", ac]
+T5 = {(sharding, micro, ac): _args(sharding, 1, 2, "--model", "tiny_t5", "--steps", "3", "--micro-batch",
+                                   str(micro), "--global-batch", "4", "--activation-checkpointing", ac)
       for sharding, micro, ac in (("NO_SHARD", 2, "none"), ("FULL_SHARD", 2, "none"),
                                   ("FULL_SHARD", 1, "none"), ("FULL_SHARD", 2, "full"))}
 for _run in (*STRATEGIES.values(), OTHER_SEED, SELECTIVE_OP):
