@@ -222,6 +222,27 @@ def accumulation_sensitivity(rows: list[FoundryRow]) -> None:
           f"median |error| {statistics.median(map(abs, errors)):5.2%}")
 
 
+def loss_sensitivity(rows: list[FoundryRow]) -> None:
+    """The loss's traffic over the logits (perf.loss_bytes), added after the table's small models were seen
+    to miss most at short sequences: llm-foundry's table with its stack's figure at what each reading of its
+    code allows (the fused loss alone; its train metrics without autocast's fp32 cast; as shipped), and
+    with no loss term at all, beside this project's GPU runs; the shipped constants throughout (refitted
+    with the term: its own fit would move them)."""
+    def foundry(loss: float | None) -> list[float]:
+        return [error(replace(r.row, stack=replace(r.row.stack, loss_bytes=loss)), CALIBRATION) for r in rows]
+    for label, loss in (("the fused loss alone (no train metrics)", 6.0),
+                        ("train metrics without autocast's fp32 cast", 14.0),
+                        (f"as shipped ({FOUNDRY_2023.loss_bytes:g})", FOUNDRY_2023.loss_bytes)):
+        print(f"  llm-foundry's loss at {loss:>4g} B a logit, {label:<44} median |error| "
+              f"{statistics.median(map(abs, foundry(loss))):5.2%}")
+    with mock.patch.object(perf, "loss_bytes", lambda *_: 0.0), contextlib.redirect_stdout(io.StringIO()):
+        ours = measured_here(CALIBRATION)
+        errors = foundry(0.0)
+    print(f"  no loss term anywhere: llm-foundry's table, median |error| "
+          f"{statistics.median(map(abs, errors)):5.2%}; this project's GPU runs "
+          f"{statistics.median(map(abs, ours)):5.2%}")
+
+
 def one_micro_batch(row: PublishedRow) -> PublishedRow:
     """A published row read as one micro batch a step, its GradAccum ignored (as before issue 46)."""
     return replace(row, spec=replace(row.spec, global_batch=0))
@@ -278,6 +299,8 @@ def main() -> None:
     kernel_sensitivity([r.row for r in foundry_rows])
     print("\nThe same table with and without its GradAccum, and each stack's optimizer as its code counts:")
     accumulation_sensitivity(foundry_rows)
+    print("\nThe same table, the loss's traffic moved (shipped constants):")
+    loss_sensitivity(foundry_rows)
     print("\nThis project's own GPU runs (benchmarks/evidence/, never fitted to):")
     ours = measured_here(shipped)
     print()

@@ -81,6 +81,8 @@ def test_perf_model_prints_every_section() -> None:
     whole = _figure(r"llm-foundry's whole table, tokens/s/GPU: \d+ rows, median \|error\| ([\d.]+)%", out)
     assert _figure(r"with GradAccum +median \|error\| ([\d.]+)%", out) == pytest.approx(whole, abs=0.05)
     assert "optimizer at 92 B/param" in out and "optimizer at 72 B/param" in out
+    shipped = _figure(r"loss at +\d+ B a logit, as shipped .*median \|error\| ([\d.]+)%", out)
+    assert shipped == pytest.approx(whole, abs=0.05) and "no loss term anywhere" in out
 
 
 @pytest.mark.slow

@@ -9,6 +9,8 @@ One training step per GPU is modelled as
 - elementwise: the memory traffic of everything that is not a matmul (norms, activations, rotary embedding,
   residual adds: ELEMENTWISE_BYTES per hidden unit, token, block and pass) at the GPU's HBM bandwidth;
   this term is why an H100, 3.2x an A100's FLOPs with 1.6x its bandwidth, trains only about 2x faster;
+- loss: the cross-entropy's traffic over the logits (`loss_bytes`: 36 bytes per logit in 16-bit, counted
+  from the ops the models run, not fitted), at HBM bandwidth, once per micro-batch;
 - optimizer: AdamW reads and writes 28 bytes per sharded parameter at HBM bandwidth;
 - accumulation: where a step accumulates several micro-batches, the gradient adds FSDP2 runs on the compute
   stream (sync_once's unsharded gradients: `accumulation_bytes`) at HBM bandwidth;
@@ -97,11 +99,13 @@ class Stack:
     name: str
     traffic: float  # share of the eager elementwise traffic (Calibration.elementwise_bytes) its blocks move
     attention: dict[str, float]  # its attention kernel's fraction of the dense peak, per GPU family
+    loss_bytes: float | None = None  # what its loss moves per logit (vocabulary entry and token), outside
+    # the matmuls; None: this harness's (`loss_bytes`)
 
 
 HALF_SIBLING = {"fp16": "bf16", "bf16": "fp16"}
-CALIBRATION = Calibration(matmul_efficiency={"A100": 0.857, "H100": 0.678}, elementwise_bytes=380.0,
-                          contention=0.356, compile_traffic=0.726)
+CALIBRATION = Calibration(matmul_efficiency={"A100": 0.854, "H100": 0.676}, elementwise_bytes=370.6,
+                          contention=0.349, compile_traffic=0.703)
 # Fixed, not fitted:
 OPTIMIZER_BYTES = 28  # AdamW per sharded fp32 parameter: read param, grad, 2 moments; write param, moments.
 # That is fused AdamW, torchtitan's default (the calibration rows). Unfused ones move more: this harness's
@@ -203,6 +207,22 @@ def accumulation_bytes(spec: RunSpec, params: int) -> tuple[float, float]:
     return 0.0, params / shard * (n - 1) * 3 * PARAM_BYTES[p]
 
 
+def loss_bytes(spec: RunSpec, arch: ModelArch, stack: Stack | None = None) -> float:
+    """HBM bytes per token the loss moves over the logits outside the LM head's matmuls (each op reads its
+    operands and writes its result once): a term no per-block constant carries, since it scales with the
+    vocabulary, not hidden x blocks (Llama 3.2 1B: 128256 logits a token against 2048 x 16 hidden units).
+    transformers' causal LMs cast the logits to fp32 (ForCausalLMLoss) and back in the backward; then
+    log_softmax (read, write), nll_loss's backward (writes the dense gradient) and log_softmax's backward
+    (reads two, writes one), in the loss dtype; T5's loss stays in the logits' dtype (no cast).
+    trainer/test_loss_traffic.py counts these bytes in the real models' forward and backward."""
+    if stack is not None and stack.loss_bytes is not None:
+        return stack.loss_bytes * arch.vocab
+    logits = COMPUTE_BYTES[spec.precision]  # the LM head stays 16-bit under Float8 (blocks only)
+    loss = logits if arch.family == "t5" else 4
+    cast = 2 * (logits + loss) if logits != loss else 0
+    return float((6 * loss + cast) * arch.vocab)
+
+
 def stack_attention_s(spec: RunSpec, arch: ModelArch, stack: Stack, family: str, peak: float,
                       efficiency: float) -> float:
     """Per token: a stack's attention kernel on its own work (the causal half of the square; forward two
@@ -227,7 +247,8 @@ def _step(spec: RunSpec, arch: ModelArch, gpu: GpuSpec, network: Network, peak: 
     hbm = gpu.hbm_tbs * 1e12
     share = stack.traffic if stack is not None else cal.compile_traffic if spec.compile else 1.0
     traffic = cal.elementwise_bytes * share
-    elementwise = traffic * arch.hidden * tokens * arch.blocks * (3 + 3 * recompute) / hbm
+    blocks = traffic * arch.hidden * arch.blocks * (3 + 3 * recompute)  # per token, as the loss's
+    elementwise = (blocks + loss_bytes(spec, arch, stack)) * tokens / hbm
     params = count_params(arch)
     shard = shard_size(spec.sharding, spec.nodes, spec.gpus_per_node)
     optimizer = OPTIMIZER_BYTES * params / shard / hbm if spec.offload == "none" else 0.0

@@ -140,9 +140,19 @@ CALIBRATION_ROWS.append(PublishedRow(AWS, get_arch("llama2_7b"), GPUS[H100], _p5
 #   2407.08608, abstract), so a FlashAttention-1 class kernel half of that on an H100 (neither uses Hopper's
 #   new instructions).
 FOUNDRY_TRAFFIC = 44 / 160
+# Its loss, per logit (perf.loss_bytes; at b2a43a1, the commit that published the A100 and 2023 H100 tables):
+# - flash-attn's fused cross entropy (ComposerMPTCausalLM's default loss_fn, fused_crossentropy) reads the
+#   16-bit logits in its forward, reads them again and writes their gradient in its backward: 6;
+# - Composer computes the model's train metrics on every micro-batch's logits (Trainer._train_microbatch ->
+#   _eval_train_metrics, under the autocast context; use_train_metrics defaults to True): LanguageCrossEntropy
+#   and LanguagePerplexity, its subclass, each a torch cross entropy: log_softmax in the logits' dtype
+#   (read 2, write 2; cross_entropy passes the input's dtype), then nll_loss, on CUDA autocast's fp32 list,
+#   which casts the log-probabilities to fp32 first (read 2, write 4): 10 each.
+FOUNDRY_LOSS_BYTES = 6 + 2 * 10
 FOUNDRY_2023 = Stack("llm-foundry: MPT blocks, FlashAttention-1 class kernel (flash-attn 1.x, triton)",
-                     FOUNDRY_TRAFFIC, {"A100": 0.325, "H100": 0.35 / 2})
-FOUNDRY_FLASH2 = Stack("llm-foundry: MPT blocks, flash-attn 2.4.2", FOUNDRY_TRAFFIC, {"H100": 0.35})
+                     FOUNDRY_TRAFFIC, {"A100": 0.325, "H100": 0.35 / 2}, FOUNDRY_LOSS_BYTES)
+FOUNDRY_FLASH2 = Stack("llm-foundry: MPT blocks, flash-attn 2.4.2", FOUNDRY_TRAFFIC, {"H100": 0.35},
+                       FOUNDRY_LOSS_BYTES)
 FOUNDRY_LARGE_TRITON = ("mpt_13b", "mpt_30b")  # the large-scale sweep's attn_impl triton models
 
 
