@@ -223,7 +223,7 @@ def accumulation_sensitivity(rows: list[FoundryRow]) -> None:
 
 
 def loss_sensitivity(rows: list[FoundryRow]) -> None:
-    """The loss's traffic over the logits (perf.loss_bytes), added after the table's small models were seen
+    """The loss's traffic over the logits (traffic.loss_bytes), added after the table's small models were seen
     to miss most at short sequences: llm-foundry's table with its stack's figure at what each reading of its
     code allows (the fused loss alone; its train metrics without autocast's fp32 cast; as shipped), and
     with no loss term at all, beside this project's GPU runs; the shipped constants throughout (refitted

@@ -1,4 +1,4 @@
-"""The performance model's gradient accumulation traffic (bench/predict/perf.py accumulation_bytes) against
+"""The performance model's gradient accumulation traffic (bench/predict/traffic.py accumulation_bytes) against
 the adds and casts a real FSDP2 step runs into its gradient accumulators: the worker's own model and
 parallelization, real tensors on one rank of a fake process group, three micro-batches a step, each op
 that reads or writes an accumulator seen by a dispatch mode as it runs."""
@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench.core.models import count_params, get_arch
 from bench.core.schema import RunSpec
-from bench.predict.perf import accumulation_bytes
+from bench.predict.traffic import accumulation_bytes
 
 ARCH = get_arch("tiny_llama")  # every dimension even: shards of 2 and 4 ranks hold no padding
 ADDS = (torch.ops.aten.add_.Tensor, torch.ops.aten.add.Tensor)

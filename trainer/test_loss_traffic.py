@@ -1,4 +1,4 @@
-"""The performance model's loss traffic (bench/predict/perf.py loss_bytes) against the ops a real step runs
+"""The performance model's loss traffic (bench/predict/traffic.py loss_bytes) against the ops a real step runs
 on the logits: the worker's own model and parallelization, real tensors on one rank of a fake process
 group, each op that reads or writes a logits-sized tensor seen by a dispatch mode as it runs."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from torch.utils._pytree import tree_leaves
 
 from bench.core.models import get_arch
 from bench.core.schema import RunSpec
-from bench.predict.perf import loss_bytes
+from bench.predict.traffic import loss_bytes
 
 MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
 # no copy: the result aliases its input (views) or is a reshape of a fresh matmul output

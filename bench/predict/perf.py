@@ -9,11 +9,11 @@ One training step per GPU is modelled as
 - elementwise: the memory traffic of everything that is not a matmul (norms, activations, rotary embedding,
   residual adds: ELEMENTWISE_BYTES per hidden unit, token, block and pass) at the GPU's HBM bandwidth;
   this term is why an H100, 3.2x an A100's FLOPs with 1.6x its bandwidth, trains only about 2x faster;
-- loss: the cross-entropy's traffic over the logits (`loss_bytes`: 36 bytes per logit in 16-bit, counted
-  from the ops the models run, not fitted), at HBM bandwidth, once per micro-batch;
+- loss: the cross-entropy's traffic over the logits (`traffic.loss_bytes`: 36 bytes per logit in 16 bits,
+  counted from the ops the models run, not fitted), at HBM bandwidth, once per micro-batch;
 - optimizer: AdamW reads and writes 28 bytes per sharded parameter at HBM bandwidth;
 - accumulation: where a step accumulates several micro-batches, the gradient adds FSDP2 runs on the compute
-  stream (sync_once's unsharded gradients: `accumulation_bytes`) at HBM bandwidth;
+  stream (sync_once's unsharded gradients: `traffic.accumulation_bytes`) at HBM bandwidth;
 - communication (bench/predict/comm.py): FSDP's collectives per step (all-gathers of the parameters in forward and backward,
   reduce-scatter of the gradients; HYBRID_SHARD's inter-node all-reduce; NO_SHARD's all-reduce), each
   taking the longer of its intra-node leg (the GPUs' all-reduce bus bandwidth) and its network leg (bytes
@@ -48,15 +48,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from bench.core.flops import (COMPUTE_BYTES, PARAM_BYTES, REDUCE_BYTES, attention_square_flops_per_token,
-                              checkpointed_blocks, hardware_flops_per_token, model_flops_per_token,
-                              shard_size)
+from bench.core.flops import (attention_square_flops_per_token, checkpointed_blocks, hardware_flops_per_token,
+                              model_flops_per_token, shard_size)
 from bench.core.hardware import GPUS, INSTANCES, GpuSpec, compute_dtype, gpu_spec
 from bench.core.models import ModelArch, block_params, count_params, float8_linear_params
 from bench.core.schema import RunSpec, RunSummary
 from bench.predict.comm import INTER_NODE_STEP_S, INTRA_NODE_STEP_S, Network, collective_s, step_collectives
 from bench.predict.cpu import (CPU, CPU_EFFICIENCY, CPU_EMULATED_16BIT, cpu_peak_flops, cpu_runs_natively,
                                cpu_share)
+from bench.predict.traffic import accumulation_bytes, loss_bytes
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ class Stack:
     traffic: float  # share of the eager elementwise traffic (Calibration.elementwise_bytes) its blocks move
     attention: dict[str, float]  # its attention kernel's fraction of the dense peak, per GPU family
     loss_bytes: float | None = None  # what its loss moves per logit (vocabulary entry and token), outside
-    # the matmuls; None: this harness's (`loss_bytes`)
+    # the matmuls; None: this harness's (traffic.loss_bytes)
 
 
 HALF_SIBLING = {"fp16": "bf16", "bf16": "fp16"}
@@ -185,44 +185,6 @@ class Prediction:
                 "pred_mfu": self.mfu, "pred_bound": self.bound, "pred_source": source}
 
 
-def accumulation_bytes(spec: RunSpec, params: int) -> tuple[float, float]:
-    """HBM bytes one rank's gradient accumulation moves per optimizer step (each add reads both operands
-    and writes one), as FSDP2 runs it: (on the compute stream, beside it on the reduce-scatter stream).
-    sync_once adds each later micro-batch's unsharded gradients (compute dtype) into an accumulator of
-    the reduce dtype in the post-backward hook, after casting the first micro-batch's where the two differ
-    (FSDPParam.to_accumulated_grad_if_needed, accumulate_unsharded_grad_if_needed): the whole model's
-    parameters, in the step's critical path. The other modes reduce every micro-batch and add the new
-    shard into the sharded gradient (foreach_reduce; allreduce_once into HSDP's partial reduce output) in
-    the parameters' own dtype, which is every precision's reduce dtype too, on the reduce-scatter stream
-    beside the backward: a 1/shard of that, which the model leaves to the overlap.
-    trainer/test_accumulation_traffic.py counts these bytes in real FSDP2 steps."""
-    n, p = spec.grad_accum, spec.precision
-    if n == 1:
-        return 0.0, 0.0
-    if spec.accumulation == "sync_once":
-        grad, acc = COMPUTE_BYTES[p], REDUCE_BYTES[p]
-        cast = grad + acc if grad != acc else 0
-        return float(params * (cast + (n - 1) * (2 * acc + grad))), 0.0
-    shard = shard_size(spec.sharding, spec.nodes, spec.gpus_per_node)
-    return 0.0, params / shard * (n - 1) * 3 * PARAM_BYTES[p]
-
-
-def loss_bytes(spec: RunSpec, arch: ModelArch, stack: Stack | None = None) -> float:
-    """HBM bytes per token the loss moves over the logits outside the LM head's matmuls (each op reads its
-    operands and writes its result once): a term no per-block constant carries, since it scales with the
-    vocabulary, not hidden x blocks (Llama 3.2 1B: 128256 logits a token against 2048 x 16 hidden units).
-    transformers' causal LMs cast the logits to fp32 (ForCausalLMLoss) and back in the backward; then
-    log_softmax (read, write), nll_loss's backward (writes the dense gradient) and log_softmax's backward
-    (reads two, writes one), in the loss dtype; T5's loss stays in the logits' dtype (no cast).
-    trainer/test_loss_traffic.py counts these bytes in the real models' forward and backward."""
-    if stack is not None and stack.loss_bytes is not None:
-        return stack.loss_bytes * arch.vocab
-    logits = COMPUTE_BYTES[spec.precision]  # the LM head stays 16-bit under Float8 (blocks only)
-    loss = logits if arch.family == "t5" else 4
-    cast = 2 * (logits + loss) if logits != loss else 0
-    return float((6 * loss + cast) * arch.vocab)
-
-
 def stack_attention_s(spec: RunSpec, arch: ModelArch, stack: Stack, family: str, peak: float,
                       efficiency: float) -> float:
     """Per token: a stack's attention kernel on its own work (the causal half of the square; forward two
@@ -248,7 +210,7 @@ def _step(spec: RunSpec, arch: ModelArch, gpu: GpuSpec, network: Network, peak: 
     share = stack.traffic if stack is not None else cal.compile_traffic if spec.compile else 1.0
     traffic = cal.elementwise_bytes * share
     blocks = traffic * arch.hidden * arch.blocks * (3 + 3 * recompute)  # per token, as the loss's
-    elementwise = (blocks + loss_bytes(spec, arch, stack)) * tokens / hbm
+    elementwise = (blocks + loss_bytes(spec, arch, stack and stack.loss_bytes)) * tokens / hbm
     params = count_params(arch)
     shard = shard_size(spec.sharding, spec.nodes, spec.gpus_per_node)
     optimizer = OPTIMIZER_BYTES * params / shard / hbm if spec.offload == "none" else 0.0

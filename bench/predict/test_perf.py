@@ -16,11 +16,11 @@ from bench.core.models import count_params, get_arch
 from bench.core.schema import RunSpec
 from bench.evidence import FIRST_H200, table_runs
 from bench.predict.comm import Network, collectives, step_collectives
-from bench.predict.perf import (CALIBRATION, Predictor, Stack, accumulation_bytes, loss_bytes, network_for,
-                                predict, probe_network)
+from bench.predict.perf import CALIBRATION, Predictor, Stack, network_for, predict, probe_network
 from bench.plan import expand
 from bench.predict.published import (CALIBRATION_ROWS, CHECK_ROWS, FOUNDRY, FOUNDRY_2023, FOUNDRY_FLASH2,
                                      foundry_table)
+from bench.predict.traffic import accumulation_bytes, loss_bytes
 from bench.sweep import compose
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -91,7 +91,8 @@ def test_the_loss_moves_its_logits_once_a_micro_batch_and_a_stack_counts_its_own
         counted = predict(run, H100, P5, stack=replace(plain, loss_bytes=None)).memory_s
         assert counted - predict(run, H100, P5, stack=plain).memory_s == pytest.approx(
             accum * 2 * 2048 * 36 * 128256 / hbm)
-    assert loss_bytes(spec, arch, FOUNDRY_2023) == 26 * 128256 == loss_bytes(spec, arch, FOUNDRY_FLASH2)
+    assert loss_bytes(spec, arch, FOUNDRY_2023.loss_bytes) == 26 * 128256 == loss_bytes(
+        spec, arch, FOUNDRY_FLASH2.loss_bytes)
 
 
 def test_only_llm_foundry_runs_another_stack_and_each_table_the_one_its_commit_installed() -> None:
