@@ -32,6 +32,7 @@ import contextlib
 import json
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -257,18 +258,28 @@ def gpu_attention(spec: RunSpec, arch: ModelArch, cuda: bool) -> contextlib.Abst
     return contextlib.nullcontext()
 
 
+@contextlib.contextmanager
+def fake_rank(world_size: int) -> Iterator[None]:
+    """Rank 0 of a fake process group of world_size: FSDP2 shards as across that many ranks, and every
+    collective returns at once."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
+    dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
 def step_at(spec: RunSpec, arch: ModelArch, count: bool,
             cuda: bool = False) -> tuple[dict[str, Peak], dict[str, float]]:
     """Each place's peak of one steady training step of the spec with the model `arch` on fake tensors, and
     (count) the FLOPs per token of the step before it, which creates AdamW's state."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
 
     from trainer.data import rank_batches
     from trainer.parallel import build_optimizer, parallelize
     device, flops = torch.device("cpu"), {}
-    dist.init_process_group("fake", rank=0, world_size=spec.world_size, store=FakeStore())
-    try:
+    with fake_rank(spec.world_size):
         model = parallelize(replace(spec, compile=False), arch, device).model
         with FakeTensorMode(allow_non_fake_inputs=True), gpu_attention(spec, arch, cuda):
             model.to_empty(device=device)
@@ -281,8 +292,6 @@ def step_at(spec: RunSpec, arch: ModelArch, count: bool,
                 _create_optimizer_state(model, optimizer)
             return track_step(model, optimizer, batches, offloaded=spec.offload == "cpu",
                               period=pattern(spec), accumulation=spec.accumulation), flops
-    finally:
-        dist.destroy_process_group()
 
 
 def measure(spec: RunSpec, count_flops: bool | None = None, whole: bool = False,

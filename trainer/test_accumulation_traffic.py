@@ -75,14 +75,12 @@ class _Traffic(TorchDispatchMode):
 def measured_bytes(spec: RunSpec) -> int:
     """Rank 0's accumulation traffic over one step's micro-batches (forward and backward; not the
     optimizer, which the model counts apart)."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
-
     from trainer.data import rank_batches
+    from trainer.memory import fake_rank
     from trainer.model import materialize
     from trainer.parallel import accumulate, backward, parallelize
     device = torch.device("cpu")
-    dist.init_process_group("fake", rank=0, world_size=spec.world_size, store=FakeStore())
-    try:
+    with fake_rank(spec.world_size):
         model = parallelize(spec, ARCH, device).model
         materialize(model, device, seed=0)
         batches = rank_batches(spec, ARCH, rank=0, step=0, device=device)
@@ -92,8 +90,6 @@ def measured_bytes(spec: RunSpec) -> int:
                 accumulate(model, spec.accumulation, last=k == len(batches) - 1)
                 backward(model(**batch).loss / len(batches), None)
         return traffic.bytes
-    finally:
-        dist.destroy_process_group()
 
 
 def _spec(sharding: str, nodes: int, gpn: int, mode: str, precision: str, accum: int = 3) -> RunSpec:

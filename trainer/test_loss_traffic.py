@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -46,14 +45,12 @@ class _LogitTraffic(TorchDispatchMode):
 
 def measured(spec: RunSpec) -> tuple[int, set[str]]:
     """Rank 0's loss traffic over one micro-batch's forward and backward, and the ops that moved it."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
-
     from trainer.data import rank_batches
+    from trainer.memory import fake_rank
     from trainer.model import materialize
     from trainer.parallel import backward, parallelize
     arch, device = get_arch(spec.model), torch.device("cpu")
-    dist.init_process_group("fake", rank=0, world_size=spec.world_size, store=FakeStore())
-    try:
+    with fake_rank(spec.world_size):
         model = parallelize(spec, arch, device).model
         materialize(model, device, seed=0)
         batch = rank_batches(spec, arch, rank=0, step=0, device=device)[0]
@@ -61,8 +58,6 @@ def measured(spec: RunSpec) -> tuple[int, set[str]]:
         with traffic:
             backward(model(**batch).loss, None)
         return traffic.bytes, traffic.ops
-    finally:
-        dist.destroy_process_group()
 
 
 def _spec(model: str, precision: str) -> RunSpec:
