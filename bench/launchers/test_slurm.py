@@ -345,6 +345,21 @@ def _squeue(job_filter: str) -> tuple[str, str] | None:
     return (rows[0][1], rows[0][2]) if rows else None
 
 
+def _task_runs_on(node: str, job_filter: str) -> bool:
+    """Whether Slurm has started a task of the sweep's job on the node: a process there whose environment
+    names both. A node killed before its step launched there fails the step (srun cancels it) before Slurm
+    misses the node, and a failed job is not requeued."""
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            pairs = environ.read_bytes().decode(errors="replace").split("\0")
+        except OSError:  # gone, or not ours to read
+            continue
+        env = dict(pair.split("=", 1) for pair in pairs if "=" in pair)
+        if env.get("SLURMD_NODENAME") == node and job_filter in env.get("SLURM_JOB_NAME", ""):
+            return True
+    return False
+
+
 def _scontrol(*args: str, check: bool = True) -> None:
     subprocess.run(["scontrol", *args], check=check, capture_output=True,
                    env={**os.environ, "SLURM_CONF": SLURM_CONF})
@@ -393,6 +408,9 @@ def test_a_node_that_stops_answering_under_a_run_is_on_the_record(slurm_cluster,
     first_nodes = subprocess.run(["scontrol", "show", "hostnames", seen[1]], capture_output=True, text=True,
                                  env={**os.environ, "SLURM_CONF": SLURM_CONF}).stdout.split()
     failed = first_nodes[-1]  # not the first node, whose torchrun holds the rendezvous store
+    while not _task_runs_on(failed, "fsdpbench-tiny_llama-n2x2"):  # RUNNING comes before the step's launch
+        assert time.monotonic() < deadline and sweep.poll() is None, f"no task started on {failed}"
+        time.sleep(0.2)
     pid = int((Path(SLURM_CONF).parent / f"slurmd.{failed}.pid").read_text())
     try:
         os.kill(pid, signal.SIGKILL)
