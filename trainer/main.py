@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from bench.core.flops import hardware_flops_per_token, model_flops_per_token
 from bench.core.hardware import peak_tflops
-from bench.core.records import COLLECTIVE_TIMEOUT_ENV, Emitter, node_name
+from bench.core.records import COLLECTIVE_TIMEOUT_ENV, Emitter, node_name, process_start_time
 from trainer.clock import ComputeClock, steady_compute_s, timed_modules
 from trainer.config import TrainArgs, parse_args
 from trainer.flight import collectives_between, dump_on_sigterm, write_dump
@@ -277,12 +277,12 @@ def _offload_policy(model: torch.nn.Module) -> str | None:
 def since_process_start() -> float | None:
     """Seconds since this process started, from Linux's /proc (the interpreter's start and every import
     before the caller included); None where there is no /proc."""
+    ticks = process_start_time()
     try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22
         uptime = float(Path("/proc/uptime").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
-    return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    return None if ticks is None else max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def train_run(args: TrainArgs, device: torch.device, emit: Emitter,

@@ -141,3 +141,13 @@ def node_name() -> str:
     """The scheduler's name for this node (Slurm's, a Kubernetes node's from the downward API), else the
     host name: several Slurm nodes may share one host."""
     return os.environ.get("SLURMD_NODENAME") or os.environ.get("FSDPBENCH_NODE_NAME") or socket.gethostname()
+
+
+def process_start_time(pid: int | str = "self") -> int | None:
+    """Start time of a process in clock ticks since boot (/proc/<pid>/stat field 22): with the pid it
+    names one process for good, even after the pid is reused; None without /proc."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])

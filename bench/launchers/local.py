@@ -24,6 +24,7 @@ from typing import IO, Any
 
 from bench import rundir
 from bench.config import ConfigError, SweepConfig
+from bench.core.records import process_start_time
 from bench.core.schema import RunSpec
 from bench.gpus import agent_devices, local_gpus
 from bench.launchers.base import (DONE, RUNNING, Outcome, Poll, Submission, die_with_parent, fault_args,
@@ -38,16 +39,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def process_start_time(pid: int) -> int | None:
-    """Start time of a process in clock ticks since boot (/proc/<pid>/stat field 22): with the pid it
-    names one process for good, even after the pid is reused."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
 
 
 @dataclass
