@@ -23,7 +23,7 @@ import pandas as pd
 
 from analysis.scaling import CONFIG
 from bench.core.flops import COMPUTE_BYTES, REDUCE_BYTES  # gathered in the compute dtype, reduced in fp32
-from bench.config import ConfigError
+from bench.core.config import ConfigError
 from bench.core.models import ModelArch, ModelError, arch_of, count_params
 from bench.predict import census
 

@@ -14,7 +14,7 @@ import pandas as pd
 import yaml
 
 from analysis.scaling import CONFIG
-from bench import rundir
+from bench.core import rundir
 
 KEYS = CONFIG + ["nodes"]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.scaling import with_batch
-from bench import rundir
+from bench.core import rundir
 from bench.core.schema import SCHEMA_VERSION, SUMMARY_COLUMNS, RunSpec
 
 

@@ -1,5 +1,5 @@
 """The nodes a study ran on: the preflight's verdict before it (bench/preflight.py, preflight.json in the
-sweep dir), and the straggler each multi-node run named (bench/straggler.py), so a low efficiency that was
+sweep dir), and the straggler each multi-node run named (bench/run/straggler.py), so a low efficiency that was
 one node is not read as FSDP's."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench import rundir
+from bench.core import rundir
 
 PREFLIGHT_COLUMNS = {"sweep": "sweep", "node": "node", "matmul_tflops": "matmul TFLOPS", "copy_gbs": "copy GB/s",
                      "pair_busbw_gbs": "all-reduce GB/s (best pair)", "torch": "torch", "nccl": "NCCL",

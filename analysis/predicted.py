@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.scaling import configuration_label, node_count
-from bench import rundir
+from bench.core import rundir
 from bench.predict.memory import CUDA_CONTEXT_GIB, FRAGMENTATION
 from bench.predict.perf import FLOOR
 

@@ -21,7 +21,7 @@ import pandas as pd
 import yaml
 
 from analysis.scaling import CONFIG, configuration_label, node_count
-from bench import rundir
+from bench.core import rundir
 
 COLUMNS = {"model": "model", "configuration": "configuration", "nodes": "nodes",
            "tokens_per_step": "tokens/step", "micro_batch": "micro batch", "grad_accum": "accumulation steps",

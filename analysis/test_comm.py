@@ -8,7 +8,7 @@ import pytest
 from analysis.comm import bus_bytes, comm_model
 from analysis.load import load
 from analysis.scaling import aggregate, nccl_sizes
-from bench import rundir
+from bench.core import rundir
 from bench.core.schema import RunSpec, RunSummary
 
 P = 6_738_415_616  # Llama-2-7b

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from analysis.compare import compare, main, side
-from bench import rundir
+from bench.core import rundir
 from bench.core.schema import RunSpec, RunSummary
 
 

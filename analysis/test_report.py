@@ -11,7 +11,7 @@ from analysis.load import load
 from analysis.parity import loss_parity
 from analysis.report import build, main
 from analysis.scaling import ablation, aggregate, nccl_summary
-from bench import rundir
+from bench.core import rundir
 from bench.core.schema import RunSpec, RunSummary
 
 
@@ -143,7 +143,7 @@ def test_ablation_rows_for_compile_float8_and_offload(tmp_path: Path) -> None:
 def test_results_from_before_the_new_axes_read_as_their_defaults(tmp_path: Path) -> None:
     sweep = tmp_path / "old"
     write_run(sweep, tokens_per_s=1000.0, nodes=1)
-    from bench.collect import write_results
+    from bench.run.collect import write_results
     frame = write_results(sweep).drop(columns=["compile", "offload"])  # a table written before them
     frame.to_parquet(sweep / rundir.RESULTS_PARQUET, index=False)
     frame.to_csv(sweep / rundir.RESULTS_CSV, index=False)

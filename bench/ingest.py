@@ -12,8 +12,8 @@ import datetime as dt
 import sys
 from pathlib import Path
 
-from bench import rundir
-from bench.collect import summarize_run, write_results
+from bench.core import rundir
+from bench.run.collect import summarize_run, write_results
 from bench.core.schema import RunSpec
 from bench.launchers.base import Outcome
 from nccl.parse import parse

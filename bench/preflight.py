@@ -11,7 +11,7 @@ GPUs or EFA adapters than the study asks, ECC errors, clocks held down, a node t
 
 `bench.sweep` runs it first on launchers that reach several machines (preflight.mode=auto) and refuses a
 study whose nodes disagree unless preflight.mode=warn; the table is kept in the sweep dir
-(bench.rundir.PREFLIGHT_JSON) and shown in the report. Every job is cleaned up however the check ends.
+(bench.core.rundir.PREFLIGHT_JSON) and shown in the report. Every job is cleaned up however the check ends.
 """
 from __future__ import annotations
 
@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import rundir
-from bench.collect import run_records
-from bench.config import ConfigError, SweepConfig
+from bench.core import rundir
+from bench.run.collect import run_records
+from bench.core.config import ConfigError, SweepConfig
 from bench.core.records import error_line
 from bench.core.schema import RunSpec
 from bench.launchers.base import DONE, Launcher
-from bench.watch import now_iso
+from bench.run.watch import now_iso
 
 EXIT_REFUSED = 3  # bench.sweep and this command: the nodes disagree (preflight.mode=on)
 # NVML's clock throttle reasons that mean a GPU is held below its clocks by its state, not by its load:
@@ -248,8 +248,7 @@ def cluster_nodes(cfg: SweepConfig, launcher: Launcher) -> tuple[list[str], dict
     """The nodes to check, and those the scheduler holds down (by state)."""
     if cfg.preflight.nodes:
         return list(cfg.preflight.nodes), {}
-    lister = getattr(launcher, "node_names", None)
-    return lister() if lister else ([socket.gethostname()], {})  # local: this machine
+    return launcher.node_names()
 
 
 def problems(verdict: dict[str, Any]) -> list[str]:
@@ -280,8 +279,8 @@ def format_verdict(verdict: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.compose import compose, make_launcher
-    from bench.config import EXIT_CONFIG, from_dict
+    from bench.study.compose import compose, make_launcher
+    from bench.core.config import EXIT_CONFIG, from_dict
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         raw, _ = compose(args)
@@ -289,8 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("choose a sweep with +sweep=NAME")
         cfg = from_dict(raw)
         launcher = make_launcher(cfg)
-        if check_launcher := getattr(launcher, "preflight", None):
-            check_launcher()
+        launcher.preflight()
         sweep_dir = Path(cfg.results_root) / cfg.sweep_name
         with rundir.locked(sweep_dir):
             verdict = check(cfg, launcher, sweep_dir)

@@ -14,17 +14,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import preflight, rundir, schedule
-from bench.compose import available_sweeps, compose, make_launcher
-from bench.config import EXIT_CONFIG, ConfigError, SweepConfig, from_dict
+from bench import preflight
+from bench.core import rundir
+from bench.run import schedule
+from bench.study.compose import available_sweeps, compose, make_launcher
+from bench.core.config import EXIT_CONFIG, ConfigError, SweepConfig, from_dict
+from bench.launchers.base import Launcher
 from bench.predict.cost import plan_cost, startup_of
 from bench.predict.memory import (CUDA_CONTEXT_GIB, FRAGMENTATION, MEASURE_OFF, NCCL_GIB_PER_COMMUNICATOR,
                           MemoryPlanner)
 from bench.predict.calibrate import study_predictor
-from bench.plan import PlannedRun, expand
+from bench.study.plan import PlannedRun, expand
 
 FLAGS = {"--dry-run": "dry_run=true", "--rerun-failed": "rerun_failed=true", "--force": "force=true"}
-EXIT_OK, EXIT_RUN_FAILED, EXIT_INTERRUPTED = 0, 1, 130  # and EXIT_CONFIG (2), bench.config's
+EXIT_OK, EXIT_RUN_FAILED, EXIT_INTERRUPTED = 0, 1, 130  # and EXIT_CONFIG (2), bench.core.config's
 GOOD_STATUSES = ("ok", "infeasible")
 
 
@@ -83,20 +86,19 @@ def write_plan(sweep_dir: Path, plan: list[PlannedRun], yaml_text: str) -> None:
     rundir.atomic_write_text(sweep_dir / rundir.PLAN_CSV, pd.DataFrame([p.row() for p in plan]).to_csv(index=False))
 
 
-def render_all(launcher: Any, plan: list[PlannedRun], sweep_dir: Path, admit: bool) -> None:
+def render_all(launcher: Launcher, plan: list[PlannedRun], sweep_dir: Path, admit: bool) -> None:
     """Render every run once before anything is measured, written or launched (rendering is pure and
     cheap), and let the scheduler judge it where it can without running it (Kubernetes server-side dry
     run): a value only a launcher can judge (a path outside the container's mounts, a manifest the CRD or a
     webhook refuses) is one ConfigError now, not after minutes of memory measurement or as a launch_error
     per run later. Infeasible runs are judged too: a bigger cluster or GPU may fit them."""
-    check = getattr(launcher, "admit", None) if admit else None
     for p in plan:
         submission = launcher.render(p.spec, rundir.run_dir(sweep_dir, p.spec))
-        if check:
-            check(submission)
+        if admit:
+            launcher.admit(submission)
 
 
-def dry_run(launcher: Any, plan: list[PlannedRun], sweep_dir: Path) -> None:
+def dry_run(launcher: Launcher, plan: list[PlannedRun], sweep_dir: Path) -> None:
     """Render every feasible run's submission where its next attempt would write it; launch nothing."""
     for p in plan:
         if not p.feasible:
@@ -109,7 +111,7 @@ def dry_run(launcher: Any, plan: list[PlannedRun], sweep_dir: Path) -> None:
 
 def schedule_line(cfg: SweepConfig, plan: list[PlannedRun]) -> str:
     """Estimated makespan and what the cluster is held for, beside what the runs use."""
-    from bench.runner import as_job, node_budget
+    from bench.run.runner import as_job, node_budget
     jobs = [as_job(cfg, p) for p in plan if p.feasible]
     budget = node_budget(cfg)
     where = f"{budget} node{'' if budget == 1 else 's'} in flight" if budget is not None else "one run at a time"
@@ -165,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         launcher = make_launcher(cfg)
         sweep_dir = Path(cfg.results_root) / cfg.sweep_name
         launching = not (cfg.dry_run or cfg.launcher.name == "dryrun")
-        if launching and (launcher_check := getattr(launcher, "preflight", None)):
-            launcher_check()
+        if launching:
+            launcher.preflight()
         render_all(launcher, expand(cfg), sweep_dir, admit=launching)  # every value judged before measuring
         _make_sweep_dir(sweep_dir)
     except ConfigError as e:
@@ -193,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
-def _plan_and_launch(cfg: SweepConfig, plan: list[PlannedRun], launcher: Any, sweep_dir: Path,
+def _plan_and_launch(cfg: SweepConfig, plan: list[PlannedRun], launcher: Launcher, sweep_dir: Path,
                      yaml_text: str) -> int:
     write_plan(sweep_dir, plan, yaml_text)
     infeasible = sum(not p.feasible for p in plan)
@@ -203,8 +205,8 @@ def _plan_and_launch(cfg: SweepConfig, plan: list[PlannedRun], launcher: Any, sw
                      startup_of(cfg.cluster.instance_type, cfg.launcher.name))
     print(cost.line(cfg.cluster.name))
     print(schedule_line(cfg, plan))
-    if note := getattr(launcher, "plan_note", None):
-        print(note([p.first_spec for p in plan if p.feasible]))
+    if note := launcher.plan_note([p.first_spec for p in plan if p.feasible]):
+        print(note)
     if cfg.dry_run or cfg.launcher.name == "dryrun":
         print(format_plan(plan))
         dry_run(launcher, plan, sweep_dir)
@@ -220,7 +222,7 @@ def _plan_and_launch(cfg: SweepConfig, plan: list[PlannedRun], launcher: Any, sw
                   "(\"cluster.slurm.extra_sbatch=['--exclude=NODE']\") or accept it with preflight.mode=warn",
                   file=sys.stderr)
             return preflight.EXIT_REFUSED
-    from bench.runner import execute
+    from bench.run.runner import execute
     counts = execute(cfg, plan, launcher, sweep_dir)
     interrupted = counts.pop("interrupted")
     print("done: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) +

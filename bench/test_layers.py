@@ -4,6 +4,9 @@
     nccl        <-  bench                               nccl-tests' command line and output, never the probe
     bench       <-  analysis                            the results store (rundir)
 
+Within bench, its parts stand on one another in one order (BENCH_PARTS, lowest first): a part imports only
+the parts below it, and the commands (sweep, preflight, ingest, gpucheck) stand on all of them.
+
 Orchestration reaches the workers (trainer, nccl.probe) only through their command lines. Every import is
 read from the source, function-level ones included, so a cycle hidden in a function fails here too.
 """
@@ -17,6 +20,7 @@ PACKAGES = ("bench", "trainer", "nccl", "analysis")
 ALLOWED = {"bench.core": set(), "trainer": {"bench.core"}, "nccl": {"bench.core"},
            "bench": {"bench.core", "nccl"}, "analysis": {"bench.core", "bench"}}
 WORKERS = ("trainer", "nccl.probe")  # started by command line, imported by nobody else
+BENCH_PARTS = ("bench.core", "bench.launchers", "bench.predict", "bench.study", "bench.run")
 
 
 def layer(module: str) -> str | None:
@@ -28,7 +32,7 @@ def layer(module: str) -> str | None:
 
 
 def imports(path: Path) -> set[str]:
-    """Every module a file imports, at any depth (`from bench import rundir` is bench.rundir)."""
+    """Every module a file imports, at any depth (`from bench import rundir` is bench.core.rundir)."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -108,3 +112,26 @@ def test_workers_are_reached_only_through_their_command_lines() -> None:
                 inside = src == worker or src.startswith(worker + ".")
                 if not inside and (target == worker or target.startswith(worker + ".")):
                     raise AssertionError(f"{src} imports the worker {target}: start it by its command line")
+
+
+def bench_part(module: str) -> str | None:
+    """The part of bench a module belongs to (BENCH_PARTS), or None for the commands and everything else."""
+    return next((p for p in BENCH_PARTS if module == p or module.startswith(p + ".")), None)
+
+
+def test_bench_parts_import_only_the_parts_below_them() -> None:
+    wrong: list[str] = []
+    read = 0
+    for path in source_files():
+        src = module_name(path)
+        if (a := bench_part(src)) is None:
+            continue
+        for target in imports(path):
+            if target.split(".")[0] != "bench":
+                continue
+            read += 1
+            b = bench_part(target)
+            if b is None or BENCH_PARTS.index(b) > BENCH_PARTS.index(a):
+                wrong.append(f"{src} -> {target}")
+    assert read, "no imports within bench were read: the walker is broken"
+    assert not wrong, f"bench's parts import upwards or a command: {wrong}"

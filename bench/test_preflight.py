@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 import torch
 
-from bench import preflight, rundir
-from bench.config import ConfigError, from_dict
+from bench import preflight
+from bench.core import rundir
+from bench.core.config import ConfigError, from_dict
 from bench.launchers.k8s_manifests import manifest
 from bench.launchers.slurm_script import render_script
-from bench.plan import expand
+from bench.study.plan import expand
 from bench.sweep import compose
 
 

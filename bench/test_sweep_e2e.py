@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench import rundir
+from bench.core import rundir
 from bench.core.records import parse_records
 from conftest import SMOKE_SHAPE
 
@@ -71,7 +71,7 @@ def _wait_for(predicate, timeout: float) -> None:
 
 @pytest.mark.slow  # a real sweep or a whole deep model: minutes on 2 cores (CI runs it)
 def test_sigterm_mid_sweep_leaves_a_consistent_store(tmp_path: Path) -> None:
-    # Runs start longest first (bench.schedule): full AC recomputes the whole forward pass, selective every
+    # Runs start longest first (bench.run.schedule): full AC recomputes the whole forward pass, selective every
     # second block's, none nothing, so this order holds on any machine (a dtype's order would not: it turns
     # on the CPU's 16-bit units).
     args = [*(a for a in ONE_NODE if not a.startswith("axes.activation_checkpointing")), "axes.precision=[fp32]",

@@ -21,8 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import rundir  # noqa: E402
-from bench.config import from_dict  # noqa: E402
+from bench.core import rundir  # noqa: E402
+from bench.core.config import from_dict  # noqa: E402
 from bench.core.hardware import GPUS  # noqa: E402
 from bench.core.models import get_arch  # noqa: E402
 from bench.core.schema import RunSpec  # noqa: E402

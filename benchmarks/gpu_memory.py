@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.core.records import parse_records  # noqa: E402
 from bench.core.schema import RunSpec  # noqa: E402
-from bench.evidence import FIRST_H200, table_runs  # noqa: E402
+from bench.gpucheck.evidence import FIRST_H200, table_runs  # noqa: E402
 from bench.launchers.base import command_env  # noqa: E402
 from bench.predict.memory import CUBLAS_WORKSPACE_GIB  # noqa: E402
 

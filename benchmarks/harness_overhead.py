@@ -27,7 +27,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import rundir  # noqa: E402
+from bench.core import rundir  # noqa: E402
 
 QUICK = ["axes.gpus_per_node=[2]", "axes.global_batch=[null]", "axes.compile=[false]",
          "axes.sharding=[FULL_SHARD]",

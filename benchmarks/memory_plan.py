@@ -32,11 +32,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.config import from_dict  # noqa: E402
+from bench.core.config import from_dict  # noqa: E402
 from bench.core.models import model_source  # noqa: E402
 from bench.predict.memory import (CUBLAS_WORKSPACE_GIB, MEMORY_FIELDS, MemoryPlanner,  # noqa: E402
                                   lower_bound, measure_in_workers)
-from bench.plan import expand  # noqa: E402
+from bench.study.plan import expand  # noqa: E402
 from bench.sweep import compose  # noqa: E402
 
 SWEEPS = ("p5_scaling", "p4de_scaling", "ablation", "p5_options")

@@ -22,7 +22,7 @@ from unittest import mock
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.core.hardware import gpu_spec  # noqa: E402
-from bench.evidence import EVIDENCE_DIR, table_runs  # noqa: E402
+from bench.gpucheck.evidence import EVIDENCE_DIR, table_runs  # noqa: E402
 from bench.predict import perf  # noqa: E402
 from bench.predict.calibrate import Observation, fit as fit_study  # noqa: E402
 from bench.predict.perf import CALIBRATION, Calibration, network_for, predict  # noqa: E402

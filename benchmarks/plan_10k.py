@@ -12,8 +12,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.config import from_dict  # noqa: E402
-from bench.plan import expand  # noqa: E402
+from bench.core.config import from_dict  # noqa: E402
+from bench.study.plan import expand  # noqa: E402
 from bench.sweep import compose  # noqa: E402
 
 OVERRIDES = ["+sweep=p5_scaling",

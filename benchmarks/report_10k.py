@@ -19,8 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import rundir  # noqa: E402
-from bench.collect import write_results  # noqa: E402
+from bench.core import rundir  # noqa: E402
+from bench.run.collect import write_results  # noqa: E402
 from bench.core.schema import RunSpec, RunSummary  # noqa: E402
 
 

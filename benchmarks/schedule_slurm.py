@@ -31,9 +31,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import rundir  # noqa: E402
-from bench.config import from_dict  # noqa: E402
-from bench.plan import expand  # noqa: E402
+from bench.core import rundir  # noqa: E402
+from bench.core.config import from_dict  # noqa: E402
+from bench.study.plan import expand  # noqa: E402
 from bench.sweep import compose  # noqa: E402
 
 SLURM_DIR = Path("/tmp/fsdpbench-slurm")
@@ -55,7 +55,7 @@ UNEQUAL = ["axes.global_batch=[null]", "axes.nodes=[1,2,4]", "axes.gpus_per_node
 
 def planned_unequal() -> list[float | None]:
     """The unequal mix's estimated run times, as the plan orders and packs them (nothing launched)."""
-    from bench.runner import as_job
+    from bench.run.runner import as_job
     cfg = from_dict(compose(["+sweep=smoke", *UNEQUAL, "memory.measure=false"])[0])
     return [as_job(cfg, p).seconds for p in expand(cfg)]
 

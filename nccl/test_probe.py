@@ -34,11 +34,11 @@ def test_zero_efa_forces_sockets() -> None:
 def test_the_socket_interface_is_pinned_the_same_way_on_every_launcher() -> None:
     """One NCCL_SOCKET_IFNAME from the cluster file, in the environment every launcher writes (Slurm script,
     Kubernetes manifest, local processes) for training and probes alike."""
-    from bench.config import from_dict
+    from bench.core.config import from_dict
     from bench.launchers.base import job_env
     from bench.launchers.k8s_manifests import manifest
     from bench.launchers.slurm import SlurmLauncher
-    from bench.plan import expand
+    from bench.study.plan import expand
     from bench.sweep import compose
     raw, _ = compose(["+sweep=efa_probe", "cluster.kubernetes.image=img", "nccl.split_per_node=true"])
     cfg = from_dict(raw)

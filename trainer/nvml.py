@@ -58,7 +58,7 @@ class NvmlSampler:
 
     def _limits(self) -> dict[str, float]:
         """What the GPU allows (its memory, the power limit the driver enforces): the ceilings a reading is
-        checked against (bench/gpucheck.py)."""
+        checked against (bench/gpucheck/check.py)."""
         n, h = self.nvml, self._handle
         return {"nvml_mem_total_gib": n.nvmlDeviceGetMemoryInfo(h).total / 2**30,
                 "nvml_power_limit_w": n.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0}

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from bench import straggler
+from bench.run import straggler
 from bench.core.records import format_record
 from trainer.config import parse_args
 

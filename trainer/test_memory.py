@@ -18,7 +18,7 @@ import pytest
 
 from bench.core.records import format_record, parse_records
 from bench.core.schema import RunSpec
-from bench.evidence import FIRST_H200, table_runs
+from bench.gpucheck.evidence import FIRST_H200, table_runs
 from bench.predict.memory import CUBLAS_WORKSPACE_GIB
 from conftest import ROOT
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import socket
 import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from bench.config import SweepConfig
+from bench.core.config import SweepConfig
 from bench.core.records import COLLECTIVE_TIMEOUT_ENV
 from bench.core.schema import RunSpec
 from nccl.command import nccl_env, split_env
@@ -43,7 +44,7 @@ class Submission:
 
 @dataclass
 class Outcome:
-    """What the launcher saw; bench.classify turns it and the worker's records into a status."""
+    """What the launcher saw; bench.run.classify turns it and the worker's records into a status."""
 
     returncodes: list[int | None]
     timed_out: bool = False
@@ -74,6 +75,8 @@ class Poll:
 
 
 class Launcher(Protocol):
+    """What the runner and the sweep call on a launcher; the concrete launchers subclass it for its defaults."""
+
     name: str
 
     def render(self, spec: RunSpec, run_dir: Path) -> Submission: ...
@@ -93,6 +96,26 @@ class Launcher(Protocol):
 
     def cleanup(self, handle: Any) -> None:
         """Stop whatever of the job still runs and free what it holds; safe to call more than once."""
+
+    # What a launcher may have to add; the defaults are for a launcher with nothing to do there.
+
+    def preflight(self) -> None:
+        """Fail with one ConfigError before anything is launched if the scheduler cannot be reached."""
+
+    def admit(self, submission: Submission) -> None:
+        """Let the scheduler judge a rendered submission without running it (ConfigError if refused)."""
+
+    def plan_note(self, specs: list[RunSpec]) -> str | None:
+        """One line for the plan's output about where the runs will execute, or None."""
+        return None
+
+    def node_names(self) -> tuple[list[str], dict[str, str]]:
+        """The nodes the preflight checks, and those the scheduler holds down (by state): this machine."""
+        return [socket.gethostname()], {}
+
+    def executions(self, handle: Any) -> list[dict[str, Any]]:
+        """Every time the scheduler ran the job (a requeued job runs again), as it recorded them."""
+        return []
 
 
 def worker_module_argv(spec: RunSpec, run_dir: Path | None, extra: list[str]) -> list[str]:

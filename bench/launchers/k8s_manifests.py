@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from bench.config import ConfigError, SweepConfig
+from bench.core.config import ConfigError, SweepConfig
 from bench.core.schema import RunSpec
 from bench.launchers.base import (
     IMAGE_PYTHON,

@@ -17,10 +17,10 @@ from typing import Any
 
 import yaml
 
-from bench import rundir
-from bench.config import ConfigError, SweepConfig
+from bench.core import rundir
+from bench.core.config import ConfigError, SweepConfig
 from bench.core.schema import RunSpec
-from bench.launchers.base import DONE, PENDING, RUNNING, Outcome, Poll, Submission
+from bench.launchers.base import Launcher, DONE, PENDING, RUNNING, Outcome, Poll, Submission
 from bench.launchers.k8s_manifests import MPIJOB, PYTORCHJOB, RUN_ID_LABEL, manifest
 from bench.launchers.k8s_schema import CRD_NAMES, validate
 
@@ -139,7 +139,7 @@ def pod_executions(pods: list[Any], final: str) -> list[dict[str, Any]]:
     return [*earlier, final_run]
 
 
-class KubernetesLauncher:
+class KubernetesLauncher(Launcher):
     name = "kubernetes"
 
     def __init__(self, cfg: SweepConfig, custom: Any = None, core: Any = None, version: Any = None,

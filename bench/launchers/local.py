@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from bench import rundir
-from bench.config import ConfigError, SweepConfig
+from bench.core import rundir
+from bench.core.config import ConfigError, SweepConfig
 from bench.core.records import process_start_time
 from bench.core.schema import RunSpec
-from bench.gpus import agent_devices, local_gpus
-from bench.launchers.base import (DONE, RUNNING, Outcome, Poll, Submission, die_with_parent, fault_args,
+from bench.core.gpus import agent_devices, local_gpus
+from bench.launchers.base import (Launcher, DONE, RUNNING, Outcome, Poll, Submission, die_with_parent, fault_args,
                                   job_env, python_executable, rendezvous_conf, torchrun_argv,
                                   worker_module_argv)
 
@@ -49,7 +49,7 @@ class LocalHandle:
     first_failure: float | None = None
 
 
-class LocalLauncher:
+class LocalLauncher(Launcher):
     name = "local"
 
     def __init__(self, cfg: SweepConfig, gpus: list[str] | None = None) -> None:

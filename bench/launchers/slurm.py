@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import rundir
-from bench.config import ConfigError, SweepConfig
+from bench.core import rundir
+from bench.core.config import ConfigError, SweepConfig
 from bench.core.schema import RunSpec
-from bench.launchers.base import DONE, PENDING, RUNNING, Outcome, Poll, Submission, job_env
+from bench.launchers.base import Launcher, DONE, PENDING, RUNNING, Outcome, Poll, Submission, job_env
 from bench.launchers.slurm_script import (EFA_LIMIT, EFA_LIMIT_SCRIPT, NCCL_TESTS, SCRIPT, job_name, limits_efa,
                                           render_script, uses_nccl_tests, worker_path)
 from nccl.command import JSON_IF_SUPPORTED_SCRIPT
@@ -38,7 +38,7 @@ class SlurmHandle:
 
 DOWN_STATES = ("down", "drain", "fail", "no_respond", "not_responding")  # sinfo's %T, any suffix
 
-class SlurmLauncher:
+class SlurmLauncher(Launcher):
     name = "slurm"
 
     def __init__(self, cfg: SweepConfig) -> None:

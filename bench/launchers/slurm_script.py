@@ -10,8 +10,8 @@ import re
 import shlex
 from pathlib import Path
 
-from bench import rundir
-from bench.config import ConfigError, SweepConfig
+from bench.core import rundir
+from bench.core.config import ConfigError, SweepConfig
 from bench.core.schema import RunSpec
 from bench.launchers.base import (IMAGE_PYTHON, PROJECT_ROOT, fault_args, python_executable, rendezvous_conf,
                                   torchrun_argv, worker_module_argv)

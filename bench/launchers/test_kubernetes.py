@@ -22,14 +22,14 @@ from kubernetes.client import (V1Container, V1ContainerState, V1ContainerStateRu
                                V1ObjectMeta, V1Pod, V1PodCondition, V1PodList, V1PodSpec, V1PodStatus)
 from kubernetes.client.exceptions import ApiException
 
-from bench.config import ConfigError, from_dict
+from bench.core.config import ConfigError, from_dict
 from bench.core.records import format_record
 from bench.launchers.k8s_manifests import RUN_ID_LABEL, manifest
 from bench.launchers.k8s_schema import CRD_NAMES, load_crds, validate
 from bench.launchers.kubernetes import KubernetesLauncher
-from bench.plan import expand
-from bench.runner import execute
-from bench.watch import watch
+from bench.study.plan import expand
+from bench.run.runner import execute
+from bench.run.watch import watch
 from bench.sweep import compose
 
 IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdpbench:1.0"
@@ -281,7 +281,7 @@ def test_success_records_come_from_pod_logs(tmp_path, shared_data) -> None:
 def test_a_restarted_pod_is_on_the_record(tmp_path, shared_data) -> None:
     """A worker container that ran twice (a restart policy other than the harness's Never): the summary and
     the ledger carry its first run, on which node and why it ended."""
-    from bench import rundir
+    from bench.core import rundir
     row, _ = run_one(tmp_path, shared_data, "restarted")
     assert row.restarts == 1
     d = next((tmp_path / "p5_scaling" / "runs").glob("*"))
@@ -312,7 +312,7 @@ def test_failure_classes(tmp_path, shared_data, scenario: str, status: str, word
 
 
 def test_harness_timeout_deletes_the_job(tmp_path, shared_data) -> None:
-    from bench import rundir
+    from bench.core import rundir
     row, fake = run_one(tmp_path, shared_data, "running-forever", "p5_scaling", "launcher.timeout_s=0.2")
     assert row.status == "timeout" and len(fake.deleted) == 1
     assert row.error.startswith("no result within the run's time limit")
@@ -327,7 +327,7 @@ def test_a_pod_whose_node_is_lost_ends_the_run_naming_the_node(tmp_path, shared_
     restarted worker would mix two executions in one record), so the training operator fails the job
     (PyTorchJobFailed, "... is failed because 1 Worker replica(s) failed.", its controller's words) and the
     run ends failed, the node named, its one execution on the record; `--rerun-failed` starts it again."""
-    from bench import rundir
+    from bench.core import rundir
     row, fake = run_one(tmp_path, shared_data, "nodelost")
     assert row.status == "failed" and row.restarts == 0 and len(fake.deleted) == 1
     assert row.error.startswith("pod w-1 on node ip-b disrupted (DeletionByTaintManager)")
@@ -394,8 +394,8 @@ def test_a_job_left_by_a_dead_sweep_is_reattached_not_created_again(tmp_path, sh
     plan = [p for p in expand(cfg) if p.feasible][:1]
     sweep_dir = tmp_path / cfg.sweep_name
     stop = threading.Event()
-    from bench.progress import Progress
-    from bench.runner import _run, _Sweep
+    from bench.run.progress import Progress
+    from bench.run.runner import _run, _Sweep
     steps = _run(_Sweep(cfg, launcher, sweep_dir, stop, Progress(1, False), plan), plan[0])
     next(steps)  # submitted and watched once; then the sweep "dies": its generator is simply dropped
     created = list(fake.jobs)

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from bench.classify import classify
+from bench.run.classify import classify
 from bench.launchers.base import Outcome
 from bench.launchers.k8s_manifests import NCCL_TESTS, manifest
 from bench.launchers.local import free_port
 from bench.launchers.test_kubernetes import cfg_for
-from bench.plan import expand
+from bench.study.plan import expand
 from nccl.records import records_from_output
 
 

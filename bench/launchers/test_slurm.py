@@ -16,12 +16,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench.classify import classify
-from bench.config import ConfigError, from_dict
+from bench.run.classify import classify
+from bench.core.config import ConfigError, from_dict
 from bench.launchers.base import Outcome
 from bench.launchers.slurm import SlurmLauncher, _parse_job_record
 from bench.launchers.slurm_script import render_script
-from bench.plan import expand
+from bench.study.plan import expand
 from bench.preflight import format_verdict
 from bench.sweep import compose
 from conftest import SLURM_CONF, SMOKE_SHAPE
@@ -291,7 +291,7 @@ def test_a_job_held_in_the_queue_is_given_up_and_a_running_one_times_out(slurm_c
     row = pd.read_csv(tmp_path / "hung" / "smoke" / "results.csv").iloc[0]
     assert hung.returncode == 1 and row.status == "timeout" and 6 <= row.wall_s < 30, row.error
     assert row.error.startswith("no result within the run's time limit (6 s); killed by the harness")
-    from bench import rundir
+    from bench.core import rundir
     summary = rundir.read_summary(next((tmp_path / "hung" / "smoke" / "runs").iterdir()))
     [execution] = summary.extra["executions"]  # Slurm's own record of it, read once it left the queue
     assert execution["state"] == "CANCELLED" and execution["start"] and execution["end"]
@@ -310,7 +310,7 @@ def test_a_rerun_reattaches_to_the_job_a_killed_sweep_left_running(slurm_cluster
     import signal
     import time
 
-    from bench import rundir
+    from bench.core import rundir
     args = ["cluster=slurm_local", "launcher=slurm", *ONE_RUN, "faults=[{match:{},fault:sleep,seconds:20}]"]
     first = subprocess.Popen([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={tmp_path}",
                               *SMOKE_SHAPE, "launcher.poll_s=0.5", "preflight.mode=off", *args], cwd=ROOT,
@@ -392,7 +392,7 @@ def test_a_node_that_stops_answering_under_a_run_is_on_the_record(slurm_cluster,
     import signal
     import time
 
-    from bench import rundir
+    from bench.core import rundir
     args = ["cluster=slurm_local", "launcher=slurm", "axes.global_batch=[null]",
             "axes.nodes=[2]", "axes.sharding=[FULL_SHARD]", "launcher.timeout_s=150",
             "axes.activation_checkpointing=[none]", "axes.precision=[bf16_mixed]", "nccl.enabled=false",
@@ -489,7 +489,7 @@ def test_the_preflight_names_the_node_slowed_from_outside_and_no_other(slurm_clu
 
 
 def _train_4_nodes(root: Path, repeats: int) -> tuple[subprocess.CompletedProcess, list]:
-    from bench import rundir
+    from bench.core import rundir
     proc = subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=smoke", "cluster=slurm_local",
                            "launcher=slurm", f"results_root={root}", "preflight.mode=off", "axes.nodes=[4]",
                            "axes.gpus_per_node=[1]", "axes.global_batch=[null]", "axes.sharding=[FULL_SHARD]",

@@ -14,7 +14,7 @@ constants: deterministic, well under a second for 100 runs. The inverse curvatur
 each later prediction an interval (`Fit.spread`): parameter uncertainty plus the runs' own scatter.
 
 The fit is kept with the study (calibration.json in the sweep dir, written only by this module through
-bench.rundir) and used for every later prediction of that cluster. A file from another cluster, another
+bench.core.rundir) and used for every later prediction of that cluster. A file from another cluster, another
 model set, an older prior or a corrupt one is refused with one line, and the published constants are used.
 """
 from __future__ import annotations
@@ -306,7 +306,7 @@ def study_predictor(cfg: Any, sweep_dir: Path) -> tuple[Predictor, str | None]:
     """The sweep's predictor: the study's probes, and its calibration (refitted and written when runs
     finished since the file was written); with a one-line note: what it is calibrated on, or why the file
     was refused (then the published constants; the file is left as it is)."""
-    from bench import rundir
+    from bench.core import rundir
     summaries = rundir.read_summaries(sweep_dir)  # once: the probes and the runs both come from them
     probes = probes_of(summaries)
     published = Predictor(cfg, probes)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from bench.config import ClusterConfig
+from bench.core.config import ClusterConfig
 from bench.core.schema import RunSpec
 from bench.predict.perf import Prediction
 
@@ -19,7 +19,7 @@ PROBE_S = 60.0  # an all-reduce size sweep after start-up
 
 
 class Costed(Protocol):
-    """A planned run as cost sees it (bench.plan.PlannedRun): the plan imports prediction, not the reverse."""
+    """A planned run as cost sees it (bench.study.plan.PlannedRun): the plan imports prediction, not the reverse."""
 
     @property
     def first_spec(self) -> RunSpec: ...

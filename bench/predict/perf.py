@@ -319,7 +319,7 @@ class Predictor:
             return None  # GPUs the cluster file does not name: no peak to predict against
         # this machine: the local launcher, or a scheduler whose nodes are this machine (slurm_local)
         if self._local is None:
-            from bench.gpus import local_gpu_name, local_gpus
+            from bench.core.gpus import local_gpu_name, local_gpus
             self._local = (local_gpus(), local_gpu_name())
         gpus, name = self._local
         if gpus and spec.world_size <= len(gpus):
@@ -357,7 +357,7 @@ class Predictor:
 
 def sweep_probes(sweep_dir: Any) -> dict[tuple[int, int], Network]:
     """The finished all-reduce probes of a sweep dir (a resumed or re-planned study) by (nodes, EFA)."""
-    from bench import rundir
+    from bench.core import rundir
     return probes_of(rundir.read_summaries(sweep_dir))
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import rundir
-from bench.config import from_dict
+from bench.core import rundir
+from bench.core.config import from_dict
 from bench.core.hardware import GPUS
 from bench.core.models import get_arch
 from bench.core.schema import RunSpec, RunSummary
@@ -20,7 +20,7 @@ from bench.predict import calibrate, perf
 from bench.predict.calibrate import Observation, fit
 from bench.predict.comm import Network
 from bench.predict.perf import CALIBRATION, CPU, Predictor, predict
-from bench.plan import PlannedRun
+from bench.study.plan import PlannedRun
 from bench.sweep import compose, format_plan
 
 H100 = GPUS["H100-SXM"]

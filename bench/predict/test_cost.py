@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from bench.config import from_dict
+from bench.core.config import from_dict
 from bench.core.flops import model_flops_per_token
 from bench.core.models import get_arch
 from bench.predict.cost import LOCAL_STARTUP_S, STARTUP_S, estimated_seconds, plan_cost
-from bench.plan import expand
+from bench.study.plan import expand
 from bench.sweep import compose, main
 
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 import bench.predict.memory as memory
-from bench.config import from_dict
+from bench.core.config import from_dict
 from bench.core.models import count_params, get_arch
 from bench.core.schema import RunSpec
 from bench.predict.memory import MemoryPlanner, fingerprint, memory_key
-from bench.plan import expand, feasibility
+from bench.study.plan import expand, feasibility
 from bench.sweep import _gib, compose, format_plan
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from bench.config import from_dict
+from bench.core.config import from_dict
 from bench.core.hardware import GPUS
 from bench.core.models import count_params, get_arch
 from bench.core.schema import RunSpec
-from bench.evidence import FIRST_H200, table_runs
+from bench.gpucheck.evidence import FIRST_H200, table_runs
 from bench.predict.comm import Network, collectives, step_collectives
 from bench.predict.perf import CALIBRATION, Predictor, Stack, network_for, predict, probe_network
-from bench.plan import expand
+from bench.study.plan import expand
 from bench.predict.published import (CALIBRATION_ROWS, CHECK_ROWS, FOUNDRY, FOUNDRY_2023, FOUNDRY_FLASH2,
                                      foundry_table)
 from bench.predict.traffic import accumulation_bytes, loss_bytes
@@ -289,7 +289,7 @@ def test_no_predicted_efficiency_exceeds_linear_scaling() -> None:
     at most, whatever calibration predicts them."""
     from types import SimpleNamespace
 
-    from bench.plan import with_predictions
+    from bench.study.plan import with_predictions
     cfg = from_dict(compose(["+sweep=smoke", "memory.measure=false"])[0])
     many_cores = SimpleNamespace(calibration=replace(CALIBRATION, cpu_capacity=64.0),
                                  spread=lambda tokens: 0.1)

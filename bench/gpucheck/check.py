@@ -6,7 +6,7 @@ worker), each under a time budget (STEPS): the smoke sweep's one-rank runs on th
 at the largest micro batch that fits, then compiled in bf16 and in Float8 (`sweeps/sweep/gpucheck_mfu.yaml`);
 six memory configurations (`gpucheck_memory.yaml`). The later sweeps plan on the CPU while the first has
 the GPU. Then every run is checked
-(bench/evidence.py: each check with its threshold) and the evidence written. Exit 0 when every check
+(bench/gpucheck/evidence.py: each check with its threshold) and the evidence written. Exit 0 when every check
 holds; 1 naming each failed line; 2 bad input (an unknown GPU, a results dir without runs); 130
 interrupted. Without a CUDA GPU it says so in one line and exits 0, measuring nothing.
 
@@ -28,10 +28,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench import rundir
+from bench.core import rundir
 from bench.core.hardware import GPUS, gpu_spec
-from bench.evidence import EVIDENCE_DIR, EXIT_OK, STEPS_JSON, StepResult, load_runs, write_evidence
-from bench.gpus import local_gpu_memory_gib, local_gpu_name, local_gpus
+from bench.gpucheck.evidence import EVIDENCE_DIR, EXIT_OK, STEPS_JSON, StepResult, load_runs, write_evidence
+from bench.core.gpus import local_gpu_memory_gib, local_gpu_name, local_gpus
 from bench.launchers.base import PROJECT_ROOT
 
 EXIT_INPUT, EXIT_INTERRUPTED = 2, 130
@@ -224,6 +224,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_INPUT
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.schedule import Job, can_start, lower_bound, makespan, order, pick
+from bench.run.schedule import Job, can_start, lower_bound, makespan, order, pick
 
 
 def jobs(*spec: tuple[int, float], probe: bool = False) -> list[Job]:
@@ -43,7 +43,7 @@ def test_largest_first_beats_the_plan_order() -> None:
     assert makespan(plan, 2) == pytest.approx(10.0)  # LPT: 2n5 | 1n5 + 1n1, 1n1
 
     def plan_order_makespan(js: list[Job], budget: int) -> float:  # the same rule without reordering
-        import bench.schedule as s
+        import bench.run.schedule as s
         original = s.order
         s.order = list
         try:
@@ -58,9 +58,9 @@ def test_runs_without_a_prediction_are_ordered_by_the_studys_finished_runs(tmp_p
     node count (their median wall time) stand in, and the longest-first order uses them."""
     import threading
 
-    from bench.config import from_dict
-    from bench.plan import expand
-    from bench.runner import _Sweep
+    from bench.core.config import from_dict
+    from bench.study.plan import expand
+    from bench.run.runner import _Sweep
     from bench.sweep import compose
     cfg = from_dict(compose(["+sweep=p5_scaling", "axes.model=[llama2_7b]", "axes.sharding=[FULL_SHARD]",
                              "cluster.gpu=null", "nccl.enabled=false", "memory.measure=false"])[0])

@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from bench.config import ConfigError, from_dict
+from bench.core.config import ConfigError, from_dict
 from bench.core.models import count_params, get_arch
 from bench.core.schema import RunSpec
 from bench.predict.memory import MemoryFigure, states_gib
-from bench.plan import auto_starts, expand, feasibility, micro_batch_sizes
+from bench.study.plan import auto_starts, expand, feasibility, micro_batch_sizes
 from bench.sweep import compose, main
 
 

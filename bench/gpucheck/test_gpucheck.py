@@ -1,6 +1,6 @@
-"""bench.gpucheck and bench.evidence where no GPU is: the no-GPU path, the checks on known figures, the
+"""bench.gpucheck and bench.gpucheck.evidence where no GPU is: the no-GPU path, the checks on known figures, the
 evidence rendered from a real smoke sweep, and the steps driven end to end behind a stand-in nvidia-smi (the
-one boundary a CPU machine cannot cross: its output is the one a real H100 printed, see bench/test_gpus.py),
+one boundary a CPU machine cannot cross: its output is the one a real H100 printed, see bench/core/test_gpus.py),
 workers on CPU."""
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from bench import evidence, gpucheck, rundir
+from bench.gpucheck import check as gpucheck
+from bench.gpucheck import evidence
+from bench.core import rundir
 from bench.core.schema import RunSpec, RunSummary
-from bench.gpucheck import Step
+from bench.gpucheck.check import Step
 from conftest import ROOT
 
 H100 = "NVIDIA H100 80GB HBM3"

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from bench import rundir
+from bench.core import rundir
 from bench.core.hardware import gpu_spec
 from bench.core.schema import RunSpec, RunSummary
 from bench.launchers.base import PROJECT_ROOT
@@ -295,7 +295,7 @@ def _error(pred: float | None, measured: float | None) -> str:
 def render_markdown(meta: dict[str, Any], checks: list[Check], runs: list[RunSummary],
                     steps: list[StepResult]) -> str:
     lines = [f"# GPU evidence: {meta['gpu']}, torch {meta['torch']}, {meta['date']}", "",
-             f"Made by `{meta['command']}` (bench/gpucheck.py) at git {meta['git_rev'] or '?'}; runs under "
+             f"Made by `{meta['command']}` (bench/gpucheck/check.py) at git {meta['git_rev'] or '?'}; runs under "
              f"`{meta['results_root']}`. Verdict: **{meta['verdict']}**.", "", "## Checks", ""]
     lines += _table(["check", "threshold", "measured", "verdict"],
                     [[c.name, c.threshold, c.measured, c.verdict] for c in checks])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.config import ConfigError, SweepConfig, omegaconf_message, register_schema
-from bench.launchers.base import PROJECT_ROOT
+from bench.core.config import ConfigError, SweepConfig, omegaconf_message, register_schema
+from bench.launchers.base import PROJECT_ROOT, Launcher
 
 CONFIG_DIR = PROJECT_ROOT / "sweeps"
 
@@ -52,7 +52,7 @@ def hydra_message(text: str) -> str:
     return out
 
 
-def make_launcher(cfg: SweepConfig) -> Any:
+def make_launcher(cfg: SweepConfig) -> Launcher:
     name = cfg.launcher.name
     if name in ("local", "dryrun"):
         from bench.launchers.local import LocalLauncher

@@ -18,10 +18,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench import rundir
+from bench.core import rundir
 from conftest import SMOKE_SHAPE
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # The smoke sweep's two-ranks-per-node eager runs only (the shape these tests count on); the one-rank runs
 # a one-GPU machine trains on its GPU are planned and run by the README's sweep.
 SLEEP_LINE = re.compile(r"fsdpbench test mode: sleeping .* from (\d+\.\d+)|slept until (\d+\.\d+)")
@@ -107,7 +107,7 @@ def _group_alive(pgid: int) -> bool:
         return False
 
 
-# Two runs whose order holds on any machine: runs start longest first (bench.schedule), and a full AC run
+# Two runs whose order holds on any machine: runs start longest first (bench.run.schedule), and a full AC run
 # recomputes its forward pass, so it is predicted longer than the same run without AC whatever the device's
 # speed for each dtype (which moves an fp32 run before or after a bf16 one with the CPU's 16-bit units).
 ONE_NODE = ["axes.global_batch=[null]",

@@ -9,9 +9,9 @@ from dataclasses import replace
 
 import pytest
 
-from bench import watch
-from bench.classify import classify
-from bench.config import from_dict
+from bench.run import watch
+from bench.run.classify import classify
+from bench.core.config import from_dict
 from bench.launchers.base import DONE, PENDING, RUNNING, Outcome, Poll
 from bench.sweep import compose
 

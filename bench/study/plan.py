@@ -10,7 +10,7 @@ import itertools
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from bench.config import AUTO, AXES, ConfigError, SweepConfig
+from bench.core.config import AUTO, AXES, ConfigError, SweepConfig
 from bench.core.models import float8_linear_params, model_source
 from bench.core.schema import RunSpec
 from bench.predict import census

@@ -1,4 +1,4 @@
-"""bench.collect lifts what the worker recorded into the run's summary: here the versions a calibration
+"""bench.run.collect lifts what the worker recorded into the run's summary: here the versions a calibration
 keeps."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.collect import summarize_run
+from bench.run.collect import summarize_run
 from bench.core.records import RECORDS_DIR, format_record
 from bench.core.schema import RunSpec
 from bench.launchers.base import Outcome

@@ -24,17 +24,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench import rundir, schedule, straggler
-from bench.collect import infeasible_summary, summarize_run, write_results
-from bench.config import SweepConfig
+from bench.core import rundir
+from bench.run import schedule, straggler
+from bench.run.collect import infeasible_summary, summarize_run, write_results
+from bench.core.config import SweepConfig
 from bench.core.schema import RETRYABLE_STATUSES, RunSpec, RunSummary
 from bench.predict.cost import estimated_seconds, startup_of
 from bench.launchers.base import PROJECT_ROOT, Launcher, Outcome
 from bench.predict.memory import lower_bound
-from bench.plan import PlannedRun, micro_batch_sizes, with_predictions
+from bench.study.plan import PlannedRun, micro_batch_sizes, with_predictions
 from bench.predict.calibrate import study_predictor
-from bench.progress import Progress
-from bench.watch import now_iso, watch
+from bench.run.progress import Progress
+from bench.run.watch import now_iso, watch
 
 SEARCH_DIR = "search"  # an auto micro batch run's trials: <run dir>/search/mb<N>/
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -295,9 +296,8 @@ def _reattach(sweep: _Sweep, rd: Path) -> tuple[Any, int]:
 def _executions(launcher: Launcher, handle: Any) -> list[dict[str, Any]]:
     """Each time the scheduler ran the job, as it recorded them (Slurm: sacct or the job-completion log),
     where the launcher can read that; [] where it cannot or the record cannot be read."""
-    read = getattr(launcher, "executions", None)
     try:
-        return read(handle) if read else []
+        return launcher.executions(handle)
     except Exception:  # noqa: BLE001 - the record is a detail; the run's status stands without it
         return []
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from bench.classify import classify
+from bench.run.classify import classify
 from bench.launchers.base import Outcome
 
 # A published multi-node log (torch 2.5, ProcessGroupNCCL.cpp:629), two ranks' lines as torch writes them.
@@ -48,7 +48,7 @@ def test_the_desync_report_names_the_lagging_ranks() -> None:
 
 def test_the_desync_report_leads_the_workers_own_error() -> None:
     """Rank 0 caught the watchdog's exception and wrote its summary: the text's lagging rank still comes
-    first, as the flight recorder's verdict does (bench/collect.py)."""
+    first, as the flight recorder's verdict does (bench/run/collect.py)."""
     summary = {"status": "failed", "error": "DistBackendError: [Rank 0] Watchdog caught collective operation "
                "timeout: WorkNCCL(SeqNum=1155874, OpType=ALLREDUCE) ran for 1800002 milliseconds"}
     status, error = classify(Outcome(returncodes=[1, 1]), [summary], POSTED)

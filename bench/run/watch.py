@@ -12,7 +12,7 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.config import SweepConfig
+from bench.core.config import SweepConfig
 from bench.launchers.base import DONE, PENDING, RUNNING, Launcher, Outcome
 
 

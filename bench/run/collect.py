@@ -9,9 +9,10 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from bench import rundir, straggler
-from bench.classify import classify
-from bench.config import PreflightConfig
+from bench.core import rundir
+from bench.run import straggler
+from bench.run.classify import classify
+from bench.core.config import PreflightConfig
 from bench.core.records import parse_records
 from bench.core.schema import SUMMARY_COLUMNS, RunSpec, RunSummary
 from bench.launchers.base import PROJECT_ROOT, TRACE_PREFIX, Outcome
@@ -43,7 +44,7 @@ def _restarts(summary: RunSummary, outcome: Outcome, metas: list[dict[str, Any]]
 
 
 def _straggler(summary: RunSummary, tolerance: float) -> None:
-    """The slowest node of the run by each rank's own compute (bench/straggler.py), named as its straggler
+    """The slowest node of the run by each rank's own compute (bench/run/straggler.py), named as its straggler
     where it held the others back by more than tolerance."""
     on_gpu = summary.device_name not in (None, "cpu")
     found = straggler.find(summary.extra.get("per_rank") or [], tolerance, name_ranks=on_gpu)

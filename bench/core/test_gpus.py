@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from bench.config import ConfigError, from_dict
+from bench.core.config import ConfigError, from_dict
 from bench.core.schema import RunSpec
-from bench.gpus import agent_devices, local_gpus, parse_nvidia_smi_list
+from bench.core.gpus import agent_devices, local_gpus, parse_nvidia_smi_list
 from bench.launchers.local import LocalLauncher
-from bench.plan import expand
+from bench.study.plan import expand
 from bench.sweep import compose
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # `nvidia-smi -L` as the driver prints it: one line per GPU, MIG instances indented under theirs.
 SMI_LIST = """GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1f2e3d4c-0000-1111-2222-333344445555)
 GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-1f2e3d4c-0000-1111-2222-333344445556)
@@ -112,17 +112,17 @@ def test_workers_of_each_simulated_node_see_only_their_devices(tmp_path) -> None
 import sys
 sys.path.insert(0, {str(ROOT)!r})
 from pathlib import Path
-from bench.config import from_dict
+from bench.core.config import from_dict
 from bench.launchers.local import LocalLauncher
-from bench.plan import expand
-from bench.runner import execute
+from bench.study.plan import expand
+from bench.run.runner import execute
 from bench.sweep import compose
 cfg = from_dict(compose(["+sweep=smoke", "results_root={tmp_path}"])[0])
 plan = [p for p in expand(cfg) if p.spec.kind == "train" and p.spec.world_size == 4][:1]
 execute(cfg, plan, LocalLauncher(cfg, gpus=["0", "1", "2", "3"]), Path({str(tmp_path)!r}) / "smoke")
 """
     subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True, timeout=300, capture_output=True)
-    from bench import rundir
+    from bench.core import rundir
     (run,) = (tmp_path / "smoke" / "runs").glob("*/attempt-1")
     metas = [r for r in rundir.read_records(run) if r["kind"] == "meta"]
     seen = {(m["group_rank"], m["local_rank"]): m["cuda_visible_devices"] for m in metas}
