@@ -19,6 +19,8 @@ import pandas as pd
 
 from analysis.scaling import configuration_label, node_count
 from bench.core import rundir
+from bench.core.hardware import compute_dtype
+from bench.core.schema import PRECISIONS
 from bench.predict.memory import CUDA_CONTEXT_GIB, FRAGMENTATION
 from bench.predict.perf import FLOOR
 
@@ -36,7 +38,7 @@ def memory_table(agg: pd.DataFrame) -> pd.DataFrame:
     measured = rows["mem_peak_alloc_gib"]
     return pd.DataFrame({
         "model": rows["model"], "configuration": rows.apply(configuration_label, axis=1),
-        "nodes": rows["nodes"], "placement": _placement(rows), "pred_mem_gib": rows["pred_mem_gib"],
+        "precision": rows["precision"], "nodes": rows["nodes"], "placement": _placement(rows), "pred_mem_gib": rows["pred_mem_gib"],
         "pred_mem_source": rows["pred_mem_source"],
         "mem_peak_alloc_gib": measured, "mem_error": (rows["pred_mem_gib"] - measured) / measured,
         "reserved_ratio": rows["mem_peak_reserved_gib"] / measured,
@@ -77,8 +79,18 @@ CAUSES = {  # what a miss most likely means, by what the model said bounds the s
                   "larger micro batch moves the step onto the GPU)",
 }
 
-CPU_CAUSE = ("the cores ran it at another speed than the study's earlier runs (a CPU study shares the "
-             "machine: its ranks oversubscribe the cores, and other load on them moves every measurement)")
+CPU_16BIT_CAUSE = ("it computes in {dtype} on a CPU, whose 16-bit matmuls run far from fp32's speed and "
+                   "differently per dtype: the model takes them at a fixed fraction of fp32's "
+                   "(bench/predict/cpu.py CPU_EMULATED_16BIT) until the study's runs of {dtype} calibrate it")
+CPU_UNKNOWN_CAUSE = ("cause unknown: a CPU run records no figure that would tell (its compute dtype is "
+                     "fp32, which the study's calibration covers)")
+
+
+def cpu_cause(precision: str) -> str:
+    """Why a CPU run missed, as far as its record supports: a 16-bit compute dtype (precision on a CPU),
+    else unknown."""
+    dtype = compute_dtype(precision) if precision in PRECISIONS else None
+    return CPU_16BIT_CAUSE.format(dtype=dtype) if dtype in ("bf16", "fp16") else CPU_UNKNOWN_CAUSE
 
 
 def throughput_table(agg: pd.DataFrame) -> pd.DataFrame:
@@ -125,7 +137,7 @@ def largest_miss(table: pd.DataFrame, cpu: bool) -> list[str]:
     calibrated = str(row["pred_source"]).startswith("this study")
     cause = ("predicted with the published constants, which no CPU run calibrated: the study's own runs "
              "calibrate the runs after them" if cpu and not calibrated
-             else CPU_CAUSE if cpu else CAUSES.get(row["pred_bound"], "unknown"))
+             else cpu_cause(str(row.get("precision"))) if cpu else CAUSES.get(row["pred_bound"], "unknown"))
     text = (f"prediction: measured tokens/s/GPU within {both['error'].abs().median():.0%} of the predicted "
             f"(median over {len(both)})")
     if not own.empty:

@@ -58,7 +58,7 @@ EFA_COLUMNS = {"nodes": "nodes", "gpus_per_node": "GPUs/node", "efa_per_node": "
                "transport": "transport (NCCL)", "nics": "NICs found", "busbw_avg_gbs": "avg busbw (GB/s)", "busbw_max_gbs": "max busbw (GB/s)",
                "ok_runs": "ok runs"}
 ABLATION_COLUMNS = {"factor": "factor", "baseline": "baseline", "optimised": "optimised", "model": "model",
-                    "nodes": "nodes", "baseline_tokens_per_s": "baseline tokens/s",
+                    "nodes": "nodes", "held_fixed": "held fixed", "baseline_tokens_per_s": "baseline tokens/s",
                     "optimised_tokens_per_s": "optimised tokens/s", "gain_pct": "gain (%)",
                     "baseline_mem_gib": "baseline mem (GiB/GPU)", "optimised_mem_gib": "optimised mem (GiB/GPU)"}
 NCCL_COLUMNS = {"sweep": "sweep", "cluster": "cluster", "nodes": "nodes", "gpus_per_node": "GPUs/node",

@@ -187,8 +187,26 @@ def headline(agg: pd.DataFrame) -> tuple[list[str], pd.DataFrame]:
     return sentences, pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
 
 
+HELD = (("sharding", "{}"), ("precision", "{}"), ("activation_checkpointing", "AC {}"),
+        ("wrap_policy", "wrap {}"), ("compile", "compile {}"), ("offload", "offload {}"), ("batch", "{}"),
+        ("seq_len", "seq {}"), ("gpus_per_node", "{} GPUs/node"))
+
+
+def held_fixed(row: pd.Series, factor: str) -> str:
+    """What an ablation row holds fixed, every axis but its factor: "FULL_SHARD, AC none, ..., seq 128"."""
+    return ", ".join(fmt.format(_plain(row[key])) for key, fmt in HELD if key != factor and key in row)
+
+
+def _plain(value: object) -> object:
+    """A table cell as a reader writes it: 128 for 128.0, on for True."""
+    if isinstance(value, (bool, np.bool_)) or value in ("True", "False"):
+        return "on" if value in (True, "True") else "off"
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 def ablation(agg: pd.DataFrame) -> pd.DataFrame:
-    """Throughput gain of each optimisation over the run that differs from it in that factor only."""
+    """Throughput gain of each optimisation over the run that differs from it in that factor only; each
+    row names what it holds fixed, so rows of one factor, model and node count tell apart."""
     rows = []
     keys = CONFIG + ["nodes"]
     measured = agg[agg["tokens_per_s"].notna()]
@@ -204,6 +222,7 @@ def ablation(agg: pd.DataFrame) -> pd.DataFrame:
                     continue
                 rows.append({"factor": factor, "baseline": baseline, "optimised": optimised,
                              "model": row["model"], "nodes": row["nodes"],
+                             "held_fixed": held_fixed(row, factor),
                              "baseline_tokens_per_s": other["tokens_per_s"],
                              "optimised_tokens_per_s": row["tokens_per_s"],
                              "gain_pct": 100.0 * (row["tokens_per_s"] / other["tokens_per_s"] - 1.0),

@@ -123,6 +123,26 @@ def test_ablation_gain_against_the_one_factor_baseline(tmp_path: Path) -> None:
     assert "sharding" not in gains.index  # no run differs in sharding only
 
 
+def test_ablation_rows_of_one_factor_name_what_each_holds_fixed(tmp_path: Path) -> None:
+    """fp32 -> bf16_mixed on tiny_llama at 1 node twice, once with AC none and once with AC full: two rows
+    that differ only in what they hold fixed, and say so."""
+    sweep = tmp_path / "ablation"
+    for ac, fp32, bf16 in (("none", 1000.0, 1500.0), ("full", 800.0, 1000.0)):
+        write_run(sweep, tokens_per_s=fp32, precision="fp32", activation_checkpointing=ac)
+        write_run(sweep, tokens_per_s=bf16, precision="bf16_mixed", activation_checkpointing=ac)
+    rows = ablation(aggregate(load(sweep).frame))
+    rows = rows[rows["factor"] == "precision"]  # (the AC rows: none -> full at each precision)
+    held = dict(zip(rows["held_fixed"], rows["gain_pct"].round(1)))
+    assert len(rows) == 2 and len(held) == 2
+    none = next(h for h in held if "AC none" in h)
+    full = next(h for h in held if "AC full" in h)
+    assert held[none] == 50.0 and held[full] == 25.0
+    assert "bf16" not in none and "fp32" not in none  # the factor itself is not held fixed
+    assert none.startswith("FULL_SHARD, AC none, wrap ") and "seq " in none
+    text = build(load(sweep), tmp_path / "out").read_text()
+    assert "held fixed" in text and none in text and full in text
+
+
 def test_ablation_rows_for_compile_float8_and_offload(tmp_path: Path) -> None:
     sweep = tmp_path / "axes"
     base = dict(model="llama3_1_8b", nodes=1, activation_checkpointing="selective_op")
@@ -330,18 +350,22 @@ def test_cost_tables_known_answers(tmp_path: Path) -> None:
 
 
 def test_the_largest_miss_names_a_cause_that_fits_the_device() -> None:
-    """A calibrated CPU run's miss is the shared machine's, not a GPU's clocks; an uncalibrated CPU run's is
-    the published constants'; a GPU run's is what bounds its step."""
-    from analysis.predicted import CAUSES, CPU_CAUSE, largest_miss
+    """A calibrated CPU run's miss is named by its 16-bit compute dtype where it has one (precision on a
+    CPU), else said unknown, never the machine's noise; an uncalibrated CPU run's is the published
+    constants'; a GPU run's is what bounds its step."""
+    from analysis.predicted import CAUSES, CPU_16BIT_CAUSE, CPU_UNKNOWN_CAUSE, largest_miss
     table = pd.DataFrame({"model": ["tiny_llama"] * 2,
-                          "configuration": ["FULL_SHARD fp32", "FULL_SHARD bf16"],
-                          "nodes": [2, 1], "tokens_per_s_per_gpu": [638.0, 500.0],
+                          "configuration": ["FULL_SHARD fp16_mixed", "FULL_SHARD fp32"],
+                          "precision": ["fp16_mixed", "fp32"],
+                          "nodes": [2, 1], "tokens_per_s_per_gpu": [102.0, 500.0],
                           "pred_tokens_per_s_per_gpu": [898.0, 510.0], "pred_bound": ["compute-bound"] * 2,
                           "pred_source": ["this study's 5 runs", "this study's 6 runs"]})
     table["error"] = table.tokens_per_s_per_gpu / table.pred_tokens_per_s_per_gpu - 1
     cpu, gpu = largest_miss(table, cpu=True)[0], largest_miss(table, cpu=False)[0]
-    assert "at 2 nodes ran 1.41x slower than predicted (638 vs 898" in cpu
-    assert cpu.endswith(CPU_CAUSE) and gpu.endswith(CAUSES["compute-bound"])
+    assert "tiny_llama FULL_SHARD fp16_mixed at 2 nodes ran 8.80x slower than predicted (102 vs 898" in cpu
+    assert cpu.endswith(CPU_16BIT_CAUSE.format(dtype="fp16")) and gpu.endswith(CAUSES["compute-bound"])
+    fp32 = largest_miss(table.iloc[[1]], cpu=True)[0]
+    assert "FULL_SHARD fp32 at 1 node" in fp32 and fp32.endswith(CPU_UNKNOWN_CAUSE)
     published = largest_miss(table.assign(pred_source="published constants"), cpu=True)[0]
     assert "which no CPU run calibrated" in published
 

@@ -26,9 +26,13 @@ sys.path.insert(0, str(ROOT))
 
 from bench.core.records import parse_records  # noqa: E402
 from bench.core.schema import RunSpec  # noqa: E402
-from bench.gpucheck.evidence import FIRST_H200, table_runs  # noqa: E402
+from bench.gpucheck.evidence import EVIDENCE_DIR, table_runs  # noqa: E402
+
 from bench.launchers.base import command_env  # noqa: E402
 from bench.predict.memory import CUBLAS_WORKSPACE_GIB  # noqa: E402
+
+# The first GPU evidence, whose folder keeps the three sweeps' results tables (<sweep>.csv)
+FIRST_H200 = EVIDENCE_DIR / "NVIDIA-H200_torch-2.11.0-cu130_2026-11-26"
 
 SWEEPS = ("smoke", "gpucheck_memory", "gpucheck_mfu")
 

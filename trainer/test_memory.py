@@ -18,9 +18,13 @@ import pytest
 
 from bench.core.records import format_record, parse_records
 from bench.core.schema import RunSpec
-from bench.gpucheck.evidence import FIRST_H200, table_runs
+from bench.gpucheck.evidence import EVIDENCE_DIR, table_runs
+
 from bench.predict.memory import CUBLAS_WORKSPACE_GIB
 from conftest import ROOT
+
+# The first GPU evidence, whose folder keeps the three sweeps' results tables (<sweep>.csv)
+FIRST_H200 = EVIDENCE_DIR / "NVIDIA-H200_torch-2.11.0-cu130_2026-11-26"
 
 BASE = RunSpec(model="tiny_llama", nodes=1, gpus_per_node=2, micro_batch=2, seq_len=128)
 # One factor at a time from BASE (FULL_SHARD, bf16_mixed, no AC, per-block wrap, no offload).

@@ -47,16 +47,10 @@ class Step:
     # runs cancelled) and the check fails
 
 
-# Budgets (they add up to TOTAL_BUDGET_S), from the four H200 runs (benchmarks/evidence/NVIDIA-H200_*):
-# 18-27 s a launch on one GPU (torchrun, imports, CUDA and NCCL, the model on the device), 21-23 s for the
-# smoke's own plan. The later steps' plans run on the CPU while the smoke step has the GPU (prewarm), so
-# their sweeps plan from the cache. smoke: the all-reduce probe and 4 precisions with AC full (121, 121, then
-# 136 s: its launches 26 s each that day, and its 135 s stopped the last); memory: 6 launches, CPU offload
-# the longest (its optimizer on the host; 154-168 s); mfu: 3 eager runs and 2 compiled (bf16, Float8), one
-# launch each (all five in 187 s, Float8's 58 s of it). Each step's share is its slowest time so far plus 10%
-# or so, which the 540 s total allows (136, 168, 187: 491 s); chosen after seeing those times, a fit. The
-# least predictable step goes last, so an overrun costs only its rows, and a step may also use what the
-# steps before it left.
+# Budgets (they add up to TOTAL_BUDGET_S): each step's slowest time in the GPU evidence plus about 10%, an
+# empirical figure (benchmarks/evidence/README.md, "Step budgets"). The later steps' plans run on the CPU
+# while the smoke step has the GPU (prewarm), so their sweeps plan from the cache. The least predictable
+# step goes last, so an overrun costs only its rows, and a step may also use what the steps before it left.
 SMOKE_ONE_RANK = ("+sweep=smoke", "axes.nodes=[1]", "axes.gpus_per_node=[1]", "nccl.nodes=[1]",
                   "nccl.gpus_per_node=[1]")
 STEPS = (

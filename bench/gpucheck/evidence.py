@@ -24,9 +24,6 @@ from bench.launchers.base import PROJECT_ROOT
 from bench.predict.memory import CUDA_CONTEXT_GIB, FRAGMENTATION, NCCL_GIB_PER_COMMUNICATOR, communicators
 
 EVIDENCE_DIR = PROJECT_ROOT / "benchmarks" / "evidence"
-# The first GPU evidence: its folder keeps the three sweeps' results tables (<sweep>.csv), which the
-# memory and performance models are checked against (benchmarks/gpu_memory.py, benchmarks/perf_model.py).
-FIRST_H200 = EVIDENCE_DIR / "NVIDIA-H200_torch-2.11.0-cu130_2026-11-26"
 STEPS_JSON = "gpucheck_steps.json"  # in the results root: each step's time, budget and exit status
 EXIT_OK, EXIT_FAILED = 0, 1
 SHOWN_FAILURES = 5  # per check on the terminal; the evidence file lists every one
@@ -157,8 +154,7 @@ def memory_rows(runs: list[RunSummary]) -> list[RunSummary]:
 def _peak_error(s: RunSummary) -> float:
     """The plan's peak against the device's, as a fraction. A compiled run is planned at its eager peak
     (fake tensors trace eager ops; inductor's fusion frees intermediates sooner), a bound from above: only
-    its shortfall counts (H200, 2026-11-27: llama3_2_1b mb 16 compiled used 98.9 GiB against the eager
-    114.9)."""
+    its shortfall counts (a compiled run's peak against its plan: benchmarks/evidence/README.md)."""
     error = s.pred_mem_gib / s.mem_peak_alloc_gib - 1
     return min(error, 0.0) if s.spec.compile else error
 
@@ -202,8 +198,8 @@ def _fills_half(s: RunSummary) -> bool:
 def _planned_peak(s: RunSummary) -> float:
     """The peak the plan multiplies by 1 + FRAGMENTATION (MemoryFigure.need_gib): the device's allocated
     peak for an eager run (the fake-tensor check holds the plan to it); for a compiled run the plan's own,
-    its eager peak, a bound from above (_peak_error). The H200's Float8 compiled run of 2026-11-27 reserved
-    1.22x its allocated 87.7 GiB: 0.93x the 114.9 GiB its plan held for it."""
+    its eager peak, a bound from above (_peak_error): inductor's fusion frees sooner and reserves more
+    against what it allocates (benchmarks/evidence/README.md, "Headroom")."""
     return s.pred_mem_gib if s.spec.compile and s.pred_mem_gib else s.mem_peak_alloc_gib
 
 

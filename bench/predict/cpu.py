@@ -11,9 +11,9 @@ CPU = GpuSpec("cpu", 0, {"fp32": 0.0}, "this machine's cores", hbm_tbs=0.02, int
               family="cpu")
 CPU_EFFICIENCY = 0.25  # the prior of a CPU study: its own runs calibrate it (bench/predict/calibrate.py)
 # A 16-bit matmul on a CPU without 16-bit units (no avx512_bf16/amx_bf16, avx512_fp16/amx_fp16): a fraction
-# of fp32's efficiency. This machine's smoke (AMD EPYC, AVX2, torch 2.13, one rank): bf16_mixed at 546 and
-# 590 tokens/s against fp32's 3,069 and 3,220, fp16_mixed at 493 and 542. The study's first run of the dtype
-# replaces it; a CPU with the units is taken at its fp32 figure.
+# of fp32's efficiency: 16-bit tokens/s over fp32's in a one-rank smoke on an AVX2 CPU (docs/prediction.md,
+# "CPU studies"). The study's first run of the dtype replaces it; a CPU with the units is taken at its fp32
+# figure.
 CPU_EMULATED_16BIT = 0.18
 NATIVE_16BIT_FLAGS = {"bf16": ("avx512_bf16", "amx_bf16"), "fp16": ("avx512_fp16", "amx_fp16")}
 

@@ -5,9 +5,8 @@ measurement past memory.timeout_s or one that fails) the figure is the exact low
 parameters, gradients and AdamW state every GPU holds. It prunes only runs that surely cannot fit; a run
 it lets through that does not fit ends `oom`, and micro_batch auto halves from there.
 
-The analytic peak formula this replaced was off by a median 12% and up to 49% against the measurement
-over the four GPU sweeps, in both directions (an OOM launched, a feasible run pruned): a guess presented
-as a figure is worse than a bound that says what it is.
+Why a bound and not a formula where nothing is measured: a guess presented as a figure launches an OOM
+or prunes a feasible run (docs/prediction.md, "Memory").
 
 A configuration is every spec field that changes memory (MEMORY_FIELDS, the nodes and GPUs per node as
 the ranks a parameter is split across) plus a fingerprint of what measured it: the worker's sources and the
@@ -59,19 +58,16 @@ LIBRARIES = ("torch", "transformers", "torchao")
 # Added to the planned figure on a GPU cluster (cluster.gpu set), so it reads as the allocator's peak.
 CUBLAS_WORKSPACE_GIB = 64 / 1024
 # Headroom beyond the allocator's peak (per GPU):
-# CUDA context, cuBLAS/cuDNN handles, loaded kernels: outside torch's allocator. Measured on an H200 (torch
-# 2.11+cu130, driver 580; benchmarks/evidence/NVIDIA-H200_*): NVML's used - torch's reserved was 1.62-1.89
-# GiB on one rank with its one communicator (0.5 GiB assumed before: too little).
+# CUDA context, cuBLAS/cuDNN handles, loaded kernels: outside torch's allocator. Evidence: NVML's used -
+# torch's reserved on one rank with its one communicator (benchmarks/evidence/README.md, "Headroom").
 CUDA_CONTEXT_GIB = 1.5
 # NCCL's buffers per communicator: NCCL_BUFFSIZE (4 MiB, NCCL's environment-variable docs) for each of the 2
 # ring neighbours, 32 channels (NCCL_MAX_NCHANNELS' default) and 2 protocols (Simple, LL128) = 0.5 GiB.
 NCCL_GIB_PER_COMMUNICATOR = 0.5
-# torch's caching allocator: reserved beyond allocated, as a fraction of the peak, where it decides a fit (an
-# allocated peak of half the GPU or more). On an H200 (benchmarks/evidence/NVIDIA-H200_*): 1.14-1.17x at
-# 113-115 GiB of 140 on 2026-11-26, 1.137-1.172x eager and 1.197x compiled on 2026-11-27; far below the
-# GPU's size it reached 1.5x, which never decides a fit. 0.20 is the largest seen, chosen after seeing it (a
-# fit, not a derivation; 0.10, then 0.17 were each exceeded by the next run): on 80 GiB it lowers the largest
-# peak that fits from 66.7 to 65.0 GiB, on 140.4 GiB (an H200 as NVML reads it) from 118.3 to 115.3.
+# torch's caching allocator: reserved beyond allocated, as a fraction of the allocated peak, where it decides
+# a fit (an allocated peak of half the GPU or more). An empirical bound, the largest ratio the GPU evidence
+# holds (benchmarks/evidence/README.md, "Headroom"); the gpucheck holds every GPU run to it. On 80 GiB it
+# lowers the largest peak that fits from 66.7 to 65.0 GiB.
 FRAGMENTATION = 0.20
 
 

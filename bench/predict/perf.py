@@ -122,11 +122,9 @@ SOCKET_NODE_GBS = 2.5  # 0 EFA, NCCL's socket transport: 2 TCP flows at EC2's 10
 
 LATENCY_MAX_BYTES = 65536  # probe rows up to this size are latency, not bandwidth, bound
 
-# The CPU time of one block and pass on a GPU host: measured on an H200 machine (torch 2.11, eager FSDP2, one
-# rank; benchmarks/evidence/NVIDIA-H200_*): tiny_llama, whose GPU work is microseconds, stepped in 26.8 ms
-# over 4 blocks without AC (3 passes) and 36.1-36.6 ms with AC full (4 passes); Llama 3.2 1B with AC full at
-# micro batch 2 in 152 ms over 16 blocks (9.5 ms a block: the same floor, no per-step constant). Not fitted
-# to published rows: their steps are far above it.
+# The host's CPU time for one block and pass on a GPU machine (eager FSDP2): the floor of a step whose GPU
+# work is negligible. Measured, not fitted (benchmarks/evidence/README.md, "Host floor"); published rows'
+# steps lie far above it.
 HOST_BLOCK_PASS_S = 2.24e-3
 
 
@@ -136,9 +134,9 @@ FLOOR = "; a floor: "  # in pred_source, before what the model left out of the r
 def unmodeled(spec: RunSpec, gpu: GpuSpec) -> str | None:
     """Why the step model is only a floor under a run's step on this device, else None. CPU offload on a
     GPU: its optimizer steps on the host and its shards cross PCIe every step, neither of which the model
-    has (the H200's offload run: 1.47 s a step measured, 0.108 s predicted). Such a run is no evidence for
-    the study's calibration (bench/predict/calibrate.py): its 13x miss would pull every other run's
-    prediction."""
+    has (the GPU evidence's offload run measured 13x its floor: benchmarks/evidence/README.md). Such a run is
+    no evidence for the study's calibration (bench/predict/calibrate.py): its miss would pull every other
+    run's prediction."""
     if spec.offload != "none" and gpu.family != "cpu":
         return "CPU offload (the host's optimizer step and PCIe copies are not modeled)"
     return None

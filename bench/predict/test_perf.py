@@ -14,7 +14,8 @@ from bench.core.config import from_dict
 from bench.core.hardware import GPUS
 from bench.core.models import count_params, get_arch
 from bench.core.schema import RunSpec
-from bench.gpucheck.evidence import FIRST_H200, table_runs
+from bench.gpucheck.evidence import EVIDENCE_DIR, table_runs
+
 from bench.predict.comm import Network, collectives, step_collectives
 from bench.predict.perf import CALIBRATION, Predictor, Stack, network_for, predict, probe_network
 from bench.study.plan import expand
@@ -25,6 +26,9 @@ from bench.sweep import compose
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import perf_model  # noqa: E402  (the benchmark's fit and error are what the tolerances are stated for)
+
+# The first GPU evidence, whose folder keeps the three sweeps' results tables (<sweep>.csv)
+FIRST_H200 = EVIDENCE_DIR / "NVIDIA-H200_torch-2.11.0-cu130_2026-11-26"
 
 THROUGHPUT_TOLERANCE = 0.15  # every calibration row's tokens/s/GPU (the worst is +11.7%)
 EFFICIENCY_TOLERANCE = 0.10  # scaling efficiency (AWS's 87% at 16 p5 nodes is predicted as 94%)

@@ -1,0 +1,96 @@
+"""The docs name only what exists: every file path in backticks in docs/*.md and README.md is in the
+checkout, every `path.py Name` names a definition of that file, and every dotted module name
+(`bench.run.runner`, `trainer.memory`) is a module of the project (its attribute, where one follows, defined
+there). A rename that leaves the docs behind fails here."""
+from __future__ import annotations
+
+import ast
+import re
+from functools import cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("bench", "trainer", "nccl", "analysis", "benchmarks")
+TICKED = re.compile(r"`([^`\n]+)`")
+TOP = ("bench", "trainer", "nccl", "analysis", "benchmarks", "docs", "sweeps", "scripts", "results", ".ci",
+       ".github", "conftest.py", "pyproject.toml", "Dockerfile", "README.md")
+PATH = re.compile(r"^(?:" + "|".join(re.escape(t) for t in TOP) + r")(?:/[\w.*<>-]+)*/?$")
+MADE_LATER = ("results/", ".github/baseline/")  # written by a study, or by the user from one: not in a checkout
+PATH_AND_NAME = re.compile(r"^([\w/.-]+\.py) ([A-Za-z_][\w.]*)$")
+MODULE = re.compile(r"^(?:python -m )?((?:" + "|".join(PACKAGES) + r")(?:\.\w+)+)(?:\s.*)?$")
+
+
+def doc_files() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks/evidence/README.md"]
+
+
+@cache
+def definitions(path: Path) -> set[str]:
+    """Top-level and class-level names a Python file defines (functions, classes, assignments)."""
+    names: set[str] = set()
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+def exists(ref: str, base: Path) -> bool:
+    """A path as docs write it: from the checkout's root (or the doc's folder), `../shared` beside it;
+    a `*` or a <placeholder> matches anything."""
+    pattern = re.sub(r"<[^>]+>", "*", ref.rstrip("/"))
+    for root in (ROOT, base):
+        if any(True for _ in root.glob(pattern)) if "*" in pattern else (root / pattern).exists():
+            return True
+    return ref.startswith(("../shared", "shared/")) or ref.startswith("/")
+
+
+def module_file(dotted: str) -> tuple[Path, str | None] | None:
+    """The file of the longest module prefix of a dotted name, and the attribute after it (if any)."""
+    parts = dotted.split(".")
+    for n in range(len(parts), 0, -1):
+        base = ROOT.joinpath(*parts[:n])
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.exists():
+                return candidate, parts[n] if n < len(parts) else None
+    return None
+
+
+def problems(doc: Path) -> list[str]:
+    found: list[str] = []
+    for ref in TICKED.findall(doc.read_text()):
+        ref = ref.strip()
+        if m := PATH_AND_NAME.match(ref):
+            path, name = ROOT / m.group(1), m.group(2).split(".")[0]
+            if not path.exists():
+                found.append(f"{ref}: no file {m.group(1)}")
+            elif name not in definitions(path):
+                found.append(f"{ref}: {m.group(1)} defines no {name}")
+        elif m := MODULE.match(ref):
+            located = module_file(m.group(1))
+            if located is None:
+                found.append(f"{ref}: no module {m.group(1)}")
+            elif located[1] and located[1] not in definitions(located[0]):
+                package = located[0].name == "__init__.py"
+                found.append(f"{ref}: no module {m.group(1)}" if package
+                             else f"{ref}: {located[0].relative_to(ROOT)} defines no {located[1]}")
+        elif PATH.match(ref) and not ref.startswith(MADE_LATER) and not exists(ref, doc.parent):
+            found.append(f"{ref}: no such file")
+    return found
+
+
+def test_the_checker_catches_a_stale_name(tmp_path: Path) -> None:
+    doc = tmp_path / "stale.md"
+    doc.write_text("`bench/run/runner.py _Clock`, `bench/run/watch.py Clock`, `bench/runner.py`, "
+                   "`bench.run.watch.Clock`, `bench.run.nothing`, `python -m bench.sweep`")
+    assert problems(doc) == ["bench/run/runner.py _Clock: bench/run/runner.py defines no _Clock",
+                             "bench/runner.py: no such file", "bench.run.nothing: no module bench.run.nothing"]
+
+
+def test_the_docs_name_only_files_classes_and_modules_that_exist() -> None:
+    found = {str(doc.relative_to(ROOT)): p for doc in doc_files() if (p := problems(doc))}
+    assert not found, found
