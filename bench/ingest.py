@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 from bench.core import rundir
-from bench.run.collect import summarize_run, write_results
 from bench.core.schema import RunSpec
 from bench.launchers.base import Outcome
+from bench.run.collect import summarize_run, write_results
 from nccl.parse import parse
 
 

@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.core import rundir  # noqa: E402
-from bench.run.collect import write_results  # noqa: E402
 from bench.core.schema import RunSpec, RunSummary  # noqa: E402
+from bench.run.collect import write_results  # noqa: E402
 
 
 def synthesize(sweep_dir: Path, n_runs: int = 10_000) -> None:

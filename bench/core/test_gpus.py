@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from bench.core.config import ConfigError, from_dict
-from bench.core.schema import RunSpec
 from bench.core.gpus import agent_devices, local_gpus, parse_nvidia_smi_list
+from bench.core.schema import RunSpec
 from bench.launchers.local import LocalLauncher
 from bench.study.plan import expand
 from bench.sweep import compose

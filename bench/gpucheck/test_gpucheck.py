@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpucheck import check as gpucheck
-from bench.gpucheck import evidence
 from bench.core import rundir
 from bench.core.schema import RunSpec, RunSummary
+from bench.gpucheck import check as gpucheck, evidence
 from bench.gpucheck.check import Step
 from conftest import ROOT
 

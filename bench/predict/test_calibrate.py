@@ -4,8 +4,8 @@ belongs to another cluster or model set or is corrupt."""
 from __future__ import annotations
 
 import json
-import os
 import math
+import os
 from dataclasses import replace
 from pathlib import Path
 

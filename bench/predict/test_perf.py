@@ -17,10 +17,16 @@ from bench.core.schema import RunSpec
 from bench.gpucheck.evidence import FIRST_H200, table_runs
 from bench.predict.comm import Network, collectives, step_collectives
 from bench.predict.perf import CALIBRATION, Predictor, Stack, network_for, predict, probe_network
-from bench.study.plan import expand
-from bench.predict.published import (CALIBRATION_ROWS, CHECK_ROWS, FOUNDRY, FOUNDRY_2023, FOUNDRY_FLASH2,
-                                     foundry_table)
+from bench.predict.published import (
+    CALIBRATION_ROWS,
+    CHECK_ROWS,
+    FOUNDRY,
+    FOUNDRY_2023,
+    FOUNDRY_FLASH2,
+    foundry_table,
+)
 from bench.predict.traffic import accumulation_bytes, loss_bytes
+from bench.study.plan import expand
 from bench.sweep import compose
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from bench.run.classify import classify
 from bench.launchers.base import Outcome
+from bench.run.classify import classify
 
 # A published multi-node log (torch 2.5, ProcessGroupNCCL.cpp:629), two ranks' lines as torch writes them.
 WATCHDOG = (
