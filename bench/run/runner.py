@@ -345,5 +345,6 @@ def _search_micro_batch(sweep: _Sweep, planned: PlannedRun, rd: Path) -> RunStep
 
 
 def _trial_row(micro_batch: int, summary: RunSummary) -> dict[str, Any]:
-    return {"micro_batch": micro_batch, "status": summary.status, "mem_peak_alloc_gib": summary.mem_peak_alloc_gib,
-            "step_time_s": summary.step_time_s, "error": summary.error}
+    return {"micro_batch": micro_batch, "status": summary.status,
+            "mem_peak_alloc_gib": summary.mem_peak_alloc_gib, "step_time_s": summary.step_time_s,
+            "error": summary.error}
