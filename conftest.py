@@ -97,8 +97,8 @@ def slurm_cluster() -> str:
     """The 4-node Slurm test cluster on this machine (real slurmctld and slurmd), started if it is not up."""
     if shutil.which("slurmctld") is None or os.geteuid() != 0:
         pytest.skip("slurm-wlm not installed or not root: run scripts/slurm_cluster.sh start as root")
-    proc = subprocess.run([str(ROOT / "scripts" / "slurm_cluster.sh"), "start"], capture_output=True, text=True,
-                          timeout=180)
+    proc = subprocess.run([str(ROOT / "scripts" / "slurm_cluster.sh"), "start"], capture_output=True,
+                          text=True, timeout=180)
     if proc.returncode != 0:
         pytest.fail(f"test cluster did not start:\n{proc.stdout}\n{proc.stderr}")
     return SLURM_CONF

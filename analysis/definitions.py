@@ -36,9 +36,9 @@ DEFINITIONS = """\
   estimate); error = (predicted - measured peak allocated) / measured. The plan adds headroom for what
   the allocator's peak does not hold: reserved / allocated and NVML used - reserved show what each GPU run
   really needed.
-- **Predicted** throughput (bench/predict/perf.py, made when the run was planned): step = matmuls at a calibrated
-  fraction of the dense peak + elementwise and optimizer memory traffic at HBM bandwidth + the FSDP
-  communication prefetch cannot hide (network: the study's probe, else the instance's published
+- **Predicted** throughput (bench/predict/perf.py, made when the run was planned): step = matmuls at a
+  calibrated fraction of the dense peak + elementwise and optimizer memory traffic at HBM bandwidth + the
+  FSDP communication prefetch cannot hide (network: the study's probe, else the instance's published
   nccl-tests figure) + contention; error = measured / predicted - 1. The constants, their sources and every
   published row's error: `python benchmarks/perf_model.py`.
 - **Communication model**: the bus bytes FSDP moves per GPU and step for the strategy (analysis/comm.py)

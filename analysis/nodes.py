@@ -10,9 +10,10 @@ import pandas as pd
 
 from bench.core import rundir
 
-PREFLIGHT_COLUMNS = {"sweep": "sweep", "node": "node", "matmul_tflops": "matmul TFLOPS", "copy_gbs": "copy GB/s",
-                     "pair_busbw_gbs": "all-reduce GB/s (best pair)", "torch": "torch", "nccl": "NCCL",
-                     "driver": "driver", "efa_adapters": "EFA", "verdict": "verdict"}
+PREFLIGHT_COLUMNS = {"sweep": "sweep", "node": "node", "matmul_tflops": "matmul TFLOPS",
+                     "copy_gbs": "copy GB/s", "pair_busbw_gbs": "all-reduce GB/s (best pair)",
+                     "torch": "torch", "nccl": "NCCL", "driver": "driver", "efa_adapters": "EFA",
+                     "verdict": "verdict"}
 
 
 def preflight_table(sweeps: list[Path]) -> tuple[pd.DataFrame, list[str]]:
@@ -25,7 +26,8 @@ def preflight_table(sweeps: list[Path]) -> tuple[pd.DataFrame, list[str]]:
             continue
         try:
             verdict = json.loads(path.read_text())
-            nodes = [{**r, "sweep": sweep.name, "verdict": "; ".join(r["problems"]) or "ok"} for r in verdict["rows"]]
+            nodes = [{**r, "sweep": sweep.name, "verdict": "; ".join(r["problems"]) or "ok"}
+                     for r in verdict["rows"]]
         except (OSError, ValueError, KeyError, TypeError) as e:
             notes.append(f"{sweep.name}: preflight.json unreadable ({type(e).__name__}): no preflight table")
             continue
@@ -61,8 +63,8 @@ def straggler_notes(frame: pd.DataFrame) -> list[str]:
     notes = []
     for sweep, runs in ok.groupby("sweep"):
         nodes = ", ".join(sorted(set(runs["straggler"].astype(str))))
-        notes.append(f"{sweep}: {len(runs)} run(s) were held back by a straggler ({nodes}): its compute per step "
-                     "was more than preflight.tolerance above the other nodes', so those runs' scaling "
+        notes.append(f"{sweep}: {len(runs)} run(s) were held back by a straggler ({nodes}): its compute per "
+                     "step was more than preflight.tolerance above the other nodes', so those runs' scaling "
                      "efficiency measures that node, not FSDP; leave it out (Slurm: "
                      "cluster.slurm.extra_sbatch=['--exclude=NODE']) and run them again")
     return notes

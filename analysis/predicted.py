@@ -1,11 +1,11 @@
 """What the plan predicted before launch, beside what the runs measured, with the error of each.
 
-Throughput: bench/predict/perf.py's tokens/s per GPU, MFU and scaling efficiency against the timed steps, and one
-sentence naming the largest miss and what the model held to bound that run (compute, memory bandwidth or
+Throughput: bench/predict/perf.py's tokens/s per GPU, MFU and scaling efficiency against the timed steps, and
+one sentence naming the largest miss and what the model held to bound that run (compute, memory bandwidth or
 network), which is where a miss most likely comes from.
 
-Memory: the peak the planner measured on fake tensors (bench/predict/memory.py; the lower bound of the state where
-it could not, the analytic estimate in studies planned before) against torch's allocator peak on the GPU
+Memory: the peak the planner measured on fake tensors (bench/predict/memory.py; the lower bound of the state
+where it could not, the analytic estimate in studies planned before) against torch's allocator peak on the GPU
 (`torch.cuda.max_memory_allocated`, max over ranks),
 and the planner's headroom assumptions against what each GPU run showed: reserved / allocated (allocator
 fragmentation) and NVML used - reserved (CUDA context and NCCL buffers, outside the allocator).
@@ -146,7 +146,8 @@ def largest_miss(table: pd.DataFrame, cpu: bool) -> list[str]:
     text += f"; {left_out}" if left_out else ""
     where = f"{row['model']} {row['configuration']} at {node_count(row['nodes'])}"
     return [text + f"; largest miss {where} ran "
-            f"{how} than predicted ({row['tokens_per_s_per_gpu']:,.0f} vs {row['pred_tokens_per_s_per_gpu']:,.0f}; "
+            f"{how} than predicted ({row['tokens_per_s_per_gpu']:,.0f} vs "
+            f"{row['pred_tokens_per_s_per_gpu']:,.0f}; "
             f"{row['pred_source']}); the model held it {row['pred_bound']}: {cause}"]
 
 
@@ -166,10 +167,12 @@ def extrapolation_table(sweeps: list[Path]) -> tuple[pd.DataFrame, list[str]]:
             continue
         frames.append(frame.assign(sweep=sweep.name))
     table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    return (table.sort_values(["sweep", "nodes", "label"], ignore_index=True) if not table.empty else table), notes
+    return (table.sort_values(["sweep", "nodes", "label"], ignore_index=True)
+            if not table.empty else table), notes
 
 
-EXTRAPOLATION_FIELDS = ["label", "model", "nodes", "base_nodes", "base_runs", "predicted", "measured", "error"]
+EXTRAPOLATION_FIELDS = ["label", "model", "nodes", "base_nodes", "base_runs", "predicted", "measured",
+                        "error"]
 
 
 def extrapolation_sentence(table: pd.DataFrame) -> list[str]:

@@ -15,7 +15,8 @@ from bench.core import rundir
 from bench.core.schema import RunSpec, RunSummary
 
 
-def write_run(sweep_dir: Path, status: str = "ok", tokens_per_s: float | None = None, **spec_kw) -> RunSummary:
+def write_run(sweep_dir: Path, status: str = "ok", tokens_per_s: float | None = None,
+              **spec_kw) -> RunSummary:
     spec = RunSpec(**{"model": "llama2_7b", "gpus_per_node": 8, "cluster": "p5.48xlarge", **spec_kw})
     d = rundir.run_dir(sweep_dir, spec)
     summary = RunSummary(run_id=spec.run_id, sweep=sweep_dir.name, status=status, spec=spec, run_dir=str(d),
@@ -66,7 +67,8 @@ def test_the_answer_comes_first_with_the_known_efficiency(tmp_path: Path) -> Non
     svg = (out / "throughput_vs_nodes.svg").read_text()
     assert all(f">{label}<" in svg for label in ("95%", "92%", "90%", "87%"))  # efficiency at each point
     page = (out / "report.html").read_text()
-    assert page.count("<svg") == len(list(out.glob("*.svg"))) and "<img" not in page  # one self-contained file
+    # one self-contained file
+    assert page.count("<svg") == len(list(out.glob("*.svg"))) and "<img" not in page
     assert "<strong>tokens/s</strong>" in page and "**tokens/s**" not in page  # Definitions rendered
     short = pd.read_csv(out / "scaling_short.csv")
     assert len(short.columns) <= 12 < len(pd.read_csv(out / "scaling.csv").columns)
@@ -290,7 +292,8 @@ def test_foreign_and_incomplete_files_are_notes_not_tracebacks(tmp_path: Path, c
     sweep = tmp_path / "mixed"
     good = write_run(sweep, tokens_per_s=1000.0, nodes=1)
     hollow = write_run(sweep, tokens_per_s=1900.0, nodes=2)
-    (Path(hollow.run_dir) / rundir.SUMMARY_JSON).write_text(json.dumps({"run_id": hollow.run_id, "status": "ok"}))
+    (Path(hollow.run_dir) / rundir.SUMMARY_JSON).write_text(json.dumps({"run_id": hollow.run_id,
+                                                                        "status": "ok"}))
     (sweep / rundir.RESULTS_CSV).write_text("name,score\nalice,3\n")
     (sweep / rundir.SWEEP_CONFIG).write_text("- just\n- a list\n")
     loaded = load(sweep)
@@ -303,7 +306,8 @@ def test_foreign_and_incomplete_files_are_notes_not_tracebacks(tmp_path: Path, c
     pd.DataFrame([good.to_row()]).to_csv(sweep / rundir.RESULTS_CSV, index=False)
     (sweep / rundir.RESULTS_PARQUET).write_bytes(b"PAR1 truncated")
     notes = load(sweep).notes
-    assert notes[0] == f"{sweep / rundir.RESULTS_PARQUET}: unreadable (ArrowInvalid); read results.csv instead"
+    assert notes[0] == (f"{sweep / rundir.RESULTS_PARQUET}: unreadable (ArrowInvalid); "
+                        "read results.csv instead")
 
 
 def test_loss_parity_flags_the_strategy_that_trains_something_else(tmp_path: Path) -> None:
@@ -400,15 +404,18 @@ def test_a_run_held_back_by_a_straggler_is_flagged_beside_its_efficiency(tmp_pat
     for nodes in (1, 2, 4):
         summary = write_run(sweep, tokens_per_s=SCALING[nodes], nodes=nodes)
         if nodes > 1:
-            summary.slowest_node, summary.slowest_node_held_s = f"node{nodes - 1}", 1.2 if nodes == 4 else 0.01
+            summary.slowest_node = f"node{nodes - 1}"
+            summary.slowest_node_held_s = 1.2 if nodes == 4 else 0.01
             summary.slowest_node_excess = 1.4 if nodes == 4 else 0.02
             summary.straggler = "node3" if nodes == 4 else None
             rundir.write_summary(rundir.run_dir(sweep, summary.spec), summary)
     rows = [{"node": f"node{i}", "answered": True, "matmul_tflops": 0.3 if i == 3 else 1.0, "copy_gbs": 9.0,
-             "pair_busbw_gbs": 2.0, "torch": "2.13.0", "problems": ["matmul TFLOPS 70% below"] if i == 3 else []}
+             "pair_busbw_gbs": 2.0, "torch": "2.13.0",
+             "problems": ["matmul TFLOPS 70% below"] if i == 3 else []}
             for i in range(1, 5)]
     rundir.write_json(sweep / rundir.PREFLIGHT_JSON, {"when": "2026-11-27T07:30:00", "seconds": 55.0,
-                                                      "tolerance": 0.25, "rows": rows, "links": [], "pairs": []})
+                                                      "tolerance": 0.25, "rows": rows, "links": [],
+                                                      "pairs": []})
     out = tmp_path / "report"
     build(load(sweep), out)
     md = (out / "report.md").read_text()
@@ -430,11 +437,13 @@ def test_a_floor_prediction_is_counted_apart_not_named_the_largest_miss() -> Non
     out, not a miss of its constants: the median and the largest miss are the other runs'."""
     from analysis.predicted import largest_miss
     from bench.predict.perf import FLOOR
-    table = pd.DataFrame({"model": ["llama3_2_1b"] * 3, "configuration": ["bf16", "bf16 + offload cpu", "fp32"],
+    table = pd.DataFrame({"model": ["llama3_2_1b"] * 3,
+                          "configuration": ["bf16", "bf16 + offload cpu", "fp32"],
                           "nodes": [1, 1, 1], "tokens_per_s_per_gpu": [48641.0, 2784.0, 4963.0],
                           "pred_tokens_per_s_per_gpu": [46605.0, 38095.0, 5242.0],
                           "pred_bound": ["compute-bound", "host-bound", "compute-bound"],
-                          "pred_source": ["published constants", f"published constants{FLOOR}CPU offload (...)",
+                          "pred_source": ["published constants",
+                                          f"published constants{FLOOR}CPU offload (...)",
                                           "published constants"]})
     table["error"] = table.tokens_per_s_per_gpu / table.pred_tokens_per_s_per_gpu - 1
     line = largest_miss(table, cpu=False)[0]

@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 from bench.core import rundir
-from bench.run.collect import summarize_run, write_results
 from bench.core.schema import RunSpec
 from bench.launchers.base import Outcome
+from bench.run.collect import summarize_run, write_results
 from nccl.parse import parse
 
 
@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus-per-node", type=int, required=True)
     parser.add_argument("--efa", type=int, required=True, help="EFA adapters per node the runs used")
     parser.add_argument("--cluster", default="ingested", help="cluster name for the table (e.g. p5.48xlarge)")
-    parser.add_argument("--results", type=Path, default=Path("results"), help="results root (default results/)")
+    parser.add_argument("--results", type=Path, default=Path("results"),
+                        help="results root (default results/)")
     parser.add_argument("--sweep", default="nccl_ingest", help="sweep dir name under the results root")
     args = parser.parse_args(argv)
     if min(args.nodes, args.gpus_per_node) < 1 or args.efa < 0:

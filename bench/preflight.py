@@ -15,7 +15,6 @@ study whose nodes disagree unless preflight.mode=warn; the table is kept in the 
 """
 from __future__ import annotations
 
-import socket
 import statistics
 import sys
 import time
@@ -24,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.core import rundir
-from bench.run.collect import run_records
 from bench.core.config import ConfigError, SweepConfig
 from bench.core.records import error_line
 from bench.core.schema import RunSpec
 from bench.launchers.base import DONE, Launcher
+from bench.run.collect import run_records
 from bench.run.watch import now_iso
 
 EXIT_REFUSED = 3  # bench.sweep and this command: the nodes disagree (preflight.mode=on)
@@ -279,8 +278,8 @@ def format_verdict(verdict: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.study.compose import compose, make_launcher
     from bench.core.config import EXIT_CONFIG, from_dict
+    from bench.study.compose import compose, make_launcher
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         raw, _ = compose(args)

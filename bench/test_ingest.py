@@ -11,12 +11,14 @@ from bench.ingest import main as ingest
 from nccl.parse import parse
 
 
-def test_old_outputs_become_probe_runs_and_reach_the_report(shared_data: Path, tmp_path: Path, capsys) -> None:
+def test_old_outputs_become_probe_runs_and_reach_the_report(shared_data: Path, tmp_path: Path,
+                                                            capsys) -> None:
     sample = shared_data / "nccl-tests" / "sample_01.txt"  # EKS, 2 ranks over EFA ("found 1 nics")
     notes = tmp_path / "notes.txt"
     notes.write_text("nccl-tests crashed before printing anything\n")
-    rc = ingest([str(sample), str(notes), str(tmp_path / "missing.txt"), "--nodes", "2", "--gpus-per-node", "1",
-                 "--efa", "1", "--cluster", "eks-t4", "--results", str(tmp_path / "results")])
+    rc = ingest([str(sample), str(notes), str(tmp_path / "missing.txt"), "--nodes", "2",
+                 "--gpus-per-node", "1", "--efa", "1", "--cluster", "eks-t4",
+                 "--results", str(tmp_path / "results")])
     err = capsys.readouterr().err
     assert rc == 0
     assert f"skipped {notes}: no all_reduce_perf results table" in err and "missing.txt" in err  # listed

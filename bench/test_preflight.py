@@ -47,7 +47,8 @@ def test_a_node_whose_versions_or_adapters_differ_is_named_with_the_difference()
     rows = [row(n, ofi_plugin=plugin, ofi_plugin_loads=True) for n in "ab"] + [
         row("c", ofi_plugin=plugin, ofi_plugin_loads=False, ofi_plugin_error="libfabric.so.1: cannot open")]
     preflight.judge(cfg_of(), rows, {})  # the same plugin everywhere, one that does not load on c
-    assert [r["problems"] for r in rows] == [[], [], ["aws-ofi-nccl does not load: libfabric.so.1: cannot open"]]
+    assert [r["problems"] for r in rows] == [[], [],
+                                             ["aws-ofi-nccl does not load: libfabric.so.1: cannot open"]]
 
 
 def test_a_node_slow_with_both_its_pairs_is_named_a_link_slow_alone_is_the_link() -> None:

@@ -71,11 +71,11 @@ def _wait_for(predicate, timeout: float) -> None:
 
 @pytest.mark.slow  # a real sweep or a whole deep model: minutes on 2 cores (CI runs it)
 def test_sigterm_mid_sweep_leaves_a_consistent_store(tmp_path: Path) -> None:
-    # Runs start longest first (bench.run.schedule): full AC recomputes the whole forward pass, selective every
-    # second block's, none nothing, so this order holds on any machine (a dtype's order would not: it turns
-    # on the CPU's 16-bit units).
-    args = [*(a for a in ONE_NODE if not a.startswith("axes.activation_checkpointing")), "axes.precision=[fp32]",
-            "axes.activation_checkpointing=[none,selective,full]"]
+    # Runs start longest first (bench.run.schedule): full AC recomputes the whole forward pass, selective
+    # every second block's, none nothing, so this order holds on any machine (a dtype's order would not: it
+    # turns on the CPU's 16-bit units).
+    args = [*(a for a in ONE_NODE if not a.startswith("axes.activation_checkpointing")),
+            "axes.precision=[fp32]", "axes.activation_checkpointing=[none,selective,full]"]
     proc = subprocess.Popen([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={tmp_path}",
                              *SMOKE_SHAPE, *args,
                              "faults=[{match:{activation_checkpointing:selective},fault:hang,step:1}]"],
@@ -158,8 +158,8 @@ def test_smoke_sweep_end_to_end_then_resume(smoke_results: Path) -> None:
 
 @pytest.mark.slow
 def test_the_smoke_report_puts_predictions_beside_measurements_on_cpu(smoke_results: Path) -> None:
-    """Every ok training run has its plan-time prediction (bench/predict/perf.py on this machine's cores) and its
-    measured tokens/s side by side, the error between them, and the plan's memory figure (measured on
+    """Every ok training run has its plan-time prediction (bench/predict/perf.py on this machine's cores) and
+    its measured tokens/s side by side, the error between them, and the plan's memory figure (measured on
     fake tensors) beside it; the notes name the largest miss and why."""
     frame = table(smoke_results)
     train = frame[frame.kind == "train"]
@@ -250,11 +250,13 @@ def test_a_staged_study_predicts_its_two_node_runs_from_its_one_node_runs(tmp_pa
 
 
 @pytest.mark.slow
-def test_auto_micro_batch_launches_once_where_it_fits_and_backs_off_from_an_injected_oom(tmp_path: Path) -> None:
+def test_auto_micro_batch_launches_once_where_it_fits_and_backs_off_from_an_injected_oom(
+        tmp_path: Path) -> None:
     """Both start at 8 (max). bf16: fits, one launch, no trials. fp32: OOM injected at 8 and 4, so its own
     run at 8 fails, trials at 4 and 2, and the run again at 2; the search is in its summary."""
-    args = [*ONE_NODE, "axes.precision=[fp32,bf16_mixed]", "axes.micro_batch=[auto]", "micro_batch_search.max=8",
-            "micro_batch_search.steps=2", "faults=[{match:{micro_batch:[8,4],precision:fp32},fault:oom,step:1}]"]
+    args = [*ONE_NODE, "axes.precision=[fp32,bf16_mixed]", "axes.micro_batch=[auto]",
+            "micro_batch_search.max=8", "micro_batch_search.steps=2",
+            "faults=[{match:{micro_batch:[8,4],precision:fp32},fault:oom,step:1}]"]
     proc = sweep(tmp_path, *args)
     assert proc.returncode == 0, proc.stderr[-2000:]
     frame = table(tmp_path).set_index("precision")

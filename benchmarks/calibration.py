@@ -37,8 +37,8 @@ STAGE_ONE = ["axes.nodes=[1]", "nccl.nodes=[1]"]
 
 
 def sweep(root: Path, *args: str) -> str:
-    proc = subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={root}", *args],
-                          cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={root}",
+                           *args], cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"sweep {' '.join(args)} failed ({proc.returncode}): {proc.stderr[-2000:]}")
     return proc.stdout
@@ -54,8 +54,8 @@ def staged(root: Path, axes: list[str]) -> list[float]:
     sweep(root, *axes)
     cfg = from_dict(compose(["+sweep=smoke", f"results_root={root}", *axes])[0])
     published = Predictor(cfg, sweep_probes(root / "smoke"))
-    print(f"\n{'two-node run':<72} {'measured':>9} {'predicted':>10} {'error':>7}  {'published':>9} {'error':>7}"
-          "  predicted with")
+    print(f"\n{'two-node run':<72} {'measured':>9} {'predicted':>10} {'error':>7}  "
+          f"{'published':>9} {'error':>7}  predicted with")
     calibrated, uncalibrated = [], []
     for s in sorted(rundir.read_summaries(root / "smoke"), key=lambda s: s.spec.label):
         if s.spec.kind != "train" or s.spec.nodes < 2 or s.status != "ok":
@@ -66,9 +66,9 @@ def staged(root: Path, axes: list[str]) -> list[float]:
         uncalibrated.append(abs(s.tokens_per_s_per_gpu / base - 1))
         print(f"{s.spec.label:<72} {s.tokens_per_s_per_gpu:>9,.0f} {s.pred_tokens_per_s_per_gpu:>10,.0f} "
               f"{error:>+7.1%}  {base:>9,.0f} {uncalibrated[-1]:>7.1%}  {s.pred_source}")
-    print(f"\ntwo-node runs: median |error| {statistics.median(calibrated):.1%} calibrated on the study's runs, "
-          f"{statistics.median(uncalibrated):.1%} with the published constants ({len(calibrated)} runs); "
-          f"whole staged study {time.perf_counter() - started:.0f} s")
+    print(f"\ntwo-node runs: median |error| {statistics.median(calibrated):.1%} calibrated on the study's "
+          f"runs, {statistics.median(uncalibrated):.1%} with the published constants "
+          f"({len(calibrated)} runs); whole staged study {time.perf_counter() - started:.0f} s")
     return calibrated
 
 

@@ -36,8 +36,8 @@ QUICK = ["axes.gpus_per_node=[2]", "axes.global_batch=[null]", "axes.compile=[fa
 
 def sweep(results: Path, extra: list[str]) -> float:
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={results}", "progress=false",
-                    *extra], cwd=ROOT, check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={results}",
+                    "progress=false", *extra], cwd=ROOT, check=True, capture_output=True)
     return time.perf_counter() - t0
 
 
@@ -53,7 +53,8 @@ def bare(results: Path, port: int = 29611) -> tuple[float, int, dict[str, float]
         t_run = time.perf_counter()
         path = rundir.current_attempt_dir(run_dir) / rundir.SUBMISSION_DIR / "submission.json"
         argvs = json.loads(path.read_text())["argvs"]
-        procs = [subprocess.Popen([a.replace("@RDZV_PORT@", str(port + i)).replace(str(run_dir), str(run_dir) + "-bare")
+        procs = [subprocess.Popen([a.replace("@RDZV_PORT@", str(port + i))
+                                   .replace(str(run_dir), str(run_dir) + "-bare")
                                    for a in argv], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL) for argv in argvs]
         ok += all(p.wait() == 0 for p in procs)
@@ -76,13 +77,15 @@ if __name__ == "__main__":
             names = frame["run_dir"].map(lambda d: Path(d).name)
             per_run = [w / bare_runs[n] for w, n in zip(frame["wall_s"], names) if n in bare_runs]
             ratios.append(statistics.median(per_run))
-            print(f"{label}: {t:.1f} s, of which run processes {frame['wall_s'].sum():.1f} s and the harness's "
-                  f"own work {t - frame['wall_s'].sum():.1f} s ({(t - frame['wall_s'].sum()) / t:.1%}); "
+            print(f"{label}: {t:.1f} s, of which run processes {frame['wall_s'].sum():.1f} s and the "
+                  f"harness's own work {t - frame['wall_s'].sum():.1f} s "
+                  f"({(t - frame['wall_s'].sum()) / t:.1%}); "
                   f"{(frame['status'] == 'ok').sum()} of {len(frame)} ok")
         print(f"bare torchrun: {t_bare:.1f} s, {bare_ok} of {len(bare_runs)} runs exited 0")
         print(f"total wall-time ratio sweep/bare: {t_sweep / t_bare:.3f} and {t_sweep2 / t_bare:.3f} "
               f"(target <= 1.10); median per-run process-lifetime ratio {ratios[0]:.3f} and {ratios[-1]:.3f}")
         if bare_ok != len(bare_runs) or not bare_runs:
-            sys.exit(f"{len(bare_runs) - bare_ok} of {len(bare_runs)} bare runs failed: the comparison is void")
+            sys.exit(f"{len(bare_runs) - bare_ok} of {len(bare_runs)} bare runs failed: the comparison "
+                     "is void")
     finally:
         shutil.rmtree(tmp)

@@ -34,8 +34,13 @@ sys.path.insert(0, str(ROOT))
 
 from bench.core.config import from_dict  # noqa: E402
 from bench.core.models import model_source  # noqa: E402
-from bench.predict.memory import (CUBLAS_WORKSPACE_GIB, MEMORY_FIELDS, MemoryPlanner,  # noqa: E402
-                                  lower_bound, measure_in_workers)
+from bench.predict.memory import (  # noqa: E402
+    CUBLAS_WORKSPACE_GIB,
+    MEMORY_FIELDS,
+    MemoryPlanner,
+    lower_bound,
+    measure_in_workers,
+)
 from bench.study.plan import expand  # noqa: E402
 from bench.sweep import compose  # noqa: E402
 

@@ -25,7 +25,8 @@ PASSES = 50
 
 
 def full_sweep(data_dir: Path) -> str:
-    """sample_01.txt with rows after its 1 GiB one up to 16 GiB (sizes and counts doubled, times as measured)."""
+    """sample_01.txt with rows after its 1 GiB one up to 16 GiB (sizes and counts doubled, times as
+    measured)."""
     lines = (data_dir / "sample_01.txt").read_text().splitlines()
     last = max(i for i, line in enumerate(lines) if strip_prefix(line).strip()[:1].isdigit())
     prefix = lines[last][:len(lines[last]) - len(strip_prefix(lines[last]))]

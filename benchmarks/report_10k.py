@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.core import rundir  # noqa: E402
-from bench.run.collect import write_results  # noqa: E402
 from bench.core.schema import RunSpec, RunSummary  # noqa: E402
+from bench.run.collect import write_results  # noqa: E402
 
 
 def synthesize(sweep_dir: Path, n_runs: int = 10_000) -> None:
@@ -36,9 +36,10 @@ def synthesize(sweep_dir: Path, n_runs: int = 10_000) -> None:
                        activation_checkpointing=ac, repeat=repeat, cluster="p5.48xlarge", seq_len=4096)
         ok = rng.random() > 0.05
         tps = 3000.0 * nodes * 8 * (0.9 ** (nodes.bit_length() - 1)) * rng.uniform(0.95, 1.05)
-        summary = RunSummary(run_id=spec.run_id, sweep=sweep_dir.name, status="ok" if ok else "oom", spec=spec,
-                             tokens_per_s=tps if ok else None, tflops_per_gpu=tps * 4e-11 if ok else None,
-                             mfu=tps * 4e-14 if ok else None, mem_peak_alloc_gib=40.0 if ok else None,
+        summary = RunSummary(run_id=spec.run_id, sweep=sweep_dir.name, status="ok" if ok else "oom",
+                             spec=spec, tokens_per_s=tps if ok else None,
+                             tflops_per_gpu=tps * 4e-11 if ok else None, mfu=tps * 4e-14 if ok else None,
+                             mem_peak_alloc_gib=40.0 if ok else None,
                              pred_mem_gib=38.0, pred_mem_source="measured", step_time_s=1.0 if ok else None,
                              error=None if ok else "OutOfMemoryError: CUDA out of memory", wall_s=300.0,
                              extra={"losses": [11.0 - 0.1 * i for i in range(10)]} if ok else {})
@@ -47,17 +48,18 @@ def synthesize(sweep_dir: Path, n_runs: int = 10_000) -> None:
     for nodes in (1, 2, 4, 8, 16):  # all-reduce probes, so the communication model has bandwidths
         spec = RunSpec(kind="nccl", model="none", nodes=nodes, gpus_per_node=8, efa_per_node=0,
                        cluster="p5.48xlarge")
-        sizes = [{"size": 8 << k, "busbw": 400.0 / nodes * k / 30, "algbw": 1.0, "time_us": 1.0} for k in range(30)]
+        sizes = [{"size": 8 << k, "busbw": 400.0 / nodes * k / 30, "algbw": 1.0, "time_us": 1.0}
+                 for k in range(30)]
         rundir.write_summary(rundir.run_dir(sweep_dir, spec), RunSummary(
-            run_id=spec.run_id, sweep=sweep_dir.name, status="ok", spec=spec, nccl_busbw_max_gbs=400.0 / nodes,
-            wall_s=60.0, extra={"sizes": sizes}))
+            run_id=spec.run_id, sweep=sweep_dir.name, status="ok", spec=spec,
+            nccl_busbw_max_gbs=400.0 / nodes, wall_s=60.0, extra={"sizes": sizes}))
     write_results(sweep_dir)
 
 
 def timed_report(path: Path, out: Path) -> float:
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "analysis.report", str(path), "--out", str(out)], cwd=ROOT, check=True,
-                   capture_output=True)
+    subprocess.run([sys.executable, "-m", "analysis.report", str(path), "--out", str(out)], cwd=ROOT,
+                   check=True, capture_output=True)
     return time.perf_counter() - t0
 
 

@@ -123,13 +123,16 @@ def main() -> None:
               "(target <= 1.10)")
         return
     if (mix := planned_mix()) != RUNS_BY_NODES:
-        sys.exit(f"the mix plans {mix} runs by node count, not {RUNS_BY_NODES}: pin the smoke sweep's new axes")
-    passes = [("concurrent", [])] if args.quick else [("sequential", ["launcher.max_nodes=1"]), ("concurrent", [])]
+        sys.exit(f"the mix plans {mix} runs by node count, not {RUNS_BY_NODES}: pin the smoke sweep's "
+                 "new axes")
+    passes = ([("concurrent", [])] if args.quick
+              else [("sequential", ["launcher.max_nodes=1"]), ("concurrent", [])])
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, extra in passes:
             results[name] = run(Path(tmp) / name, sleep_s, *extra)
-    print(f"mix: {sum(mix.values())} runs (8 x 1 node, 4 x 2, 2 x 4), workers sleep {sleep_s} s, 4-node Slurm")
+    print(f"mix: {sum(mix.values())} runs (8 x 1 node, 4 x 2, 2 x 4), workers sleep {sleep_s} s, "
+          "4-node Slurm")
     for name, (wall, jobs) in results.items():
         durations = sorted(e - s for _, s, e in jobs)
         span, bound = makespan(jobs)
@@ -138,8 +141,8 @@ def main() -> None:
     span, bound = makespan(results["concurrent"][1])
     line = f"concurrent / lower bound = {span / bound:.2f} (target <= 1.15)"
     if "sequential" in results:
-        line += (f"; concurrent / sequential wall = {results['concurrent'][0] / results['sequential'][0]:.2f} "
-                 "(target <= 0.5)")
+        line += ("; concurrent / sequential wall = "
+                 f"{results['concurrent'][0] / results['sequential'][0]:.2f} (target <= 0.5)")
     print(line)
 
 

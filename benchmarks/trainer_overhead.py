@@ -23,8 +23,8 @@ from bench.core.records import parse_records  # noqa: E402
 
 def run(model: str, nproc: int, instrument: bool, steps: int) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m",
-           "trainer", "--model", model, "--gpus-per-node", str(nproc), "--steps", str(steps), "--warmup-steps",
-           "5", "--seq-len", "128", "--micro-batch", "2", "--nvml-interval-s", "0.1"]
+           "trainer", "--model", model, "--gpus-per-node", str(nproc), "--steps", str(steps),
+           "--warmup-steps", "5", "--seq-len", "128", "--micro-batch", "2", "--nvml-interval-s", "0.1"]
     if not instrument:
         cmd.append("--no-instrument")
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from bench.core.config import ConfigError, from_dict
-from bench.core.schema import RunSpec
 from bench.core.gpus import agent_devices, local_gpus, parse_nvidia_smi_list
+from bench.core.schema import RunSpec
 from bench.launchers.local import LocalLauncher
 from bench.study.plan import expand
 from bench.sweep import compose
@@ -42,7 +42,8 @@ def fake_smi(tmp_path: Path, listing: str, rc: int = 0) -> dict[str, str]:
 def test_gpus_are_counted_from_nvidia_smi_or_cuda_visible_devices(tmp_path) -> None:
     assert parse_nvidia_smi_list(SMI_LIST) == [(str(i), "NVIDIA H100 80GB HBM3") for i in range(4)]
     assert local_gpus(fake_smi(tmp_path, SMI_LIST)) == ["0", "1", "2", "3"]
-    assert local_gpus(fake_smi(tmp_path, "NVIDIA-SMI has failed because it couldn't communicate\n", rc=9)) == []
+    assert local_gpus(fake_smi(tmp_path, "NVIDIA-SMI has failed because it couldn't communicate\n",
+                               rc=9)) == []
     assert local_gpus({"PATH": str(tmp_path / "nowhere")}) == []  # no driver tools: no GPU
     env = fake_smi(tmp_path, SMI_LIST)
     assert local_gpus({**env, "CUDA_VISIBLE_DEVICES": "2,3"}) == ["2", "3"]  # what the sweep may use
@@ -80,8 +81,8 @@ def test_the_smoke_sweep_fits_a_one_gpu_machine() -> None:
         if spec.world_size > 1:
             assert set(_agent_env(launcher, spec)) == {"CUDA_VISIBLE_DEVICES="}  # CPU, gloo
     note = launcher.plan_note(plan)
-    assert note == (f"devices: 1 GPU(s) here (0): {len(on_gpu)} run(s) on GPU (NCCL), {len(plan) - len(on_gpu)} "
-                    "on CPU (gloo; they need more ranks than GPUs)")
+    assert note == (f"devices: 1 GPU(s) here (0): {len(on_gpu)} run(s) on GPU (NCCL), "
+                    f"{len(plan) - len(on_gpu)} on CPU (gloo; they need more ranks than GPUs)")
     assert LocalLauncher(cfg, gpus=[]).plan_note(plan).endswith("every run on CPU (gloo)")
 
 

@@ -33,7 +33,8 @@ def test_an_unknown_gpu_gets_no_peak(device_name: str) -> None:
 
 def test_precision_picks_the_compute_dtype_peak() -> None:
     assert peak_tflops("NVIDIA H100 80GB HBM3", "fp32") == 66.9
-    assert peak_tflops("NVIDIA H100 80GB HBM3", "fp16_mixed") == 989.4 == peak_tflops("NVIDIA H100 80GB HBM3", "bf16_pure")
+    assert (peak_tflops("NVIDIA H100 80GB HBM3", "fp16_mixed") == 989.4
+            == peak_tflops("NVIDIA H100 80GB HBM3", "bf16_pure"))
 
 
 def test_fp8_is_offered_where_the_datasheet_lists_it() -> None:
@@ -41,5 +42,6 @@ def test_fp8_is_offered_where_the_datasheet_lists_it() -> None:
     assert [g for g in GPUS if supports_fp8(g)] == ["H100-SXM", "H100-PCIe", "H100-NVL", "H200", "L4", "B200"]
     assert not supports_fp8("A100-SXM4-80GB") and not supports_fp8("A10G") and not supports_fp8("nope")
     for g in GPUS.values():  # dense FP8 is twice dense BF16 on every one of them
-        assert "fp8" not in g.peak_tflops or g.peak_tflops["fp8"] == pytest.approx(2 * g.peak_tflops["bf16"], rel=5e-3)
+        assert ("fp8" not in g.peak_tflops
+                or g.peak_tflops["fp8"] == pytest.approx(2 * g.peak_tflops["bf16"], rel=5e-3))
     assert peak_tflops("NVIDIA H100 80GB HBM3", "fp8_tensorwise") == 989.4  # MFU of Float8 runs: BF16 peak

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.core.flops import model_flops_per_token
-from bench.core.models import (ModelError, arch_from_config, count_params, model_source, non_embedding_params)
+from bench.core.models import ModelError, arch_from_config, count_params, model_source, non_embedding_params
 from bench.core.schema import RunSpec
 
 ROOT = Path(__file__).resolve().parents[2]

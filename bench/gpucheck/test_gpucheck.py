@@ -1,7 +1,7 @@
-"""bench.gpucheck and bench.gpucheck.evidence where no GPU is: the no-GPU path, the checks on known figures, the
-evidence rendered from a real smoke sweep, and the steps driven end to end behind a stand-in nvidia-smi (the
-one boundary a CPU machine cannot cross: its output is the one a real H100 printed, see bench/core/test_gpus.py),
-workers on CPU."""
+"""bench.gpucheck and bench.gpucheck.evidence where no GPU is: the no-GPU path, the checks on known figures,
+the evidence rendered from a real smoke sweep, and the steps driven end to end behind a stand-in nvidia-smi
+(the one boundary a CPU machine cannot cross: its output is the one a real H100 printed, see
+bench/core/test_gpus.py), workers on CPU."""
 from __future__ import annotations
 
 import json
@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpucheck import check as gpucheck
-from bench.gpucheck import evidence
 from bench.core import rundir
 from bench.core.schema import RunSpec, RunSummary
+from bench.gpucheck import check as gpucheck, evidence
 from bench.gpucheck.check import Step
 from conftest import ROOT
 
@@ -203,7 +202,8 @@ def test_steps_run_under_their_budgets_and_an_overrun_is_stopped_and_named(stand
     assert recorded[0].budget_s == 90  # the second step has its own 12 s and what the first left unused
     assert recorded[1].budget_s == pytest.approx(12 + 90 - recorded[0].elapsed_s, abs=0.5)
     budget = recorded[1].budget_s
-    assert budget <= recorded[1].elapsed_s < budget + 60  # SIGINT at the budget, the sweep's own shutdown after
+    # SIGINT at the budget, the sweep's own shutdown after
+    assert budget <= recorded[1].elapsed_s < budget + 60
     slow = rundir.read_summary(next(rundir.iter_run_dirs(root / "slow")))
     assert slow.status == "cancelled"  # the stopped sweep wrote its run down, and left nothing running
     leftover = subprocess.run(["pgrep", "-f", slow.run_id], capture_output=True, text=True)

@@ -120,7 +120,8 @@ class Fit:
         for j in range(len(self.names)):
             theta = [t + (STEP if i == j else 0.0) for i, t in enumerate(self.theta)]
             grad.append((math.log(tokens(apply(self.prior, self.names, theta, ""))) - base) / STEP)
-        var = sum(grad[i] * self.covariance[i][j] * grad[j] for i in range(len(grad)) for j in range(len(grad)))
+        var = sum(grad[i] * self.covariance[i][j] * grad[j]
+                  for i in range(len(grad)) for j in range(len(grad)))
         return Z90 * math.sqrt(max(var, 0.0) + max(self.residual, SIGMA) ** 2)
 
     @property
@@ -156,14 +157,16 @@ def _residuals(observations: list[Observation], prior: Calibration, names: tuple
 
 
 def _normal(observations: list[Observation], prior: Calibration, names: tuple[str, ...],
-            theta: list[float], runs: list[float], scatter: float = SIGMA) -> tuple[list[list[float]], list[float]]:
+            theta: list[float], runs: list[float],
+            scatter: float = SIGMA) -> tuple[list[list[float]], list[float]]:
     """The Gauss-Newton system of the weighted residuals, runs (at `scatter`) and prior together:
     J^T W J and J^T W r, the run columns by finite differences."""
     k = len(names)
     columns = []
     for j in range(k):
         moved = [t + (STEP if i == j else 0.0) for i, t in enumerate(theta)]
-        columns.append([(r2 - r1) / STEP for r1, r2 in zip(runs, _residuals(observations, prior, names, moved))])
+        columns.append([(r2 - r1) / STEP
+                        for r1, r2 in zip(runs, _residuals(observations, prior, names, moved))])
     w_run, w_prior = 1 / scatter ** 2, [1 / _width(n) ** 2 for n in names]
     h = [[w_run * sum(a * b for a, b in zip(columns[i], columns[j])) + (w_prior[i] if i == j else 0.0)
           for j in range(k)] for i in range(k)]
@@ -186,7 +189,8 @@ def fit(observations: list[Observation], prior: Calibration = CALIBRATION) -> Fi
     cost = _cost(runs, theta, names)
     for _ in range(100):
         h, g = _normal(observations, prior, names, theta, runs)
-        step = _solve([[v * (1 + damping) if i == j else v for j, v in enumerate(row)] for i, row in enumerate(h)],
+        step = _solve([[v * (1 + damping) if i == j else v for j, v in enumerate(row)]
+                       for i, row in enumerate(h)],
                       [-x for x in g])
         trial = [t + s for t, s in zip(theta, step)]
         trial_runs = _residuals(observations, prior, names, trial)
@@ -220,7 +224,8 @@ def observations(predictor: Predictor, summaries: Iterable[RunSummary]) -> list[
                 or spec.micro_batch < 1 or spec.cluster != predictor.cfg.cluster.name):
             continue
         where = predictor.setting(spec)
-        if where is None or (s.device_name == "cpu") != (where[0].family == "cpu") or unmodeled(spec, where[0]):
+        if (where is None or (s.device_name == "cpu") != (where[0].family == "cpu")
+                or unmodeled(spec, where[0])):
             continue
         try:
             arch = spec.arch
@@ -262,13 +267,16 @@ def identity(cfg: Any) -> dict[str, Any]:
 def to_json(fit_: Fit, cfg: Any, summaries: list[RunSummary], extra: list[dict[str, Any]]) -> dict[str, Any]:
     used = [s for s in summaries if s.run_id in set(fit_.runs)]
     return {"format": FORMAT, "cluster": identity(cfg), "models": sorted({s.spec.model for s in used}),
-            "constants": asdict(fit_.calibration), "prior": asdict(fit_.prior), "parameters": list(fit_.names),
+            "constants": asdict(fit_.calibration), "prior": asdict(fit_.prior),
+            "parameters": list(fit_.names),
             "theta": list(fit_.theta), "covariance": [list(r) for r in fit_.covariance],
             "residual": fit_.residual, "runs": list(fit_.runs), "nodes": list(fit_.nodes),
             "torch_versions": sorted({s.torch_version for s in used if s.torch_version}),
-            "nccl_versions": sorted({s.extra["nccl_version"] for s in summaries if s.extra.get("nccl_version")}),
+            "nccl_versions": sorted({s.extra["nccl_version"] for s in summaries
+                                     if s.extra.get("nccl_version")}),
             "devices": sorted({s.device_name for s in used if s.device_name}),
-            "fitted_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "extrapolation": extra}
+            "fitted_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "extrapolation": extra}
 
 
 def from_json(path: Path, cfg: Any, models: Iterable[str]) -> Fit:
@@ -325,5 +333,6 @@ def study_predictor(cfg: Any, sweep_dir: Path) -> tuple[Predictor, str | None]:
     if current is None:
         current = fit(seen)
         assert current is not None
-        rundir.atomic_write_text(path, json.dumps(to_json(current, cfg, summaries, extrapolation(seen)), indent=1))
+        rundir.atomic_write_text(path, json.dumps(to_json(current, cfg, summaries, extrapolation(seen)),
+                                                  indent=1))
     return Predictor(cfg, probes, current), f"predictions {current.line}: {path.name}"

@@ -63,7 +63,8 @@ class PublishedRow:
     tokens_per_s_per_gpu: float | None = None
     scaling_efficiency: float | None = None  # against base_nodes, where that is what was published
     base_nodes: int = 1
-    stack: Stack | None = None  # the publisher's training stack, where it is not one perf's constants describe
+    # the publisher's training stack, where it is not one perf's constants describe
+    stack: Stack | None = None
 
     @property
     def label(self) -> str:
@@ -140,7 +141,8 @@ CALIBRATION_ROWS.append(PublishedRow(AWS, get_arch("llama2_7b"), GPUS[H100], _p5
 #   2407.08608, abstract), so a FlashAttention-1 class kernel half of that on an H100 (neither uses Hopper's
 #   new instructions).
 FOUNDRY_TRAFFIC = 44 / 160
-# Its loss, per logit (traffic.loss_bytes; at b2a43a1, the commit that published the A100 and 2023 H100 tables):
+# Its loss, per logit (traffic.loss_bytes; at b2a43a1, the commit that published the A100 and 2023 H100
+# tables):
 # - flash-attn's fused cross entropy (ComposerMPTCausalLM's default loss_fn, fused_crossentropy) reads the
 #   16-bit logits in its forward, reads them again and writes their gradient in its backward: 6;
 # - Composer computes the model's train metrics on every micro-batch's logits (Trainer._train_microbatch ->

@@ -4,8 +4,8 @@ belongs to another cluster or model set or is corrupt."""
 from __future__ import annotations
 
 import json
-import os
 import math
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -148,7 +148,8 @@ def _cfg(tmp_path: Path, *overrides: str) -> object:
     return from_dict(compose(["+sweep=smoke", f"results_root={tmp_path}", *overrides])[0])
 
 
-def _finished(sweep_dir: Path, cfg: object, nodes: int, gpus: int, tokens: float, **fields: object) -> RunSummary:
+def _finished(sweep_dir: Path, cfg: object, nodes: int, gpus: int, tokens: float,
+              **fields: object) -> RunSummary:
     spec = RunSpec(model="tiny_llama", nodes=nodes, gpus_per_node=gpus, micro_batch=2, seq_len=128,
                    cluster=cfg.cluster.name, **fields)
     summary = RunSummary(run_id=spec.run_id, sweep="smoke", status="ok", spec=spec,
@@ -185,14 +186,16 @@ def test_a_study_writes_its_calibration_and_predicts_with_it(tmp_path: Path, mon
     assert pred.source == "this study's 3 runs" and pred.fields()["pred_source"] == pred.source
     assert pred.interval[0] < pred.tokens_per_s_per_gpu < pred.interval[1]
     published = Predictor(cfg).predict(spec).tokens_per_s_per_gpu
-    assert published / 1500 > 1.5 and abs(pred.tokens_per_s_per_gpu / 1500 - 1) < 0.25  # it learnt 2 x 2 ranks
+    # it learnt 2 x 2 ranks
+    assert published / 1500 > 1.5 and abs(pred.tokens_per_s_per_gpu / 1500 - 1) < 0.25
     again, _ = calibrate.study_predictor(cfg, sweep_dir)  # read back from the file: the same fit
     assert again.fit == predictor.fit
 
 
 @pytest.mark.parametrize("damage, why", [
     (lambda d: {**d, "cluster": {**d["cluster"], "name": "p5-prod"}}, "fitted on cluster 'p5-prod'"),
-    (lambda d: {**d, "models": ["llama2_70b"]}, "fitted on models llama2_70b, none of which this sweep trains"),
+    (lambda d: {**d, "models": ["llama2_70b"]},
+     "fitted on models llama2_70b, none of which this sweep trains"),
     (lambda d: {**d, "prior": {**d["prior"], "contention": 0.1}}, "other published constants"),
     (lambda d: {**d, "theta": d["theta"][:-1]}, "disagree in size"),
     (lambda d: "{not json", "unreadable (JSONDecodeError"),
@@ -246,7 +249,8 @@ def test_a_cpu_offload_run_is_predicted_as_a_floor_and_is_no_evidence(tmp_path: 
     plain, offload = (predictor.predict(r.spec) for r in runs)
     assert plain.unmodeled is None and perf.FLOOR not in plain.fields()["pred_source"]
     assert offload.unmodeled.startswith("CPU offload") and perf.FLOOR in offload.fields()["pred_source"]
-    assert offload.step_time_s <= plain.step_time_s  # the GPU's work alone (tiny_llama: the launches bound both)
+    # the GPU's work alone (tiny_llama: the launches bound both)
+    assert offload.step_time_s <= plain.step_time_s
     assert predict(runs[1].spec, CPU, Network(1.0, "loopback")).unmodeled is None  # a CPU study: host is all
     line = format_plan([PlannedRun(runs[1].spec, None, True, perf=offload)]).splitlines()[-1]
     assert f"<={offload.tokens_per_s_per_gpu:,.0f}" in line and f"<={offload.mfu:.2f}" in line

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import bench.predict.census as census
-from bench.core.config import ConfigError
 from bench.core import models
+from bench.core.config import ConfigError
 from bench.core.models import arch_of, count_params, model_source
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,8 +85,8 @@ def test_p5_scaling_plans_a_qwen3_config_like_a_preset(tmp_path: Path) -> None:
 def test_float8_on_a_model_with_no_linear_it_converts_stops_the_sweep(tmp_path: Path) -> None:
     """GPT-2's projections are Conv1D, not nn.Linear: torchao converts none of them, and the worker would
     refuse the run after launch; the plan refuses it first."""
-    from bench.study.plan import expand
     from bench.predict.test_memory import cfg_for
+    from bench.study.plan import expand
     cfg = cfg_for(tmp_path, "+sweep=smoke", "axes.model=[tiny_gpt2]", "axes.precision=[fp8_tensorwise]")
     with pytest.raises(ConfigError, match="fp8_tensorwise converts no linear of model 'tiny_gpt2'"):
         expand(cfg)

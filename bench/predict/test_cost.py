@@ -17,8 +17,9 @@ def cfg_for(*overrides: str):
 
 
 def test_timeout_bound_and_gpu_hours_have_exact_answers() -> None:
-    cfg = cfg_for("+sweep=p5_scaling", "axes.model=[llama2_7b]", "axes.nodes=[1,2]", "axes.sharding=[FULL_SHARD]",
-                  "nccl.enabled=false", "launcher.timeout_s=900", "cluster.price_per_hour=98.32")
+    cfg = cfg_for("+sweep=p5_scaling", "axes.model=[llama2_7b]", "axes.nodes=[1,2]",
+                  "axes.sharding=[FULL_SHARD]", "nccl.enabled=false", "launcher.timeout_s=900",
+                  "cluster.price_per_hour=98.32")
     cost = plan_cost(expand(cfg), cfg.cluster, cfg.launcher.timeout_s, cfg.launcher.name)
     assert cost.price_per_hour == 98.32
     assert cost.usd_at_timeout == pytest.approx(3 * 0.25 * 98.32)  # 1 + 2 nodes, 15 minutes each
@@ -29,8 +30,10 @@ def test_timeout_bound_and_gpu_hours_have_exact_answers() -> None:
 
 def test_run_time_is_start_up_plus_steps_at_the_predicted_step_time() -> None:
     """No AC: model FLOPs per token are the 6N rule plus attention; a run's time is its launcher's start-up
-    plus its steps at bench/predict/perf.py's predicted step time, which activation checkpointing lengthens."""
-    flops = 6 * (6_738_415_616 - 32000 * 4096) + 12 * 32 * 4096 * 4096  # Llama-2-7b without its input embedding
+    plus its steps at bench/predict/perf.py's predicted step time, which activation checkpointing
+    lengthens."""
+    # Llama-2-7b without its input embedding
+    flops = 6 * (6_738_415_616 - 32000 * 4096) + 12 * 32 * 4096 * 4096
     assert model_flops_per_token(get_arch("llama2_7b"), 4096) == flops
     cfg = cfg_for("+sweep=p5_scaling", "axes.model=[llama2_7b]", "axes.nodes=[2]",
                   "axes.sharding=[FULL_SHARD]", "axes.activation_checkpointing=[none,full]",

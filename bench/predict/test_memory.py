@@ -1,5 +1,5 @@
-"""The planner's memory before launch (bench/predict/memory.py): what it measures, caches and falls back on, and
-that its measuring processes never outlive the sweep."""
+"""The planner's memory before launch (bench/predict/memory.py): what it measures, caches and falls back on,
+and that its measuring processes never outlive the sweep."""
 from __future__ import annotations
 
 import os

@@ -18,10 +18,16 @@ from bench.gpucheck.evidence import EVIDENCE_DIR, table_runs
 
 from bench.predict.comm import Network, collectives, step_collectives
 from bench.predict.perf import CALIBRATION, Predictor, Stack, network_for, predict, probe_network
-from bench.study.plan import expand
-from bench.predict.published import (CALIBRATION_ROWS, CHECK_ROWS, FOUNDRY, FOUNDRY_2023, FOUNDRY_FLASH2,
-                                     foundry_table)
+from bench.predict.published import (
+    CALIBRATION_ROWS,
+    CHECK_ROWS,
+    FOUNDRY,
+    FOUNDRY_2023,
+    FOUNDRY_FLASH2,
+    foundry_table,
+)
 from bench.predict.traffic import accumulation_bytes, loss_bytes
+from bench.study.plan import expand
 from bench.sweep import compose
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -123,7 +129,8 @@ def test_llm_foundrys_whole_table_is_within_ten_percent_and_flat_in_sequence_len
     assert spread(perf_model.by_seq_len(rows, errors)) < 0.15
     efficiency = CALIBRATION.matmul_efficiency
     share = lambda r: 7 / 12 if r.spec.activation_checkpointing == "none" else 9 / 16  # noqa: E731
-    as_counted = [replace(r, stack=replace(r.stack, attention={f: e * share(r) for f, e in efficiency.items()}))
+    as_counted = [replace(r, stack=replace(r.stack,
+                                           attention={f: e * share(r) for f, e in efficiency.items()}))
                   for r in rows]
     assert spread(perf_model.by_seq_len(rows, [perf_model.error(r, CALIBRATION) for r in as_counted])) > 0.4
     no_stack = [perf_model.error(replace(r, stack=None), CALIBRATION) for r in rows]

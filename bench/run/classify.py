@@ -51,7 +51,8 @@ def desync(text: str) -> str | None:
     if lagging := _NEVER_JOINED.search(text):
         return f"desync report: ranks [{lagging.group(1)}] never joined any collective"
     if lagging := _DID_NOT_FINISH.search(text):
-        return f"desync report: ranks [{lagging.group(1)}] joined but did not finish collective #{lagging.group(2)}"
+        return (f"desync report: ranks [{lagging.group(1)}] joined but did not finish collective "
+                f"#{lagging.group(2)}")
     if lagging := _NOT_AT_NEXT.search(text):
         ranks, done, waited = lagging.groups()
         return (f"desync report: ranks [{ranks}] finished collective #{done} but never joined #{waited}, "
@@ -65,7 +66,8 @@ def diagnose(text: str) -> tuple[str, str] | None:
     them), and a rank killed by SIGKILL (exit code -9 in torchrun's summary)."""
     if watchdog := _WATCHDOG.search(text):
         rank, seq, op, ms = watchdog.groups()
-        reason = f"NCCL watchdog timeout: {op} #{seq} did not finish on rank {rank} within {int(ms) / 1000:.0f} s"
+        reason = (f"NCCL watchdog timeout: {op} #{seq} did not finish on rank {rank} "
+                  f"within {int(ms) / 1000:.0f} s")
         return "nccl_error", f"{reason}; {report}" if (report := desync(text)) else reason
     if report := desync(text):
         return "nccl_error", report
@@ -73,9 +75,9 @@ def diagnose(text: str) -> tuple[str, str] | None:
         fields = dict(_FIELD.findall(root.group(1)))
         if fields.get("exitcode") == "-9":
             status = "oom" if classify_text(text) == "oom" else "failed"  # the kernel's OOM line beside it
-            return status, (f"rank {fields.get('rank', '?')} on {fields.get('host', '?')} was killed by SIGKILL "
-                            "(exitcode -9): the host's OOM killer or the scheduler; see the node's dmesg or "
-                            "the scheduler's log")
+            return status, (f"rank {fields.get('rank', '?')} on {fields.get('host', '?')} was killed by "
+                            "SIGKILL (exitcode -9): the host's OOM killer or the scheduler; see the node's "
+                            "dmesg or the scheduler's log")
     return None
 
 

@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.core import rundir
-from bench.run import straggler
-from bench.run.classify import classify
 from bench.core.config import PreflightConfig
 from bench.core.records import parse_records
 from bench.core.schema import SUMMARY_COLUMNS, RunSpec, RunSummary
 from bench.launchers.base import PROJECT_ROOT, TRACE_PREFIX, Outcome
+from bench.run import straggler
+from bench.run.classify import classify
 from nccl.records import check_transport, records_from_logs
 
 _LOG_TAIL_BYTES = 64 * 1024

@@ -25,17 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from bench.core import rundir
-from bench.run import schedule, straggler
-from bench.run.collect import infeasible_summary, summarize_run, write_results
 from bench.core.config import SweepConfig
 from bench.core.schema import RETRYABLE_STATUSES, RunSpec, RunSummary
-from bench.predict.cost import estimated_seconds, startup_of
 from bench.launchers.base import PROJECT_ROOT, Launcher, Outcome
-from bench.predict.memory import lower_bound
-from bench.study.plan import PlannedRun, micro_batch_sizes, with_predictions
 from bench.predict.calibrate import study_predictor
+from bench.predict.cost import estimated_seconds, startup_of
+from bench.predict.memory import lower_bound
+from bench.run import schedule, straggler
+from bench.run.collect import infeasible_summary, summarize_run, write_results
 from bench.run.progress import Progress
 from bench.run.watch import now_iso, watch
+from bench.study.plan import PlannedRun, micro_batch_sizes, with_predictions
 
 SEARCH_DIR = "search"  # an auto micro batch run's trials: <run dir>/search/mb<N>/
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -345,5 +345,6 @@ def _search_micro_batch(sweep: _Sweep, planned: PlannedRun, rd: Path) -> RunStep
 
 
 def _trial_row(micro_batch: int, summary: RunSummary) -> dict[str, Any]:
-    return {"micro_batch": micro_batch, "status": summary.status, "mem_peak_alloc_gib": summary.mem_peak_alloc_gib,
-            "step_time_s": summary.step_time_s, "error": summary.error}
+    return {"micro_batch": micro_batch, "status": summary.status,
+            "mem_peak_alloc_gib": summary.mem_peak_alloc_gib, "step_time_s": summary.step_time_s,
+            "error": summary.error}

@@ -35,7 +35,8 @@ def can_start(job: Job, in_flight: Sequence[Job], budget: int | None, probes_alo
     return sum(j.nodes for j in in_flight) + job.nodes <= budget
 
 
-def pick(waiting: Sequence[Job], in_flight: Sequence[Job], budget: int | None, probes_alone: bool) -> list[Job]:
+def pick(waiting: Sequence[Job], in_flight: Sequence[Job], budget: int | None,
+         probes_alone: bool) -> list[Job]:
     """The waiting jobs (already in submission order) to start now, first fit."""
     started: list[Job] = []
     for job in waiting:
@@ -59,6 +60,7 @@ def makespan(jobs: Sequence[Job], budget: int | None, probes_alone: bool = True)
 
 
 def lower_bound(jobs: Sequence[Job], budget: int) -> float:
-    """No schedule on `budget` nodes is shorter than this: the node-seconds spread evenly, or the longest job."""
+    """No schedule on `budget` nodes is shorter than this: the node-seconds spread evenly, or the longest
+    job."""
     return max(sum(j.nodes * (j.seconds or 0.0) for j in jobs) / budget,
                max((j.seconds or 0.0 for j in jobs), default=0.0))

@@ -53,5 +53,5 @@ def note(summary: RunSummary) -> str | None:
     """A named straggler in one clause, as the sweep prints it when its run ends; None without one."""
     if not summary.straggler or summary.slowest_node_excess is None or summary.slowest_node_held_s is None:
         return None
-    return (f"straggler {summary.straggler}: its compute {summary.slowest_node_excess:+.0%} over the others', "
-            f"who waited {summary.slowest_node_held_s:.3g} s a step for it")
+    return (f"straggler {summary.straggler}: its compute {summary.slowest_node_excess:+.0%} over the "
+            f"others', who waited {summary.slowest_node_held_s:.3g} s a step for it")

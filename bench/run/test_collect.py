@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.run.collect import summarize_run
 from bench.core.records import RECORDS_DIR, format_record
 from bench.core.schema import RunSpec
 from bench.launchers.base import Outcome
+from bench.run.collect import summarize_run
 
 
 def _summary(tmp_path: Path, meta: dict) -> object:

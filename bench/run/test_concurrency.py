@@ -33,7 +33,8 @@ def sweep_argv(results: Path, *args: str) -> list[str]:
 
 
 def run_sweep(results: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(sweep_argv(results, *args), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(sweep_argv(results, *args), cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def intervals(sweep_dir: Path) -> dict[str, tuple[float, float, int, str]]:
@@ -84,8 +85,8 @@ def test_runs_overlap_within_the_budget_and_full_width_runs_and_probes_run_alone
 
 
 def test_without_a_budget_local_runs_one_at_a_time(tmp_path: Path) -> None:
-    proc = run_sweep(tmp_path, *SLEEPY[:-1], "faults=[{match:{},fault:sleep,seconds:2}]", "nccl.enabled=false",
-                     "axes.precision=[fp32]")
+    proc = run_sweep(tmp_path, *SLEEPY[:-1], "faults=[{match:{},fault:sleep,seconds:2}]",
+                     "nccl.enabled=false", "axes.precision=[fp32]")
     assert proc.returncode == 1, proc.stderr[-2000:]
     spans = list(intervals(tmp_path / "smoke").values())
     assert len(spans) == 2 and not overlaps(*spans)

@@ -59,8 +59,8 @@ def test_runs_without_a_prediction_are_ordered_by_the_studys_finished_runs(tmp_p
     import threading
 
     from bench.core.config import from_dict
-    from bench.study.plan import expand
     from bench.run.runner import _Sweep
+    from bench.study.plan import expand
     from bench.sweep import compose
     cfg = from_dict(compose(["+sweep=p5_scaling", "axes.model=[llama2_7b]", "axes.sharding=[FULL_SHARD]",
                              "cluster.gpu=null", "nccl.enabled=false", "memory.measure=false"])[0])

@@ -9,10 +9,10 @@ from dataclasses import replace
 
 import pytest
 
-from bench.run import watch
-from bench.run.classify import classify
 from bench.core.config import from_dict
 from bench.launchers.base import DONE, PENDING, RUNNING, Outcome, Poll
+from bench.run import watch
+from bench.run.classify import classify
 from bench.sweep import compose
 
 GLOO = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer"

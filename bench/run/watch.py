@@ -81,8 +81,8 @@ def watch(cfg: SweepConfig, launcher: Launcher, handle: Any, stop: threading.Eve
     outcome.execution = len(clock.executions)
     ended_by_us = "timed out" if outcome.timed_out else "cancelled" if outcome.cancelled else None
     if clock.executions and clock.running_since is not None:
-        clock.executions[-1] |= {"end": now_iso()} | ({"state": f"{ended_by_us} by the harness"} if ended_by_us
-                                                 else {"state": "ended"})
+        clock.executions[-1] |= {"end": now_iso()} | ({"state": f"{ended_by_us} by the harness"}
+                                                      if ended_by_us else {"state": "ended"})
     if not outcome.executions and (len(clock.executions) > 1 or ended_by_us):  # what we saw, where the
         outcome.executions = clock.executions  # launcher's own record does not say (it may, after cleanup)
     return outcome

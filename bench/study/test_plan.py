@@ -114,7 +114,8 @@ def test_ablation_changes_one_factor_at_a_time() -> None:
     (["nccl.iters=abc"], "nccl.iters: Value 'abc'"),
     (["nccl.min_bytes=abc"], "nccl.min_bytes: Value 'abc'"),
     (["micro_batch_search.warmup_steps=abc"], "micro_batch_search.warmup_steps: Value 'abc'"),
-    (["cluster.price_per_hour=abc"], "cluster.price_per_hour: Value 'abc' of type 'str' could not be converted to Float"),
+    (["cluster.price_per_hour=abc"],
+     "cluster.price_per_hour: Value 'abc' of type 'str' could not be converted to Float"),
     (["launcher.timeout_s=abc"], "launcher.timeout_s: Value 'abc'"),
     (["launcher.poll_s=abc"], "launcher.poll_s: Value 'abc'"),
     (["launcher.timeout_s=-5"], "launcher.timeout_s must be a positive number of seconds"),
@@ -123,8 +124,10 @@ def test_ablation_changes_one_factor_at_a_time() -> None:
     (["+dry_runn=true"], "unknown key dry_runn; known there: sweep_name, results_root, dry_run"),
     (["+steps_typo=5"], "unknown key steps_typo"),
     (["faults=[{match:{precison:fp32},fault:nan}]"], "faults: unknown match key(s) precison"),
-    (["cluster.slurm.partitionn=p5"], "unknown key cluster.slurm.partitionn; known there: partition, account"),
-    (["+cluster.slurm.partitionn=p5"], "unknown key cluster.slurm.partitionn"),  # `+` does not get past the schema
+    (["cluster.slurm.partitionn=p5"],
+     "unknown key cluster.slurm.partitionn; known there: partition, account"),
+    # `+` does not get past the schema
+    (["+cluster.slurm.partitionn=p5"], "unknown key cluster.slurm.partitionn"),
     (["axes.nodes=4"], "axes.nodes: must be a list, e.g. [4]"),
     (["axes.nodes=[1,x]"], "axes.nodes[1]: Value 'x'"),
     (["launcher.max_nodes=0"], "launcher.max_nodes must be a positive integer"),
@@ -195,8 +198,9 @@ class GrowingMemory:
 
 def test_auto_micro_batch_starts_at_the_largest_power_of_two_that_fits() -> None:
     """On 80 GiB: (10 + 3m) x 1.10 + 0.5 + NCCL <= 80 holds up to m = 20, so the search starts at 16."""
-    raw, _ = compose(["+sweep=p5_scaling", "axes.model=[llama2_13b]", "axes.nodes=[1]", "axes.micro_batch=[auto]",
-                      "axes.activation_checkpointing=[none]", "nccl.enabled=false"])
+    raw, _ = compose(["+sweep=p5_scaling", "axes.model=[llama2_13b]", "axes.nodes=[1]",
+                      "axes.micro_batch=[auto]", "axes.activation_checkpointing=[none]",
+                      "nccl.enabled=false"])
     cfg = from_dict(raw)
     plan = expand(cfg, GrowingMemory())
     assert plan and all(p.spec.micro_batch == 0 and "mbauto" in p.spec.label and p.feasible for p in plan)
@@ -204,7 +208,8 @@ def test_auto_micro_batch_starts_at_the_largest_power_of_two_that_fits() -> None
     assert {p.memory.gpu_gib for p in plan} == {10.0 + 3.0 * 16}  # the figure of the size that launches first
     unmeasured = expand(cfg)  # the lower bound does not grow with the micro batch: start at the top
     assert {p.micro_batch_start for p in unmeasured} == {cfg.micro_batch_search.max}
-    local = plan_for("+sweep=smoke", "axes.micro_batch=[auto,2]", "micro_batch_search.max=6", "nccl.enabled=false")
+    local = plan_for("+sweep=smoke", "axes.micro_batch=[auto,2]", "micro_batch_search.max=6",
+                     "nccl.enabled=false")
     weak = [p for p in local if p.spec.micro_batch == 0 and not p.spec.global_batch]
     assert {p.micro_batch_start for p in weak} == {4}  # no memory limit: 4 <= 6
     assert {p.spec.micro_batch for p in local} == {0, 2}
@@ -258,9 +263,10 @@ def test_the_micro_batch_search_finds_what_trying_every_size_finds(name: str, pe
     assert memory.rounds <= (2 if name.startswith("affine") and over_states else 4), (name, memory.rounds)
 
 
-@pytest.mark.parametrize("override,message", [("axes.micro_batch=[0]", "axes.micro_batch must be a positive"),
-                                              ("axes.micro_batch=[big]", "axes.micro_batch must be a positive"),
-                                              ("micro_batch_search.max=0", "micro_batch_search.max must be")])
+@pytest.mark.parametrize("override,message", [
+    ("axes.micro_batch=[0]", "axes.micro_batch must be a positive"),
+    ("axes.micro_batch=[big]", "axes.micro_batch must be a positive"),
+    ("micro_batch_search.max=0", "micro_batch_search.max must be")])
 def test_micro_batch_values_are_checked(override: str, message: str) -> None:
     raw, _ = compose(["+sweep=smoke", override])
     with pytest.raises(ConfigError, match=message):
@@ -274,7 +280,8 @@ def test_a_dry_run_plans_the_run_ids_the_launch_will_use() -> None:
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["cluster.kubernetes.namespace=Bad_NS"], "cluster.kubernetes.namespace='Bad_NS' is not an RFC 1123 label"),
+    (["cluster.kubernetes.namespace=Bad_NS"],
+     "cluster.kubernetes.namespace='Bad_NS' is not an RFC 1123 label"),
     (["cluster.kubernetes.shm_size=lots"], "cluster.kubernetes.shm_size='lots' is not a quantity"),
     (["cluster.kubernetes.image='Registry/My Image:1'"], "is not an image reference"),
     (["cluster.kubernetes.image_pull_secret=Not_A_Name"], "is not a Secret name"),
@@ -290,13 +297,16 @@ def test_bad_kubernetes_values_are_one_line_before_anything_is_written(overrides
 
 @pytest.mark.parametrize("overrides,message", [
     (["+sweep=ablation", "axes.precision=[bf16_mixed,fp8_tensorwise]"],
-     "fp8_tensorwise needs FP8 tensor cores (H100, H200, L4, B200); cluster p4de.24xlarge has A100-SXM4-80GB"),
-    (["+sweep=smoke", "axes.offload=[none,cpu]"], "axes.offload: cpu moves training state from GPU to host memory"),
+     "fp8_tensorwise needs FP8 tensor cores (H100, H200, L4, B200); cluster p4de.24xlarge has "
+     "A100-SXM4-80GB"),
+    (["+sweep=smoke", "axes.offload=[none,cpu]"],
+     "axes.offload: cpu moves training state from GPU to host memory"),
     (["+sweep=smoke", "axes.compile=[true]", "warmup_steps=0"], "the first step compiles every block"),
     (["+sweep=smoke", "axes.offload=[disk]"], "axes.offload: unknown value 'disk'"),
     (["+sweep=smoke", "axes.compile=[maybe]"], "axes.compile[0]: Value 'maybe'"),
 ])
-def test_bad_combinations_of_the_new_axes_are_one_line(overrides, message, capsys, tmp_path, monkeypatch) -> None:
+def test_bad_combinations_of_the_new_axes_are_one_line(overrides, message, capsys, tmp_path,
+                                                       monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     assert main([*overrides, "--dry-run"]) == 2
     err = capsys.readouterr().err
@@ -327,7 +337,8 @@ def test_new_axes_keep_the_run_ids_of_existing_studies() -> None:
     assert RunSpec(model="llama3_2_1b", nodes=2, gpus_per_node=8, activation_checkpointing="full").run_id == \
         "4e470e409415"
     on = RunSpec(compile=True, offload="cpu")
-    assert on.run_id != RunSpec().run_id and on.label.endswith("transformer_block-compile-offcpu-mb1-s128-efa0-r0")
+    assert (on.run_id != RunSpec().run_id
+            and on.label.endswith("transformer_block-compile-offcpu-mb1-s128-efa0-r0"))
     assert RunSpec.from_dict(json.loads(on.canonical()) | {"compile": True}) == on
     import argparse
 
