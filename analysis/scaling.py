@@ -63,8 +63,8 @@ def aggregate(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per configuration and node count: medians of ok repeats, spread, and run counts."""
     train = train_rows(frame)
     if train.empty:  # a study of probes only: the same columns, no rows
-        return pd.DataFrame(columns=[*CONFIG, "nodes", "runs", "ok_runs", "status", *METRICS, "tokens_per_s_min",
-                                     "tokens_per_s_max", "step_time_s_std", "straggler", "base_nodes",
+        return pd.DataFrame(columns=[*CONFIG, "nodes", "runs", "ok_runs", "status", *METRICS,
+                                     "tokens_per_s_min", "tokens_per_s_max", "step_time_s_std", "straggler", "base_nodes",
                                      "scaling_efficiency", "speedup"])
     keys = CONFIG + ["nodes"]
     ok = train[train["status"] == "ok"]
@@ -120,8 +120,8 @@ def missing_baselines(agg: pd.DataFrame) -> list[str]:
 
 
 def describe(config: dict) -> str:
-    ac = {"none": "no AC", "full": "full AC", "selective": "selective AC"}.get(config["activation_checkpointing"],
-                                                                              config["activation_checkpointing"])
+    ac_mode = config["activation_checkpointing"]
+    ac = {"none": "no AC", "full": "full AC", "selective": "selective AC"}.get(ac_mode, ac_mode)
     return (f"{config['model']} {config['sharding']} {config['precision']} {ac} "
             f"{config['wrap_policy']}{_options(config)} {config['batch']} s{config['seq_len']}")
 

@@ -87,7 +87,8 @@ def test_the_pages_commands_run(page: Path, tmp_path: Path, request: pytest.Fixt
     try:
         for command, run in runs:
             proc = subprocess.run(run, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-            assert proc.returncode == 0, f"{page.name}: {command}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+            assert proc.returncode == 0, \
+                f"{page.name}: {command}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
     finally:
         if any(c.endswith("slurm_cluster.sh stop") for c, _ in runs):
             subprocess.run(["bash", "scripts/slurm_cluster.sh", "start"], cwd=ROOT, capture_output=True,

@@ -15,7 +15,7 @@ TICKED = re.compile(r"`([^`\n]+)`")
 TOP = ("bench", "trainer", "nccl", "analysis", "benchmarks", "docs", "sweeps", "scripts", "results", ".ci",
        ".github", "conftest.py", "pyproject.toml", "Dockerfile", "README.md")
 PATH = re.compile(r"^(?:" + "|".join(re.escape(t) for t in TOP) + r")(?:/[\w.*<>-]+)*/?$")
-MADE_LATER = ("results/", ".github/baseline/")  # written by a study, or by the user from one: not in a checkout
+MADE_LATER = ("results/", ".github/baseline/")  # written by a study, or by the user from one: no checkout has it
 PATH_AND_NAME = re.compile(r"^([\w/.-]+\.py) ([A-Za-z_][\w.]*)$")
 MODULE = re.compile(r"^(?:python -m )?((?:" + "|".join(PACKAGES) + r")(?:\.\w+)+)(?:\s.*)?$")
 
@@ -88,7 +88,8 @@ def test_the_checker_catches_a_stale_name(tmp_path: Path) -> None:
     doc.write_text("`bench/run/runner.py _Clock`, `bench/run/watch.py Clock`, `bench/runner.py`, "
                    "`bench.run.watch.Clock`, `bench.run.nothing`, `python -m bench.sweep`")
     assert problems(doc) == ["bench/run/runner.py _Clock: bench/run/runner.py defines no _Clock",
-                             "bench/runner.py: no such file", "bench.run.nothing: no module bench.run.nothing"]
+                             "bench/runner.py: no such file",
+                             "bench.run.nothing: no module bench.run.nothing"]
 
 
 def test_the_docs_name_only_files_classes_and_modules_that_exist() -> None:

@@ -35,7 +35,8 @@ def launcher_uses(path: Path) -> tuple[set[str], list[str]]:
                        and isinstance(base.value, ast.Name) and base.value.id == "self")
             if plain or on_self:
                 used.add(node.attr)
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr")
                 and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id == "launcher"):
             probes.append(f"{path.name}:{node.lineno}")
     return used, probes
@@ -56,7 +57,7 @@ def test_the_harness_calls_launchers_only_through_the_protocol() -> None:
         f"the walker missed the harness's calls: {sorted(used)}"
     assert not probes, f"launchers probed with getattr/hasattr: {probes}"
     undeclared = used - protocol_members()
-    assert not undeclared, f"called on launchers but not declared by bench.launchers.base.Launcher: {undeclared}"
+    assert not undeclared, f"called on launchers, not declared by bench.launchers.base.Launcher: {undeclared}"
 
 
 @pytest.mark.parametrize("cls", LAUNCHERS, ids=lambda c: c.__name__)
@@ -76,5 +77,6 @@ def test_the_defaults_are_those_of_a_launcher_with_nothing_to_do() -> None:
     assert len(nodes) == 1 and nodes[0] and down == {}
     # the launchers that have something to say override the default
     assert SlurmLauncher.executions is not Launcher.executions
-    assert KubernetesLauncher.admit is not Launcher.admit and LocalLauncher.plan_note is not Launcher.plan_note
+    assert KubernetesLauncher.admit is not Launcher.admit
+    assert LocalLauncher.plan_note is not Launcher.plan_note
     assert inspect.getsource(Launcher.node_names).count("gethostname") == 1
