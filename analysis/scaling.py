@@ -64,8 +64,8 @@ def aggregate(frame: pd.DataFrame) -> pd.DataFrame:
     train = train_rows(frame)
     if train.empty:  # a study of probes only: the same columns, no rows
         return pd.DataFrame(columns=[*CONFIG, "nodes", "runs", "ok_runs", "status", *METRICS,
-                                     "tokens_per_s_min", "tokens_per_s_max", "step_time_s_std", "straggler", "base_nodes",
-                                     "scaling_efficiency", "speedup"])
+                                     "tokens_per_s_min", "tokens_per_s_max", "step_time_s_std", "straggler",
+                                     "base_nodes", "scaling_efficiency", "speedup"])
     keys = CONFIG + ["nodes"]
     ok = train[train["status"] == "ok"]
     out = train.groupby(keys, dropna=False).agg(

@@ -15,7 +15,7 @@ TICKED = re.compile(r"`([^`\n]+)`")
 TOP = ("bench", "trainer", "nccl", "analysis", "benchmarks", "docs", "sweeps", "scripts", "results", ".ci",
        ".github", "conftest.py", "pyproject.toml", "Dockerfile", "README.md")
 PATH = re.compile(r"^(?:" + "|".join(re.escape(t) for t in TOP) + r")(?:/[\w.*<>-]+)*/?$")
-MADE_LATER = ("results/", ".github/baseline/")  # written by a study, or by the user from one: no checkout has it
+MADE_LATER = ("results/", ".github/baseline/")  # written by a study or by its user: in no checkout
 PATH_AND_NAME = re.compile(r"^([\w/.-]+\.py) ([A-Za-z_][\w.]*)$")
 MODULE = re.compile(r"^(?:python -m )?((?:" + "|".join(PACKAGES) + r")(?:\.\w+)+)(?:\s.*)?$")
 
