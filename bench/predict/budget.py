@@ -66,7 +66,12 @@ class Answer:
 
 def days_to_train(train_tokens: float, tokens_per_step: float, step_time_s: float) -> float:
     """Steps to train the budget at this global batch, times the step time, in days."""
-    return train_tokens / tokens_per_step * step_time_s / SECONDS_PER_DAY
+    return days_at(train_tokens, tokens_per_step / step_time_s)
+
+
+def days_at(train_tokens: float, tokens_per_s: float) -> float:
+    """The budget at a steady throughput, in days."""
+    return train_tokens / tokens_per_s / SECONDS_PER_DAY
 
 
 def usd_to_train(days: float, nodes: int, price_per_hour: float | None) -> float | None:
