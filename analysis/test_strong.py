@@ -130,3 +130,17 @@ def test_a_planned_study_reports_the_predicted_answer_and_finished_runs_replace_
     two = planned[2].perf.step_time_s
     assert seven.loc[2, "strong-scaling efficiency"] == pytest.approx(measured / two / 2)
     assert "## The answer\n" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--train-tokens", "0"], "error: --train-tokens must be a positive number of tokens, got 0"),
+    (["--knee-share", "1.5"], "error: the knee threshold must be in (0, 1], got 1.5"),
+    (["--knee-share", "0"], "error: the knee threshold must be in (0, 1], got 0.0"),
+    (["--price", "-3"], "error: bad --price: --price -3: a price cannot be negative"),
+    (["--price", "abc"], "error: bad --price: could not convert string to float: 'abc'"),
+])
+def test_the_report_refuses_a_bad_budget_knee_or_price_before_writing(tmp_path, capsys, args, message) -> None:
+    raw, yaml_text = compose(["+sweep=p5_strong", "memory.measure=false", "axes.model=[llama2_7b]"])
+    write_plan(tmp_path / "p5_strong", expand(from_dict(raw)), yaml_text)
+    assert report.main([str(tmp_path / "p5_strong"), "--out", str(tmp_path / "out"), *args]) == 2
+    assert capsys.readouterr().err == message + "\n" and not (tmp_path / "out").exists()

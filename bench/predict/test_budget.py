@@ -2,6 +2,10 @@
 plan of p5_strong (Hydra-composed as the CLI does), against the plan's own predicted tokens/s."""
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from bench.config import from_dict
@@ -89,3 +93,23 @@ def test_the_plan_of_p5_strong_answers_in_days_from_its_own_predicted_tokens_per
 
 def test_days_to_train_is_steps_times_step_time() -> None:
     assert days_to_train(86400 * 10.0, 10.0, 1.0) == 1.0
+
+
+@pytest.mark.parametrize("override, message", [
+    ("cluster.price_per_hour=-1", "error: cluster.price_per_hour must be USD per instance-hour (>= 0), got -1.0"),
+    ("cluster.price_per_hour=nan", "error: cluster.price_per_hour must be USD per instance-hour (>= 0), got nan"),
+    ("cluster.price_per_hour=abc", "error: cluster.price_per_hour: Value 'abc' of type 'str' could not be "
+                                   "converted to Float"),
+    ("study.train_tokens=0", "error: study.train_tokens must be a positive number of tokens, e.g. 1e12, got 0.0"),
+    ("study.train_tokens=inf", "error: study.train_tokens must be a positive number of tokens, e.g. 1e12, "
+                               "got inf"),
+    ("study.knee_share=0", "error: study.knee_share must be in (0, 1], got 0.0"),
+    ("study.knee_share=1.5", "error: study.knee_share must be in (0, 1], got 1.5"),
+])
+def test_a_bad_price_budget_or_knee_is_one_line_and_exit_2_before_anything_is_written(
+        tmp_path, override: str, message: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=p5_strong", f"results_root={tmp_path}",
+                           override, "--dry-run"], cwd=Path(__file__).resolve().parents[2], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr == message + "\n" and proc.stdout == ""
+    assert list(tmp_path.iterdir()) == []
