@@ -139,7 +139,8 @@ def test_a_planned_study_reports_the_predicted_answer_and_finished_runs_replace_
     (["--price", "-3"], "error: bad --price: --price -3: a price cannot be negative"),
     (["--price", "abc"], "error: bad --price: could not convert string to float: 'abc'"),
 ])
-def test_the_report_refuses_a_bad_budget_knee_or_price_before_writing(tmp_path, capsys, args, message) -> None:
+def test_the_report_refuses_a_bad_budget_knee_or_price_before_writing(tmp_path, capsys, args,
+                                                                      message) -> None:
     raw, yaml_text = compose(["+sweep=p5_strong", "memory.measure=false", "axes.model=[llama2_7b]"])
     write_plan(tmp_path / "p5_strong", expand(from_dict(raw)), yaml_text)
     assert report.main([str(tmp_path / "p5_strong"), "--out", str(tmp_path / "out"), *args]) == 2

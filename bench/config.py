@@ -411,7 +411,8 @@ def validate(cfg: SweepConfig) -> None:
                           "(and dump) before the harness stops the run")
     tokens, price = cfg.study.train_tokens, cfg.cluster.price_per_hour
     if tokens is not None and not (math.isfinite(tokens) and tokens > 0):
-        raise ConfigError(f"study.train_tokens must be a positive number of tokens, e.g. 1e12, got {tokens!r}")
+        raise ConfigError(f"study.train_tokens must be a positive number of tokens, e.g. 1e12, got "
+                          f"{tokens!r}")
     if price is not None and not (math.isfinite(price) and price >= 0):
         raise ConfigError(f"cluster.price_per_hour must be USD per instance-hour (>= 0), got {price!r}")
     if not 0 < cfg.study.knee_share <= 1:

@@ -13,11 +13,12 @@ from bench.plan import answer_points, expand
 from bench.predict.budget import Point, answer, days_to_train
 from bench.sweep import compose, format_answer
 
-TOKENS = 1024 * 4096  # a global batch of 1024 sequences of 4096 tokens
+TOKENS_PER_STEP = 1024 * 4096  # a global batch of 1024 sequences of 4096 tokens
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _series(steps: dict[int, float | None]) -> list[Point]:
-    return [Point(n, TOKENS, t, "measured" if t else "infeasible") for n, t in steps.items()]
+    return [Point(n, TOKENS_PER_STEP, t, "measured" if t else "infeasible") for n, t in steps.items()]
 
 
 def test_the_knee_is_where_the_next_step_buys_less_than_the_threshold() -> None:
@@ -27,7 +28,7 @@ def test_the_knee_is_where_the_next_step_buys_less_than_the_threshold() -> None:
     rows = {r.point.nodes: r for r in ans.rows}
     assert rows[4].next_share == pytest.approx(7 / 13.5) and rows[8].next_share == pytest.approx(2 / 10)
     assert ans.strong and ans.knee is rows[8] and ans.knee_next is rows[16] and not ans.knee_beyond
-    steps = 1e12 / TOKENS
+    steps = 1e12 / TOKENS_PER_STEP
     assert rows[8].days == pytest.approx(steps * 20 / 86400)
     assert rows[8].usd == pytest.approx(steps * 20 / 3600 * 8 * 100)
     assert rows[2].efficiency == pytest.approx(100 / 51 / 2)
@@ -95,21 +96,22 @@ def test_days_to_train_is_steps_times_step_time() -> None:
     assert days_to_train(86400 * 10.0, 10.0, 1.0) == 1.0
 
 
+PRICE = "error: cluster.price_per_hour must be USD per instance-hour (>= 0), got "
+TOKENS = "error: study.train_tokens must be a positive number of tokens, e.g. 1e12, got "
+
+
 @pytest.mark.parametrize("override, message", [
-    ("cluster.price_per_hour=-1", "error: cluster.price_per_hour must be USD per instance-hour (>= 0), got -1.0"),
-    ("cluster.price_per_hour=nan", "error: cluster.price_per_hour must be USD per instance-hour (>= 0), got nan"),
+    ("cluster.price_per_hour=-1", PRICE + "-1.0"), ("cluster.price_per_hour=nan", PRICE + "nan"),
     ("cluster.price_per_hour=abc", "error: cluster.price_per_hour: Value 'abc' of type 'str' could not be "
                                    "converted to Float"),
-    ("study.train_tokens=0", "error: study.train_tokens must be a positive number of tokens, e.g. 1e12, got 0.0"),
-    ("study.train_tokens=inf", "error: study.train_tokens must be a positive number of tokens, e.g. 1e12, "
-                               "got inf"),
+    ("study.train_tokens=0", TOKENS + "0.0"), ("study.train_tokens=inf", TOKENS + "inf"),
     ("study.knee_share=0", "error: study.knee_share must be in (0, 1], got 0.0"),
     ("study.knee_share=1.5", "error: study.knee_share must be in (0, 1], got 1.5"),
 ])
 def test_a_bad_price_budget_or_knee_is_one_line_and_exit_2_before_anything_is_written(
         tmp_path, override: str, message: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=p5_strong", f"results_root={tmp_path}",
-                           override, "--dry-run"], cwd=Path(__file__).resolve().parents[2], capture_output=True,
-                          text=True, timeout=120)
+    argv = [sys.executable, "-m", "bench.sweep", "+sweep=p5_strong", f"results_root={tmp_path}", override,
+            "--dry-run"]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr == message + "\n" and proc.stdout == ""
     assert list(tmp_path.iterdir()) == []
