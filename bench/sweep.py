@@ -5,7 +5,9 @@ launches (or, with --dry-run, renders every submission and stops).
 
 Exit status: 0 every planned run ended ok or infeasible; 1 some run did not (the table and everything
 finished are still written); 130 interrupted; 2 bad configuration or a sweep dir in use (one line on
-stderr, nothing launched); 3 the preflight named a node (bench/preflight.py; nothing launched).
+stderr, nothing launched); 3 the preflight named a node (bench/preflight.py; nothing launched); 4 the
+results directory's filesystem is full (one line naming it and the space a write needed; runs in flight
+cancelled, every finished run kept, the sweep dir's lock released: free space and run it again).
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from bench.plan import PlannedRun, answer_points, expand
 
 FLAGS = {"--dry-run": "dry_run=true", "--rerun-failed": "rerun_failed=true", "--force": "force=true"}
 EXIT_OK, EXIT_RUN_FAILED, EXIT_INTERRUPTED = 0, 1, 130  # and EXIT_CONFIG (2), bench.config's
+EXIT_NO_SPACE = 4  # the results directory's filesystem is full (bench.rundir.NoSpace)
 GOOD_STATUSES = ("ok", "infeasible")
 
 
@@ -270,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     except rundir.SweepDirBusy as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_CONFIG
+    except rundir.NoSpace as e:  # the lock is released: `locked` has closed its file
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_NO_SPACE
     except KeyboardInterrupt:  # while measuring memory (the runs' own Ctrl-C is handled by the runner)
         print("interrupted while measuring memory: nothing was launched; measured configurations are cached",
               file=sys.stderr)
