@@ -138,11 +138,13 @@ def knee_sentences(rows: pd.DataFrame, train_tokens: float, knee_share: float) -
     strong = rows[rows["scaling"] == "strong"]
     for (model, label), group in strong.groupby(["model", "configuration"], sort=False):
         ans = _answer(group.reset_index(drop=True), train_tokens, knee_share)
-        if ans.knee is None:
+        at = ans.knee or ans.fastest
+        if at is None:  # no node count with a figure
             continue
-        at = ans.knee
         text = f"{model}, {label}: {_cost(at, train_tokens)}"
-        if ans.knee_beyond:
+        if ans.knee is None:
+            text += "; one node count with a figure: no knee to judge"
+        elif ans.knee_beyond:
             text += (f"; every step up to {node_count(at.point.nodes)} buys at least {knee_share:.0%} of the "
                      "time linear scaling would save: the knee lies beyond the planned node counts")
         elif (at.next_share or 0) < 0:

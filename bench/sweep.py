@@ -133,9 +133,9 @@ def answer_summary(ans: Answer) -> str:
                        "changes what a step trains, not only how fast")
     share = f"{ans.knee_share:.0%} of the time linear scaling would save (study.knee_share)"
     if ans.knee is None:
-        return text + "no knee: no node count has a figure"
+        return text + "no knee: fewer than two node counts with a figure"
     if ans.knee_beyond:
-        return text + (f"knee beyond {ans.knee.point.nodes} nodes: every step up buys at least {share}")
+        return text + f"knee beyond {ans.knee.point.nodes} nodes: every step up buys at least {share}"
     assert ans.knee_next is not None
     how = ("is slower" if (ans.knee.next_share or 0) < 0 else
            f"buys {ans.knee.next_share:.0%}, less than {share}")

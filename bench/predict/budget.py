@@ -55,7 +55,7 @@ class Answer:
     knee_share: float
     fastest: Row | None  # fewest days
     cheapest: Row | None  # fewest node-hours (fewest dollars at one price per node-hour)
-    knee: Row | None  # strong scaling only
+    knee: Row | None  # strong scaling, with two node counts or more
     knee_beyond: bool = False  # every step up buys at least knee_share: the knee lies past the last count
     knee_next: Row | None = None  # the node count after the knee, whose step up fell short
 
@@ -118,7 +118,7 @@ def answer(points: list[Point], train_tokens: float, price_per_hour: float | Non
     # ties (linear scaling: the same node-hours) go to the faster count: the same money, sooner
     cheapest = min(with_days, key=lambda r: (round(r.node_hours or 0.0, 6), r.days), default=None)
     out = Answer(ordered, strong, knee_share, fastest, cheapest, None)
-    if not strong or not with_days:
+    if not strong or len(with_days) < 2:  # a knee needs a step up to judge
         return out
     short = [i for i, r in enumerate(with_days) if r.next_share is not None and r.next_share < knee_share]
     if not short:

@@ -115,3 +115,9 @@ def test_a_bad_price_budget_or_knee_is_one_line_and_exit_2_before_anything_is_wr
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr == message + "\n" and proc.stdout == ""
     assert list(tmp_path.iterdir()) == []
+
+
+def test_one_node_count_has_days_but_no_knee() -> None:
+    ans = answer(_series({1: None, 2: 40.0}), 1e12, 10.0, 0.5)
+    assert ans.knee is None and ans.fastest is ans.cheapest is ans.rows[1]
+    assert ans.rows[1].usd == pytest.approx(1e12 / TOKENS_PER_STEP * 40 / 3600 * 2 * 10)
