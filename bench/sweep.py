@@ -116,11 +116,15 @@ def answer_table(ans: Answer) -> list[str]:
     return ["  " + "  ".join([*(c.rjust(w) for c, w in zip(r[:-1], widths)), r[-1]]) for r in rows]
 
 
+def _nodes(n: int) -> str:
+    return f"{n} node{'' if n == 1 else 's'}"
+
+
 def _at(row: Row | None, what: str) -> str:
     if row is None:
         return "-"
     usd = f", ${row.usd:,.0f}" if row.usd is not None else ""
-    return f"{row.point.nodes} node{'' if row.point.nodes == 1 else 's'} ({what}{usd})"
+    return f"{_nodes(row.point.nodes)} ({what}{usd})"
 
 
 def answer_summary(ans: Answer) -> str:
@@ -135,11 +139,11 @@ def answer_summary(ans: Answer) -> str:
     if ans.knee is None:
         return text + "no knee: fewer than two node counts with a figure"
     if ans.knee_beyond:
-        return text + f"knee beyond {ans.knee.point.nodes} nodes: every step up buys at least {share}"
+        return text + f"knee beyond {_nodes(ans.knee.point.nodes)}: every step up buys at least {share}"
     assert ans.knee_next is not None
     how = ("is slower" if (ans.knee.next_share or 0) < 0 else
            f"buys {ans.knee.next_share:.0%}, less than {share}")
-    return text + f"knee {ans.knee.point.nodes} nodes: going to {ans.knee_next.point.nodes} {how}"
+    return text + f"knee {_nodes(ans.knee.point.nodes)}: going to {ans.knee_next.point.nodes} {how}"
 
 
 def format_answer(cfg: SweepConfig, plan: list[PlannedRun]) -> str:
