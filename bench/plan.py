@@ -333,5 +333,6 @@ def answer_points(plan: list[PlannedRun]) -> list[tuple[RunSpec, list[Point]]]:
         floor = "; a floor" if p.perf and p.perf.unmodeled else ""  # perf.unmodeled: days at least these
         source = f"predicted ({p.perf.source}{floor})" if step is not None and p.perf else (
             "infeasible" if not p.feasible else "no prediction")
-        points[p.spec.nodes] = Point(p.spec.nodes, tokens_per_step(p.first_spec), step, source)
+        spread = p.perf.spread if p.perf and step is not None else None
+        points[p.spec.nodes] = Point(p.spec.nodes, tokens_per_step(p.first_spec), step, source, spread)
     return [(spec, sorted(points.values(), key=lambda q: q.nodes)) for spec, points in groups.values()]

@@ -94,8 +94,16 @@ def config_label(spec: RunSpec) -> str:
             f"s{spec.seq_len}, {batch}")
 
 
+def _day(days: float) -> str:
+    return f"{days:,.1f}" if days >= 10 else f"{days:.3g}"
+
+
 def _days(row: Row) -> str:
-    return "-" if row.days is None else f"{row.days:,.1f}" if row.days >= 10 else f"{row.days:.3g}"
+    """"412.9", with its ~90% interval where the study's own runs calibrate the prediction."""
+    if row.days is None:
+        return "-"
+    low_high = f" ({_day(row.days_range[0])}-{_day(row.days_range[1])})" if row.days_range else ""
+    return _day(row.days) + low_high
 
 
 def answer_table(ans: Answer) -> list[str]:

@@ -29,6 +29,7 @@ class Point:
     tokens_per_step: float  # the global batch in tokens: sequences per optimizer step x sequence length
     step_time_s: float | None  # one optimizer step; None: no figure (infeasible, failed unpredicted)
     source: str  # "measured", "predicted (<its constants>)", or the status that left it without a figure
+    spread: float | None = None  # a calibrated prediction's ~90% half-width in log units (perf.Prediction)
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,13 @@ class Row:
     @property
     def node_hours(self) -> float | None:
         return None if self.days is None else self.days * 24 * self.point.nodes
+
+    @property
+    def days_range(self) -> tuple[float, float] | None:
+        """The ~90% interval of the days where the prediction has one (days go as 1 / tokens/s)."""
+        if self.days is None or self.point.spread is None:
+            return None
+        return self.days * math.exp(-self.point.spread), self.days * math.exp(self.point.spread)
 
 
 @dataclass(frozen=True)

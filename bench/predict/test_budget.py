@@ -2,6 +2,7 @@
 plan of p5_strong (Hydra-composed as the CLI does), against the plan's own predicted tokens/s."""
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 from bench.config import from_dict
 from bench.plan import answer_points, expand
 from bench.predict.budget import Point, answer, days_to_train
-from bench.sweep import compose, format_answer
+from bench.sweep import answer_table, compose, format_answer
 
 TOKENS_PER_STEP = 1024 * 4096  # a global batch of 1024 sequences of 4096 tokens
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,3 +122,12 @@ def test_one_node_count_has_days_but_no_knee() -> None:
     ans = answer(_series({1: None, 2: 40.0}), 1e12, 10.0, 0.5)
     assert ans.knee is None and ans.fastest is ans.cheapest is ans.rows[1]
     assert ans.rows[1].usd == pytest.approx(1e12 / TOKENS_PER_STEP * 40 / 3600 * 2 * 10)
+
+
+def test_a_calibrated_prediction_gives_days_with_its_interval() -> None:
+    """tokens/s x exp(+-spread) (perf.Prediction.interval) is days x exp(-+spread)."""
+    spread = math.log(1.2)
+    ans = answer([Point(1, 100.0, 8.64, "predicted (this study's 3 runs)", spread)], 1e6, None, 0.5)
+    (row,) = ans.rows
+    assert row.days == pytest.approx(1.0) and row.days_range == pytest.approx((1 / 1.2, 1.2))
+    assert answer_table(ans)[1].split()[5:7] == ["1", "(0.833-1.2)"]
