@@ -83,8 +83,8 @@ def format_plan(plan: list[PlannedRun]) -> str:
 
 
 def config_label(spec: RunSpec) -> str:
-    """A configuration as the answer names it: "llama2_7b FULL_SHARD bf16_mixed + full AC, s4096, global
-    batch 1024 sync_each" (analysis.scaling.configuration_label's words)."""
+    """A configuration as the answer names it: "llama2_7b FULL_SHARD bf16_mixed + full AC, 8 GPUs/node,
+    s4096, global batch 1024 sync_each" (analysis.scaling.configuration_label's words)."""
     ac = "" if spec.activation_checkpointing == "none" else f" + {spec.activation_checkpointing} AC"
     options = (" + compile" if spec.compile else "") + (
         f" + offload {spec.offload}" if spec.offload != "none" else "")
