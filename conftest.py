@@ -94,7 +94,8 @@ SLURM_CONF = "/tmp/fsdpbench-slurm/slurm.conf"  # scripts/slurm_cluster.sh's def
 
 @pytest.fixture(scope="session")
 def slurm_cluster() -> str:
-    """The 4-node Slurm test cluster on this machine (real slurmctld and slurmd), started if it is not up."""
+    """The 4-node Slurm test cluster on this machine (real slurmctld and slurmd), started if it is not up;
+    one that is up keeps running with its jobs (`start` is idempotent; `restart` is the clean start)."""
     if shutil.which("slurmctld") is None or os.geteuid() != 0:
         pytest.skip("slurm-wlm not installed or not root: run scripts/slurm_cluster.sh start as root")
     proc = subprocess.run([str(ROOT / "scripts" / "slurm_cluster.sh"), "start"], capture_output=True,

@@ -15,6 +15,7 @@ import yaml
 
 from analysis.scaling import CONFIG
 from bench.core import rundir
+from bench.predict.budget import days_at, usd_to_train
 
 KEYS = CONFIG + ["nodes"]
 
@@ -86,6 +87,6 @@ def config_costs(agg: pd.DataFrame, runs: pd.DataFrame, prices: dict[str, float 
     out = out.merge(median_usd, on=KEYS, how="left")
     hourly = out["price_per_hour"] * out["nodes"]
     out["usd_per_million_tokens"] = hourly / 3600 / out["tokens_per_s"] * 1e6
-    out["days_to_train"] = train_tokens / out["tokens_per_s"] / 86400
-    out["usd_to_train"] = hourly * train_tokens / out["tokens_per_s"] / 3600
+    out["days_to_train"] = days_at(train_tokens, out["tokens_per_s"])
+    out["usd_to_train"] = usd_to_train(out["days_to_train"], out["nodes"], out["price_per_hour"])
     return out

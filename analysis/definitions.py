@@ -19,9 +19,10 @@ DEFINITIONS = """\
   GPU's micro batch, so the global batch grows with the nodes. A strong-scaling study (global batch "gb N":
   N sequences per optimizer step at every node count, micro batch x accumulation steps x GPUs = N) compares
   the same work: the same number is (step time at base / step time at n) x base / n, and the timed unit is
-  the optimizer step, all its micro-batches included. "next node count buys": of the step time linear
-  scaling would save by going to the next planned node count, the share the study measured (or predicted);
-  the knee is the first node count whose next step buys less than study.knee_share.
+  the optimizer step, all its micro-batches included. "next node count": how much faster (or slower) a
+  step is at the next planned node count, and the share it buys of the step time linear scaling would save
+  by going there (its `next_share` in strong.csv; measured, or predicted); the knee is the first node count
+  whose next step buys less than study.knee_share.
 - **straggler**: the node whose own compute per step (each rank's forward and backward of its blocks and
   output layer, without the time it waited in FSDP's collectives: CUDA events on a GPU, wall time on a CPU)
   was more than preflight.tolerance above the median of the other nodes'; in brackets, by how much, and the

@@ -3,6 +3,8 @@
 Each sweep's rows come from its results table; where the table is missing or unreadable they are
 rebuilt from the run dirs' summaries. Unreadable summaries and runs without one are counted as notes.
 Rows of an older schema get the columns they lack as empty; a newer schema is reported as a note.
+Each sweep's plan (plan.csv: every planned training run and its prediction) comes along, so the report
+answers before any run has finished, and for the node counts that have not run yet.
 """
 from __future__ import annotations
 
@@ -25,13 +27,14 @@ class Loaded:
     frame: pd.DataFrame
     sweeps: list[Path]
     notes: list[str] = field(default_factory=list)
+    plan: pd.DataFrame = field(default_factory=pd.DataFrame)  # planned training runs (load_plan)
 
 
 def sweep_dirs(path: Path) -> list[Path]:
     """`path` itself if it is a sweep dir, else its sweep dirs (one level down)."""
     def is_sweep(p: Path) -> bool:
         return (p / rundir.RUNS_DIR).is_dir() or (p / rundir.RESULTS_CSV).is_file() or (
-            p / rundir.RESULTS_PARQUET).is_file()
+            p / rundir.RESULTS_PARQUET).is_file() or (p / rundir.PLAN_CSV).is_file()
     if is_sweep(path):
         return [path]
     return sorted(p for p in path.iterdir() if p.is_dir() and is_sweep(p)) if path.is_dir() else []
@@ -95,15 +98,11 @@ def load(path: Path) -> Loaded:
         if not frame.empty:
             frame["sweep"] = frame.get("sweep", pd.Series(sweep.name, index=frame.index)).fillna(sweep.name)
             frames.append(frame)
-    if not frames:
-        raise NoResults(f"the sweeps under {path} have no finished runs yet")
-    frame = pd.concat(frames, ignore_index=True)
-    spec_defaults = RunSpec().to_dict()  # a spec field added later (compile, offload) had its default then
-    for column in SUMMARY_COLUMNS:  # an older schema lacks some columns
-        if column not in frame.columns:
-            frame[column] = spec_defaults.get(column)
-        elif column in spec_defaults:
-            frame[column] = frame[column].where(frame[column].notna(), spec_defaults[column])
+    plan = load_plan(sweeps, notes)
+    if not frames and plan.empty:
+        raise NoResults(f"the sweeps under {path} have no finished runs yet, and no plan")
+    frame = _with_spec_defaults(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        columns=["sweep"]), SUMMARY_COLUMNS)
     versions = pd.to_numeric(frame["schema_version"], errors="coerce")
     if (versions > SCHEMA_VERSION).any():
         notes.append(f"some rows were written by a newer schema (v{int(versions.max())}); "
@@ -114,7 +113,48 @@ def load(path: Path) -> Loaded:
                                                           "mfu", "hfu", "_first", "_last"))]
     for column in numeric:
         frame[column] = pd.to_numeric(frame[column], errors="coerce")
-    return Loaded(frame=with_batch(_older_estimates(frame)), sweeps=sweeps, notes=notes)
+    return Loaded(frame=with_batch(_older_estimates(frame)), sweeps=sweeps, notes=notes, plan=plan)
+
+
+def _with_spec_defaults(frame: pd.DataFrame, columns: list[str] | tuple[str, ...]) -> pd.DataFrame:
+    """Every column present; a spec field added later (compile, offload) had its default then."""
+    spec_defaults = RunSpec().to_dict()
+    for column in columns:  # an older schema lacks some columns
+        if column not in frame.columns:
+            frame[column] = spec_defaults.get(column)
+        elif column in spec_defaults:
+            frame[column] = frame[column].where(frame[column].notna(), spec_defaults[column])
+    return frame
+
+
+def load_plan(sweeps: list[Path], notes: list[str]) -> pd.DataFrame:
+    """The sweeps' planned training runs (plan.csv), as results rows would name them: the micro batch an
+    auto run launches with, `status` "planned" or "infeasible"; an unreadable plan is a note."""
+    frames = []
+    for sweep in sweeps:
+        path = sweep / rundir.PLAN_CSV
+        if not path.is_file():
+            continue
+        try:
+            plan = pd.read_csv(path)
+            plan = plan[plan["kind"] == "train"].copy()
+        except Exception as e:  # truncated or foreign file
+            notes.append(f"{path}: unreadable ({type(e).__name__}); the answer is from finished runs only")
+            continue
+        if "micro_batch_start" in plan:
+            start = pd.to_numeric(plan["micro_batch_start"], errors="coerce")
+            plan["micro_batch"] = start.where(start.notna(), plan["micro_batch"]).astype(int)
+        plan["sweep"] = sweep.name
+        plan["status"] = plan["feasible"].map(lambda ok: "planned" if ok in (True, "True") else "infeasible")
+        frames.append(plan)
+    if not frames:
+        return pd.DataFrame()
+    plan = _with_spec_defaults(pd.concat(frames, ignore_index=True), list(RunSpec().to_dict()))
+    for column in ("pred_step_time_s", "pred_source"):
+        if column not in plan:
+            plan[column] = None
+    plan["pred_step_time_s"] = pd.to_numeric(plan["pred_step_time_s"], errors="coerce")
+    return with_batch(plan)
 
 
 def _older_estimates(frame: pd.DataFrame) -> pd.DataFrame:

@@ -28,6 +28,7 @@ from analysis.scaling import (ablation, aggregate, headline, missing_baselines, 
 from analysis.definitions import DEFINITIONS
 from analysis.nodes import preflight_table, straggler_notes
 from bench.core.schema import ADDED_DEFAULTS
+from bench.predict.budget import DEFAULT_KNEE_SHARE, DEFAULT_TRAIN_TOKENS, check_knee_share
 
 
 SCALING_COLUMNS = {
@@ -97,7 +98,9 @@ PREDICTED_COLUMNS = {"model": "model", "configuration": "configuration", "placem
 EXTRAPOLATION_COLUMNS = {"sweep": "sweep", "label": "run", "base_nodes": "calibrated at nodes",
                          "nodes": "nodes", "predicted": "predicted tokens/s/GPU",
                          "measured": "measured tokens/s/GPU", "error": "error"}
-TRAIN_TOKENS = 1e12
+TRAIN_TOKENS = DEFAULT_TRAIN_TOKENS
+WEAK_COLUMNS = {**STRONG_COLUMNS, "efficiency": "scaling efficiency"}  # no next share: no knee
+del WEAK_COLUMNS["next_step"], WEAK_COLUMNS["grad_accum"]
 COST_COLUMNS = {"sweep": "sweep", "model": "model", "sharding": "sharding", "precision": "precision",
                 "activation_checkpointing": "AC", "nodes": "nodes",
                 "price_per_hour": "price (USD/instance-h)", "tokens_per_s": "tokens/s",
@@ -173,11 +176,11 @@ def provenance(frame: pd.DataFrame) -> list[str]:
 
 
 def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
-          train_tokens: float | None = None) -> Path:
+          train_tokens: float | None = None, knee_share: float | None = None) -> Path:
     """Write every table, chart and the two report pages; returns the Markdown path.
 
     prices override the sweeps' own price_per_hour by cluster name; train_tokens the study's
-    study.train_tokens (default TRAIN_TOKENS).
+    study.train_tokens (default TRAIN_TOKENS); knee_share its study.knee_share.
     """
     out.mkdir(parents=True, exist_ok=True)
     frame = loaded.frame
@@ -187,9 +190,11 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
     runs_cost = run_costs(frame, price_table)
     study = sweep_study(loaded.sweeps)
     train_tokens = train_tokens or study.get("train_tokens") or TRAIN_TOKENS
-    strong = strong_rows(agg, price_table, train_tokens)
+    knee_share = knee_share or study.get("knee_share", DEFAULT_KNEE_SHARE)
+    answers = strong_rows(agg, price_table, train_tokens, knee_share, loaded.plan)
+    strong, weak = answers[answers["scaling"] == "strong"], answers[answers["scaling"] == "weak"]
     sentences, best = headline(agg)
-    sentences = knee_sentences(strong, train_tokens, study.get("knee_share", 0.5)) + sentences
+    sentences = knee_sentences(answers, train_tokens, knee_share) + sentences
     probes = nccl_summary(frame)
     sentences = sentences or probe_sentences(probes)  # a probe-only study: what each EFA count gave
     one_rank = probes[probes["nodes"] * probes["gpus_per_node"] == 1] if not probes.empty else probes
@@ -205,12 +210,15 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
               "cost": _present(config_costs(agg, runs_cost, price_table, train_tokens), COST_COLUMNS).rename(
                   columns={"days to train": f"days to train {train_tokens:.3g} tokens",
                            "USD to train": f"USD to train {train_tokens:.3g} tokens"})}
+    budget = {"days to train": f"days to train {train_tokens:.3g} tokens",
+              "USD to train": f"USD to train {train_tokens:.3g} tokens"}
     if not strong.empty:  # the CSV keeps the numbers, the page the percentages
-        budget = {"days to train": f"days to train {train_tokens:.3g} tokens",
-                  "USD to train": f"USD to train {train_tokens:.3g} tokens"}
         tables["strong"] = _present(strong, STRONG_COLUMNS).rename(columns=budget)
-        tables["strong_short"] = _present(_percent(strong, "efficiency", "next_share"),
+        tables["strong_short"] = _present(_percent(strong, "efficiency"),
                                           STRONG_COLUMNS).rename(columns=budget)
+    if not weak.empty:
+        tables["weak"] = _present(weak, WEAK_COLUMNS).rename(columns=budget)
+        tables["weak_short"] = _present(_percent(weak, "efficiency"), WEAK_COLUMNS).rename(columns=budget)
     runs_cost.to_csv(out / "cost_runs.csv", index=False)
     sizes = nccl_sizes(frame)
     if not sizes.empty:
@@ -271,19 +279,27 @@ def _sections(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], charts: dict
     ok = int((frame["status"] == "ok").sum())
     sections: list[tuple[str, object]] = []
     if sentences:
-        sections.append(("The answer", sentences))
+        sections.append(("The answer" if len(frame) else "The answer, predicted: nothing has run yet (the "
+                         "plan's prediction, plan.csv)", sentences))
     if "strong" in tables:
         sections.append(("Strong scaling: one global batch at every node count, days and dollars to train "
-                         "(predicted where a node count has no ok run)", tables["strong_short"]))
+                         "(predicted where a node count has no ok run: each row's source says from what; the "
+                         "knee is where the next node count buys less than the study's knee_share of a "
+                         "linear gain)", tables["strong_short"]))
     if not tables["headline"].empty:
         sections.append(("Best configuration at each node count", tables["headline"]))
+    if "weak" in tables:
+        sections.append(("Weak scaling: days and dollars to train at the global batch each node count trains "
+                         "(micro batch x ranks; predicted where a node count has no ok run). No knee: the "
+                         "batch grows with the node count, so a step up changes what a step trains, and a "
+                         "larger batch may need more tokens to reach the same loss", tables["weak_short"]))
     if "throughput_vs_nodes" in charts:
         sections.append((charts["throughput_vs_nodes"], ("chart", "throughput_vs_nodes")))
     if not tables["efa"].empty:
         sections.append(("All-reduce bandwidth by EFA adapters", tables["efa"]))
     if notes:
         sections.append(("Notes", notes))
-    if ok == 0:
+    if ok == 0 and len(frame):
         sections.append(("No successful runs", ["every run failed or was pruned: see the run status table"]))
     sections.append(("Scaling (per configuration and node count; every column in scaling.csv)",
                      tables["scaling_short"]))
@@ -336,10 +352,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-tokens", type=float, default=None,
                         help="token budget for the time/cost-to-train columns (default: the study's "
                              f"study.train_tokens, else {TRAIN_TOKENS:.0e})")
+    parser.add_argument("--knee-share", type=float, default=None,
+                        help="the knee: where the next node count buys less than this share of a linear "
+                             "gain, in (0, 1] (default: the study's study.knee_share, else "
+                             f"{DEFAULT_KNEE_SHARE:g})")
     args = parser.parse_args(argv)
     try:
+        if args.train_tokens is not None and not 0 < args.train_tokens < float("inf"):
+            raise ValueError(f"--train-tokens must be a positive number of tokens, got {args.train_tokens:g}")
+        if args.knee_share is not None:
+            check_knee_share(args.knee_share)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
         loaded = load(args.path)
-        clusters = sorted(map(str, loaded.frame["cluster"].dropna().unique()))
+        planned = loaded.plan["cluster"] if "cluster" in loaded.plan else pd.Series(dtype=str)
+        clusters = sorted(set(map(str, pd.concat([loaded.frame["cluster"], planned]).dropna().unique())))
         prices = parse_price_overrides(args.price, clusters)
     except NoResults as e:
         print(f"error: {e}", file=sys.stderr)
@@ -347,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: bad --price: {e}", file=sys.stderr)
         return 2
-    md = build(loaded, args.out or args.path / "report", prices, args.train_tokens)
+    md = build(loaded, args.out or args.path / "report", prices, args.train_tokens, args.knee_share)
     print(f"report: {md} and {md.with_suffix('.html')} ({len(loaded.frame)} runs from "
           f"{len(loaded.sweeps)} sweep(s))")
     return 0

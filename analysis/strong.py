@@ -1,16 +1,15 @@
-"""Strong scaling in the units a team sizing a training run decides in: at one global batch, per node count,
-the time per optimizer step, days and dollars to train a token budget, and the knee past which another node
-buys little.
+"""Scaling in the units a team sizing a training run decides in: per configuration and node count, the
+time per optimizer step, days and dollars to train a token budget, the fastest and cheapest node count,
+and at one global batch the knee past which another node buys little. The definitions are
+bench/predict/budget.py's, which the plan prints before anything launches: this is the same answer, with
+measured figures in place of predicted ones as runs finish.
 
-At a fixed global batch every node count trains the same tokens per optimizer step, so scaling efficiency
-at n nodes is (step time at base / step time at n) x base / n: the same number as the weak-scaling
+At a fixed global batch (strong scaling) every node count trains the same tokens per optimizer step, so
+scaling efficiency at n nodes is (step time at base / step time at n) x base / n: the weak-scaling
 definition on tokens/s, read on the time a team pays for. Where a node count has no ok run, its figures are
-the plan's prediction (bench/predict/perf.py, recorded in the run's summary) and are marked as such.
-
-The knee: going from n nodes to the next planned count n' saves T_n - T_n' of each step's time; linear
-scaling would save T_n (1 - n/n'). Their ratio is the share of a linear gain that step buys (1: as much, 0:
-nothing, below 0: slower). The knee is the first n whose next step buys less than `study.knee_share`; where
-the next count is slower outright, the report says that instead of a negative share.
+the prediction (its summary's where it ran, else the plan's: plan.csv), marked with their source. Where the
+global batch grows with the node count (weak scaling), each node count's days are at the batch it trains,
+labelled so, and there is no knee.
 """
 from __future__ import annotations
 
@@ -22,12 +21,17 @@ import yaml
 
 from analysis.scaling import CONFIG, configuration_label, node_count
 from bench.core import rundir
+from bench.predict.budget import DEFAULT_KNEE_SHARE, Answer, Point, Row, answer, step_up
 
 COLUMNS = {"model": "model", "configuration": "configuration", "nodes": "nodes",
            "tokens_per_step": "tokens/step", "micro_batch": "micro batch", "grad_accum": "accumulation steps",
            "step_time_s": "step time (s)", "source": "source", "pred_step_time_s": "predicted step time (s)",
-           "efficiency": "strong-scaling efficiency", "next_share": "next node count buys",
-           "days_to_train": "days to train", "usd_to_train": "USD to train", "straggler": "straggler"}
+           "efficiency": "strong-scaling efficiency", "next_step": "next node count",
+           "days_to_train": "days to train", "usd_to_train": "USD to train", "answer": "answer",
+           "straggler": "straggler"}
+# what a node count's figure needs, of the aggregated results and of the plan
+FIGURES = [*CONFIG, "nodes", "global_batch", "micro_batch", "grad_accum", "step_time_s", "pred_step_time_s",
+           "pred_source", "status", "straggler"]
 
 
 def sweep_study(sweeps: list[Path]) -> dict[str, float]:
@@ -43,67 +47,126 @@ def sweep_study(sweeps: list[Path]) -> dict[str, float]:
     return {}
 
 
-def strong_rows(agg: pd.DataFrame, prices: dict[str, float | None], train_tokens: float) -> pd.DataFrame:
-    """One row per strong-scaling configuration and node count (see the module docstring)."""
-    strong = agg[agg["global_batch"].fillna(0) > 0] if "global_batch" in agg else agg.iloc[0:0]
+def _key(frame: pd.DataFrame) -> pd.Series:
+    """A configuration and node count as one string, numbers compared as numbers (32 == 32.0)."""
+    def cell(v: object) -> str:
+        number = isinstance(v, (int, float, np.number)) and not isinstance(v, (bool, np.bool_))
+        return repr(float(v)) if number else str(v)
+    return frame[CONFIG + ["nodes"]].apply(lambda r: "|".join(cell(v) for v in r), axis=1)
+
+
+def figures(agg: pd.DataFrame, plan: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per configuration and node count the runs' figures, and the plan's for node counts not run yet."""
+    runs = agg.reindex(columns=FIGURES)
+    if plan is None or plan.empty:
+        return runs
+    planned = plan.reindex(columns=FIGURES).drop_duplicates(CONFIG + ["nodes"])
+    if not runs.empty:
+        planned = planned[~_key(planned).isin(set(_key(runs)))]
+    return pd.concat([runs, planned], ignore_index=True) if not runs.empty else planned.reset_index(drop=True)
+
+
+def _source(row: pd.Series) -> str:
+    """"measured", "predicted (published constants)", "predicted (this study's 3 runs); ran: timeout", or
+    why a node count has no figure ("infeasible")."""
+    if pd.notna(row["step_time_s"]):
+        return "measured"
+    if pd.isna(row["pred_step_time_s"]) or row["status"] == "infeasible":
+        return str(row["status"])
+    source = f"predicted ({row['pred_source']})" if pd.notna(row["pred_source"]) else "predicted"
+    return source + ("" if row["status"] in ("planned", "ok") else f"; ran: {row['status']}")
+
+
+def _tokens_per_step(frame: pd.DataFrame) -> pd.Series:
+    """The global batch in tokens; weak scaling: a micro batch per rank."""
+    batch = pd.to_numeric(frame["global_batch"], errors="coerce").fillna(0)
+    weak = pd.to_numeric(frame["micro_batch"], errors="coerce") * frame["nodes"] * frame["gpus_per_node"]
+    return batch.where(batch > 0, weak) * frame["seq_len"]
+
+
+def _points(group: pd.DataFrame) -> list[Point]:
+    return [Point(int(r["nodes"]), float(r["tokens_per_step"]),
+                  None if pd.isna(r["step_time_s"]) else float(r["step_time_s"]), str(r["source"]))
+            for _, r in group.iterrows()]
+
+
+def strong_rows(agg: pd.DataFrame, prices: dict[str, float | None], train_tokens: float,
+                knee_share: float = DEFAULT_KNEE_SHARE, plan: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per configuration and node count (see the module docstring); `scaling` says strong or
+    weak, `answer` marks the fastest, the cheapest and the knee."""
+    found = figures(agg, plan)
     rows = []
-    for _, group in strong.groupby(CONFIG, dropna=False, sort=True):
-        group = group.sort_values("nodes")
+    for _, group in found.groupby(CONFIG, dropna=False, sort=True):
+        group = group.sort_values("nodes").drop_duplicates("nodes")
         measured = group["step_time_s"].notna()
-        step = group["step_time_s"].where(measured, group["pred_step_time_s"]).astype(float)
-        known = step.notna()
-        if not known.any():
-            continue
-        base = group[known].iloc[0]
-        base_step = step[known].iloc[0]
-        nodes = group["nodes"].astype(float)
-        tokens = group["global_batch"] * group["seq_len"]
-        days = train_tokens / tokens * step / 86400
-        price = group["cluster"].map(lambda c: prices.get(c)).astype(float)
-        nxt_step, nxt_nodes = step.shift(-1), nodes.shift(-1)
+        predicted = group["pred_step_time_s"].where(group["status"] != "infeasible")  # never a figure
+        group = group.assign(step_time_s=group["step_time_s"].where(measured, predicted).astype(float),
+                             pred_step_time_s=predicted,
+                             tokens_per_step=_tokens_per_step(group), source=group.apply(_source, axis=1))
+        price = prices.get(group["cluster"].iloc[0])
+        ans = answer(_points(group), train_tokens, price, knee_share)
+        marks = {id(r): [] for r in ans.rows}
+        for what, row in (("fastest", ans.fastest), ("cheapest", ans.cheapest), ("knee", ans.knee)):
+            if row is not None:
+                marks[id(row)].append(what + (" (beyond)" if what == "knee" and ans.knee_beyond else ""))
         rows.append(pd.DataFrame({
-            "model": group["model"], "configuration": group.apply(configuration_label, axis=1),
-            "nodes": group["nodes"], "tokens_per_step": tokens, "micro_batch": group["micro_batch"],
-            "grad_accum": group["grad_accum"], "step_time_s": step,
-            "pred_step_time_s": group["pred_step_time_s"],
-            "source": np.where(measured, "measured", np.where(known, "predicted", group["status"])),
-            "efficiency": base_step / step * base["nodes"] / nodes,
-            "next_share": (step - nxt_step) / (step * (1 - nodes / nxt_nodes)),
-            "days_to_train": days, "usd_to_train": days * 24 * nodes * price,
-            "straggler": group["straggler"] if "straggler" in group else None}))
-    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=list(COLUMNS))
+            "model": group["model"].values,
+            "configuration": group.apply(configuration_label, axis=1).values,
+            "scaling": "strong" if ans.strong and (group["global_batch"] > 0).all() else "weak",
+            "nodes": group["nodes"].values, "tokens_per_step": group["tokens_per_step"].values,
+            "micro_batch": group["micro_batch"].values, "grad_accum": group["grad_accum"].values,
+            "step_time_s": group["step_time_s"].values, "pred_step_time_s": group["pred_step_time_s"].values,
+            "source": group["source"].values, "efficiency": [r.efficiency for r in ans.rows],
+            "next_share": [r.next_share for r in ans.rows], "next_step": [step_up(r) for r in ans.rows],
+            "days_to_train": [r.days for r in ans.rows],
+            "usd_to_train": [r.usd for r in ans.rows], "price_per_hour": price,
+            "answer": [", ".join(marks[id(r)]) for r in ans.rows], "straggler": group["straggler"].values}))
+    if not rows:
+        return pd.DataFrame(columns=[*COLUMNS, "scaling", "price_per_hour"])
+    out = pd.concat(rows, ignore_index=True)
+    return out.astype({c: float for c in ("efficiency", "next_share", "days_to_train", "usd_to_train")})
+
+
+def _answer(group: pd.DataFrame, train_tokens: float, knee_share: float) -> Answer:
+    price = group["price_per_hour"].iloc[0]
+    return answer(_points(group), train_tokens, None if pd.isna(price) else float(price), knee_share)
 
 
 def knee_sentences(rows: pd.DataFrame, train_tokens: float, knee_share: float) -> list[str]:
-    """Per configuration: the node count to rent at this global batch, in days and dollars, and why."""
+    """Per strong-scaling configuration: the node count to rent at this global batch, in days and dollars,
+    and why; the fastest and the cheapest where they differ from it."""
     out = []
-    for (model, label), group in rows.groupby(["model", "configuration"], sort=False):
-        group = group[group["step_time_s"].notna()].reset_index(drop=True)
-        if group.empty:
+    strong = rows[rows["scaling"] == "strong"]
+    for (model, label), group in strong.groupby(["model", "configuration"], sort=False):
+        ans = _answer(group.reset_index(drop=True), train_tokens, knee_share)
+        at = ans.knee or ans.fastest
+        if at is None:  # no node count with a figure
             continue
-        below = group.index[group["next_share"] < knee_share]
-        at = group.loc[below[0]] if len(below) else group.iloc[-1]
         text = f"{model}, {label}: {_cost(at, train_tokens)}"
-        if len(below):
-            after = group.loc[below[0] + 1]
-            if at["next_share"] < 0:
-                text += f"; the next node count is slower at this global batch ({_cost(after, train_tokens)})"
-            else:
-                text += (f"; past {node_count(at['nodes'])} another node buys less than {knee_share:.0%} of the "
-                         f"time linear scaling would save ({node_count(after['nodes'])} buy "
-                         f"{at['next_share']:.0%}: {_cost(after, train_tokens)})")
+        if ans.knee is None:
+            text += "; one node count with a figure: no knee to judge"
+        elif ans.knee_beyond:
+            text += (f"; every step up to {node_count(at.point.nodes)} buys at least {knee_share:.0%} of the "
+                     "time linear scaling would save: the knee lies beyond the planned node counts")
+        elif (at.next_share or 0) < 0:
+            text += (f"; the next node count is slower at this global batch "
+                     f"({_cost(ans.knee_next, train_tokens)})")  # type: ignore[arg-type]
         else:
-            text += (f"; every step up to {node_count(at['nodes'])} buys at least {knee_share:.0%} of the time "
-                     "linear scaling would save: the knee lies beyond the planned node counts")
+            after = ans.knee_next
+            assert after is not None
+            text += (f"; past {node_count(at.point.nodes)} another node buys less than {knee_share:.0%} of "
+                     f"the time linear scaling would save ({node_count(after.point.nodes)} buy "
+                     f"{at.next_share:.0%}: {_cost(after, train_tokens)})")
+        for what, row in (("fastest", ans.fastest), ("cheapest", ans.cheapest)):
+            if row is not None and row is not at:
+                text += f"; {what}: {_cost(row, train_tokens)}"
         out.append(text)
     return out
 
 
-def _cost(row: pd.Series, train_tokens: float) -> str:
-    """"8 nodes train 1e+12 tokens in 12.3 days, $290,000 (predicted)"."""
-    usd = f", ${row['usd_to_train']:,.0f}" if pd.notna(row["usd_to_train"]) else ""
-    mark = " (predicted)" if row["source"] == "predicted" else ""
-    verb = "trains" if row["nodes"] == 1 else "train"
-    days = f"{row['days_to_train']:.1f} days"
-    return f"{node_count(row['nodes'])} {verb} {train_tokens:.3g} tokens in {days}{usd}{mark}"
-
+def _cost(row: Row, train_tokens: float) -> str:
+    """"8 nodes train 1e+12 tokens in 12.3 days, $290,000, predicted (published constants)"."""
+    usd = f", ${row.usd:,.0f}" if row.usd is not None else ""
+    mark = "" if row.point.source == "measured" else f", {row.point.source}"
+    verb = "trains" if row.point.nodes == 1 else "train"
+    return f"{node_count(row.point.nodes)} {verb} {train_tokens:.3g} tokens in {row.days:.1f} days{usd}{mark}"

@@ -11,7 +11,7 @@ Unequal runs (issue 48): 24 real trainings of 1, 2 and 4 one-rank nodes (fp32/bf
 128/256, 20 steps: 13-36 s each here), packed by their predicted durations (this machine's CPU, which
 slurm_local's nodes are); target <= 1.10 x the lower bound of their real durations.
 
-    scripts/slurm_cluster.sh start && python benchmarks/schedule_slurm.py [--sleep-s 15]
+    scripts/slurm_cluster.sh restart && python benchmarks/schedule_slurm.py [--sleep-s 15]  # a clean cluster
     python benchmarks/schedule_slurm.py --unequal  # the 24-run mix of real trainings, concurrent
     python benchmarks/schedule_slurm.py --quick    # the concurrent pass alone, workers sleep 2 s; the
                                                    # unequal mix planned (each run's estimate), not run

@@ -4,7 +4,9 @@
 # NodeAddr=127.0.0.1 on its own port, auth/none, proctrack/linuxproc, task/none, and a job-completion
 # log (no slurmdbd). Needs root (slurmd runs jobs as their user).
 #
-#   scripts/slurm_cluster.sh start     # installs slurm-wlm if missing, starts, waits for 4 idle nodes
+#   scripts/slurm_cluster.sh start     # installs slurm-wlm if missing, starts, waits for 4 nodes to answer;
+#                                      # a cluster already up and healthy is left running, its jobs with it
+#   scripts/slurm_cluster.sh restart   # the clean start: stops it, forgets every job and node state
 #   scripts/slurm_cluster.sh status
 #   scripts/slurm_cluster.sh stop
 #
@@ -25,9 +27,8 @@ install() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm >/dev/null
 }
 
-write_conf() {
-    mkdir -p "$DIR/state" "$DIR/log"
-    cat >"$CONF" <<EOF
+conf_text() {
+    cat <<EOF
 ClusterName=fsdpbench
 SlurmctldHost=localhost(127.0.0.1)
 SlurmctldPort=$CTLD_PORT
@@ -61,6 +62,15 @@ SchedulerType=sched/backfill
 SlurmdParameters=config_overrides
 TaskProlog=$DIR/taskprolog.sh
 EOF
+    for k in $(seq 1 "$NODES"); do
+        echo "NodeName=node$k NodeHostname=$(hostname) NodeAddr=127.0.0.1 Port=$((CTLD_PORT + k)) CPUs=$CPUS State=UNKNOWN"
+    done
+    echo "PartitionName=debug Nodes=node[1-$NODES] Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES"
+}
+
+write_conf() {
+    mkdir -p "$DIR/state" "$DIR/log"
+    conf_text >"$CONF"
     # Each node's own environment, from outside any job: the lines of $DIR/env.<node> ("export NAME=value"),
     # which slurmd sets in every task it starts there (tests give one node what a real machine might have:
     # another library path, a plugin that does not load)
@@ -70,10 +80,6 @@ EOF
 exit 0
 EOF
     chmod +x "$DIR/taskprolog.sh"
-    for k in $(seq 1 "$NODES"); do
-        echo "NodeName=node$k NodeHostname=$(hostname) NodeAddr=127.0.0.1 Port=$((CTLD_PORT + k)) CPUs=$CPUS State=UNKNOWN" >>"$CONF"
-    done
-    echo "PartitionName=debug Nodes=node[1-$NODES] Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES" >>"$CONF"
 }
 
 stop() {
@@ -91,25 +97,27 @@ stop() {
     pkill -9 -f "slurm(ctl)?d -f $CONF" 2>/dev/null || true
 }
 
-start() {
-    install
-    stop
-    rm -rf "$DIR/state"
-    write_conf
-    : >"$DIR/log/jobcomp.log"  # job ids restart with a clean controller
-    export SLURM_CONF="$CONF"
-    slurmctld -f "$CONF" -c  # clean start: no jobs or node states from an earlier run
-    for k in $(seq 1 "$NODES"); do
-        slurmd -f "$CONF" -N "node$k"
-    done
+alive() {  # alive PIDFILE: its process runs
+    [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null
+}
+
+controller_up() {  # our slurmctld runs and answers
+    alive "$DIR/slurmctld.pid" && SLURM_CONF="$CONF" scontrol ping 2>/dev/null | grep -q "is UP"
+}
+
+answering() {  # nodes the controller has answering: idle, or running jobs (allocated, mixed, completing)
+    SLURM_CONF="$CONF" sinfo -h -N -o "%N %t" 2>/dev/null | awk '$2 ~ /^(idle|alloc|mix|comp)$/ {print $1}' |
+        sort -u | wc -l
+}
+
+wait_up() {  # wait_up WHAT: until every node answers, resuming the ones Slurm holds down
     for _ in $(seq 1 60); do
-        idle=$(sinfo -h -N -t idle -o %N 2>/dev/null | sort -u | wc -l)
-        scontrol update nodename="node[1-$NODES]" state=resume 2>/dev/null || true
-        if [ "$idle" -ge "$NODES" ]; then
-            echo "slurm cluster up: $NODES nodes idle"
+        if [ "$(answering)" -ge "$NODES" ]; then
+            echo "slurm cluster $1: $NODES nodes answering"
             echo "export SLURM_CONF=$CONF"
             return 0
         fi
+        SLURM_CONF="$CONF" scontrol update nodename="node[1-$NODES]" state=resume 2>/dev/null || true
         sleep 1
     done
     echo "slurm cluster did not come up; logs in $DIR/log" >&2
@@ -117,9 +125,49 @@ start() {
     return 1
 }
 
+restart() {  # the clean start: no jobs, job ids or node states from an earlier run
+    install
+    stop
+    rm -rf "$DIR/state"
+    write_conf
+    : >"$DIR/log/jobcomp.log"  # job ids restart with a clean controller
+    export SLURM_CONF="$CONF"
+    slurmctld -f "$CONF" -c
+    for k in $(seq 1 "$NODES"); do
+        slurmd -f "$CONF" -N "node$k"
+    done
+    wait_up "up (clean start)"
+}
+
+start() {  # idempotent: a controller already up keeps its jobs; only a node daemon that is gone starts again
+    install
+    if ! controller_up; then
+        restart
+        return
+    fi
+    if [ "$(conf_text)" != "$(cat "$CONF")" ]; then
+        echo "note: the running cluster's $CONF differs from this script's; \`$0 restart\` applies it" \
+            "(and drops every job)" >&2
+    fi
+    local started=0
+    for k in $(seq 1 "$NODES"); do
+        if ! alive "$DIR/slurmd.node$k.pid"; then
+            SLURM_CONF="$CONF" slurmd -f "$CONF" -N "node$k"
+            started=$((started + 1))
+        fi
+    done
+    if [ "$started" -eq 0 ] && [ "$(answering)" -ge "$NODES" ]; then
+        echo "slurm cluster already up and healthy: left running, with its jobs"
+        echo "export SLURM_CONF=$CONF"
+        return 0
+    fi
+    wait_up "already up: $started node daemon(s) started again, jobs kept"
+}
+
 case "${1:-}" in
     start) start ;;
+    restart) restart ;;
     stop) stop; echo "stopped" ;;
     status) SLURM_CONF="$CONF" sinfo -N ;;
-    *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+    *) echo "usage: $0 start|restart|stop|status" >&2; exit 2 ;;
 esac

@@ -9,6 +9,7 @@ values a scheduler would refuse. Every problem is a ConfigError of one line; the
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
@@ -408,7 +409,12 @@ def validate(cfg: SweepConfig) -> None:
         raise ConfigError(f"launcher.collective_timeout_s={cfg.launcher.collective_timeout_s:g} must be "
                           f"below launcher.timeout_s={cfg.launcher.timeout_s:g}: a hung collective must fail "
                           "(and dump) before the harness stops the run")
-    _positive("study.train_tokens", cfg.study.train_tokens, "number")
+    tokens, price = cfg.study.train_tokens, cfg.cluster.price_per_hour
+    if tokens is not None and not (math.isfinite(tokens) and tokens > 0):
+        raise ConfigError(f"study.train_tokens must be a positive number of tokens, e.g. 1e12, got "
+                          f"{tokens!r}")
+    if price is not None and not (math.isfinite(price) and price >= 0):
+        raise ConfigError(f"cluster.price_per_hour must be USD per instance-hour (>= 0), got {price!r}")
     if not 0 < cfg.study.knee_share <= 1:
         raise ConfigError(f"study.knee_share must be in (0, 1], got {cfg.study.knee_share!r}")
     _positive("memory.workers", cfg.memory.workers)

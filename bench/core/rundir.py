@@ -13,13 +13,17 @@ died can re-attach to a job that is still running instead of starting a second o
 from the newest attempt only.
 
 Writes that other processes may read are atomic (temp file + rename), so a crash or Ctrl-C never
-leaves a half-written summary behind; files honour the umask (a team can share a results dir).
+leaves a half-written summary behind; files honour the umask (a team can share a results dir). A write
+that finds the filesystem full (ENOSPC, or the user's quota: EDQUOT) leaves the old file as it was and
+raises NoSpace, one line naming the directory, what the write needed and what was free.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,6 +54,37 @@ os.umask(_UMASK)
 
 class SweepDirBusy(RuntimeError):
     """Another live sweep holds this sweep dir."""
+
+
+class NoSpace(OSError):
+    """The results directory's filesystem is full: str() is one line naming the directory and the space
+    the write needed (an OSError still, for code that handles any failed write)."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def no_space(path: Path, size: int, e: OSError) -> NoSpace:
+    """The full filesystem under `path` in one line: the directory, the write's size, what is free."""
+    try:
+        free = _size(shutil.disk_usage(path.parent).free)
+    except OSError:
+        free = "unknown"
+    why = "no space left" if e.errno == errno.ENOSPC else "disk quota exceeded"
+    return NoSpace(e.errno, f"{why} in {path.parent}: writing {path.name} needs {_size(size)} ({free} free); "
+                   "free some space there (or set results_root elsewhere) and run the same command again: "
+                   "every finished run is kept")
 
 
 def run_dir(sweep_dir: Path, spec: RunSpec) -> Path:
@@ -120,27 +155,30 @@ def log_path(run_dir_: Path, name: str) -> Path:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode(), sync=True)
+
+
+def atomic_write_bytes(path: Path, data: bytes, sync: bool = False) -> None:
+    """`data` at `path` whole or not at all (temp file + rename); a full filesystem is NoSpace. `sync`:
+    on the disk before the rename (the small files other processes read: summary, ledger)."""
+    try:
+        _atomic_write(path, data, sync)
+    except OSError as e:
+        if e.errno in FULL and not isinstance(e, NoSpace):
+            raise no_space(path, len(data), e) from None
+        raise
+
+
+def _atomic_write(path: Path, data: bytes, sync: bool) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp creates 0600
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.fchmod(fd, 0o666 & ~_UMASK)
-    try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -13,6 +13,7 @@ as `cancelled`, the table is written. A second signal cleans up at once and stil
 """
 from __future__ import annotations
 
+import contextlib
 import signal
 import statistics
 import subprocess
@@ -144,6 +145,7 @@ def execute(cfg: SweepConfig, plan: list[PlannedRun], launcher: Launcher, sweep_
     with stop_on_signals() as stop, Progress(len(plan), cfg.progress, budget) as progress:
         sweep = _Sweep(cfg, launcher, sweep_dir, stop, progress, plan)
         active: dict[str, tuple[PlannedRun, RunSteps]] = {}
+        full = False
         try:
             write_results(sweep_dir)  # a table from the start, so a crash never leaves none
             waiting = _admit(sweep, plan)
@@ -156,8 +158,16 @@ def execute(cfg: SweepConfig, plan: list[PlannedRun], launcher: Launcher, sweep_
                                               status="cancelled", spec=planned.spec,
                                               error="cancelled by a second interrupt",
                                               run_dir=str(rundir.run_dir(sweep_dir, planned.spec))))
+        except rundir.NoSpace:  # a full disk: stop, clean up the runs in flight (a rerun redoes them)
+            full = True  # and say the first write that failed, not the table's after it
+            stop.set()
+            for _, steps in active.values():
+                with contextlib.suppress(rundir.NoSpace):
+                    steps.close()
+            raise
         finally:
-            write_results(sweep_dir)
+            with contextlib.suppress(rundir.NoSpace) if full else contextlib.nullcontext():
+                write_results(sweep_dir)
     return {**sweep.counts, "interrupted": int(stop.is_set())}
 
 
@@ -206,6 +216,8 @@ def _drive(sweep: _Sweep, waiting: list[PlannedRun], active: dict[str, tuple[Pla
                 continue
             except StopIteration as done:
                 summary = done.value
+            except rundir.NoSpace:  # not the run's failure: the sweep stops (execute)
+                raise
             except Exception as e:  # a defect outside the launcher calls: the run fails, the sweep goes on
                 summary = RunSummary(run_id=planned.spec.run_id, sweep=cfg.sweep_name, status="failed",
                                      spec=planned.spec, error=f"harness error: {type(e).__name__}: {e}",

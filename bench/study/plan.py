@@ -14,6 +14,7 @@ from bench.core.config import AUTO, AXES, ConfigError, SweepConfig
 from bench.core.models import float8_linear_params, model_source
 from bench.core.schema import RunSpec
 from bench.predict import census
+from bench.predict.budget import Point
 from bench.predict.memory import MemoryFigure, lower_bound, state_fits, states_gib
 from bench.predict.perf import Prediction, Predictor
 
@@ -310,3 +311,28 @@ def at_most(pred: Prediction, tokens_per_s_per_gpu: float) -> Prediction:
     factor = pred.tokens_per_s_per_gpu / tokens_per_s_per_gpu
     return replace(pred, tokens_per_s_per_gpu=tokens_per_s_per_gpu, step_time_s=pred.step_time_s * factor,
                    mfu=pred.mfu / factor if pred.mfu is not None else None)
+
+
+def tokens_per_step(spec: RunSpec) -> int:
+    """What one optimizer step trains, in tokens: the global batch, else (weak scaling) a micro batch per
+    rank."""
+    return (spec.global_batch or spec.micro_batch * spec.world_size) * spec.seq_len
+
+
+def answer_points(plan: list[PlannedRun]) -> list[tuple[RunSpec, list[Point]]]:
+    """Per training configuration (`_config`; a weak-scaling auto micro batch is one configuration), one
+    point per node count: the predicted step of what launches first, or why there is none."""
+    groups: dict[tuple[Any, ...], tuple[RunSpec, dict[int, Point]]] = {}
+    for p in plan:
+        if p.spec.kind != "train":
+            continue
+        spec, points = groups.setdefault(_config(p.spec), (p.spec, {}))
+        if p.spec.nodes in points:  # a repeat: the same prediction
+            continue
+        step = p.perf.step_time_s if p.perf and p.feasible else None
+        floor = "; a floor" if p.perf and p.perf.unmodeled else ""  # perf.unmodeled: days at least these
+        source = f"predicted ({p.perf.source}{floor})" if step is not None and p.perf else (
+            "infeasible" if not p.feasible else "no prediction")
+        spread = p.perf.spread if p.perf and step is not None else None
+        points[p.spec.nodes] = Point(p.spec.nodes, tokens_per_step(p.first_spec), step, source, spread)
+    return [(spec, sorted(points.values(), key=lambda q: q.nodes)) for spec, points in groups.values()]
