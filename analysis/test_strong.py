@@ -2,8 +2,6 @@
 with no finished run gives the predicted answer, and finished runs replace its rows."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 import pytest
 
@@ -11,9 +9,9 @@ from analysis import report
 from analysis.scaling import CONFIG
 from analysis.strong import knee_sentences, strong_rows
 from bench.core import rundir
-from bench.run.collect import write_results
 from bench.core.config import from_dict
 from bench.core.schema import RunSummary
+from bench.run.collect import write_results
 from bench.study.plan import expand
 from bench.sweep import compose, write_plan
 

@@ -14,20 +14,24 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from bench import preflight
 from bench.core import rundir
-from bench.run import schedule
-from bench.study.compose import available_sweeps, compose, make_launcher
 from bench.core.config import EXIT_CONFIG, ConfigError, SweepConfig, from_dict
 from bench.core.schema import RunSpec
-from bench.predict.budget import DEFAULT_TRAIN_TOKENS, Answer, Row, answer, step_up
 from bench.launchers.base import Launcher
-from bench.predict.cost import plan_cost, startup_of
-from bench.predict.memory import (CUDA_CONTEXT_GIB, FRAGMENTATION, MEASURE_OFF, NCCL_GIB_PER_COMMUNICATOR,
-                          MemoryPlanner)
+from bench.predict.budget import DEFAULT_TRAIN_TOKENS, Answer, Row, answer, step_up
 from bench.predict.calibrate import study_predictor
+from bench.predict.cost import plan_cost, startup_of
+from bench.predict.memory import (
+    CUDA_CONTEXT_GIB,
+    FRAGMENTATION,
+    MEASURE_OFF,
+    NCCL_GIB_PER_COMMUNICATOR,
+    MemoryPlanner,
+)
+from bench.run import schedule
+from bench.study.compose import available_sweeps, compose, make_launcher
 from bench.study.plan import PlannedRun, answer_points, expand
 
 FLAGS = {"--dry-run": "dry_run=true", "--rerun-failed": "rerun_failed=true", "--force": "force=true"}
@@ -46,9 +50,9 @@ def _gib(value: float) -> str:
     return f"{value:.1f}" if value >= 10 else f"{value:.3g}"
 
 
-PLAN_PERF = ("predicted (bench/predict/perf.py): tokens/s per GPU (with a ~90% interval where the study's own "
-             "runs calibrate it), MFU, scaling efficiency against the smallest planned node count of the same "
-             "configuration, and what bounds the step")
+PLAN_PERF = ("predicted (bench/predict/perf.py): tokens/s per GPU (with a ~90% interval where the study's "
+             "own runs calibrate it), MFU, scaling efficiency against the smallest planned node count of the "
+             "same configuration, and what bounds the step")
 
 
 def _perf_cells(p: PlannedRun) -> list[str]:
@@ -181,7 +185,8 @@ def format_answer(cfg: SweepConfig, plan: list[PlannedRun]) -> str:
 def write_plan(sweep_dir: Path, plan: list[PlannedRun], yaml_text: str) -> None:
     import pandas as pd
     rundir.atomic_write_text(sweep_dir / rundir.SWEEP_CONFIG, yaml_text)
-    rundir.atomic_write_text(sweep_dir / rundir.PLAN_CSV, pd.DataFrame([p.row() for p in plan]).to_csv(index=False))
+    rundir.atomic_write_text(sweep_dir / rundir.PLAN_CSV,
+                             pd.DataFrame([p.row() for p in plan]).to_csv(index=False))
 
 
 def render_all(launcher: Launcher, plan: list[PlannedRun], sweep_dir: Path, admit: bool) -> None:
@@ -212,7 +217,8 @@ def schedule_line(cfg: SweepConfig, plan: list[PlannedRun]) -> str:
     from bench.run.runner import as_job, node_budget
     jobs = [as_job(cfg, p) for p in plan if p.feasible]
     budget = node_budget(cfg)
-    where = f"{budget} node{'' if budget == 1 else 's'} in flight" if budget is not None else "one run at a time"
+    where = (f"{budget} node{'' if budget == 1 else 's'} in flight" if budget is not None
+             else "one run at a time")
     if not jobs or any(j.seconds is None for j in jobs):
         return (f"schedule: {where}; no run-time estimate for {cfg.cluster.name} (no prediction without a "
                 "named GPU: set cluster.gpu)")
@@ -220,8 +226,9 @@ def schedule_line(cfg: SweepConfig, plan: list[PlannedRun]) -> str:
     held = (budget or max(j.nodes for j in jobs)) * span / 3600
     used = sum(j.nodes * (j.seconds or 0) for j in jobs) / 3600
     one_by_one = sum(j.seconds or 0 for j in jobs) / 3600
-    return (f"schedule: {where}, estimated makespan {span / 3600:.2f} h (one run at a time: {one_by_one:.2f} h); "
-            f"cluster held {held:,.1f} node-hours for {used:,.1f} node-hours of runs ({used / held:.0%} busy)")
+    return (f"schedule: {where}, estimated makespan {span / 3600:.2f} h "
+            f"(one run at a time: {one_by_one:.2f} h); cluster held {held:,.1f} node-hours "
+            f"for {used:,.1f} node-hours of runs ({used / held:.0%} busy)")
 
 
 def _make_sweep_dir(sweep_dir: Path) -> None:

@@ -19,8 +19,16 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from bench.core.hardware import GPUS, supports_fp8
 from bench.core.models import ModelError, model_source
-from bench.core.schema import (ACCUMULATIONS, AC_MODES, FAULTS, OFFLOADS, PRECISIONS, SHARDINGS, SPEC_FIELDS,
-                               WRAP_POLICIES)
+from bench.core.schema import (
+    AC_MODES,
+    ACCUMULATIONS,
+    FAULTS,
+    OFFLOADS,
+    PRECISIONS,
+    SHARDINGS,
+    SPEC_FIELDS,
+    WRAP_POLICIES,
+)
 
 AUTO = "auto"  # axes.micro_batch value: search the largest micro batch that fits
 COMPILE_WARMUP = 1  # compile=true: step 0 compiles forward and backward; later steps reuse it (measured)
@@ -93,7 +101,7 @@ class LauncherConfig:
     grace_s: float = 10  # SIGTERM (or delete) -> SIGKILL
     poll_s: float = 0.2
     max_nodes: int | None = None  # node budget of runs in flight; None: the cluster's (local: one at a time)
-    probes_alone: bool = True  # nccl probes run with nothing else in flight (shared fabric distorts bandwidth)
+    probes_alone: bool = True  # nccl probes run with nothing else in flight (a shared fabric distorts them)
     rendezvous_timeout_s: float = 1800  # torchrun c10d join/read timeouts: nodes that start apart still meet
     python: str | None = None  # interpreter on the nodes; None = this one (pyxis: the image's)
     workdir: str | None = None  # project checkout on the nodes; None = this checkout
@@ -154,8 +162,8 @@ class MicroBatchSearch:
 
 @dataclass
 class MemoryConfig:
-    """How the planner knows each run's memory before launch (bench/predict/memory.py): the worker's own step on
-    fake tensors, per distinct configuration, cached; the lower bound of the state where that cannot run."""
+    """How the planner knows each run's memory before launch (bench/predict/memory.py): the worker's own step
+    on fake tensors, per distinct configuration, cached; the lower bound of the state where it cannot run."""
 
     measure: bool = True  # false: the lower bound only (instant; prunes only what surely cannot fit)
     cache_dir: str | None = None  # None = $XDG_CACHE_HOME/fsdpbench, else ~/.cache/fsdpbench

@@ -1,8 +1,8 @@
 """What a sweep will cost before it launches: instance-hours, GPU-hours and dollars from the price table.
 
 A run's time is a fixed start-up (launch, rendezvous, model materialisation, which dominate short benchmark
-runs) plus its steps at the step time the performance model predicts (bench/predict/perf.py). The timeout gives a
-hard upper bound that assumes nothing.
+runs) plus its steps at the step time the performance model predicts (bench/predict/perf.py). The timeout
+gives a hard upper bound that assumes nothing.
 """
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ PROBE_S = 60.0  # an all-reduce size sweep after start-up
 
 
 class Costed(Protocol):
-    """A planned run as cost sees it (bench.study.plan.PlannedRun): the plan imports prediction, not the reverse."""
+    """A planned run as cost sees it (bench.study.plan.PlannedRun): the plan imports prediction, not the
+    reverse."""
 
     @property
     def first_spec(self) -> RunSpec: ...

@@ -42,9 +42,9 @@ from bench.core.config import SweepConfig
 from bench.core.flops import GIB, PARAM_BYTES, shard_size, state_bytes_per_param
 from bench.core.models import count_params
 from bench.core.records import parse_records
+from bench.core.rundir import atomic_write_text
 from bench.core.schema import RunSpec
 from bench.launchers.base import PROJECT_ROOT, command_env, die_with_parent
-from bench.core.rundir import atomic_write_text
 
 MEMORY_FIELDS = ("model", "nodes", "gpus_per_node", "sharding", "precision", "activation_checkpointing",
                  "wrap_policy", "offload", "micro_batch", "seq_len")

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from bench.core.config import from_dict
-from bench.study.plan import answer_points, expand
 from bench.predict.budget import Point, answer, days_to_train, step_up
+from bench.study.plan import answer_points, expand
 from bench.sweep import answer_table, compose, format_answer
 
 TOKENS_PER_STEP = 1024 * 4096  # a global batch of 1024 sequences of 4096 tokens
