@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, NamedTuple
 
+from nccl.command import busbw_factor, collective_of_binary
+
 STATUSES = ("ok", "wrong_results", "truncated", "failed")
 PLACEMENTS = ("out-of-place", "in-place")
 _AVG_TOLERANCE_ABS = 0.011  # busbw is printed with 2 decimals; the Avg line with more
@@ -45,6 +47,7 @@ _ERROR = re.compile(r"NCCL failure|Test NCCL failure|Test failure|CUDA failure|S
 _NETWORK = re.compile(r"NCCL INFO Using network (\S.*?)\s*$")
 _TRANSPORT_HINT = re.compile(r"NCCL INFO (?:NET/OFI Selected [Pp]rovider is \S+|NET/Socket :|NET/IB :|"
                              r".* via (?:NET|P2P|SHM)/\S+|NET/OFI Using aws-ofi-nccl \S+)")
+_STARTING = re.compile(r"Collective test starting:\s*(\S+)")  # 2.17+: "# Collective test starting: all_gather_perf"
 _NICS = re.compile(r"\(found (\d+) nics\)")  # aws-ofi-nccl: "Selected Provider is efa (found 4 nics)"
 _FALLBACK_LAYOUTS = {  # token count of a full row -> header columns
     13: "size count type redop root time algbw busbw #wrong time algbw busbw #wrong",
@@ -81,6 +84,22 @@ class NcclResult:
     groups: int | None = None  # operations run side by side (NCCL_TESTS_SPLIT); bandwidths are per group
     nics: int | None = None  # NICs aws-ofi-nccl found ("found N nics"), the most any rank reported
     rows: list[NcclRow] = field(default_factory=list)  # one per message size and placement, in table order
+    binary: str | None = None  # the collective's binary as nccl-tests 2.17+ names it ("Collective test starting")
+
+    @property
+    def collective(self) -> str | None:
+        """all_reduce, all_gather or reduce_scatter: the binary's name where the output has it; else what
+        the rows show: redop "none" is a gather, and busbw / algbw on the largest message is 2(n-1)/n for
+        an all-reduce, (n-1)/n for a reduce-scatter (which the device lines' rank count tells apart)."""
+        if self.binary:
+            return collective_of_binary(self.binary)
+        if any(r.redop == "none" for r in self.rows):
+            return "all_gather"
+        big = max((r for r in self.rows if r.algbw > 0), key=lambda r: r.size, default=None)
+        if big is None or not self.ranks or self.ranks < 2:
+            return None
+        ratio = big.busbw / big.algbw
+        return min(("all_reduce", "reduce_scatter"), key=lambda c: abs(busbw_factor(self.ranks, c) - ratio))
 
     @property
     def avg_busbw(self) -> float | None:
@@ -118,14 +137,16 @@ class NcclResult:
         return "ok" if self.complete else "truncated"
 
     def inferred_ranks(self) -> int | None:
-        """Ranks from the device list, else from busbw/algbw = 2(n-1)/n on the largest message."""
+        """Ranks from the device list, else from busbw/algbw on the largest message: f(n-1)/n, f = 2 for
+        an all-reduce (the collective assumed where nothing names it), 1 for a gather or reduce-scatter."""
         if self.ranks:
             return self.ranks
         big = max((r for r in self.rows if r.algbw > 0), key=lambda r: r.size, default=None)
         if big is None:
             return None
+        f = 2.0 if self.collective in (None, "all_reduce") else 1.0
         ratio = big.busbw / big.algbw
-        return round(2 / (2 - ratio)) if ratio < 1.999 else None
+        return round(f / (f - ratio)) if ratio < f - 0.001 else None
 
     @property
     def network_measurement(self) -> bool:
@@ -270,6 +291,9 @@ class _Reader:
             config = dict(_CONFIG.findall(body))
             self.open("config", config)
             self.run.config = config
+        elif starting := _STARTING.search(body):
+            self.open("version")
+            self.run.binary = starting.group(1)
         elif body.startswith("nccl-tests version"):
             self.open("version")
             self.run.tests_version = _word(body, 2) or self.run.tests_version
@@ -321,6 +345,17 @@ def parse(text: str) -> NcclResult:
     """The (last) nccl-tests run in a text; an empty result (status failed) if there is none."""
     results = parse_all(text)
     return results[-1] if results else NcclResult(errors=["no nccl-tests output found"])
+
+
+def by_collective(text: str) -> dict[str, NcclResult]:
+    """The last run of each collective in a text stream: a probe output that holds only some of them (a
+    job that died after its first binary) is read for those it holds. Runs whose collective cannot be
+    told are left out."""
+    out: dict[str, NcclResult] = {}
+    for result in parse_all(text):
+        if result.collective:
+            out[result.collective] = result
+    return out
 
 
 def parse_json(data: str | dict[str, Any]) -> NcclResult:

@@ -1,5 +1,5 @@
 """The Slurm batch script of one run, rendered by pure functions: srun starts one torchrun agent per node
-with c10d rendezvous on the job's first node (or, for nccl-tests on GPU clusters, one all_reduce_perf rank
+with c10d rendezvous on the job's first node (or, for nccl-tests on GPU clusters, one rank of the probe's <collective>_perf
 per GPU). Every value that comes from configuration is quoted with shlex or checked against a strict
 pattern, so no config value can inject a command.
 """
@@ -15,7 +15,7 @@ from bench.config import ConfigError, SweepConfig
 from bench.core.schema import RunSpec
 from bench.launchers.base import (IMAGE_PYTHON, PROJECT_ROOT, fault_args, python_executable, rendezvous_conf,
                                   torchrun_argv, worker_module_argv)
-from nccl.command import all_reduce_perf_argv
+from nccl.command import perf_argv
 from nccl.records import JSON_FILE
 
 SCRIPT = "job.sbatch"
@@ -152,7 +152,7 @@ def worker_command(cfg: SweepConfig, spec: RunSpec, run_dir: Path) -> str:
     if uses_nccl_tests(cfg, spec):
         argv = (_srun_prefix(cfg, spec.gpus_per_node, cfg.cluster.slurm.mpi) + _efa_limit(cfg, spec, run_dir)
                 + ["bash", _submission_file(cfg, run_dir, NCCL_TESTS), worker_path(cfg, run_dir / JSON_FILE)]
-                + all_reduce_perf_argv(spec, binary=cfg.cluster.slurm.nccl_tests_binary))
+                + perf_argv(spec, binary=cfg.cluster.slurm.nccl_tests_binary))
         return shlex.join(argv)
     argv = (_srun_prefix(cfg, 1) + _efa_limit(cfg, spec, run_dir)
             + torchrun_argv(_python(cfg), spec, ENDPOINT, "@RDZV_ID@", rendezvous_conf(cfg))
