@@ -18,7 +18,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from bench.core.hardware import GPUS, supports_fp8
 from bench.core.models import ModelError, model_source
-from bench.core.schema import (ACCUMULATIONS, AC_MODES, FAULTS, OFFLOADS, PRECISIONS, SHARDINGS, SPEC_FIELDS,
+from bench.core.schema import (ACCUMULATIONS, AC_MODES, COLLECTIVES, FAULTS, OFFLOADS, PRECISIONS, SHARDINGS, SPEC_FIELDS,
                                WRAP_POLICIES)
 
 AUTO = "auto"  # axes.micro_batch value: search the largest micro batch that fits
@@ -131,7 +131,8 @@ AXES: tuple[str, ...] = tuple(f.name for f in fields(Axes))
 
 @dataclass
 class NcclSweepConfig:
-    """All-reduce probes beside the training runs (nccl-tests where present, else the torch probe)."""
+    """Collective probes beside the training runs (nccl-tests where present, else the torch probe): one
+    run per collective, node count, EFA count and repeat."""
 
     enabled: bool = False
     nodes: list[int] | None = None  # None = the training axes' nodes
@@ -141,6 +142,9 @@ class NcclSweepConfig:
     max_bytes: int = 1 << 26
     iters: int = 20
     split_per_node: bool = False  # NCCL_TESTS_SPLIT="MOD <gpus/node>": inter-node bandwidth only
+    # which collectives each probe point measures (bench.core.schema.COLLECTIVES): all-reduce, and the
+    # all-gather and reduce-scatter FULL_SHARD and SHARD_GRAD_OP run, at the study's own message sizes too
+    collectives: list[str] = field(default_factory=lambda: list(COLLECTIVES))
 
 
 @dataclass
@@ -297,6 +301,9 @@ def _check_axes(axes: Axes, cluster: ClusterConfig) -> None:
     for v in axes.efa_per_node:
         if v is not None and v < 0:
             raise ConfigError(f"axes.efa_per_node: {v!r} is not a count of adapters")
+        if v is not None and cluster.efa_per_node and v > cluster.efa_per_node:
+            raise ConfigError(f"axes.efa_per_node: {v} EFA adapters per node, but {cluster.instance_type} has "
+                              f"{cluster.efa_per_node} (cluster {cluster.name})")
     if too_many := [n for n in axes.nodes if n > cluster.max_nodes]:
         raise ConfigError(f"axes.nodes: {too_many} exceed cluster {cluster.name}'s max_nodes="
                           f"{cluster.max_nodes}")
@@ -334,6 +341,21 @@ def _check_kubernetes(k: K8sClusterConfig) -> None:
     for key, value, pattern, what in checks:
         if value is not None and (not pattern.match(value) or len(value) > 253):
             raise ConfigError(f"cluster.kubernetes.{key}={value!r} is not {what}")
+
+
+def _check_probes(nccl: NcclSweepConfig, cluster: ClusterConfig) -> None:
+    """Collectives the probes know, at least one; EFA counts the instance has (a cluster file that names
+    its adapters: more than it has would measure nothing, or another count mislabelled)."""
+    if unknown := [c for c in nccl.collectives if c not in COLLECTIVES]:
+        raise ConfigError(f"nccl.collectives: unknown collective(s) {unknown}; known: {', '.join(COLLECTIVES)}")
+    if nccl.enabled and not nccl.collectives:
+        raise ConfigError("nccl.collectives is empty: name at least one of " + ", ".join(COLLECTIVES))
+    for v in nccl.efa_per_node or ():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ConfigError(f"nccl.efa_per_node: {v!r} is not a count of adapters")
+        if cluster.efa_per_node and v > cluster.efa_per_node:
+            raise ConfigError(f"nccl.efa_per_node: {v} EFA adapters per node, but {cluster.instance_type} has "
+                              f"{cluster.efa_per_node} (cluster {cluster.name})")
 
 
 def _check_cluster(cluster: ClusterConfig) -> None:
@@ -399,6 +421,7 @@ def validate(cfg: SweepConfig) -> None:
     if nccl.enabled and nccl.nodes and max(nccl.nodes) > cfg.cluster.max_nodes:
         raise ConfigError(f"nccl.nodes {list(nccl.nodes)} exceed cluster {cfg.cluster.name}'s max_nodes="
                           f"{cfg.cluster.max_nodes}")
+    _check_probes(nccl, cfg.cluster)
     _check_faults(cfg.faults)
     search = cfg.micro_batch_search
     _positive("micro_batch_search.max", search.max)

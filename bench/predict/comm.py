@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from bench.core.flops import COMPUTE_BYTES, REDUCE_BYTES
 from bench.core.hardware import GpuSpec
-from bench.core.models import ModelArch, count_params, float8_linear_params
+from bench.core.models import ModelArch, block_params, count_params, float8_linear_params
 from bench.core.schema import RunSpec
 
 # Latency of one step of NCCL's ring (a collective over R ranks takes R-1 steps, an all-reduce 2(R-1)),
@@ -65,6 +65,22 @@ def collectives(spec: RunSpec, arch: ModelArch) -> list[Collective]:
                 Collective("reduce_scatter", grads, g, 1, "backward"),
                 Collective("all_reduce", grads, n, n, "backward")]  # g groups at once: all of grads per node
     return [Collective("all_reduce", grads, world, n, "backward")]  # NO_SHARD
+
+
+def unit_messages(spec: RunSpec, arch: ModelArch) -> dict[str, int]:
+    """One FSDP unit's all-gather and reduce-scatter in nccl-tests' size convention (the gathered output,
+    the reduce-scatter's whole input): the largest wrapped block's parameters in the compute dtype (Float8
+    linears in one byte) and its gradients in the reduce dtype; the whole model where it is one unit.
+    Empty for NO_SHARD, which runs neither."""
+    if spec.sharding == "NO_SHARD":
+        return {}
+    blocks = block_params(arch)
+    params = count_params(arch) if spec.wrap_policy == "whole_model" or not blocks else max(blocks)
+    gather = params * COMPUTE_BYTES[spec.precision]
+    if spec.precision == "fp8_tensorwise" and blocks:  # the block's share of the converted linears
+        share = params / count_params(arch) if spec.wrap_policy == "whole_model" else params / sum(blocks)
+        gather -= round(float8_linear_params(arch) * share) * (COMPUTE_BYTES[spec.precision] - 1)
+    return {"all_gather": int(gather), "reduce_scatter": int(params * REDUCE_BYTES[spec.precision])}
 
 
 def step_collectives(spec: RunSpec, arch: ModelArch) -> list[tuple[list[Collective], int]]:
