@@ -25,6 +25,8 @@ from nccl.command import busbw_factor, collective_of_binary
 
 STATUSES = ("ok", "wrong_results", "truncated", "failed")
 PLACEMENTS = ("out-of-place", "in-place")
+DTYPE_BYTES = {"int8": 1, "uint8": 1, "char": 1, "half": 2, "bfloat16": 2, "float": 4, "int32": 4, "int": 4,
+               "uint32": 4, "double": 8, "int64": 8, "uint64": 8, "fp8_e4m3": 1, "fp8_e5m2": 1}
 _AVG_TOLERANCE_ABS = 0.011  # busbw is printed with 2 decimals; the Avg line with more
 _AVG_TOLERANCE_REL = 0.002
 
@@ -88,18 +90,25 @@ class NcclResult:
 
     @property
     def collective(self) -> str | None:
-        """all_reduce, all_gather or reduce_scatter: the binary's name where the output has it; else what
-        the rows show: redop "none" is a gather, and busbw / algbw on the largest message is 2(n-1)/n for
-        an all-reduce, (n-1)/n for a reduce-scatter (which the device lines' rank count tells apart)."""
+        """all_reduce, all_gather or reduce_scatter: the binary's name where the output has it (2.17+);
+        else the rows': a gather or reduce-scatter prints each rank's share as its count (size / (element
+        bytes x ranks)), an all-reduce the whole tensor; of the two, the gather reduces nothing (redop
+        "none", or no redop column before 2.13). None where no row tells."""
         if self.binary:
             return collective_of_binary(self.binary)
-        if any(r.redop == "none" for r in self.rows):
-            return "all_gather"
-        big = max((r for r in self.rows if r.algbw > 0), key=lambda r: r.size, default=None)
-        if big is None or not self.ranks or self.ranks < 2:
-            return None
-        ratio = big.busbw / big.algbw
-        return min(("all_reduce", "reduce_scatter"), key=lambda c: abs(busbw_factor(self.ranks, c) - ratio))
+        shares = self.shares_per_rank()
+        if shares is None:
+            return "all_gather" if any(r.redop == "none" for r in self.rows) else None
+        if shares < 2:
+            return "all_gather" if any(r.redop == "none" for r in self.rows) else "all_reduce"
+        return "all_gather" if all(r.redop in (None, "none") for r in self.rows) else "reduce_scatter"
+
+    def shares_per_rank(self) -> int | None:
+        """size / (count x element bytes) on the largest row: the ranks of a gather or reduce-scatter (whose
+        count is one rank's share), 1 for an all-reduce."""
+        row = max((r for r in self.rows if r.count > 0 and r.dtype in DTYPE_BYTES), key=lambda r: r.size,
+                  default=None)
+        return round(row.size / (row.count * DTYPE_BYTES[row.dtype])) if row else None
 
     @property
     def avg_busbw(self) -> float | None:
@@ -137,10 +146,14 @@ class NcclResult:
         return "ok" if self.complete else "truncated"
 
     def inferred_ranks(self) -> int | None:
-        """Ranks from the device list, else from busbw/algbw on the largest message: f(n-1)/n, f = 2 for
-        an all-reduce (the collective assumed where nothing names it), 1 for a gather or reduce-scatter."""
+        """Ranks from the device list, else a gather's or reduce-scatter's count column, else busbw/algbw
+        on the largest message: f(n-1)/n, f = 2 for an all-reduce (assumed where nothing names it), 1 for
+        a gather or reduce-scatter."""
         if self.ranks:
             return self.ranks
+        shares = self.shares_per_rank()
+        if self.collective in ("all_gather", "reduce_scatter") and shares and shares > 1:
+            return shares
         big = max((r for r in self.rows if r.algbw > 0), key=lambda r: r.size, default=None)
         if big is None:
             return None
