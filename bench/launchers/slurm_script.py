@@ -150,9 +150,13 @@ def worker_command(cfg: SweepConfig, spec: RunSpec, run_dir: Path) -> str:
     """The srun line of the batch script, every argument quoted, every path absolute as the worker sees
     it (on the host, or inside the pyxis container)."""
     if uses_nccl_tests(cfg, spec):
+        try:
+            probe = perf_argv(spec, binary=cfg.cluster.slurm.nccl_tests_binary)
+        except ValueError as e:  # a binary whose siblings cannot be found
+            raise ConfigError(f"cluster.slurm.nccl_tests_binary: {e}") from None
         argv = (_srun_prefix(cfg, spec.gpus_per_node, cfg.cluster.slurm.mpi) + _efa_limit(cfg, spec, run_dir)
                 + ["bash", _submission_file(cfg, run_dir, NCCL_TESTS), worker_path(cfg, run_dir / JSON_FILE)]
-                + perf_argv(spec, binary=cfg.cluster.slurm.nccl_tests_binary))
+                + probe)
         return shlex.join(argv)
     argv = (_srun_prefix(cfg, 1) + _efa_limit(cfg, spec, run_dir)
             + torchrun_argv(_python(cfg), spec, ENDPOINT, "@RDZV_ID@", rendezvous_conf(cfg))

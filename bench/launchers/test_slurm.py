@@ -575,3 +575,13 @@ def test_a_node_whose_environment_differs_is_named_with_the_difference(slurm_clu
     found, loads = named["node3"]
     assert found == f"aws-ofi-nccl {plugin / 'libnccl-net.so'} where 3 of 4 have None"
     assert loads.startswith("aws-ofi-nccl does not load: ") and "too short" in loads  # dlopen's own words
+
+
+def test_a_binary_whose_siblings_cannot_be_found_is_one_config_error() -> None:
+    """The all-gather and reduce-scatter binaries are taken from beside all_reduce_perf: a binary of
+    another name cannot say where they are."""
+    cfg = cfg_for("cluster.slurm.nccl_tests_binary=/opt/tools/allreduce")
+    spec = next(p.spec for p in expand(cfg) if p.spec.kind == "nccl" and p.spec.collective == "all_gather")
+    with pytest.raises(ConfigError, match="cluster.slurm.nccl_tests_binary: '/opt/tools/allreduce' is not an "
+                                          "nccl-tests all_reduce_perf binary"):
+        SlurmLauncher(cfg).render(spec, Path("/fsx/results/p5_scaling/runs/run"))
