@@ -354,7 +354,8 @@ class Predictor:
         if curves:
             network = replace(network, curves=curves)
         local = self.cfg.launcher.name in ("local", "dryrun")
-        if probe is None and local and (near := sorted(k for k in self.probes if k[1] == spec.efa_per_node)):
+        if probe is None and local and (near := sorted(k for k, v in self.probes.items()
+                                                       if k[1] == spec.efa_per_node and not math.isnan(v.node_gbs))):
             # one machine: every simulated node's loopback is the same, so the nearest probe's latency holds
             borrowed = self.probes[min(near, key=lambda k: abs(k[0] - spec.nodes))]
             network = replace(network, step_latency_s=borrowed.step_latency_s,
