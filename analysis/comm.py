@@ -64,7 +64,8 @@ def bus_bytes_by_kind(sharding: str, precision: str, params: int, nodes: int,
     bp, bg = COMPUTE_BYTES[precision] * params, REDUCE_BYTES[precision] * params
     if sharding in ("FULL_SHARD", "SHARD_GRAD_OP"):
         gathers = 2 if sharding == "FULL_SHARD" else 1
-        return {("all_gather", "world"): (w - 1) / w * gathers * bp, ("reduce_scatter", "world"): (w - 1) / w * bg}
+        return {("all_gather", "world"): (w - 1) / w * gathers * bp,
+                ("reduce_scatter", "world"): (w - 1) / w * bg}
     if sharding == "NO_SHARD":
         return {("all_reduce", "world"): 2 * (w - 1) / w * bg}
     if sharding == "HYBRID_SHARD":
@@ -126,11 +127,13 @@ def _model_row(row: pd.Series, sizes: pd.DataFrame) -> dict[str, object]:
                 "reduce_scatter": block * REDUCE_BYTES[row["precision"]]}
     out: dict[str, object] = {}
     fed, seconds, world_bytes, world_s = [], 0.0, 0.0, 0.0
-    for (kind, leg), nbytes in bus_bytes_by_kind(row["sharding"], row["precision"], params, nodes, gpn).items():
+    legs = bus_bytes_by_kind(row["sharding"], row["precision"], params, nodes, gpn)
+    for (kind, leg), nbytes in legs.items():
         if not nbytes:
             continue
         at = nodes if leg == "world" else 1
-        bw, source = _probed(sizes, kind, at, efa, messages.get(kind, messages["all_gather"]), messages["all_gather"])
+        gather = messages["all_gather"]
+        bw, source = _probed(sizes, kind, at, efa, messages.get(kind, gather), gather)
         out[KIND_BUSBW[kind]] = bw
         fed.append(f"{kind.replace('_', '-')}: {source} at {at} node{'s' * (at > 1)}")
         if bw is None or seconds != seconds:
@@ -179,8 +182,8 @@ def verdict(comm_fraction: float, lost_s: float, grew_s: float, is_base: bool) -
 
 
 # trace_collectives kinds (issue 58's RunSummary field) -> the collective the probes measure
-TRACE_KINDS = {"all_gather_fwd": "all_gather", "all_gather_bwd": "all_gather", "reduce_scatter": "reduce_scatter",
-               "all_reduce": "all_reduce"}
+TRACE_KINDS = {"all_gather_fwd": "all_gather", "all_gather_bwd": "all_gather",
+               "reduce_scatter": "reduce_scatter", "all_reduce": "all_reduce"}
 TRACE_LABELS = {"all_gather_fwd": "forward all-gathers", "all_gather_bwd": "backward all-gathers",
                 "reduce_scatter": "reduce-scatters", "all_reduce": "all-reduces"}
 
@@ -193,7 +196,9 @@ def trace_collectives(row: pd.Series | dict[str, Any]) -> dict[str, dict[str, An
         value = json.loads(value)
     if not isinstance(value, dict):
         extra = row.get("extra")
-        extra = json.loads(extra) if isinstance(extra, str) and extra else extra if isinstance(extra, dict) else {}
+        if isinstance(extra, str) and extra:
+            extra = json.loads(extra)
+        extra = extra if isinstance(extra, dict) else {}
         value = extra.get("trace_collectives") or {}
     return value
 
@@ -246,7 +251,7 @@ def achieved_sentences(table: pd.DataFrame) -> list[str]:
     known = table[table["share"].notna()]
     for (nodes, kind), g in known.groupby(["nodes", "kind"], sort=True):
         runs = g["run_id"].nunique()
-        out.append(f"the {int(nodes)}-node runs' {TRACE_LABELS[kind]} reached {g['share'].median():.0%} of the "
-                   f"probe ({runs} run{'s' * (runs > 1)}; {g['achieved_busbw_gbs'].median():.1f} of "
+        out.append(f"the {int(nodes)}-node runs' {TRACE_LABELS[kind]} reached {g['share'].median():.0%} of "
+                   f"the probe ({runs} run{'s' * (runs > 1)}; {g['achieved_busbw_gbs'].median():.1f} of "
                    f"{g['probe_busbw_gbs'].median():.1f} GB/s bus bandwidth, {g['probe'].iloc[0]})")
     return out

@@ -66,13 +66,15 @@ ABLATION_COLUMNS = {"factor": "factor", "baseline": "baseline", "optimised": "op
                     "nodes": "nodes", "baseline_tokens_per_s": "baseline tokens/s",
                     "optimised_tokens_per_s": "optimised tokens/s", "gain_pct": "gain (%)",
                     "baseline_mem_gib": "baseline mem (GiB/GPU)", "optimised_mem_gib": "optimised mem (GiB/GPU)"}
-NCCL_COLUMNS = {"sweep": "sweep", "cluster": "cluster", "collective": "collective", "nodes": "nodes", "gpus_per_node": "GPUs/node",
+NCCL_COLUMNS = {"sweep": "sweep", "cluster": "cluster", "collective": "collective", "nodes": "nodes",
+                "gpus_per_node": "GPUs/node",
                 "efa_per_node": "EFA/node", "runs": "runs", "ok_runs": "ok runs", "transport": "transport",
                 "busbw_avg_gbs": "avg busbw (GB/s)", "busbw_max_gbs": "max busbw (GB/s)",
                 "busbw_max_gbs_min": "max busbw min (GB/s)", "busbw_max_gbs_max": "max busbw max (GB/s)",
                 "algbw_max_gbs": "max algbw (GB/s)"}
 # What the page shows of it (at most 8 columns; nccl.csv keeps every one)
-NCCL_SHORT = {"collective": "collective", "nodes": "nodes", "gpus_per_node": "GPUs/node", "efa_per_node": "EFA/node",
+NCCL_SHORT = {"collective": "collective", "nodes": "nodes", "gpus_per_node": "GPUs/node",
+              "efa_per_node": "EFA/node",
               "transport": "transport", "ok_runs": "ok runs", "busbw_avg_gbs": "avg busbw (GB/s)",
               "busbw_max_gbs": "max busbw (GB/s)"}
 PARITY_COLUMNS = {"model": "model", "nodes": "nodes", "precision": "precision", "reference": "reference run",
@@ -89,7 +91,8 @@ COMM_COLUMNS = {"sweep": "sweep", "model": "model", "sharding": "sharding", "pre
                 "lost_s": "step time lost vs base (s)", "comm_growth_s": "comm growth vs base (s)",
                 "verdict": "verdict"}
 ACHIEVED_COLUMNS = {"model": "model", "sharding": "sharding", "nodes": "nodes", "efa_per_node": "EFA/node",
-                    "kind": "collective", "message_bytes": "bytes per call", "achieved_busbw_gbs": "busbw (GB/s)",
+                    "kind": "collective", "message_bytes": "bytes per call",
+                    "achieved_busbw_gbs": "busbw (GB/s)",
                     "probe_busbw_gbs": "probe busbw (GB/s)", "share": "of the probe", "probe": "probe",
                     "run_id": "run"}
 COMM_SHORT = {"model": "model", "sharding": "sharding", "nodes": "nodes",
@@ -180,8 +183,9 @@ def efa_table(probes: pd.DataFrame) -> pd.DataFrame:
             continue
         suffix = "" if collective == "all_reduce" else f"_{collective}"
         part = of.groupby(keys, dropna=False)[["busbw_avg_gbs", "busbw_max_gbs"]].median().reset_index()
-        joined = joined.merge(part.rename(columns={"busbw_avg_gbs": f"busbw_avg_gbs{suffix}",
-                                                   "busbw_max_gbs": f"busbw_max_gbs{suffix}"}), on=keys, how="left")
+        part = part.rename(columns={"busbw_avg_gbs": f"busbw_avg_gbs{suffix}",
+                                    "busbw_max_gbs": f"busbw_max_gbs{suffix}"})
+        joined = joined.merge(part, on=keys, how="left")
     return joined.sort_values(keys, ignore_index=True)
 
 

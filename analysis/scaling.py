@@ -237,7 +237,8 @@ def probe_sentences(probes: pd.DataFrame) -> list[str]:
     "2 nodes: 4 EFA gave 8.2 GB/s avg bus bandwidth (max 12.1), 8.5x TCP"."""
     if probes.empty or "busbw_avg_gbs" not in probes:
         return []
-    ok = probes[probes["busbw_avg_gbs"].notna() & (probes["nodes"] > 1) & (probes["collective"] == "all_reduce")]
+    ok = probes[probes["busbw_avg_gbs"].notna() & (probes["nodes"] > 1)
+                & (probes["collective"] == "all_reduce")]
     sentences = []
     for nodes, rows in ok.groupby("nodes"):
         rows = rows.groupby("efa_per_node", as_index=False)[["busbw_avg_gbs", "busbw_max_gbs"]].median()
@@ -270,7 +271,8 @@ def nccl_sizes(frame: pd.DataFrame) -> pd.DataFrame:
     for _, r in frame[(frame["kind"] == "nccl") & (frame["status"] == "ok")].iterrows():
         extra = json.loads(r["extra"]) if isinstance(r.get("extra"), str) else {}
         for s in extra.get("sizes", []):
-            rows.append({"collective": r["collective"], "nodes": r["nodes"], "efa_per_node": r["efa_per_node"],
+            rows.append({"collective": r["collective"], "nodes": r["nodes"],
+                         "efa_per_node": r["efa_per_node"],
                          "size_bytes": s["size"], "busbw_gbs": s["busbw"], "algbw_gbs": s["algbw"],
                          "time_us": s["time_us"]})
     if not rows:

@@ -104,7 +104,7 @@ def test_what_each_run_got_of_the_network_against_the_probe(tmp_path) -> None:
     from analysis.comm import achieved, achieved_sentences
     sweep = tmp_path / "study"
     _probe(sweep, "all_reduce", 2, 200.0)
-    _probe(sweep, "reduce_scatter", 2, 100.0)  # no all-gather probe: its kinds are set against the all-reduce's
+    _probe(sweep, "reduce_scatter", 2, 100.0)  # no all-gather probe: its kinds meet the all-reduce's
     frame_rows = []
     for repeat, rs_s in enumerate((0.300, 0.330)):
         spec = RunSpec(model="llama2_7b", gpus_per_node=8, cluster="p5.48xlarge", efa_per_node=32, nodes=2,
@@ -127,8 +127,10 @@ def test_what_each_run_got_of_the_network_against_the_probe(tmp_path) -> None:
     assert ag["message_bytes"] == 2**28 and len(table) == 4  # the unknown kind is left out
     median = (got[0] + got[1]) / 2
     sentences = achieved_sentences(table)
-    assert sentences[1] == (f"the 2-node runs' reduce-scatters reached {median / 100:.0%} of the probe (2 runs; "
+    assert sentences[1] == (f"the 2-node runs' reduce-scatters reached {median / 100:.0%} of the probe "
+                            "(2 runs; "
                             f"{median:.1f} of 100.0 GB/s bus bandwidth, reduce_scatter probe)")
     gather = 32 * 2**28 / 0.512 / 1e9 * 15 / 16  # 15.7 GB/s
-    assert sentences[0] == (f"the 2-node runs' forward all-gathers reached {gather / 200:.0%} of the probe (2 runs; "
+    assert sentences[0] == (f"the 2-node runs' forward all-gathers reached {gather / 200:.0%} of the probe "
+                            "(2 runs; "
                             f"{gather:.1f} of 200.0 GB/s bus bandwidth, all_reduce probe)")

@@ -18,8 +18,8 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from bench.core.hardware import GPUS, supports_fp8
 from bench.core.models import ModelError, model_source
-from bench.core.schema import (ACCUMULATIONS, AC_MODES, COLLECTIVES, FAULTS, OFFLOADS, PRECISIONS, SHARDINGS, SPEC_FIELDS,
-                               WRAP_POLICIES)
+from bench.core.schema import (ACCUMULATIONS, AC_MODES, COLLECTIVES, FAULTS, OFFLOADS, PRECISIONS, SHARDINGS,
+                               SPEC_FIELDS, WRAP_POLICIES)
 
 AUTO = "auto"  # axes.micro_batch value: search the largest micro batch that fits
 COMPILE_WARMUP = 1  # compile=true: step 0 compiles forward and backward; later steps reuse it (measured)
@@ -302,8 +302,8 @@ def _check_axes(axes: Axes, cluster: ClusterConfig) -> None:
         if v is not None and v < 0:
             raise ConfigError(f"axes.efa_per_node: {v!r} is not a count of adapters")
         if v is not None and cluster.efa_per_node and v > cluster.efa_per_node:
-            raise ConfigError(f"axes.efa_per_node: {v} EFA adapters per node, but {cluster.instance_type} has "
-                              f"{cluster.efa_per_node} (cluster {cluster.name})")
+            raise ConfigError(f"axes.efa_per_node: {v} EFA adapters per node, but {cluster.instance_type} "
+                              f"has {cluster.efa_per_node} (cluster {cluster.name})")
     if too_many := [n for n in axes.nodes if n > cluster.max_nodes]:
         raise ConfigError(f"axes.nodes: {too_many} exceed cluster {cluster.name}'s max_nodes="
                           f"{cluster.max_nodes}")
@@ -347,15 +347,16 @@ def _check_probes(nccl: NcclSweepConfig, cluster: ClusterConfig) -> None:
     """Collectives the probes know, at least one; EFA counts the instance has (a cluster file that names
     its adapters: more than it has would measure nothing, or another count mislabelled)."""
     if unknown := [c for c in nccl.collectives if c not in COLLECTIVES]:
-        raise ConfigError(f"nccl.collectives: unknown collective(s) {unknown}; known: {', '.join(COLLECTIVES)}")
+        raise ConfigError(f"nccl.collectives: unknown collective(s) {unknown}; known: "
+                          f"{', '.join(COLLECTIVES)}")
     if nccl.enabled and not nccl.collectives:
         raise ConfigError("nccl.collectives is empty: name at least one of " + ", ".join(COLLECTIVES))
     for v in nccl.efa_per_node or ():
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ConfigError(f"nccl.efa_per_node: {v!r} is not a count of adapters")
         if cluster.efa_per_node and v > cluster.efa_per_node:
-            raise ConfigError(f"nccl.efa_per_node: {v} EFA adapters per node, but {cluster.instance_type} has "
-                              f"{cluster.efa_per_node} (cluster {cluster.name})")
+            raise ConfigError(f"nccl.efa_per_node: {v} EFA adapters per node, but {cluster.instance_type} "
+                              f"has {cluster.efa_per_node} (cluster {cluster.name})")
 
 
 def _check_cluster(cluster: ClusterConfig) -> None:

@@ -73,8 +73,8 @@ def perf_argv(spec: RunSpec, *, binary: str = ALL_REDUCE_PERF, gpus_per_process:
     On Slurm, JSON_IF_SUPPORTED_SCRIPT adds `-J file.json` where the binary has it.
     """
     argv = [perf_binary(binary, spec.collective), "-b", str(anchored_min_bytes(spec)),
-            "-e", str(spec.nccl_max_bytes), "-f", "2", "-g", str(gpus_per_process), "-n", str(spec.nccl_iters),
-            "-w", str(warmup_iters), "-d", dtype]
+            "-e", str(spec.nccl_max_bytes), "-f", "2", "-g", str(gpus_per_process),
+            "-n", str(spec.nccl_iters), "-w", str(warmup_iters), "-d", dtype]
     if spec.collective != "all_gather":  # a gather reduces nothing (nccl-tests prints redop "none")
         argv += ["-o", "sum"]
     return argv + ["-c", "1"]

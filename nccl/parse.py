@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, NamedTuple
 
-from nccl.command import busbw_factor, collective_of_binary
+from nccl.command import collective_of_binary
 
 STATUSES = ("ok", "wrong_results", "truncated", "failed")
 PLACEMENTS = ("out-of-place", "in-place")
@@ -49,7 +49,8 @@ _ERROR = re.compile(r"NCCL failure|Test NCCL failure|Test failure|CUDA failure|S
 _NETWORK = re.compile(r"NCCL INFO Using network (\S.*?)\s*$")
 _TRANSPORT_HINT = re.compile(r"NCCL INFO (?:NET/OFI Selected [Pp]rovider is \S+|NET/Socket :|NET/IB :|"
                              r".* via (?:NET|P2P|SHM)/\S+|NET/OFI Using aws-ofi-nccl \S+)")
-_STARTING = re.compile(r"Collective test starting:\s*(\S+)")  # 2.17+: "# Collective test starting: all_gather_perf"
+# 2.17+ names the binary before its table: "# Collective test starting: all_gather_perf"
+_STARTING = re.compile(r"Collective test starting:\s*(\S+)")
 _NICS = re.compile(r"\(found (\d+) nics\)")  # aws-ofi-nccl: "Selected Provider is efa (found 4 nics)"
 _FALLBACK_LAYOUTS = {  # token count of a full row -> header columns
     13: "size count type redop root time algbw busbw #wrong time algbw busbw #wrong",
@@ -86,7 +87,7 @@ class NcclResult:
     groups: int | None = None  # operations run side by side (NCCL_TESTS_SPLIT); bandwidths are per group
     nics: int | None = None  # NICs aws-ofi-nccl found ("found N nics"), the most any rank reported
     rows: list[NcclRow] = field(default_factory=list)  # one per message size and placement, in table order
-    binary: str | None = None  # the collective's binary as nccl-tests 2.17+ names it ("Collective test starting")
+    binary: str | None = None  # the binary as nccl-tests 2.17+ names it ("Collective test starting")
 
     @property
     def collective(self) -> str | None:

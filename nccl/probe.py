@@ -154,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         wrong = sum(r["wrong"] for r in rows)
         emit("summary", status="ok" if wrong == 0 else "failed",
              error=None if wrong == 0 else f"{spec.collective} returned {wrong} wrong elements",
-             source="torch.distributed", collective=spec.collective, transport=backend if not cuda else None, ranks=n, backend=backend,
+             source="torch.distributed", collective=spec.collective,
+             transport=backend if not cuda else None, ranks=n, backend=backend,
              busbw_avg_gbs=sum(r["busbw"] for r in rows) / len(rows),
              busbw_max_gbs=max(r["busbw"] for r in rows), algbw_max_gbs=max(r["algbw"] for r in rows),
              sizes=[{k: r[k] for k in ("size", "time_us", "algbw", "busbw", "wrong")} for r in rows],

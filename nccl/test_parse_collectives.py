@@ -24,7 +24,8 @@ def text(name: str) -> str:
 @pytest.mark.parametrize("name,collective,ranks,rows,version", [
     (AG_2180, "all_gather", 2, 16, "2.18.0"), (RS_2180, "reduce_scatter", 2, 16, "2.18.0"),
     (AG_2176, "all_gather", 8, 46, "2.17.6"), (AG_2185, "all_gather", 2, 2, "2.18.5")])
-def test_complete_outputs_of_each_version(name: str, collective: str, ranks: int, rows: int, version: str) -> None:
+def test_complete_outputs_of_each_version(name: str, collective: str, ranks: int, rows: int,
+                                          version: str) -> None:
     r = parse(text(name))
     assert (r.collective, r.ranks, len(r.rows), r.tests_version) == (collective, ranks, rows, version)
     assert r.status == "ok" and r.avg_busbw == pytest.approx(r.avg_busbw_printed, abs=0.011)
@@ -76,7 +77,8 @@ def test_a_probe_output_with_several_collectives_is_read_for_each(shared_data) -
     joined = text(AG_2176) + text(RS_2180) + all_reduce
     assert [r.collective for r in parse_all(joined)] == ["all_gather", "reduce_scatter", "all_reduce"]
     each = by_collective(joined)
-    assert {k: len(v.rows) for k, v in each.items()} == {"all_gather": 46, "reduce_scatter": 16, "all_reduce": 56}
+    assert {k: len(v.rows) for k, v in each.items()} == {"all_gather": 46, "reduce_scatter": 16,
+                                                          "all_reduce": 56}
     for collective, result in each.items():
         spec = RunSpec(kind="nccl", model="none", nodes=2, gpus_per_node=4, collective=collective)
         summary = records_from_output(joined, spec)[-1]

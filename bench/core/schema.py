@@ -140,7 +140,8 @@ class RunSpec:
         try:
             return tuple(int(v) for v in self.nccl_sizes.split(",") if v)
         except ValueError:
-            raise ValueError(f"nccl_sizes must be comma-separated byte counts, got {self.nccl_sizes!r}") from None
+            raise ValueError(f"nccl_sizes must be comma-separated byte counts, got {self.nccl_sizes!r}"
+                             ) from None
 
     @property
     def auto_micro_batch(self) -> bool:
@@ -195,8 +196,8 @@ class RunSpec:
         if self.kind == "preflight":
             return f"preflight-n{self.nodes}x{self.gpus_per_node}{on}"
         if self.kind == "nccl":
-            return (f"nccl-{self.collective.replace('_', '')}-n{self.nodes}x{self.gpus_per_node}-efa{self.efa_per_node}-r{self.repeat}"
-                    f"{on}")
+            return (f"nccl-{self.collective.replace('_', '')}-n{self.nodes}x{self.gpus_per_node}"
+                    f"-efa{self.efa_per_node}-r{self.repeat}{on}")
         ac = {"none": "noac", "full": "acfull", "selective": "acsel",
               "selective_op": "acselop"}[self.activation_checkpointing]
         options = "-compile" if self.compile else ""

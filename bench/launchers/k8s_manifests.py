@@ -141,7 +141,8 @@ def pytorchjob(cfg: SweepConfig, spec: RunSpec, name: str) -> dict[str, Any]:
 
 
 def mpijob(cfg: SweepConfig, spec: RunSpec, name: str) -> dict[str, Any]:
-    """One MPIJob: an mpirun launcher and `nodes` workers, one nccl-tests rank per GPU (the probe's binary)."""
+    """One MPIJob: an mpirun launcher and `nodes` workers, one rank of the probe's nccl-tests binary per
+    GPU."""
     ranks = spec.nodes * spec.gpus_per_node
     env = job_env(cfg, spec, None)
     command = [MPIRUN, "--allow-run-as-root", "--tag-output", "-np", str(ranks), "-N", str(spec.gpus_per_node),

@@ -1,7 +1,7 @@
 """The Slurm batch script of one run, rendered by pure functions: srun starts one torchrun agent per node
-with c10d rendezvous on the job's first node (or, for nccl-tests on GPU clusters, one rank of the probe's <collective>_perf
-per GPU). Every value that comes from configuration is quoted with shlex or checked against a strict
-pattern, so no config value can inject a command.
+with c10d rendezvous on the job's first node (or, for nccl-tests on GPU clusters, one rank of the probe's
+<collective>_perf per GPU). Every value that comes from configuration is quoted with shlex or checked
+against a strict pattern, so no config value can inject a command.
 """
 from __future__ import annotations
 

@@ -70,7 +70,7 @@ def workers(tmp_path: Path):
 
 
 def _launcher_command(stand_in: str, collective: str = "all_reduce") -> list[str]:
-    """Our MPIJob's launcher command for a 2-node probe of `collective`, scaled to one rank per worker here."""
+    """Our MPIJob's launcher command for a 2-node probe of `collective`, one rank per worker here."""
     cfg = cfg_for("efa_probe")
     spec = next(p.spec for p in expand(cfg) if p.spec.nodes == 2 and p.spec.efa_per_node == 32
                 and p.spec.collective == collective)
@@ -102,8 +102,8 @@ def _run(tmp_path: Path, shared_data: Path, collective: str = "all_reduce",
            # what the operator gives the launcher: the hostfile of its workers, and ssh options
            "OMPI_MCA_orte_default_hostfile": str(tmp_path / "hostfile"),
            "OMPI_MCA_plm_rsh_args": f"-F {tmp_path}/ssh_config"}
-    return subprocess.run(_launcher_command(str(stand_in), collective), env=env, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(_launcher_command(str(stand_in), collective), env=env, capture_output=True,
+                          text=True, timeout=120)
 
 
 def test_the_rendered_mpirun_reaches_sshd_workers_and_passes_path_and_libraries(workers, shared_data) -> None:
@@ -129,11 +129,12 @@ def test_gather_and_reduce_scatter_probes_run_their_own_binary_through_the_same_
     proc = _run(tmp_path, shared_data, collective, TESTDATA / table)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert len([ln for ln in proc.stderr.splitlines() if "fsdpbench-env" in ln]) == 2
-    spec = next(p.spec for p in expand(cfg_for("efa_probe")) if p.spec.nodes == 2 and p.spec.efa_per_node == 32
-                and p.spec.collective == collective)
+    spec = next(p.spec for p in expand(cfg_for("efa_probe"))
+                if p.spec.nodes == 2 and p.spec.efa_per_node == 32 and p.spec.collective == collective)
     records = records_from_output(proc.stdout, spec)
     summary = records[-1]
-    assert summary["status"] == "ok" and summary["collective"] == collective, (summary["error"], proc.stdout[-1500:])
+    assert summary["status"] == "ok", (summary["error"], proc.stdout[-1500:])
+    assert summary["collective"] == collective
     assert summary["busbw_avg_gbs"] == {"all_gather": 146.047, "reduce_scatter": 1.73537}[collective]
 
 

@@ -45,7 +45,8 @@ def test_batch_script_matches_golden(kind: str, collective: str | None) -> None:
     """The all-gather probe's script differs from the all-reduce's in its label, its binary (beside the
     configured all_reduce_perf), its first size (the study's gather size halved down: -b 24705 doubles to
     404,766,720 bytes, one Llama 2 7B block in bf16) and its missing -o."""
-    gather = ["cluster.slurm.nccl_tests_binary=/opt/nccl-tests/build/all_reduce_perf", "axes.model=[llama2_7b]"]
+    gather = ["cluster.slurm.nccl_tests_binary=/opt/nccl-tests/build/all_reduce_perf",
+              "axes.model=[llama2_7b]"]
     cfg = cfg_for("cluster.slurm.partition=p5", "cluster.slurm.account=ml-infra",
                   "cluster.slurm.container_image=/fsx/images/fsdpbench.sqsh",
                   "cluster.slurm.container_mounts=/fsx:/fsx", "cluster.slurm.extra_sbatch=['--qos=high']",

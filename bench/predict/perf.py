@@ -53,8 +53,8 @@ from bench.core.flops import (attention_square_flops_per_token, checkpointed_blo
 from bench.core.hardware import GPUS, INSTANCES, GpuSpec, compute_dtype, gpu_spec
 from bench.core.models import ModelArch, block_params, count_params, float8_linear_params
 from bench.core.schema import RunSpec, RunSummary
-from bench.predict.comm import (INTER_NODE_STEP_S, INTRA_NODE_STEP_S, Curve, Network, bus_factor, collective_s,
-                                step_collectives)
+from bench.predict.comm import (INTER_NODE_STEP_S, INTRA_NODE_STEP_S, Curve, Network, bus_factor,
+                                collective_s, step_collectives)
 from bench.predict.cpu import (CPU, CPU_EFFICIENCY, CPU_EMULATED_16BIT, cpu_peak_flops, cpu_runs_natively,
                                cpu_share)
 from bench.predict.traffic import accumulation_bytes, loss_bytes
@@ -354,8 +354,9 @@ class Predictor:
         if curves:
             network = replace(network, curves=curves)
         local = self.cfg.launcher.name in ("local", "dryrun")
-        if probe is None and local and (near := sorted(k for k, v in self.probes.items()
-                                                       if k[1] == spec.efa_per_node and not math.isnan(v.node_gbs))):
+        near = sorted(k for k, v in self.probes.items()
+                      if k[1] == spec.efa_per_node and not math.isnan(v.node_gbs))
+        if probe is None and local and near:
             # one machine: every simulated node's loopback is the same, so the nearest probe's latency holds
             borrowed = self.probes[min(near, key=lambda k: abs(k[0] - spec.nodes))]
             network = replace(network, step_latency_s=borrowed.step_latency_s,
@@ -402,8 +403,9 @@ def probes_of(summaries: Iterable[RunSummary]) -> dict[tuple[int, int], Network]
         source = (f"the study's {spec.collective} probe at {spec.nodes} nodes, {spec.efa_per_node} EFA "
                   f"({spec.world_size} ranks)")
         curve = probe_curve(spec.collective, spec.nodes, sizes, source)
-        if curve and ((*key, spec.collective) not in curves or spec.world_size > curves[(*key, spec.collective)][0]):
-            curves[(*key, spec.collective)] = (spec.world_size, curve)
+        slot = (*key, spec.collective)
+        if curve and (slot not in curves or spec.world_size > curves[slot][0]):
+            curves[slot] = (spec.world_size, curve)
     out = {key: network for key, (_, network) in nets.items()}
     for (nodes, efa, _), (_, curve) in sorted(curves.items()):
         base = out.get((nodes, efa), Network(math.nan, ""))

@@ -353,7 +353,8 @@ def test_a_slower_all_gather_probe_predicts_a_longer_exposed_all_gather_and_name
     spec = RunSpec(model="llama2_70b", nodes=4, gpus_per_node=8, activation_checkpointing="full",
                    micro_batch=1, seq_len=4096, efa_per_node=32, cluster="p5.48xlarge")
     ar_only = Predictor(cfg, probes_of([_probe_summary("all_reduce", 200.0)]))
-    both = Predictor(cfg, probes_of([_probe_summary("all_reduce", 200.0), _probe_summary("all_gather", 60.0)]))
+    both = Predictor(cfg, probes_of([_probe_summary("all_reduce", 200.0),
+                                     _probe_summary("all_gather", 60.0)]))
     (gpu, plain), (_, slow) = ar_only.setting(spec), both.setting(spec)
     units = get_arch("llama2_70b").layers + 1
     comms = {c.kind: c for c in collectives(spec, get_arch("llama2_70b")) if c.phase == "backward"}
@@ -362,8 +363,8 @@ def test_a_slower_all_gather_probe_predicts_a_longer_exposed_all_gather_and_name
     assert plain.gbs("all_gather", message) == plain.node_gbs == pytest.approx(200.0 * 2 * 3 / 4)
     assert collective_s(comms["all_gather"], gpu, slow, units) > 2 * collective_s(comms["all_gather"], gpu,
                                                                                     plain, units)
-    assert collective_s(comms["reduce_scatter"], gpu, slow, units) == collective_s(comms["reduce_scatter"], gpu,
-                                                                                   plain, units)
+    rs = comms["reduce_scatter"]
+    assert collective_s(rs, gpu, slow, units) == collective_s(rs, gpu, plain, units)
     a, b = ar_only.predict(spec), both.predict(spec)
     assert b.exposed_s > a.exposed_s and b.step_time_s > a.step_time_s and b.comm_s > a.comm_s
     assert slow.fed_by("all_gather") == "the study's all_gather probe at 4 nodes, 32 EFA (32 ranks)"
@@ -376,5 +377,5 @@ def test_gather_and_reduce_scatter_probes_alone_keep_the_published_all_reduce_fi
     cfg = from_dict(compose(["+sweep=p5_scaling", "nccl.enabled=false"])[0])
     spec = RunSpec(model="llama2_7b", nodes=4, gpus_per_node=8, efa_per_node=32, cluster="p5.48xlarge")
     _, network = Predictor(cfg, probes_of([_probe_summary("reduce_scatter", 90.0)])).setting(spec)
-    assert network.node_gbs == pytest.approx(209.78) and network.gbs("reduce_scatter", 2**27) == pytest.approx(
-        90.0 * 3 / 4)
+    assert network.node_gbs == pytest.approx(209.78)
+    assert network.gbs("reduce_scatter", 2**27) == pytest.approx(90.0 * 3 / 4)
