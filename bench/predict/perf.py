@@ -17,7 +17,8 @@ One training step per GPU is modelled as
 - communication (bench/predict/comm.py): FSDP's collectives per step (all-gathers of the parameters in forward and backward,
   reduce-scatter of the gradients; HYBRID_SHARD's inter-node all-reduce; NO_SHARD's all-reduce), each
   taking the longer of its intra-node leg (the GPUs' all-reduce bus bandwidth) and its network leg (bytes
-  a node's adapters carry / the node's measured all-reduce throughput). FSDP2 prefetches the next unit's
+  a node's adapters carry / the node's measured throughput for that collective: the study's all-gather or
+  reduce-scatter probe where it has one, else the all-reduce's). FSDP2 prefetches the next unit's
   gather while a unit computes, so only what outlasts its phase's compute is exposed, plus the first
   unit's gather and the last unit's reduction, which nothing hides;
 - contention: communication that overlaps still slows compute (NCCL's kernels take SMs and HBM
