@@ -225,7 +225,11 @@ class RunSpec:
     def from_dict(cls, data: dict[str, Any]) -> RunSpec:
         """Build from a dict, ignoring unknown keys (written by a newer schema)."""
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        values = {k: v for k, v in data.items() if k in names}
+        sizes = values.get("nccl_sizes")
+        if isinstance(sizes, (int, float)):  # a table cell: one size read as a number, none as NaN
+            values["nccl_sizes"] = "" if sizes != sizes else str(int(sizes))
+        return cls(**values)
 
 
 SPEC_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RunSpec))
