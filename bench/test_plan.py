@@ -362,3 +362,18 @@ def test_the_schedule_line_names_its_node_budget_in_words() -> None:
     for budget, words in ((1, "1 node in flight"), (4, "4 nodes in flight")):
         raw, _ = compose(["+sweep=smoke", f"launcher.max_nodes={budget}"])
         assert schedule_line(from_dict(raw), []).startswith(f"schedule: {words};")
+
+
+def test_probe_specs_keep_their_run_ids_through_the_summary_and_the_table() -> None:
+    """An all-reduce probe's id leaves the new fields out (a study begun before them keeps its probes);
+    a gather probe's one study size, read back from a table cell as a number, is the same spec."""
+    old = RunSpec(kind="nccl", model="none", nodes=2, gpus_per_node=8, efa_per_node=32)
+    assert "collective" not in old.canonical() and "nccl_sizes" not in old.canonical()
+    assert "--collective" not in old.to_argv()
+    gather = RunSpec(kind="nccl", model="none", nodes=2, collective="all_gather", nccl_sizes="363008")
+    assert RunSpec.from_dict({**gather.to_dict(), "nccl_sizes": 363008.0}).run_id == gather.run_id
+    assert RunSpec.from_dict({**old.to_dict(), "nccl_sizes": float("nan")}).run_id == old.run_id
+    with pytest.raises(ValueError, match="collective='broadcast' is not one of"):
+        RunSpec(kind="nccl", collective="broadcast")
+    with pytest.raises(ValueError, match="nccl_sizes must be comma-separated byte counts"):
+        RunSpec(kind="nccl", nccl_sizes="1k")
