@@ -36,8 +36,8 @@ ENV OPAL_PREFIX="" \
     PATH=/opt/nccl-tests/build:/opt/amazon/openmpi/bin:/opt/amazon/efa/bin:$PATH \
     LD_LIBRARY_PATH=/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu:/opt/amazon/openmpi/lib:/opt/amazon/efa/lib:$LD_LIBRARY_PATH
 
-# nccl-tests with MPI; all_reduce_perf is on PATH (Slurm scripts call it by name) and at the path the MPIJob
-# names (k8s_manifests.NCCL_TESTS).
+# nccl-tests with MPI; all_reduce_perf, all_gather_perf and reduce_scatter_perf are on PATH (Slurm scripts
+# call them by name) and at the path the MPIJob names (k8s_manifests.NCCL_TESTS; the others beside it).
 RUN git clone --depth 1 --branch "${NCCL_TESTS_VERSION}" https://github.com/NVIDIA/nccl-tests /opt/nccl-tests && \
     make -C /opt/nccl-tests MPI=1 MPI_HOME=/opt/amazon/openmpi CUDA_HOME=/usr/local/cuda -j"$(nproc)"
 

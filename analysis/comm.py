@@ -10,13 +10,23 @@ precision) and b_g bytes per reduced gradient (the reduce dtype), W ranks, g GPU
     HYBRID_SHARD   FULL_SHARD inside a node (g ranks), then an all-reduce of the node's shard across
                    nodes:                                   (g-1)/g (2 P b_p + P b_g) + 2(N-1)/N P b_g / g
 
-These are "bus bytes" in nccl-tests' sense (ring algorithm traffic per rank), so dividing by the measured
-all-reduce bus bandwidth (at the message size closest to one wrapped block's parameters, for the same
-node and EFA count) gives the time if nothing overlapped; intra-node traffic uses the 1-node probe.
+These are "bus bytes" in nccl-tests' sense (ring algorithm traffic per rank), so dividing each
+collective's share by its measured bus bandwidth gives the time if nothing overlapped: the all-gathers by
+the study's all-gather probe, the reduce-scatters by its reduce-scatter probe (at the size closest to one
+wrapped block's message in that collective's dtype), the all-reduces, and any collective the study did not
+probe, by the all-reduce probe (at the size closest to one block's parameters in the compute dtype), for
+the same node and EFA count; intra-node traffic uses the 1-node probes. `fed_by` says which fed each.
+
+What each run got of the network (`achieved`): a run's per-step record of its collectives
+(`trace_collectives`: kind -> bytes per step in nccl-tests' size convention, seconds per step, count) as
+bus bandwidth, bytes / seconds x the collective's bus factor over its group's ranks, against the probe's
+bus bandwidth of the same collective (else the all-reduce's) at the nearest size, per run and node count.
 """
 from __future__ import annotations
 
+import json
 import math
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -47,8 +57,30 @@ def bus_bytes(sharding: str, precision: str, params: int, nodes: int,
     raise ValueError(f"unknown sharding {sharding!r}")
 
 
-def busbw_at(sizes: pd.DataFrame, nodes: int, efa: float, message_bytes: float) -> float | None:
-    """Measured all-reduce busbw (GB/s) at the probed size closest (log scale) to message_bytes."""
+def bus_bytes_by_kind(sharding: str, precision: str, params: int, nodes: int,
+                      gpus_per_node: int) -> dict[tuple[str, str], float]:
+    """bus_bytes split by collective: {(kind, "intra" or "world"): bus bytes per GPU per step}."""
+    w, g, n = nodes * gpus_per_node, gpus_per_node, nodes
+    bp, bg = COMPUTE_BYTES[precision] * params, REDUCE_BYTES[precision] * params
+    if sharding in ("FULL_SHARD", "SHARD_GRAD_OP"):
+        gathers = 2 if sharding == "FULL_SHARD" else 1
+        return {("all_gather", "world"): (w - 1) / w * gathers * bp,
+                ("reduce_scatter", "world"): (w - 1) / w * bg}
+    if sharding == "NO_SHARD":
+        return {("all_reduce", "world"): 2 * (w - 1) / w * bg}
+    if sharding == "HYBRID_SHARD":
+        return {("all_gather", "intra"): (g - 1) / g * 2 * bp, ("reduce_scatter", "intra"): (g - 1) / g * bg,
+                ("all_reduce", "world"): 2 * (n - 1) / n * bg / g}
+    raise ValueError(f"unknown sharding {sharding!r}")
+
+
+def busbw_at(sizes: pd.DataFrame, nodes: int, efa: float, message_bytes: float,
+             collective: str = "all_reduce") -> float | None:
+    """Measured busbw (GB/s) of `collective` at the probed size closest (log scale) to message_bytes."""
+    if "collective" in sizes:
+        sizes = sizes[sizes["collective"] == collective]
+    elif collective != "all_reduce":
+        return None
     rows = sizes[(sizes["nodes"] == nodes) & ((sizes["efa_per_node"] == efa) | pd.isna(efa))]
     rows = rows[(rows["size_bytes"] > 0) & (rows["busbw_gbs"] > 0)]
     if rows.empty:
@@ -69,21 +101,52 @@ def _arch(row: pd.Series) -> ModelArch | None:
         return None
 
 
+KIND_BUSBW = {"all_gather": "busbw_all_gather_gbs", "reduce_scatter": "busbw_reduce_scatter_gbs",
+              "all_reduce": "busbw_all_reduce_gbs"}  # comm_model's column of each collective's figure
+
+
+def _probed(sizes: pd.DataFrame, kind: str, nodes: int, efa: float, message: float,
+            fallback_message: float) -> tuple[float | None, str]:
+    """A collective's bus bandwidth and which probe gave it: its own at its own message size, else the
+    all-reduce probe's at one block's parameters in the compute dtype."""
+    own = busbw_at(sizes, nodes, efa, message, kind) if kind != "all_reduce" else None
+    if own is not None:
+        return own, f"{kind} probe"
+    bw = busbw_at(sizes, nodes, efa, fallback_message)
+    return bw, "all_reduce probe" + ("" if kind == "all_reduce" else f" (no {kind} probe)")
+
+
 def _model_row(row: pd.Series, sizes: pd.DataFrame) -> dict[str, object]:
     arch = _arch(row)
     if arch is None:
         return {"comm_gb_per_gpu": float("nan"), "busbw_gbs": float("nan"), "comm_s": float("nan")}
     params = count_params(arch)
-    nodes, gpn = int(row["nodes"]), int(row["gpus_per_node"])
+    nodes, gpn, efa = int(row["nodes"]), int(row["gpus_per_node"]), row["efa_per_node"]
+    block = params / max(arch.blocks, 1)
+    messages = {"all_gather": block * COMPUTE_BYTES[row["precision"]],
+                "reduce_scatter": block * REDUCE_BYTES[row["precision"]]}
+    out: dict[str, object] = {}
+    fed, seconds, world_bytes, world_s = [], 0.0, 0.0, 0.0
+    legs = bus_bytes_by_kind(row["sharding"], row["precision"], params, nodes, gpn)
+    for (kind, leg), nbytes in legs.items():
+        if not nbytes:
+            continue
+        at = nodes if leg == "world" else 1
+        gather = messages["all_gather"]
+        bw, source = _probed(sizes, kind, at, efa, messages.get(kind, gather), gather)
+        out[KIND_BUSBW[kind]] = bw
+        fed.append(f"{kind.replace('_', '-')}: {source} at {at} node{'s' * (at > 1)}")
+        if bw is None or seconds != seconds:
+            seconds = float("nan")
+            continue
+        seconds += nbytes / (bw * 1e9)
+        if leg == "world":
+            world_bytes, world_s = world_bytes + nbytes, world_s + nbytes / (bw * 1e9)
     intra, world = bus_bytes(row["sharding"], row["precision"], params, nodes, gpn)
-    block_message = params / max(arch.blocks, 1) * COMPUTE_BYTES[row["precision"]]
-    bw_world = busbw_at(sizes, nodes, row["efa_per_node"], block_message) if world else None
-    bw_intra = busbw_at(sizes, 1, row["efa_per_node"], block_message) if intra else None
-    legs = [(nbytes, bw) for nbytes, bw in ((world, bw_world), (intra, bw_intra)) if nbytes]
-    seconds = (float("nan") if any(bw is None for _, bw in legs)
-               else sum((nbytes / (bw * 1e9) for nbytes, bw in legs), 0.0))
-    return {"comm_gb_per_gpu": (intra + world) / 1e9, "busbw_gbs": bw_world if world else bw_intra,
-            "comm_s": seconds}
+    effective = world_bytes / world_s / 1e9 if world_s else (
+        next((v for v in out.values() if v is not None), None) if intra else None)
+    return {**out, "comm_gb_per_gpu": (intra + world) / 1e9, "busbw_gbs": effective, "comm_s": seconds,
+            "fed_by": "; ".join(fed) or None}
 
 
 def comm_model(agg: pd.DataFrame, sizes: pd.DataFrame) -> pd.DataFrame:
@@ -116,3 +179,79 @@ def verdict(comm_fraction: float, lost_s: float, grew_s: float, is_base: bool) -
     if pd.notna(grew_s) and grew_s >= EXPLAINED * lost_s:
         return f"communication-bound ({min(grew_s / lost_s, 1):.0%} of the lost time is slower collectives)"
     return "not communication-bound (collectives explain little of the lost time)"
+
+
+# trace_collectives kinds (issue 58's RunSummary field) -> the collective the probes measure
+TRACE_KINDS = {"all_gather_fwd": "all_gather", "all_gather_bwd": "all_gather",
+               "reduce_scatter": "reduce_scatter", "all_reduce": "all_reduce"}
+TRACE_LABELS = {"all_gather_fwd": "forward all-gathers", "all_gather_bwd": "backward all-gathers",
+                "reduce_scatter": "reduce-scatters", "all_reduce": "all-reduces"}
+
+
+def trace_collectives(row: pd.Series | dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A run's `trace_collectives` (a dict, or the JSON the results table holds), else the one in its extra;
+    empty where the run has none."""
+    value = row.get("trace_collectives")
+    if isinstance(value, str) and value:
+        value = json.loads(value)
+    if not isinstance(value, dict):
+        extra = row.get("extra")
+        if isinstance(extra, str) and extra:
+            extra = json.loads(extra)
+        extra = extra if isinstance(extra, dict) else {}
+        value = extra.get("trace_collectives") or {}
+    return value
+
+
+def group_ranks(sharding: str, kind: str, nodes: int, gpus_per_node: int) -> int:
+    """Ranks of one group of a collective (trainer/parallel.py's meshes): HYBRID_SHARD gathers and reduces
+    within a node and all-reduces across nodes; the other strategies span every rank."""
+    if sharding == "HYBRID_SHARD":
+        return nodes if kind == "all_reduce" else gpus_per_node
+    return nodes * gpus_per_node
+
+
+def achieved(frame: pd.DataFrame, sizes: pd.DataFrame) -> pd.DataFrame:
+    """Per training run and collective kind: the bus bandwidth the run's collectives reached (bytes per
+    step / seconds per step x the bus factor over the group's ranks) against the probe's busbw of the same
+    collective at the nearest size to one call's bytes (else the all-reduce probe's), at the run's node
+    count and EFA (HYBRID_SHARD's gathers and reduce-scatters: the one-node probe), and the share."""
+    rows = []
+    train = frame[(frame["kind"] == "train") & (frame["status"] == "ok")] if "kind" in frame else frame
+    for _, r in train.iterrows():
+        for kind, rec in sorted(trace_collectives(r).items()):
+            collective = TRACE_KINDS.get(kind)
+            nbytes, secs, count = rec.get("bytes") or 0, rec.get("s") or 0.0, rec.get("count") or 0
+            if collective is None or nbytes <= 0 or secs <= 0 or count <= 0:
+                continue
+            nodes, gpn = int(r["nodes"]), int(r["gpus_per_node"])
+            ranks = group_ranks(r["sharding"], collective, nodes, gpn)
+            factor = (2 if collective == "all_reduce" else 1) * (ranks - 1) / ranks
+            got = nbytes / secs / 1e9 * factor
+            at = 1 if r["sharding"] == "HYBRID_SHARD" and collective != "all_reduce" else nodes
+            probe = busbw_at(sizes, at, r["efa_per_node"], nbytes / count, collective)
+            source = f"{collective} probe"
+            if probe is None and collective != "all_reduce":
+                probe, source = busbw_at(sizes, at, r["efa_per_node"], nbytes / count), "all_reduce probe"
+            rows.append({"sweep": r.get("sweep"), "run_id": r.get("run_id"), "model": r.get("model"),
+                         "sharding": r["sharding"], "nodes": nodes, "efa_per_node": r["efa_per_node"],
+                         "kind": kind, "message_bytes": nbytes / count, "achieved_busbw_gbs": got,
+                         "probe_busbw_gbs": probe, "share": got / probe if probe else float("nan"),
+                         "probe": source if probe else "no probe at this node/EFA count"})
+    return pd.DataFrame(rows)
+
+
+def achieved_sentences(table: pd.DataFrame) -> list[str]:
+    """Per node count and collective kind, the median share over the runs: "the 16-node runs'
+    reduce-scatters reached 71% of the probe (2 runs; 31.2 of 43.9 GB/s bus bandwidth, reduce_scatter
+    probe)"."""
+    if table.empty:
+        return []
+    out = []
+    known = table[table["share"].notna()]
+    for (nodes, kind), g in known.groupby(["nodes", "kind"], sort=True):
+        runs = g["run_id"].nunique()
+        out.append(f"the {int(nodes)}-node runs' {TRACE_LABELS[kind]} reached {g['share'].median():.0%} of "
+                   f"the probe ({runs} run{'s' * (runs > 1)}; {g['achieved_busbw_gbs'].median():.1f} of "
+                   f"{g['probe_busbw_gbs'].median():.1f} GB/s bus bandwidth, {g['probe'].iloc[0]})")
+    return out

@@ -122,6 +122,8 @@ def memory_vs_nodes(agg: pd.DataFrame) -> Figure | None:
 
 
 def busbw_vs_size(sizes: pd.DataFrame) -> Figure | None:
+    if "collective" in sizes:  # the all-reduce's; the others are in nccl_sizes.csv and the EFA table
+        sizes = sizes[sizes["collective"] == "all_reduce"]
     if sizes.empty:
         return None
     fig = _figure()

@@ -14,22 +14,35 @@ import matplotlib
 import pandas as pd
 
 from analysis import plots
-from analysis.comm import comm_model
+from analysis.comm import achieved, achieved_sentences, comm_model
 from analysis.cost import config_costs, parse_price_overrides, run_costs, sweep_costs, sweep_prices
-from analysis.load import Loaded, NoResults, load
-from analysis.parity import departures, loss_parity
-from analysis.predicted import (extrapolation_sentence, extrapolation_table, largest_miss, memory_notes, memory_table,
-                                throughput_table)
-from analysis.render import markdown, page_html
-from analysis.strong import COLUMNS as STRONG_COLUMNS
-from analysis.strong import knee_sentences, strong_rows, sweep_study
-from analysis.scaling import (ablation, aggregate, headline, missing_baselines, nccl_sizes, nccl_summary,
-                              probe_sentences, restart_notes, status_table)
 from analysis.definitions import DEFINITIONS
+from analysis.load import Loaded, NoResults, load
 from analysis.nodes import preflight_table, straggler_notes
-from bench.core.schema import ADDED_DEFAULTS
+from analysis.parity import departures, loss_parity
+from analysis.predicted import (
+    extrapolation_sentence,
+    extrapolation_table,
+    largest_miss,
+    memory_notes,
+    memory_table,
+    throughput_table,
+)
+from analysis.render import markdown, page_html
+from analysis.scaling import (
+    ablation,
+    aggregate,
+    headline,
+    missing_baselines,
+    nccl_sizes,
+    nccl_summary,
+    probe_sentences,
+    restart_notes,
+    status_table,
+)
+from analysis.strong import COLUMNS as STRONG_COLUMNS, knee_sentences, strong_rows, sweep_study
+from bench.core.schema import ADDED_DEFAULTS, COLLECTIVES
 from bench.predict.budget import DEFAULT_KNEE_SHARE, DEFAULT_TRAIN_TOKENS, check_knee_share
-
 
 SCALING_COLUMNS = {
     "sweep": "sweep", "model": "model", "sharding": "sharding", "precision": "precision",
@@ -55,34 +68,49 @@ HEADLINE_COLUMNS = {"model": "model", "configuration": "configuration", "nodes":
                     "tokens_per_s_per_gpu": "tokens/s/GPU", "tflops_per_gpu": "TFLOPS/GPU", "mfu": "MFU",
                     "mem_peak_alloc_gib": "peak alloc (GiB/GPU)", "scaling_efficiency": "scaling efficiency",
                     "straggler": "straggler", "status": "status"}
+# The EFA table: each collective's bus bandwidth side by side (all-reduce's columns keep their names)
 EFA_COLUMNS = {"nodes": "nodes", "gpus_per_node": "GPUs/node", "efa_per_node": "EFA adapters",
-               "transport": "transport (NCCL)", "nics": "NICs found", "busbw_avg_gbs": "avg busbw (GB/s)", "busbw_max_gbs": "max busbw (GB/s)",
-               "ok_runs": "ok runs"}
+               "transport": "transport (NCCL)", "nics": "NICs found", "busbw_avg_gbs": "avg busbw (GB/s)",
+               "busbw_max_gbs": "max busbw (GB/s)",
+               "busbw_avg_gbs_all_gather": "all-gather avg busbw (GB/s)",
+               "busbw_max_gbs_all_gather": "all-gather max busbw (GB/s)",
+               "busbw_avg_gbs_reduce_scatter": "reduce-scatter avg busbw (GB/s)",
+               "busbw_max_gbs_reduce_scatter": "reduce-scatter max busbw (GB/s)", "ok_runs": "ok runs"}
 ABLATION_COLUMNS = {"factor": "factor", "baseline": "baseline", "optimised": "optimised", "model": "model",
                     "nodes": "nodes", "held_fixed": "held fixed", "baseline_tokens_per_s": "baseline tokens/s",
                     "optimised_tokens_per_s": "optimised tokens/s", "gain_pct": "gain (%)",
                     "baseline_mem_gib": "baseline mem (GiB/GPU)", "optimised_mem_gib": "optimised mem (GiB/GPU)"}
-NCCL_COLUMNS = {"sweep": "sweep", "cluster": "cluster", "nodes": "nodes", "gpus_per_node": "GPUs/node",
+NCCL_COLUMNS = {"sweep": "sweep", "cluster": "cluster", "collective": "collective", "nodes": "nodes",
+                "gpus_per_node": "GPUs/node",
                 "efa_per_node": "EFA/node", "runs": "runs", "ok_runs": "ok runs", "transport": "transport",
                 "busbw_avg_gbs": "avg busbw (GB/s)", "busbw_max_gbs": "max busbw (GB/s)",
                 "busbw_max_gbs_min": "max busbw min (GB/s)", "busbw_max_gbs_max": "max busbw max (GB/s)",
                 "algbw_max_gbs": "max algbw (GB/s)"}
 # What the page shows of it (at most 8 columns; nccl.csv keeps every one)
-NCCL_SHORT = {"nodes": "nodes", "gpus_per_node": "GPUs/node", "efa_per_node": "EFA/node",
+NCCL_SHORT = {"collective": "collective", "nodes": "nodes", "gpus_per_node": "GPUs/node",
+              "efa_per_node": "EFA/node",
               "transport": "transport", "ok_runs": "ok runs", "busbw_avg_gbs": "avg busbw (GB/s)",
-              "busbw_max_gbs": "max busbw (GB/s)", "algbw_max_gbs": "max algbw (GB/s)"}
+              "busbw_max_gbs": "max busbw (GB/s)"}
 PARITY_COLUMNS = {"model": "model", "nodes": "nodes", "precision": "precision", "reference": "reference run",
                   "run": "run", "steps_compared": "steps compared",
                   "max_rel_deviation": "max relative deviation", "tolerance": "tolerance",
                   "verdict": "verdict"}
 COMM_COLUMNS = {"sweep": "sweep", "model": "model", "sharding": "sharding", "precision": "precision",
                 "activation_checkpointing": "AC", "nodes": "nodes", "comm_gb_per_gpu": "comm (GB/GPU/step)",
-                "busbw_gbs": "busbw used (GB/s)", "comm_s": "modelled comm (s)",
+                "busbw_gbs": "busbw used (GB/s)", "busbw_all_gather_gbs": "all-gather busbw (GB/s)",
+                "busbw_reduce_scatter_gbs": "reduce-scatter busbw (GB/s)",
+                "busbw_all_reduce_gbs": "all-reduce busbw (GB/s)", "fed_by": "probes used",
+                "comm_s": "modelled comm (s)",
                 "step_time_s": "step time (s)", "comm_fraction": "comm / step",
                 "lost_s": "step time lost vs base (s)", "comm_growth_s": "comm growth vs base (s)",
                 "verdict": "verdict"}
+ACHIEVED_COLUMNS = {"model": "model", "sharding": "sharding", "nodes": "nodes", "efa_per_node": "EFA/node",
+                    "kind": "collective", "message_bytes": "bytes per call",
+                    "achieved_busbw_gbs": "busbw (GB/s)",
+                    "probe_busbw_gbs": "probe busbw (GB/s)", "share": "of the probe", "probe": "probe",
+                    "run_id": "run"}
 COMM_SHORT = {"model": "model", "sharding": "sharding", "nodes": "nodes",
-              "comm_gb_per_gpu": "comm (GB/GPU/step)", "comm_s": "modelled comm (s)",
+              "fed_by": "probes used", "comm_s": "modelled comm (s)",
               "step_time_s": "step time (s)", "comm_fraction": "comm / step",
               "verdict": "verdict"}  # comm_model.csv keeps every column
 MEMORY_COLUMNS = {"model": "model", "configuration": "configuration", "placement": "nodes x GPUs",
@@ -145,10 +173,36 @@ def _percent(frame: pd.DataFrame, *columns: str) -> pd.DataFrame:
 
 
 def _sizes_by_column(sizes: pd.DataFrame) -> pd.DataFrame:
-    """Bus bandwidth per message size, one column per node and EFA count."""
-    table = sizes.pivot_table(index="size_bytes", columns=["nodes", "efa_per_node"], values="busbw_gbs")
-    table.columns = [f"busbw (GB/s) {int(n)} nodes {int(e)} EFA" for n, e in table.columns]
+    """Bus bandwidth per message size, one column per collective, node and EFA count (all-reduce's first,
+    unprefixed)."""
+    table = sizes.pivot_table(index="size_bytes", columns=["collective", "nodes", "efa_per_node"],
+                              values="busbw_gbs")
+    table = table[sorted(table.columns, key=lambda c: (COLLECTIVES.index(c[0]), c[1], c[2]))]
+    table.columns = [("" if c == "all_reduce" else f"{c.replace('_', '-')} ")
+                     + f"busbw (GB/s) {int(n)} nodes {int(e)} EFA" for c, n, e in table.columns]
     return table.reset_index().rename(columns={"size_bytes": "size (B)"})
+
+
+def efa_table(probes: pd.DataFrame) -> pd.DataFrame:
+    """One row per node, GPU and EFA count, the collectives' bus bandwidths side by side (median over ok
+    repeats; all-reduce's columns unsuffixed, the others suffixed with their name)."""
+    keys = ["nodes", "gpus_per_node", "efa_per_node"]
+    if probes.empty:
+        return probes
+    joined = probes.groupby(keys, dropna=False).agg(
+        transport=("transport", lambda s: ",".join(sorted({str(v) for v in s.dropna()})) or None),
+        nics=("nics", lambda s: ",".join(sorted({str(v) for v in s.dropna()})) or None),
+        ok_runs=("ok_runs", "sum")).reset_index()
+    for collective in COLLECTIVES:
+        of = probes[probes["collective"] == collective]
+        if of.empty or "busbw_avg_gbs" not in of:
+            continue
+        suffix = "" if collective == "all_reduce" else f"_{collective}"
+        part = of.groupby(keys, dropna=False)[["busbw_avg_gbs", "busbw_max_gbs"]].median().reset_index()
+        part = part.rename(columns={"busbw_avg_gbs": f"busbw_avg_gbs{suffix}",
+                                    "busbw_max_gbs": f"busbw_max_gbs{suffix}"})
+        joined = joined.merge(part, on=keys, how="left")
+    return joined.sort_values(keys, ignore_index=True)
 
 
 def study_kinds(frame: pd.DataFrame) -> str:
@@ -199,7 +253,7 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
     sentences = sentences or probe_sentences(probes)  # a probe-only study: what each EFA count gave
     one_rank = probes[probes["nodes"] * probes["gpus_per_node"] == 1] if not probes.empty else probes
     tables = {"headline": _present(_percent(best, "scaling_efficiency"), HEADLINE_COLUMNS),
-              "efa": _present(probes.drop(one_rank.index), EFA_COLUMNS),
+              "efa": _present(efa_table(probes.drop(one_rank.index)), EFA_COLUMNS),
               "scaling": _present(agg, SCALING_COLUMNS),
               "scaling_short": _present(_percent(agg, "scaling_efficiency"), SCALING_SHORT),
               "ablation": _present(ablation(agg), ABLATION_COLUMNS),
@@ -223,8 +277,10 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
     sizes = nccl_sizes(frame)
     if not sizes.empty:
         tables["nccl_sizes"] = _sizes_by_column(sizes)
-        most = _sizes_by_column(sizes[sizes["nodes"] == sizes["nodes"].max()])
-        tables["nccl_sizes_short"] = most.iloc[:, :8]  # the page: size + at most 7 EFA counts
+        most = sizes[sizes["nodes"] == sizes["nodes"].max()]
+        if most["collective"].nunique() > 1:  # the collectives side by side at the most adapters
+            most = most[most["efa_per_node"] == most["efa_per_node"].max()]
+        tables["nccl_sizes_short"] = _sizes_by_column(most).iloc[:, :8]  # the page: size + at most 7 columns
     preflight, preflight_notes = preflight_table(loaded.sweeps)
     if not preflight.empty:
         tables["preflight"] = preflight
@@ -243,6 +299,9 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
     if not comm.empty:
         tables["comm_model"] = _present(comm, COMM_COLUMNS)
         tables["comm_model_short"] = _present(comm, COMM_SHORT)
+    got = achieved(frame, sizes) if not sizes.empty else pd.DataFrame()
+    if not got.empty:
+        tables["network_achieved"] = _present(_percent(got, "share"), ACHIEVED_COLUMNS)
     for name, table in tables.items():
         table.to_csv(out / f"{name}.csv", index=False)
     charts = {}
@@ -257,7 +316,7 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
     cpu = frame["device_name"].fillna("").eq("cpu").any()
     notes = (loaded.notes + missing_baselines(agg) + departures(parity) + memory_notes(memory)
              + largest_miss(predicted, cpu) + extrapolation_sentence(extrapolated) + restart_notes(frame)
-             + straggler_notes(frame) + preflight_notes + unreadable)
+             + straggler_notes(frame) + preflight_notes + unreadable + achieved_sentences(got))
     if not one_rank.empty:
         notes.append(f"{len(one_rank)} one-rank all-reduce probe(s) measured no network (bus bandwidth is 0 "
                      "by definition on one rank): left out of the EFA table, kept in nccl.csv")
@@ -296,7 +355,8 @@ def _sections(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], charts: dict
     if "throughput_vs_nodes" in charts:
         sections.append((charts["throughput_vs_nodes"], ("chart", "throughput_vs_nodes")))
     if not tables["efa"].empty:
-        sections.append(("All-reduce bandwidth by EFA adapters", tables["efa"]))
+        sections.append(("Collective bandwidth by EFA adapters: all-reduce, all-gather, reduce-scatter",
+                         tables["efa"]))
     if notes:
         sections.append(("Notes", notes))
     if ok == 0 and len(frame):
@@ -318,11 +378,14 @@ def _sections(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], charts: dict
     if not tables["ablation"].empty:
         sections.append(("Ablation (throughput gain of each optimisation over its baseline)", tables["ablation"]))
     if not tables["nccl"].empty:
-        sections.append(("NCCL all-reduce by node count and EFA count (every column in nccl.csv)",
+        sections.append(("NCCL collectives by node count and EFA count (every column in nccl.csv)",
                          tables["nccl_short"]))
     if "nccl_sizes" in tables:
-        sections.append(("NCCL all-reduce bus bandwidth per message size, most nodes probed (every node "
-                         "count in nccl_sizes.csv)", tables["nccl_sizes_short"]))
+        sections.append(("NCCL bus bandwidth per message size, most nodes probed (every node count and "
+                         "collective in nccl_sizes.csv)", tables["nccl_sizes_short"]))
+    if "network_achieved" in tables:
+        sections.append(("What each run got of the network: its collectives' bus bandwidth against the probe "
+                         "at the nearest size", tables["network_achieved"]))
     if "comm_model" in tables:
         sections.append(("Communication model (FSDP bus bytes per step at the probed bandwidth; every column "
                          "in comm_model.csv)", tables["comm_model_short"]))

@@ -232,12 +232,12 @@ def ablation(agg: pd.DataFrame) -> pd.DataFrame:
 
 
 def nccl_summary(frame: pd.DataFrame) -> pd.DataFrame:
-    """Avg and max bus bandwidth by node count and EFA count (median over ok repeats)."""
+    """Avg and max bus bandwidth by collective, node count and EFA count (median over ok repeats)."""
     probes = frame[frame["kind"] == "nccl"]
     if probes.empty:
         return pd.DataFrame()
     ok = probes[probes["status"] == "ok"]
-    keys = ["sweep", "cluster", "nodes", "gpus_per_node", "efa_per_node"]
+    keys = ["sweep", "cluster", "collective", "nodes", "gpus_per_node", "efa_per_node"]
     out = probes.groupby(keys, dropna=False).agg(
         runs=("run_id", "count"), ok_runs=("status", lambda s: int((s == "ok").sum())),
         transport=("nccl_transport", lambda s: ",".join(sorted({str(v) for v in s.dropna()})) or None),
@@ -256,7 +256,8 @@ def probe_sentences(probes: pd.DataFrame) -> list[str]:
     "2 nodes: 4 EFA gave 8.2 GB/s avg bus bandwidth (max 12.1), 8.5x TCP"."""
     if probes.empty or "busbw_avg_gbs" not in probes:
         return []
-    ok = probes[probes["busbw_avg_gbs"].notna() & (probes["nodes"] > 1)]
+    ok = probes[probes["busbw_avg_gbs"].notna() & (probes["nodes"] > 1)
+                & (probes["collective"] == "all_reduce")]
     sentences = []
     for nodes, rows in ok.groupby("nodes"):
         rows = rows.groupby("efa_per_node", as_index=False)[["busbw_avg_gbs", "busbw_max_gbs"]].median()
@@ -283,18 +284,21 @@ def _nics(extras: pd.Series) -> str | None:
 
 
 def nccl_sizes(frame: pd.DataFrame) -> pd.DataFrame:
-    """Bus bandwidth per message size (median over repeats and placements) by nodes and EFA count."""
+    """Bus bandwidth per message size (median over repeats and placements) by collective, nodes and EFA
+    count."""
     rows = []
     for _, r in frame[(frame["kind"] == "nccl") & (frame["status"] == "ok")].iterrows():
         extra = json.loads(r["extra"]) if isinstance(r.get("extra"), str) else {}
         for s in extra.get("sizes", []):
-            rows.append({"nodes": r["nodes"], "efa_per_node": r["efa_per_node"], "size_bytes": s["size"],
-                         "busbw_gbs": s["busbw"], "algbw_gbs": s["algbw"], "time_us": s["time_us"]})
+            rows.append({"collective": r["collective"], "nodes": r["nodes"],
+                         "efa_per_node": r["efa_per_node"],
+                         "size_bytes": s["size"], "busbw_gbs": s["busbw"], "algbw_gbs": s["algbw"],
+                         "time_us": s["time_us"]})
     if not rows:
-        return pd.DataFrame(columns=["nodes", "efa_per_node", "size_bytes", "busbw_gbs", "algbw_gbs",
-                                     "time_us"])
+        return pd.DataFrame(columns=["collective", "nodes", "efa_per_node", "size_bytes", "busbw_gbs",
+                                     "algbw_gbs", "time_us"])
     sizes = pd.DataFrame(rows)
-    return sizes.groupby(["nodes", "efa_per_node", "size_bytes"], as_index=False).median()
+    return sizes.groupby(["collective", "nodes", "efa_per_node", "size_bytes"], as_index=False).median()
 
 
 def status_table(frame: pd.DataFrame) -> pd.DataFrame:

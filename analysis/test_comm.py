@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
+
 import pytest
 
 from analysis.comm import bus_bytes, comm_model
@@ -60,3 +62,75 @@ def test_verdicts_on_a_hand_made_sweep(tmp_path: Path) -> None:
     assert sgo2["comm_growth_s"] == pytest.approx(15 / 16 * 6 * P / 100e9 - 7 / 8 * 6 * P / 200e9)
     assert sgo2["verdict"].startswith("not communication-bound")
     assert comm.loc[("FULL_SHARD", 1), "verdict"] == "base"
+
+
+def _probe(sweep: Path, collective: str, nodes: int, busbw: float, efa: int = 32) -> None:
+    spec = RunSpec(kind="nccl", model="none", gpus_per_node=8, cluster="p5.48xlarge", efa_per_node=efa,
+                   nodes=nodes, collective=collective)
+    factor = (2 if collective == "all_reduce" else 1) * (8 * nodes - 1) / (8 * nodes)
+    _summary(sweep, spec, nccl_busbw_avg_gbs=busbw / 2, nccl_busbw_max_gbs=busbw, extra={"sizes": [
+        {"size": size, "busbw": busbw * share, "algbw": busbw * share / factor, "time_us": 1.0}
+        for size, share in ((2**20, 0.1), (2**28, 1.0), (2**30, 1.0))]})
+
+
+def test_a_slower_all_gather_probe_lengthens_the_modelled_all_gathers_and_the_table_says_so(tmp_path) -> None:
+    """FULL_SHARD's bus bytes split: all-gathers 2 x 15/16 P b_p at the all-gather probe's 60 GB/s, the
+    reduce-scatter 15/16 P b_g at the all-reduce probe's 200 (no reduce-scatter probe), against 200 for
+    everything without the gather probe."""
+    common = {"model": "llama2_7b", "gpus_per_node": 8, "cluster": "p5.48xlarge", "efa_per_node": 32,
+              "seq_len": 4096}
+    times = {}
+    for name, gather in (("ar_only", None), ("slow_gather", 60.0)):
+        sweep = tmp_path / name
+        _probe(sweep, "all_reduce", 2, 200.0)
+        if gather:
+            _probe(sweep, "all_gather", 2, gather)
+        _summary(sweep, RunSpec(**common, nodes=2), step_time_s=2.0, tokens_per_s=4096 * 16 / 2.0)
+        frame = load(sweep).frame
+        times[name] = comm_model(aggregate(frame), nccl_sizes(frame)).iloc[0]
+    plain, slow = times["ar_only"], times["slow_gather"]
+    assert plain["comm_s"] == pytest.approx(15 / 16 * 8 * P / 200e9)
+    assert slow["comm_s"] == pytest.approx(15 / 16 * 4 * P / 60e9 + 15 / 16 * 4 * P / 200e9)
+    assert slow["busbw_all_gather_gbs"] == 60.0 and slow["busbw_reduce_scatter_gbs"] == 200.0
+    assert slow["fed_by"] == ("all-gather: all_gather probe at 2 nodes; reduce-scatter: all_reduce probe "
+                              "(no reduce_scatter probe) at 2 nodes")
+    assert plain["fed_by"].startswith("all-gather: all_reduce probe (no all_gather probe) at 2 nodes")
+
+
+def test_what_each_run_got_of_the_network_against_the_probe(tmp_path) -> None:
+    """Two 2-node FULL_SHARD runs with issue 58's trace_collectives (bytes per step in nccl-tests' size
+    convention, seconds per step, calls): each kind's bus bandwidth (bytes / s x (W-1)/W over 16 ranks)
+    against the probe of its collective at the nearest size, and the sentence per node count."""
+    from analysis.comm import achieved, achieved_sentences
+    sweep = tmp_path / "study"
+    _probe(sweep, "all_reduce", 2, 200.0)
+    _probe(sweep, "reduce_scatter", 2, 100.0)  # no all-gather probe: its kinds meet the all-reduce's
+    frame_rows = []
+    for repeat, rs_s in enumerate((0.300, 0.330)):
+        spec = RunSpec(model="llama2_7b", gpus_per_node=8, cluster="p5.48xlarge", efa_per_node=32, nodes=2,
+                       repeat=repeat)
+        trace = {"all_gather_fwd": {"bytes": 32 * 2**28, "s": 0.512, "count": 32},
+                 "reduce_scatter": {"bytes": 32 * 2**29, "s": rs_s, "count": 32},
+                 "unknown_kind": {"bytes": 1, "s": 1.0, "count": 1}}
+        row = RunSummary(run_id=spec.run_id, sweep="study", status="ok", spec=spec, step_time_s=1.0,
+                         extra={"trace_collectives": trace}).to_row()
+        frame_rows.append(row)
+    frame = load(sweep).frame
+    table = achieved(pd.concat([frame, pd.DataFrame(frame_rows)], ignore_index=True), nccl_sizes(frame))
+    rs = table[table["kind"] == "reduce_scatter"].sort_values("run_id")
+    got = sorted(32 * 2**29 / s / 1e9 * 15 / 16 for s in (0.300, 0.330))
+    assert sorted(rs["achieved_busbw_gbs"]) == pytest.approx(got)
+    assert set(rs["probe_busbw_gbs"]) == {100.0} and set(rs["probe"]) == {"reduce_scatter probe"}
+    ag = table[table["kind"] == "all_gather_fwd"].iloc[0]
+    assert ag["achieved_busbw_gbs"] == pytest.approx(32 * 2**28 / 0.512 / 1e9 * 15 / 16)
+    assert ag["probe"] == "all_reduce probe" and ag["probe_busbw_gbs"] == 200.0
+    assert ag["message_bytes"] == 2**28 and len(table) == 4  # the unknown kind is left out
+    median = (got[0] + got[1]) / 2
+    sentences = achieved_sentences(table)
+    assert sentences[1] == (f"the 2-node runs' reduce-scatters reached {median / 100:.0%} of the probe "
+                            "(2 runs; "
+                            f"{median:.1f} of 100.0 GB/s bus bandwidth, reduce_scatter probe)")
+    gather = 32 * 2**28 / 0.512 / 1e9 * 15 / 16  # 15.7 GB/s
+    assert sentences[0] == (f"the 2-node runs' forward all-gathers reached {gather / 200:.0%} of the probe "
+                            "(2 runs; "
+                            f"{gather:.1f} of 200.0 GB/s bus bandwidth, all_reduce probe)")

@@ -240,8 +240,8 @@ def test_an_efa_study_keeps_its_nccl_tables_to_8_columns_on_the_page(tmp_path: P
         header = next((line for line in body.splitlines() if line.startswith("|")), None)
         if header:
             widths[title] = header.count("|") - 1
-    per_size = next(t for t in widths if t.startswith("NCCL all-reduce bus bandwidth per message size"))
-    by_nodes = next(t for t in widths if t.startswith("NCCL all-reduce by node count"))
+    per_size = next(t for t in widths if t.startswith("NCCL bus bandwidth per message size"))
+    by_nodes = next(t for t in widths if t.startswith("NCCL collectives by node count"))
     assert widths[per_size] == 5 and widths[by_nodes] <= 8, widths
     assert "busbw (GB/s) 16 nodes 32 EFA" in text and "busbw (GB/s) 8 nodes" not in text
     assert "| 99.48 |" in text  # 16 nodes, 32 EFA, 1 GiB: (1 + 32 + 0.16) x 3
@@ -451,3 +451,35 @@ def test_a_floor_prediction_is_counted_apart_not_named_the_largest_miss() -> Non
     assert "fp32 at 1 node ran 1.06x slower" in line
     only = largest_miss(table.iloc[[1]], cpu=False)
     assert only == ["prediction: left out, their prediction a floor only: 1 (CPU offload (...))"]
+
+
+def test_the_efa_table_shows_the_three_collectives_side_by_side(tmp_path: Path) -> None:
+    """Probes of each collective at 2 nodes with 4 and 32 EFA (repeats' medians), and a training run whose
+    communication model names the probes that fed it."""
+    sweep = tmp_path / "efa"
+    figures = {"all_reduce": 100.0, "all_gather": 70.0, "reduce_scatter": 80.0}
+    for collective, bw in figures.items():
+        for efa in (4, 32):
+            for repeat, jitter in enumerate((0.9, 1.0, 1.1)):
+                spec = RunSpec(kind="nccl", model="none", nodes=2, gpus_per_node=8, efa_per_node=efa,
+                               collective=collective, repeat=repeat, cluster="p5.48xlarge")
+                value = bw * efa / 32 * jitter
+                sizes = [{"size": 2**28, "busbw": value, "algbw": value, "time_us": 1.0}]
+                rundir.write_summary(rundir.run_dir(sweep, spec), RunSummary(
+                    run_id=spec.run_id, sweep="efa", status="ok", spec=spec, nccl_busbw_avg_gbs=value / 2,
+                    nccl_busbw_max_gbs=value, nccl_transport="AWS Libfabric", extra={"sizes": sizes}))
+    train = RunSpec(model="llama2_7b", nodes=2, gpus_per_node=8, efa_per_node=32, cluster="p5.48xlarge")
+    rundir.write_summary(rundir.run_dir(sweep, train), RunSummary(
+        run_id=train.run_id, sweep="efa", status="ok", spec=train, step_time_s=2.0, tokens_per_s=1000.0))
+    assert main([str(sweep)]) == 0
+    efa = pd.read_csv(sweep / "report" / "efa.csv").set_index("EFA adapters")
+    assert efa.loc[32, "max busbw (GB/s)"] == 100.0 and efa.loc[4, "max busbw (GB/s)"] == 12.5
+    assert efa.loc[32, "all-gather max busbw (GB/s)"] == 70.0
+    assert efa.loc[32, "reduce-scatter max busbw (GB/s)"] == 80.0
+    assert efa.loc[32, "all-gather avg busbw (GB/s)"] == 35.0 and efa.loc[32, "ok runs"] == 9
+    text = (sweep / "report" / "report.md").read_text()
+    assert "Collective bandwidth by EFA adapters: all-reduce, all-gather, reduce-scatter" in text
+    comm = pd.read_csv(sweep / "report" / "comm_model.csv").iloc[0]
+    assert comm["probes used"] == ("all-gather: all_gather probe at 2 nodes; "
+                                   "reduce-scatter: reduce_scatter probe at 2 nodes")
+    assert comm["all-gather busbw (GB/s)"] == 70.0 and "all_gather probe at 2 nodes" in text

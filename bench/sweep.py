@@ -83,7 +83,7 @@ def format_plan(plan: list[PlannedRun]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = ["  ".join([r[0].ljust(widths[0]), r[1].ljust(widths[1]),
                         *(c.rjust(w) for c, w in zip(r[2:-1], widths[2:])), r[-1]]) for r in rows]
-    networks = sorted({p.perf.network.source for p in plan if p.perf and p.feasible})
+    networks = sorted({p.perf.network.described for p in plan if p.perf and p.feasible})
     off = [f"memory: not measured ({MEASURE_OFF}): only runs whose state alone cannot fit are pruned"] if any(
         p.memory and MEASURE_OFF in (p.memory.note or "") for p in plan) else []
     return "\n".join([PLAN_MEMORY, *off, PLAN_PERF, *(f"network: {n}" for n in networks), *lines])

@@ -60,6 +60,13 @@ def module_file(dotted: str) -> tuple[Path, str | None] | None:
     return None
 
 
+def is_config_key(dotted: str) -> bool:
+    """`nccl.collectives` is the sweep config's key, not a module: the config has a section named as the
+    nccl package is, and a key of it is no module of that package."""
+    section, _, rest = dotted.partition(".")
+    return section == "nccl" and module_file(dotted) == (ROOT / "nccl" / "__init__.py", rest.split(".")[0])
+
+
 def problems(doc: Path) -> list[str]:
     found: list[str] = []
     for ref in TICKED.findall(doc.read_text()):
@@ -70,7 +77,7 @@ def problems(doc: Path) -> list[str]:
                 found.append(f"{ref}: no file {m.group(1)}")
             elif name not in definitions(path):
                 found.append(f"{ref}: {m.group(1)} defines no {name}")
-        elif m := MODULE.match(ref):
+        elif (m := MODULE.match(ref)) and not is_config_key(m.group(1)):
             located = module_file(m.group(1))
             if located is None:
                 found.append(f"{ref}: no module {m.group(1)}")
@@ -86,10 +93,12 @@ def problems(doc: Path) -> list[str]:
 def test_the_checker_catches_a_stale_name(tmp_path: Path) -> None:
     doc = tmp_path / "stale.md"
     doc.write_text("`bench/run/runner.py _Clock`, `bench/run/watch.py Clock`, `bench/runner.py`, "
-                   "`bench.run.watch.Clock`, `bench.run.nothing`, `python -m bench.sweep`")
+                   "`bench.run.watch.Clock`, `bench.run.nothing`, `python -m bench.sweep`, "
+                   "`nccl.collectives`, `nccl.parse.nothing`")
     assert problems(doc) == ["bench/run/runner.py _Clock: bench/run/runner.py defines no _Clock",
                              "bench/runner.py: no such file",
-                             "bench.run.nothing: no module bench.run.nothing"]
+                             "bench.run.nothing: no module bench.run.nothing",
+                             "nccl.parse.nothing: nccl/parse.py defines no nothing"]
 
 
 def test_the_docs_name_only_files_classes_and_modules_that_exist() -> None:

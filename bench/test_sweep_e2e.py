@@ -104,7 +104,8 @@ def test_dry_run_renders_and_launches_nothing(tmp_path: Path) -> None:
     proc = sweep(tmp_path, "--dry-run")
     assert proc.returncode == 0, proc.stderr
     sub_files = list((tmp_path / "smoke" / "runs").glob("*/attempt-1/submission/submission.json"))
-    assert len(sub_files) == 18  # the two-ranks-per-node smoke: 16 training runs (2 strong scaling), 2 probes
+    # the two-ranks-per-node smoke: 16 training runs (2 strong scaling), 2 probes of each of 3 collectives
+    assert len(sub_files) == 16 + 2 * 3
     for sub in sub_files:
         argvs = json.loads(sub.read_text())["argvs"]
         # each agent: its devices (none on this machine: CPU), a simulated node's own name where there are

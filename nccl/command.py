@@ -7,9 +7,12 @@ the transport it really chose ("Using network ..."), which the parser records be
 """
 from __future__ import annotations
 
-from bench.core.schema import RunSpec
+import posixpath
+
+from bench.core.schema import COLLECTIVES, RunSpec
 
 ALL_REDUCE_PERF = "all_reduce_perf"
+PERF_SUFFIX = "_perf"  # nccl-tests names each binary <collective>_perf (a build may append "_mpi")
 LIBFABRIC_NETWORK = "AWS Libfabric"
 SOCKET_NETWORK = "Socket"
 
@@ -36,17 +39,46 @@ def nccl_env(efa_per_node: int, socket_ifname: str | None = None) -> dict[str, s
     return env
 
 
-def all_reduce_perf_argv(spec: RunSpec, *, binary: str = ALL_REDUCE_PERF, gpus_per_process: int = 1,
-                         warmup_iters: int = 5, dtype: str = "float") -> list[str]:
-    """all_reduce_perf arguments for one probe: sizes doubling from min to max, data checked.
+def perf_binary(all_reduce_binary: str, collective: str) -> str:
+    """The nccl-tests binary of `collective` beside the configured all_reduce_perf (same directory, same
+    suffix: `/opt/nccl-tests/build/all_reduce_perf_mpi` -> `.../all_gather_perf_mpi`)."""
+    head, name = posixpath.split(all_reduce_binary)
+    stem = ALL_REDUCE_PERF[:-len(PERF_SUFFIX)]
+    if not name.startswith(stem + PERF_SUFFIX):
+        raise ValueError(f"{all_reduce_binary!r} is not an nccl-tests all_reduce_perf binary: the other "
+                         "collectives' binaries are found beside it")
+    return posixpath.join(head, collective + name[len(stem):])
+
+
+def anchored_min_bytes(spec: RunSpec) -> int:
+    """The sweep's first size: nccl-tests doubles from -b, so starting at the largest study size halved
+    down to the configured minimum makes that size (a block's gathered parameters or gradients) one of
+    the rows. Without study sizes, the configured minimum."""
+    sizes = [s for s in spec.study_sizes if spec.nccl_min_bytes <= s <= spec.nccl_max_bytes]
+    if not sizes:
+        return spec.nccl_min_bytes
+    size = max(sizes)
+    while size % 2 == 0 and size // 2 >= spec.nccl_min_bytes:
+        size //= 2
+    return size
+
+
+def perf_argv(spec: RunSpec, *, binary: str = ALL_REDUCE_PERF, gpus_per_process: int = 1,
+              warmup_iters: int = 5, dtype: str = "float") -> list[str]:
+    """nccl-tests arguments for one probe of spec.collective: sizes doubling from min (anchored on the
+    study's largest size, anchored_min_bytes) to max, data checked; `binary` is all_reduce_perf's path,
+    the probe's own binary is found beside it (perf_binary).
 
     With one process per GPU (MPI/srun), -g is 1; a single process driving all GPUs uses -g G.
     On Slurm, JSON_IF_SUPPORTED_SCRIPT adds `-J file.json` where the binary has it.
     """
-    argv = [binary, "-b", str(spec.nccl_min_bytes), "-e", str(spec.nccl_max_bytes), "-f", "2",
-            "-g", str(gpus_per_process), "-n", str(spec.nccl_iters), "-w", str(warmup_iters),
-            "-d", dtype, "-o", "sum", "-c", "1"]
-    return argv
+    argv = [perf_binary(binary, spec.collective), "-b", str(anchored_min_bytes(spec)),
+            "-e", str(spec.nccl_max_bytes), "-f", "2", "-g", str(gpus_per_process),
+            "-n", str(spec.nccl_iters), "-w", str(warmup_iters), "-d", dtype]
+    if spec.collective != "all_gather":  # a gather reduces nothing (nccl-tests prints redop "none")
+        argv += ["-o", "sum"]
+    return argv + ["-c", "1"]
+
 
 
 def split_env(gpus_per_node: int) -> dict[str, str]:
@@ -73,6 +105,15 @@ exec "$@"
 """
 
 
-def busbw_factor(ranks: int) -> float:
-    """nccl-tests' all-reduce bus bandwidth factor: busbw = algbw * 2(n-1)/n."""
-    return 2.0 * (ranks - 1) / ranks
+def busbw_factor(ranks: int, collective: str = "all_reduce") -> float:
+    """nccl-tests' bus bandwidth factor (doc/PERFORMANCE.md): busbw = algbw * 2(n-1)/n for an all-reduce,
+    algbw * (n-1)/n for an all-gather or reduce-scatter (size: the gathered output, the reduced input)."""
+    if collective not in COLLECTIVES:
+        raise ValueError(f"collective {collective!r} is not one of: {', '.join(COLLECTIVES)}")
+    return (2.0 if collective == "all_reduce" else 1.0) * (ranks - 1) / ranks
+
+
+def collective_of_binary(name: str) -> str | None:
+    """The collective an nccl-tests binary name measures ("all_gather_perf_mpi" -> "all_gather")."""
+    base = posixpath.basename(name.strip())
+    return next((c for c in COLLECTIVES if base.startswith(c + PERF_SUFFIX)), None)

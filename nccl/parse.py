@@ -21,8 +21,12 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, NamedTuple
 
+from nccl.command import collective_of_binary
+
 STATUSES = ("ok", "wrong_results", "truncated", "failed")
 PLACEMENTS = ("out-of-place", "in-place")
+DTYPE_BYTES = {"int8": 1, "uint8": 1, "char": 1, "half": 2, "bfloat16": 2, "float": 4, "int32": 4, "int": 4,
+               "uint32": 4, "double": 8, "int64": 8, "uint64": 8, "fp8_e4m3": 1, "fp8_e5m2": 1}
 _AVG_TOLERANCE_ABS = 0.011  # busbw is printed with 2 decimals; the Avg line with more
 _AVG_TOLERANCE_REL = 0.002
 
@@ -45,6 +49,8 @@ _ERROR = re.compile(r"NCCL failure|Test NCCL failure|Test failure|CUDA failure|S
 _NETWORK = re.compile(r"NCCL INFO Using network (\S.*?)\s*$")
 _TRANSPORT_HINT = re.compile(r"NCCL INFO (?:NET/OFI Selected [Pp]rovider is \S+|NET/Socket :|NET/IB :|"
                              r".* via (?:NET|P2P|SHM)/\S+|NET/OFI Using aws-ofi-nccl \S+)")
+# 2.17+ names the binary before its table: "# Collective test starting: all_gather_perf"
+_STARTING = re.compile(r"Collective test starting:\s*(\S+)")
 _NICS = re.compile(r"\(found (\d+) nics\)")  # aws-ofi-nccl: "Selected Provider is efa (found 4 nics)"
 _FALLBACK_LAYOUTS = {  # token count of a full row -> header columns
     13: "size count type redop root time algbw busbw #wrong time algbw busbw #wrong",
@@ -81,6 +87,29 @@ class NcclResult:
     groups: int | None = None  # operations run side by side (NCCL_TESTS_SPLIT); bandwidths are per group
     nics: int | None = None  # NICs aws-ofi-nccl found ("found N nics"), the most any rank reported
     rows: list[NcclRow] = field(default_factory=list)  # one per message size and placement, in table order
+    binary: str | None = None  # the binary as nccl-tests 2.17+ names it ("Collective test starting")
+
+    @property
+    def collective(self) -> str | None:
+        """all_reduce, all_gather or reduce_scatter: the binary's name where the output has it (2.17+);
+        else the rows': a gather or reduce-scatter prints each rank's share as its count (size / (element
+        bytes x ranks)), an all-reduce the whole tensor; of the two, the gather reduces nothing (redop
+        "none", or no redop column before 2.13). None where no row tells."""
+        if self.binary:
+            return collective_of_binary(self.binary)
+        shares = self.shares_per_rank()
+        if shares is None:
+            return "all_gather" if any(r.redop == "none" for r in self.rows) else None
+        if shares < 2:
+            return "all_gather" if any(r.redop == "none" for r in self.rows) else "all_reduce"
+        return "all_gather" if all(r.redop in (None, "none") for r in self.rows) else "reduce_scatter"
+
+    def shares_per_rank(self) -> int | None:
+        """size / (count x element bytes) on the largest row: the ranks of a gather or reduce-scatter (whose
+        count is one rank's share), 1 for an all-reduce."""
+        row = max((r for r in self.rows if r.count > 0 and r.dtype in DTYPE_BYTES), key=lambda r: r.size,
+                  default=None)
+        return round(row.size / (row.count * DTYPE_BYTES[row.dtype])) if row else None
 
     @property
     def avg_busbw(self) -> float | None:
@@ -118,14 +147,20 @@ class NcclResult:
         return "ok" if self.complete else "truncated"
 
     def inferred_ranks(self) -> int | None:
-        """Ranks from the device list, else from busbw/algbw = 2(n-1)/n on the largest message."""
+        """Ranks from the device list, else a gather's or reduce-scatter's count column, else busbw/algbw
+        on the largest message: f(n-1)/n, f = 2 for an all-reduce (assumed where nothing names it), 1 for
+        a gather or reduce-scatter."""
         if self.ranks:
             return self.ranks
+        shares = self.shares_per_rank()
+        if self.collective in ("all_gather", "reduce_scatter") and shares and shares > 1:
+            return shares
         big = max((r for r in self.rows if r.algbw > 0), key=lambda r: r.size, default=None)
         if big is None:
             return None
+        f = 2.0 if self.collective in (None, "all_reduce") else 1.0
         ratio = big.busbw / big.algbw
-        return round(2 / (2 - ratio)) if ratio < 1.999 else None
+        return round(f / (f - ratio)) if ratio < f - 0.001 else None
 
     @property
     def network_measurement(self) -> bool:
@@ -270,6 +305,9 @@ class _Reader:
             config = dict(_CONFIG.findall(body))
             self.open("config", config)
             self.run.config = config
+        elif starting := _STARTING.search(body):
+            self.open("version")
+            self.run.binary = starting.group(1)
         elif body.startswith("nccl-tests version"):
             self.open("version")
             self.run.tests_version = _word(body, 2) or self.run.tests_version
@@ -321,6 +359,17 @@ def parse(text: str) -> NcclResult:
     """The (last) nccl-tests run in a text; an empty result (status failed) if there is none."""
     results = parse_all(text)
     return results[-1] if results else NcclResult(errors=["no nccl-tests output found"])
+
+
+def by_collective(text: str) -> dict[str, NcclResult]:
+    """The last run of each collective in a text stream: a probe output that holds only some of them (a
+    job that died after its first binary) is read for those it holds. Runs whose collective cannot be
+    told are left out."""
+    out: dict[str, NcclResult] = {}
+    for result in parse_all(text):
+        if result.collective:
+            out[result.collective] = result
+    return out
 
 
 def parse_json(data: str | dict[str, Any]) -> NcclResult:

@@ -1,11 +1,15 @@
-"""`python -m nccl.probe`: an all-reduce bandwidth sweep with torch.distributed, for machines without
-nccl-tests (gloo on CPU, nccl on GPU). It reports the same fields with nccl-tests' definitions:
+"""`python -m nccl.probe`: a bandwidth sweep of one collective (`--collective`: all_reduce, all_gather or
+reduce_scatter) with torch.distributed, for machines without nccl-tests (gloo on CPU, nccl on GPU). It
+reports the same fields with nccl-tests' definitions (doc/PERFORMANCE.md):
 
-    algbw = bytes / time        busbw = algbw * 2(n-1)/n        (GB/s = 1e9 bytes/s)
+    algbw = bytes / time        busbw = algbw * 2(n-1)/n (all-reduce), algbw * (n-1)/n (the others)
 
-time is the mean over `nccl_iters` timed iterations after warm-up, averaged over ranks (nccl-tests'
-default). torch's all_reduce works in place, so every row is an in-place row. After timing, one
-all-reduce of known values (rank+1) is checked and mismatches are counted as #wrong.
+bytes being the whole tensor: the all-reduced one, the gathered output, the reduce-scatter's input (n
+shards of size/n). time is the mean over `nccl_iters` timed iterations after warm-up, averaged over ranks
+(nccl-tests' default). The sizes are the doubling sweep plus the study's own (`--nccl-sizes`), each
+rounded down to whole float32 elements n shards can split. torch's all_reduce works in place, so every
+all-reduce row is an in-place row; the gather and reduce-scatter write a separate output (out-of-place).
+After timing, one collective of known values (rank+1) is checked and mismatches are counted as #wrong.
 """
 from __future__ import annotations
 
@@ -27,24 +31,61 @@ from nccl.command import busbw_factor, expected_network
 WARMUP_ITERS = 5
 
 
-def sizes(min_bytes: int, max_bytes: int, elem_bytes: int = 4) -> list[int]:
-    """Message sizes doubling from min to max, rounded to whole float32 elements."""
-    out, size = [], max(min_bytes, elem_bytes)
+def sizes(min_bytes: int, max_bytes: int, elem_bytes: int = 4, shards: int = 1,
+          extra: tuple[int, ...] = ()) -> list[int]:
+    """Message sizes doubling from min to max, and the `extra` (study) sizes, ascending, each rounded down
+    to whole float32 elements that `shards` ranks split evenly (a gather's or reduce-scatter's shards)."""
+    unit = elem_bytes * shards
+    out, size = set(), max(min_bytes, unit)
     while size <= max_bytes:
-        out.append(size - size % elem_bytes)
+        out.add(size)
         size *= 2
-    return out
+    out.update(s for s in extra if s >= unit)
+    return sorted({s - s % unit for s in out})
 
 
-def _time_allreduce(tensor: torch.Tensor, iters: int, device: torch.device) -> float:
+class _Collective:
+    """One collective on float32 tensors of `size` bytes in all: its input, output and checked result."""
+
+    def __init__(self, kind: str, size: int, device: torch.device) -> None:
+        self.kind, n = kind, dist.get_world_size()
+        count = size // 4
+        shard = count // n
+        self.input = torch.ones(shard if kind == "all_gather" else count, dtype=torch.float32, device=device)
+        self.output = (torch.empty(count, dtype=torch.float32, device=device) if kind == "all_gather" else
+                       torch.empty(shard, dtype=torch.float32, device=device) if kind == "reduce_scatter"
+                       else self.input)
+
+    def run(self) -> None:
+        if self.kind == "all_gather":
+            dist.all_gather_into_tensor(self.output, self.input)
+        elif self.kind == "reduce_scatter":
+            dist.reduce_scatter_tensor(self.output, self.input)
+        else:
+            dist.all_reduce(self.input)
+
+    def count_wrong(self) -> int:
+        """Run once on rank+1 everywhere: a gather holds each rank's value in its shard, a reduction the
+        sum n(n+1)/2."""
+        n, rank = dist.get_world_size(), dist.get_rank()
+        self.input.fill_(rank + 1)
+        self.run()
+        if self.kind == "all_gather":
+            want = torch.arange(1, n + 1, dtype=torch.float32, device=self.output.device)
+            want = want.repeat_interleave(self.output.numel() // n)
+            return int((self.output != want).sum().item())
+        return int((self.output != n * (n + 1) / 2).sum().item())
+
+
+def _time(op: _Collective, iters: int, device: torch.device) -> float:
     for _ in range(WARMUP_ITERS):
-        dist.all_reduce(tensor)
+        op.run()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     dist.barrier()
     t0 = time.perf_counter()
     for _ in range(iters):
-        dist.all_reduce(tensor)
+        op.run()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elapsed = (time.perf_counter() - t0) / iters
@@ -53,22 +94,17 @@ def _time_allreduce(tensor: torch.Tensor, iters: int, device: torch.device) -> f
     return mean.item() / dist.get_world_size()
 
 
-def _count_wrong(tensor: torch.Tensor) -> int:
+def measure(size: int, iters: int, device: torch.device, collective: str = "all_reduce") -> dict[str, Any]:
+    """One row: time, algbw, busbw and #wrong for a collective over `size` bytes in all."""
     n = dist.get_world_size()
-    tensor.fill_(dist.get_rank() + 1)
-    dist.all_reduce(tensor)
-    return int((tensor != n * (n + 1) / 2).sum().item())
-
-
-def measure(size: int, iters: int, device: torch.device) -> dict[str, Any]:
-    """One row: time, algbw, busbw and #wrong for a message of `size` bytes."""
-    n = dist.get_world_size()
-    tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
-    time_s = _time_allreduce(tensor, iters, device)
+    op = _Collective(collective, size, device)
+    time_s = _time(op, iters, device)
     algbw = size / time_s / 1e9
-    return {"size": size, "count": size // 4, "dtype": "float", "redop": "sum", "placement": "in-place",
-            "time_us": time_s * 1e6, "algbw": algbw, "busbw": algbw * busbw_factor(n),
-            "wrong": _count_wrong(tensor)}
+    return {"size": size, "count": size // 4, "dtype": "float",
+            "redop": "none" if collective == "all_gather" else "sum",
+            "placement": "in-place" if collective == "all_reduce" else "out-of-place",
+            "time_us": time_s * 1e6, "algbw": algbw, "busbw": algbw * busbw_factor(n, collective),
+            "wrong": op.count_wrong()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,20 +139,23 @@ def main(argv: list[str] | None = None) -> int:
              torch=torch.__version__, device_name=torch.cuda.get_device_name(device) if cuda else "cpu",
              expected_network=expected_network(spec.efa_per_node) if cuda else None)
     rows = []
-    for i, size in enumerate(sizes(spec.nccl_min_bytes, spec.nccl_max_bytes)):
+    shards = 1 if spec.collective == "all_reduce" else n
+    for i, size in enumerate(sizes(spec.nccl_min_bytes, spec.nccl_max_bytes, shards=shards,
+                                   extra=spec.study_sizes)):
         if ns.fault == "hang" and i == ns.fault_step:
             time.sleep(10**6)
         if ns.fault == "crash" and i == ns.fault_step:
             raise SystemExit(f"injected crash at size index {i} (test fault)")
-        row = measure(size, spec.nccl_iters, device)
+        row = measure(size, spec.nccl_iters, device, spec.collective)
         rows.append(row)
         if rank == 0:
             emit("nccl", **row)
     if rank == 0:
         wrong = sum(r["wrong"] for r in rows)
         emit("summary", status="ok" if wrong == 0 else "failed",
-             error=None if wrong == 0 else f"all-reduce returned {wrong} wrong elements",
-             source="torch.distributed", transport=backend if not cuda else None, ranks=n, backend=backend,
+             error=None if wrong == 0 else f"{spec.collective} returned {wrong} wrong elements",
+             source="torch.distributed", collective=spec.collective,
+             transport=backend if not cuda else None, ranks=n, backend=backend,
              busbw_avg_gbs=sum(r["busbw"] for r in rows) / len(rows),
              busbw_max_gbs=max(r["busbw"] for r in rows), algbw_max_gbs=max(r["algbw"] for r in rows),
              sizes=[{k: r[k] for k in ("size", "time_us", "algbw", "busbw", "wrong")} for r in rows],

@@ -1,5 +1,6 @@
-"""Metric records for all-reduce probes: from nccl-tests output (text or -J JSON) or the torch probe,
-with the transport NCCL really used checked against the run's EFA setting."""
+"""Metric records for collective probes (all-reduce, all-gather, reduce-scatter): from nccl-tests output
+(text or -J JSON) or the torch probe, with the transport NCCL really used checked against the run's EFA
+setting."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,7 +10,7 @@ from bench.core.schema import RunSpec
 from nccl.command import expected_network
 from nccl.parse import NcclResult, parse, parse_all, parse_json
 
-JSON_FILE = "nccl-tests.json"  # where launchers point all_reduce_perf -J, inside the run dir
+JSON_FILE = "nccl-tests.json"  # where launchers point the nccl-tests binary's -J, inside the run dir
 
 _STATUS = {"ok": "ok", "wrong_results": "failed", "truncated": "failed", "failed": "failed"}
 
@@ -29,7 +30,7 @@ def _summary(result: NcclResult, spec: RunSpec) -> dict[str, Any]:
     return {"kind": "summary", "status": status, "error": error, "source": "nccl-tests",
             "nccl_status": result.status, "ranks": result.inferred_ranks(), "nics": result.nics,
             "network_measurement": result.network_measurement, "groups": result.groups,
-            "nccl_tests_version": result.tests_version,
+            "nccl_tests_version": result.tests_version, "collective": spec.collective,
             "busbw_avg_gbs": result.avg_busbw_printed if result.avg_busbw_printed is not None
             else result.avg_busbw, "busbw_max_gbs": result.busbw_max, "algbw_max_gbs": result.algbw_max,
             "transport": result.network, "transport_evidence": result.transport_evidence,
@@ -37,9 +38,20 @@ def _summary(result: NcclResult, spec: RunSpec) -> dict[str, Any]:
                       for r in rows], "nccl_version": result.nccl_version}
 
 
+def of_collective(text: str, collective: str) -> NcclResult:
+    """The (last) run of `collective` in a probe's text; a run whose collective the text does not tell
+    counts as the probe's own. A text holding only other collectives gives a failed result naming them."""
+    results = parse_all(text)
+    mine = [r for r in results if r.collective in (collective, None)]
+    if mine or not results:
+        return mine[-1] if mine else parse(text)
+    held = sorted({str(r.collective) for r in results})
+    return NcclResult(errors=[f"the output holds {', '.join(held)} results, not {collective}"])
+
+
 def records_from_output(text: str, spec: RunSpec, json_text: str | None = None) -> list[dict[str, Any]]:
-    """Records (one per size and placement, then a summary) from one probe's output."""
-    result = parse_json(json_text) if json_text else parse(text)
+    """Records (one per size and placement, then a summary) of the probe's collective from its output."""
+    result = parse_json(json_text) if json_text else of_collective(text, spec.collective)
     if json_text:  # the JSON has no NCCL INFO lines: take the transport from the text log
         text_result = parse(text)
         result.network, result.transport_evidence = text_result.network, text_result.transport_evidence

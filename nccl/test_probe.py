@@ -6,17 +6,50 @@ from pathlib import Path
 import pytest
 
 from bench.core.schema import RunSpec
-from nccl.command import all_reduce_perf_argv, nccl_env
+from nccl.command import (anchored_min_bytes, busbw_factor, collective_of_binary, nccl_env, perf_argv,
+                          perf_binary)
 from nccl.probe import sizes
 
 
 def test_all_reduce_perf_argv() -> None:
     spec = RunSpec(kind="nccl", model="none", nodes=2, gpus_per_node=8, nccl_min_bytes=8,
                    nccl_max_bytes=1 << 30, nccl_iters=50)
-    assert all_reduce_perf_argv(spec) == [  # -J is added on the node where the binary has it (Slurm wrapper)
+    assert perf_argv(spec) == [  # -J is added on the node where the binary has it (Slurm wrapper)
         "all_reduce_perf", "-b", "8", "-e", "1073741824", "-f", "2", "-g", "1", "-n", "50", "-w", "5",
         "-d", "float", "-o", "sum", "-c", "1"]
-    assert all_reduce_perf_argv(spec, gpus_per_process=8)[8] == "8"
+    assert perf_argv(spec, gpus_per_process=8)[8] == "8"
+
+
+def test_gather_and_reduce_scatter_argv_start_on_the_study_size() -> None:
+    """The doubling sweep is anchored so the largest study size (here 3 x 2^24 bytes: a block's gathered
+    parameters) is one of its rows; the gather takes no reduction op."""
+    spec = RunSpec(kind="nccl", model="none", nodes=2, gpus_per_node=8, nccl_min_bytes=8,
+                   nccl_max_bytes=1 << 30, collective="all_gather", nccl_sizes="25165824,50331648")
+    argv = perf_argv(spec, binary="/opt/nccl-tests/build/all_reduce_perf")
+    assert argv[:5] == ["/opt/nccl-tests/build/all_gather_perf", "-b", "12", "-e", "1073741824"]
+    assert "-o" not in argv and argv[-2:] == ["-c", "1"]
+    assert 50331648 in [12 * 2**i for i in range(27)]  # 12 doubled 22 times
+    rs = RunSpec(kind="nccl", model="none", collective="reduce_scatter", nccl_min_bytes=1024,
+                 nccl_max_bytes=1 << 26, nccl_sizes="100663296")  # above max: the sweep is not anchored
+    assert anchored_min_bytes(rs) == 1024 and perf_argv(rs)[0] == "reduce_scatter_perf"
+    assert perf_argv(rs)[-4:] == ["-o", "sum", "-c", "1"]
+
+
+def test_binaries_are_found_beside_all_reduce_perf() -> None:
+    assert perf_binary("all_reduce_perf_mpi", "reduce_scatter") == "reduce_scatter_perf_mpi"
+    assert perf_binary("/a/b/all_reduce_perf", "all_reduce") == "/a/b/all_reduce_perf"
+    with pytest.raises(ValueError, match="not an nccl-tests all_reduce_perf"):
+        perf_binary("/a/b/allreduce", "all_gather")
+    assert [collective_of_binary(b) for b in ("all_gather_perf_mpi", "/x/reduce_scatter_perf", "ls")] == [
+        "all_gather", "reduce_scatter", None]
+
+
+def test_bus_bandwidth_factors() -> None:
+    """doc/PERFORMANCE.md: 2(n-1)/n for an all-reduce, (n-1)/n for an all-gather and a reduce-scatter."""
+    assert busbw_factor(16) == 2 * 15 / 16
+    assert busbw_factor(16, "all_gather") == busbw_factor(16, "reduce_scatter") == 15 / 16
+    with pytest.raises(ValueError, match="broadcast"):
+        busbw_factor(2, "broadcast")
 
 
 @pytest.mark.parametrize("efa", [1, 4, 32])
@@ -71,21 +104,32 @@ def test_split_groups_are_counted_from_the_device_list(shared_data) -> None:
 def test_sizes_double_from_min_to_max() -> None:
     assert sizes(1024, 8192) == [1024, 2048, 4096, 8192]
     assert sizes(1, 16) == [4, 8, 16]  # whole float32 elements
+    assert sizes(1024, 4096, shards=3, extra=(5000,)) == [1020, 2040, 4092, 4992]  # 3 shards of whole floats
 
 
+FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+          "reduce_scatter": lambda n: (n - 1) / n}
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "all_gather", "reduce_scatter"])
 @pytest.mark.parametrize("nproc", [2, 4])
-def test_torch_probe_reports_nccl_tests_fields(torchrun, nproc: int) -> None:
-    run = torchrun(["nccl.probe", "--kind", "nccl", "--model", "none", "--gpus-per-node", str(nproc),
+def test_torch_probe_reports_nccl_tests_fields(torchrun, nproc: int, collective: str) -> None:
+    """Each collective on 2 and 4 simulated nodes (one gloo rank each): nccl-tests' fields, its own bus
+    factor, every element checked, and the study's size (40000 bytes, not a power of two) among the rows."""
+    run = torchrun(["nccl.probe", "--kind", "nccl", "--model", "none", "--nodes", str(nproc),
+                    "--gpus-per-node", "1", "--collective", collective, "--nccl-sizes", "40000",
                     "--nccl-min-bytes", "4096", "--nccl-max-bytes", "262144", "--nccl-iters", "5"], nproc=nproc)
     assert run.returncode == 0, run.output[-2000:]
     rows = run.of_kind("nccl")
-    assert [r["size"] for r in rows] == [4096 * 2**i for i in range(7)]
+    assert [r["size"] for r in rows] == sorted([4096 * 2**i for i in range(7)] + [40000])
     for r in rows:
         algbw = r["size"] / (r["time_us"] * 1e-6) / 1e9
         assert r["algbw"] == pytest.approx(algbw, rel=1e-9)
-        assert r["busbw"] == pytest.approx(algbw * 2 * (nproc - 1) / nproc, rel=1e-9)
+        assert r["busbw"] == pytest.approx(algbw * FACTOR[collective](nproc), rel=1e-9)
         assert r["wrong"] == 0 and r["count"] == r["size"] // 4
+        assert r["redop"] == ("none" if collective == "all_gather" else "sum")
     summary = run.summary
     assert summary["status"] == "ok" and summary["ranks"] == nproc and summary["transport"] == "gloo"
+    assert summary["collective"] == collective
     assert summary["busbw_avg_gbs"] == pytest.approx(sum(r["busbw"] for r in rows) / len(rows))
     assert summary["busbw_max_gbs"] == max(r["busbw"] for r in rows)

@@ -22,6 +22,7 @@ from bench.core.models import ModelError, model_source
 from bench.core.schema import (
     AC_MODES,
     ACCUMULATIONS,
+    COLLECTIVES,
     FAULTS,
     OFFLOADS,
     PRECISIONS,
@@ -55,7 +56,9 @@ class SlurmClusterConfig:
     container_workdir: str = "/workspace/fsdpbench"  # the project inside the image (Dockerfile WORKDIR)
     extra_sbatch: list[str] = field(default_factory=list)  # extra "#SBATCH ..." options, e.g. "--qos=high"
     conf: str | None = None  # SLURM_CONF for the client commands; None = the environment's
-    nccl_tests_binary: str = "all_reduce_perf"  # on GPU clusters; CPU clusters use the torch probe
+    # all_reduce_perf on GPU clusters (CPU clusters use the torch probe); all_gather_perf and
+    # reduce_scatter_perf are taken from beside it (nccl.command.perf_binary)
+    nccl_tests_binary: str = "all_reduce_perf"
     mpi: str = "pmix"  # srun --mpi for nccl-tests
 
 
@@ -138,7 +141,8 @@ AXES: tuple[str, ...] = tuple(f.name for f in fields(Axes))
 
 @dataclass
 class NcclSweepConfig:
-    """All-reduce probes beside the training runs (nccl-tests where present, else the torch probe)."""
+    """Collective probes beside the training runs (nccl-tests where present, else the torch probe): one
+    run per collective, node count, EFA count and repeat."""
 
     enabled: bool = False
     nodes: list[int] | None = None  # None = the training axes' nodes
@@ -148,6 +152,9 @@ class NcclSweepConfig:
     max_bytes: int = 1 << 26
     iters: int = 20
     split_per_node: bool = False  # NCCL_TESTS_SPLIT="MOD <gpus/node>": inter-node bandwidth only
+    # which collectives each probe point measures (bench.core.schema.COLLECTIVES): all-reduce, and the
+    # all-gather and reduce-scatter FULL_SHARD and SHARD_GRAD_OP run, at the study's own message sizes too
+    collectives: list[str] = field(default_factory=lambda: list(COLLECTIVES))
 
 
 @dataclass
@@ -304,6 +311,9 @@ def _check_axes(axes: Axes, cluster: ClusterConfig) -> None:
     for v in axes.efa_per_node:
         if v is not None and v < 0:
             raise ConfigError(f"axes.efa_per_node: {v!r} is not a count of adapters")
+        if v is not None and cluster.efa_per_node and v > cluster.efa_per_node:
+            raise ConfigError(f"axes.efa_per_node: {v} EFA adapters per node, but {cluster.instance_type} "
+                              f"has {cluster.efa_per_node} (cluster {cluster.name})")
     if too_many := [n for n in axes.nodes if n > cluster.max_nodes]:
         raise ConfigError(f"axes.nodes: {too_many} exceed cluster {cluster.name}'s max_nodes="
                           f"{cluster.max_nodes}")
@@ -341,6 +351,22 @@ def _check_kubernetes(k: K8sClusterConfig) -> None:
     for key, value, pattern, what in checks:
         if value is not None and (not pattern.match(value) or len(value) > 253):
             raise ConfigError(f"cluster.kubernetes.{key}={value!r} is not {what}")
+
+
+def _check_probes(nccl: NcclSweepConfig, cluster: ClusterConfig) -> None:
+    """Collectives the probes know, at least one; EFA counts the instance has (a cluster file that names
+    its adapters: more than it has would measure nothing, or another count mislabelled)."""
+    if unknown := [c for c in nccl.collectives if c not in COLLECTIVES]:
+        raise ConfigError(f"nccl.collectives: unknown collective(s) {unknown}; known: "
+                          f"{', '.join(COLLECTIVES)}")
+    if nccl.enabled and not nccl.collectives:
+        raise ConfigError("nccl.collectives is empty: name at least one of " + ", ".join(COLLECTIVES))
+    for v in nccl.efa_per_node or ():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ConfigError(f"nccl.efa_per_node: {v!r} is not a count of adapters")
+        if cluster.efa_per_node and v > cluster.efa_per_node:
+            raise ConfigError(f"nccl.efa_per_node: {v} EFA adapters per node, but {cluster.instance_type} "
+                              f"has {cluster.efa_per_node} (cluster {cluster.name})")
 
 
 def _check_cluster(cluster: ClusterConfig) -> None:
@@ -406,6 +432,7 @@ def validate(cfg: SweepConfig) -> None:
     if nccl.enabled and nccl.nodes and max(nccl.nodes) > cfg.cluster.max_nodes:
         raise ConfigError(f"nccl.nodes {list(nccl.nodes)} exceed cluster {cfg.cluster.name}'s max_nodes="
                           f"{cfg.cluster.max_nodes}")
+    _check_probes(nccl, cfg.cluster)
     _check_faults(cfg.faults)
     search = cfg.micro_batch_search
     _positive("micro_batch_search.max", search.max)

@@ -32,6 +32,9 @@ WRAP_POLICIES = ("transformer_block", "whole_model")
 # one micro-batch's backward to the next one's forward (set_reshard_after_backward)
 ACCUMULATIONS = ("sync_each", "sync_once", "allreduce_once", "keep_gathered")
 RUN_KINDS = ("train", "nccl", "preflight")  # preflight: one node's facts and speed alone
+# What an nccl probe measures: the all-reduce (NO_SHARD, HYBRID_SHARD's replicate step) and the two
+# collectives FULL_SHARD and SHARD_GRAD_OP run (nccl-tests' <name>_perf binaries, nccl/command.py)
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 FAULTS = ("none", "oom", "nan", "hang", "crash", "sleep")  # test hook; sleep: no work, just the time
 
 STATUSES = ("ok", "oom", "timeout", "nccl_error", "rendezvous_error", "launch_error", "nan_loss",
@@ -78,6 +81,10 @@ class RunSpec:
     nccl_min_bytes: int = 8
     nccl_max_bytes: int = 1 << 26
     nccl_iters: int = 20
+    collective: str = "all_reduce"  # an nccl probe's collective, one of COLLECTIVES
+    # the study's own message sizes (bytes, comma-separated, ascending) an nccl probe measures beside its
+    # doubling sweep: a wrapped block's gathered parameters or its gradients (bench/predict/comm.py)
+    nccl_sizes: str = ""
 
     def __post_init__(self) -> None:
         _check_choice("kind", self.kind, RUN_KINDS)
@@ -87,6 +94,9 @@ class RunSpec:
         _check_choice("wrap_policy", self.wrap_policy, WRAP_POLICIES)
         _check_choice("offload", self.offload, OFFLOADS)
         _check_choice("accumulation", self.accumulation, ACCUMULATIONS)
+        _check_choice("collective", self.collective, COLLECTIVES)
+        if any(size < 1 for size in self.study_sizes):
+            raise ValueError(f"nccl_sizes must be positive byte counts, got {self.nccl_sizes!r}")
         for name in ("nodes", "gpus_per_node", "seq_len", "steps", "nccl_iters"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -123,6 +133,15 @@ class RunSpec:
         if self.accumulation == "keep_gathered" and self.sharding == "NO_SHARD":
             raise ValueError("accumulation=keep_gathered keeps gathered parameters; NO_SHARD never shards "
                              "them")
+
+    @property
+    def study_sizes(self) -> tuple[int, ...]:
+        """nccl_sizes as integers (ValueError for anything else)."""
+        try:
+            return tuple(int(v) for v in self.nccl_sizes.split(",") if v)
+        except ValueError:
+            raise ValueError(f"nccl_sizes must be comma-separated byte counts, got {self.nccl_sizes!r}"
+                             ) from None
 
     @property
     def auto_micro_batch(self) -> bool:
@@ -177,8 +196,8 @@ class RunSpec:
         if self.kind == "preflight":
             return f"preflight-n{self.nodes}x{self.gpus_per_node}{on}"
         if self.kind == "nccl":
-            return (f"nccl-allreduce-n{self.nodes}x{self.gpus_per_node}-efa{self.efa_per_node}-r{self.repeat}"
-                    f"{on}")
+            return (f"nccl-{self.collective.replace('_', '')}-n{self.nodes}x{self.gpus_per_node}"
+                    f"-efa{self.efa_per_node}-r{self.repeat}{on}")
         ac = {"none": "noac", "full": "acfull", "selective": "acsel",
               "selective_op": "acselop"}[self.activation_checkpointing]
         options = "-compile" if self.compile else ""
@@ -195,10 +214,10 @@ class RunSpec:
 
     def to_argv(self) -> list[str]:
         """Worker command-line arguments that reproduce this spec (`--model tiny_llama ...`); a preset's
-        empty model_config and an empty hosts are left out (their defaults)."""
+        empty model_config, an empty hosts and a probe's fields at their defaults are left out."""
         argv: list[str] = []
         for f in fields(self):
-            if not (f.name in ("model_config", "hosts") and not getattr(self, f.name)):
+            if not (f.name in _ARGV_DEFAULTS and getattr(self, f.name) == _ARGV_DEFAULTS[f.name]):
                 argv += [f"--{f.name.replace('_', '-')}", str(getattr(self, f.name))]
         return argv
 
@@ -206,14 +225,20 @@ class RunSpec:
     def from_dict(cls, data: dict[str, Any]) -> RunSpec:
         """Build from a dict, ignoring unknown keys (written by a newer schema)."""
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        values = {k: v for k, v in data.items() if k in names}
+        sizes = values.get("nccl_sizes")
+        if isinstance(sizes, (int, float)):  # a table cell: one size read as a number, none as NaN
+            values["nccl_sizes"] = "" if sizes != sizes else str(int(sizes))
+        return cls(**values)
 
 
 SPEC_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RunSpec))
 # Fields added after schema v1 began, at their defaults: left out of run ids, and of reports that never
 # varied them.
 ADDED_DEFAULTS = {"compile": False, "offload": "none", "model_config": "", "global_batch": 0,
-                  "accumulation": "sync_each", "hosts": ""}
+                  "accumulation": "sync_each", "hosts": "", "collective": "all_reduce", "nccl_sizes": ""}
+# Fields a worker's command line leaves out at these values (its parser has the same defaults)
+_ARGV_DEFAULTS = {"model_config": "", "hosts": "", "collective": "all_reduce", "nccl_sizes": ""}
 
 
 def _flag(text: str) -> bool:

@@ -17,7 +17,7 @@ from bench.launchers.base import (
     rendezvous_conf,
     worker_module_argv,
 )
-from nccl.command import all_reduce_perf_argv
+from nccl.command import perf_argv
 
 GROUP = "kubeflow.org"
 HOSTNAME_LABEL = "kubernetes.io/hostname"  # the well-known label of each node's name
@@ -141,7 +141,8 @@ def pytorchjob(cfg: SweepConfig, spec: RunSpec, name: str) -> dict[str, Any]:
 
 
 def mpijob(cfg: SweepConfig, spec: RunSpec, name: str) -> dict[str, Any]:
-    """One MPIJob: an mpirun launcher and `nodes` workers, one all_reduce_perf rank per GPU."""
+    """One MPIJob: an mpirun launcher and `nodes` workers, one rank of the probe's nccl-tests binary per
+    GPU."""
     ranks = spec.nodes * spec.gpus_per_node
     env = job_env(cfg, spec, None)
     command = [MPIRUN, "--allow-run-as-root", "--tag-output", "-np", str(ranks), "-N", str(spec.gpus_per_node),
@@ -150,7 +151,7 @@ def mpijob(cfg: SweepConfig, spec: RunSpec, name: str) -> dict[str, Any]:
         command += ["-x", key]
     for key in sorted(env):
         command += ["-x", f"{key}={env[key]}"]
-    command += all_reduce_perf_argv(spec, binary=NCCL_TESTS)
+    command += perf_argv(spec, binary=NCCL_TESTS)
     image = _image(cfg)
     launcher = {"name": "mpi-launcher", "image": image, "imagePullPolicy": "IfNotPresent", "command": command}
     worker = {"name": "nccl-worker", "image": image, "imagePullPolicy": "IfNotPresent", "command": SSHD_COMMAND,
@@ -177,5 +178,5 @@ def mpijob(cfg: SweepConfig, spec: RunSpec, name: str) -> dict[str, Any]:
 
 def manifest(cfg: SweepConfig, spec: RunSpec, name: str | None = None) -> dict[str, Any]:
     name = name or job_name(spec)
-    # training and the preflight's node jobs under torchrun; all-reduce probes under MPI (nccl-tests)
+    # training and the preflight's node jobs under torchrun; collective probes under MPI (nccl-tests)
     return mpijob(cfg, spec, name) if spec.kind == "nccl" else pytorchjob(cfg, spec, name)

@@ -1,7 +1,7 @@
 """The Slurm batch script of one run, rendered by pure functions: srun starts one torchrun agent per node
-with c10d rendezvous on the job's first node (or, for nccl-tests on GPU clusters, one all_reduce_perf rank
-per GPU). Every value that comes from configuration is quoted with shlex or checked against a strict
-pattern, so no config value can inject a command.
+with c10d rendezvous on the job's first node (or, for nccl-tests on GPU clusters, one rank of the probe's
+<collective>_perf per GPU). Every value that comes from configuration is quoted with shlex or checked
+against a strict pattern, so no config value can inject a command.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from bench.core.config import ConfigError, SweepConfig
 from bench.core.schema import RunSpec
 from bench.launchers.base import (IMAGE_PYTHON, PROJECT_ROOT, fault_args, python_executable, rendezvous_conf,
                                   torchrun_argv, worker_module_argv)
-from nccl.command import all_reduce_perf_argv
+from nccl.command import perf_argv
 from nccl.records import JSON_FILE
 
 SCRIPT = "job.sbatch"
@@ -150,9 +150,13 @@ def worker_command(cfg: SweepConfig, spec: RunSpec, run_dir: Path) -> str:
     """The srun line of the batch script, every argument quoted, every path absolute as the worker sees
     it (on the host, or inside the pyxis container)."""
     if uses_nccl_tests(cfg, spec):
+        try:
+            probe = perf_argv(spec, binary=cfg.cluster.slurm.nccl_tests_binary)
+        except ValueError as e:  # a binary whose siblings cannot be found
+            raise ConfigError(f"cluster.slurm.nccl_tests_binary: {e}") from None
         argv = (_srun_prefix(cfg, spec.gpus_per_node, cfg.cluster.slurm.mpi) + _efa_limit(cfg, spec, run_dir)
                 + ["bash", _submission_file(cfg, run_dir, NCCL_TESTS), worker_path(cfg, run_dir / JSON_FILE)]
-                + all_reduce_perf_argv(spec, binary=cfg.cluster.slurm.nccl_tests_binary))
+                + probe)
         return shlex.join(argv)
     argv = (_srun_prefix(cfg, 1) + _efa_limit(cfg, spec, run_dir)
             + torchrun_argv(_python(cfg), spec, ENDPOINT, "@RDZV_ID@", rendezvous_conf(cfg))

@@ -40,16 +40,25 @@ def first_run(cfg, kind: str = "train", nodes: int = 4):
     return next(p.spec for p in expand(cfg) if p.spec.kind == kind and p.spec.nodes == nodes)
 
 
-@pytest.mark.parametrize("kind", ["train", "nccl"])
-def test_batch_script_matches_golden(kind: str) -> None:
+@pytest.mark.parametrize("kind,collective", [("train", None), ("nccl", "all_reduce"), ("nccl", "all_gather")])
+def test_batch_script_matches_golden(kind: str, collective: str | None) -> None:
+    """The all-gather probe's script differs from the all-reduce's in its label, its binary (beside the
+    configured all_reduce_perf), its first size (the study's gather size halved down: -b 24705 doubles to
+    404,766,720 bytes, one Llama 2 7B block in bf16) and its missing -o."""
+    gather = ["cluster.slurm.nccl_tests_binary=/opt/nccl-tests/build/all_reduce_perf",
+              "axes.model=[llama2_7b]"]
     cfg = cfg_for("cluster.slurm.partition=p5", "cluster.slurm.account=ml-infra",
                   "cluster.slurm.container_image=/fsx/images/fsdpbench.sqsh",
-                  "cluster.slurm.container_mounts=/fsx:/fsx", "cluster.slurm.extra_sbatch=['--qos=high']")
-    spec = first_run(cfg, kind)
+                  "cluster.slurm.container_mounts=/fsx:/fsx", "cluster.slurm.extra_sbatch=['--qos=high']",
+                  *(gather if collective == "all_gather" else []))
+    spec = next(p.spec for p in expand(cfg) if p.spec.kind == kind and p.spec.nodes == 4
+                and (collective is None or p.spec.collective == collective))
     launcher = SlurmLauncher(cfg)
     sub = launcher.render(spec, Path("/fsx/results/p5_scaling/runs/run"))
     script = sub.files["job.sbatch"]
-    golden = GOLDEN / f"p5_{kind}.sbatch"
+    golden = GOLDEN / f"p5_{kind}{'' if collective in (None, 'all_reduce') else '_' + collective}.sbatch"
+    if collective == "all_gather":
+        assert spec.study_sizes == (404766720,) == (24705 * 2**14,)
     if os.environ.get("UPDATE_GOLDEN"):
         golden.parent.mkdir(exist_ok=True)
         golden.write_text(script)
@@ -567,3 +576,13 @@ def test_a_node_whose_environment_differs_is_named_with_the_difference(slurm_clu
     found, loads = named["node3"]
     assert found == f"aws-ofi-nccl {plugin / 'libnccl-net.so'} where 3 of 4 have None"
     assert loads.startswith("aws-ofi-nccl does not load: ") and "too short" in loads  # dlopen's own words
+
+
+def test_a_binary_whose_siblings_cannot_be_found_is_one_config_error() -> None:
+    """The all-gather and reduce-scatter binaries are taken from beside all_reduce_perf: a binary of
+    another name cannot say where they are."""
+    cfg = cfg_for("cluster.slurm.nccl_tests_binary=/opt/tools/allreduce")
+    spec = next(p.spec for p in expand(cfg) if p.spec.kind == "nccl" and p.spec.collective == "all_gather")
+    with pytest.raises(ConfigError, match="cluster.slurm.nccl_tests_binary: '/opt/tools/allreduce' is not an "
+                                          "nccl-tests all_reduce_perf binary"):
+        SlurmLauncher(cfg).render(spec, Path("/fsx/results/p5_scaling/runs/run"))

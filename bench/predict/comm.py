@@ -5,15 +5,18 @@ Per micro-batch, the strategy's all-gathers and reduce-scatters (HYBRID_SHARD's 
 NO_SHARD's all-reduce) as trainer/parallel.py maps the four strategies; per optimizer step, the
 micro-batches grouped by what each accumulation mode lets them communicate. A collective takes the longer
 of its intra-node leg (the GPUs' all-reduce bus bandwidth) and its network leg (bytes a node's adapters
-carry / the node's all-reduce throughput), plus its ring's step latency once per FSDP unit.
+carry / the node's throughput for that collective: the study's all-gather or reduce-scatter probe at the
+size nearest one FSDP unit's message where it has one, else the all-reduce figure), plus its ring's step
+latency once per FSDP unit.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from bench.core.flops import COMPUTE_BYTES, REDUCE_BYTES
 from bench.core.hardware import GpuSpec
-from bench.core.models import ModelArch, count_params, float8_linear_params
+from bench.core.models import ModelArch, block_params, count_params, float8_linear_params
 from bench.core.schema import RunSpec
 
 # Latency of one step of NCCL's ring (a collective over R ranks takes R-1 steps, an all-reduce 2(R-1)),
@@ -25,12 +28,43 @@ INTRA_NODE_STEP_S = 1.6e-6
 
 
 @dataclass(frozen=True)
+class Curve:
+    """A study's probe of one collective at one node and EFA count: node-level throughput per message size
+    (algbw x f(N-1)/N over the N nodes, f = 1 for a gather or reduce-scatter), its bandwidth-bound rows."""
+
+    kind: str  # "all_gather" or "reduce_scatter" (all-reduce is Network.node_gbs)
+    rows: tuple[tuple[int, float], ...]  # (message bytes, node GB/s), ascending
+    source: str
+
+    def at(self, message: float) -> tuple[int, float]:
+        """The row nearest `message` bytes on a log scale."""
+        return min(self.rows, key=lambda r: abs(math.log(r[0] / max(message, 1.0))))
+
+
+@dataclass(frozen=True)
 class Network:
     """What a node's adapters carry for FSDP's collectives, and where that figure comes from."""
 
     node_gbs: float  # GB/s of node-level all-reduce throughput (algbw x 2(N-1)/N) at FSDP's message sizes
     source: str
     step_latency_s: float = INTER_NODE_STEP_S  # one ring step: what each of FSDP's many collectives pays
+    curves: tuple[Curve, ...] = ()  # the study's all-gather and reduce-scatter probes, where it has them
+
+    def gbs(self, kind: str, message: float) -> float:
+        """Node-level GB/s of `kind` at one unit's `message` bytes: its own probe's nearest row, else the
+        all-reduce figure (all-reduce itself, and a collective the study has not probed)."""
+        curve = next((c for c in self.curves if c.kind == kind and c.rows), None)
+        return curve.at(message)[1] if curve else self.node_gbs
+
+    @property
+    def described(self) -> str:
+        """Where every collective's figure comes from (the plan's "network:" line)."""
+        return self.source + "".join(f"; {c.kind.replace('_', '-')}s: {c.source}" for c in self.curves)
+
+    def fed_by(self, kind: str) -> str:
+        """Which probe or figure gives `kind`'s bandwidth, in words."""
+        curve = next((c for c in self.curves if c.kind == kind and c.rows), None)
+        return curve.source if curve else self.source
 
 
 @dataclass(frozen=True)
@@ -67,6 +101,22 @@ def collectives(spec: RunSpec, arch: ModelArch) -> list[Collective]:
     return [Collective("all_reduce", grads, world, n, "backward")]  # NO_SHARD
 
 
+def unit_messages(spec: RunSpec, arch: ModelArch) -> dict[str, int]:
+    """One FSDP unit's all-gather and reduce-scatter in nccl-tests' size convention (the gathered output,
+    the reduce-scatter's whole input): the largest wrapped block's parameters in the compute dtype (Float8
+    linears in one byte) and its gradients in the reduce dtype; the whole model where it is one unit.
+    Empty for NO_SHARD, which runs neither."""
+    if spec.sharding == "NO_SHARD":
+        return {}
+    blocks = block_params(arch)
+    params = count_params(arch) if spec.wrap_policy == "whole_model" or not blocks else max(blocks)
+    gather = params * COMPUTE_BYTES[spec.precision]
+    if spec.precision == "fp8_tensorwise" and blocks:  # the block's share of the converted linears
+        share = params / count_params(arch) if spec.wrap_policy == "whole_model" else params / sum(blocks)
+        gather -= round(float8_linear_params(arch) * share) * (COMPUTE_BYTES[spec.precision] - 1)
+    return {"all_gather": int(gather), "reduce_scatter": int(params * REDUCE_BYTES[spec.precision])}
+
+
 def step_collectives(spec: RunSpec, arch: ModelArch) -> list[tuple[list[Collective], int]]:
     """The micro-batches of one optimizer step grouped by what they communicate: (collectives, how many
     micro-batches), as each accumulation mode sets FSDP2 (trainer/parallel.py accumulate; the counts are
@@ -82,7 +132,7 @@ def step_collectives(spec: RunSpec, arch: ModelArch) -> list[tuple[list[Collecti
     return [(per, 1), ([c for c in per if not (c.kind == "all_gather" and c.phase == "forward")], n - 1)]
 
 
-def _factor(kind: str, ranks: int) -> float:
+def bus_factor(kind: str, ranks: int) -> float:
     """Bus bytes per byte of the tensor (nccl-tests' definitions): (R-1)/R, twice that for all-reduce."""
     return (2 if kind == "all_reduce" else 1) * (ranks - 1) / ranks
 
@@ -91,8 +141,9 @@ def collective_s(c: Collective, gpu: GpuSpec, network: Network, units: int = 1) 
     """The longer of the intra-node leg and the network leg (a hierarchical collective pipelines both),
     plus the ring's step latency once per FSDP unit (each unit gathers and reduces on its own)."""
     per_node = c.ranks // c.nodes
-    intra = _factor(c.kind, per_node) * c.size / (gpu.intra_busbw_gbs * 1e9) if per_node > 1 else 0.0
-    net = _factor(c.kind, c.nodes) * c.size / (network.node_gbs * 1e9) if c.nodes > 1 else 0.0
+    intra = bus_factor(c.kind, per_node) * c.size / (gpu.intra_busbw_gbs * 1e9) if per_node > 1 else 0.0
+    gbs = network.gbs(c.kind, c.size / units) if c.nodes > 1 else 0.0
+    net = bus_factor(c.kind, c.nodes) * c.size / (gbs * 1e9) if c.nodes > 1 else 0.0
     return max(intra, net) + units * ring_steps(c, gpu) * network.step_latency_s
 
 

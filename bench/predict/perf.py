@@ -17,7 +17,8 @@ One training step per GPU is modelled as
 - communication (bench/predict/comm.py): FSDP's collectives per step (all-gathers of the parameters in forward and backward,
   reduce-scatter of the gradients; HYBRID_SHARD's inter-node all-reduce; NO_SHARD's all-reduce), each
   taking the longer of its intra-node leg (the GPUs' all-reduce bus bandwidth) and its network leg (bytes
-  a node's adapters carry / the node's measured all-reduce throughput). FSDP2 prefetches the next unit's
+  a node's adapters carry / the node's measured throughput for that collective: the study's all-gather or
+  reduce-scatter probe where it has one, else the all-reduce's). FSDP2 prefetches the next unit's
   gather while a unit computes, so only what outlasts its phase's compute is exposed, plus the first
   unit's gather and the last unit's reduction, which nothing hides;
 - contention: communication that overlaps still slows compute (NCCL's kernels take SMs and HBM
@@ -53,7 +54,8 @@ from bench.core.flops import (attention_square_flops_per_token, checkpointed_blo
 from bench.core.hardware import GPUS, INSTANCES, GpuSpec, compute_dtype, gpu_spec
 from bench.core.models import ModelArch, block_params, count_params, float8_linear_params
 from bench.core.schema import RunSpec, RunSummary
-from bench.predict.comm import INTER_NODE_STEP_S, INTRA_NODE_STEP_S, Network, collective_s, step_collectives
+from bench.predict.comm import (INTER_NODE_STEP_S, INTRA_NODE_STEP_S, Curve, Network, bus_factor,
+                                collective_s, step_collectives)
 from bench.predict.cpu import (CPU, CPU_EFFICIENCY, CPU_EMULATED_16BIT, cpu_peak_flops, cpu_runs_natively,
                                cpu_share)
 from bench.predict.traffic import accumulation_bytes, loss_bytes
@@ -290,6 +292,20 @@ def probe_network(nodes: int, sizes: list[dict[str, Any]], ranks: int | None = N
                    f"the study's all-reduce probe at {nodes} nodes ({row['size'] / 2**20:.0f} MiB)", latency)
 
 
+def probe_curve(kind: str, nodes: int, sizes: list[dict[str, Any]], source: str) -> Curve | None:
+    """An all-gather or reduce-scatter probe's bandwidth-bound rows as node-level throughput per size
+    (algbw x (N-1)/N, the bus bytes one node's adapters carry per byte of the tensor); None on one node
+    (no network) or without such rows. Of several placements at one size, the slower."""
+    if nodes < 2:
+        return None
+    by_size: dict[int, float] = {}
+    for r in sizes:
+        if r.get("size", 0) > LATENCY_MAX_BYTES and r.get("algbw"):
+            gbs = r["algbw"] * bus_factor(kind, nodes)
+            by_size[r["size"]] = min(by_size.get(r["size"], gbs), gbs)
+    return Curve(kind, tuple(sorted(by_size.items())), source) if by_size else None
+
+
 class StudyFit(Protocol):
     """A study's calibration (bench/predict/calibrate.py's Fit): its constants, and how uncertain a
     prediction made with them is."""
@@ -330,9 +346,16 @@ class Predictor:
         if gpu is None:
             return None
         probe = self.probes.get((spec.nodes, spec.efa_per_node))
+        curves = probe.curves if probe else ()
+        if probe is not None and math.isnan(probe.node_gbs):  # gather/reduce-scatter probes, no all-reduce
+            probe = None
         network = network_for(self.cfg.cluster.instance_type, spec.efa_per_node, probe, spec.nodes)
+        if curves:
+            network = replace(network, curves=curves)
         local = self.cfg.launcher.name in ("local", "dryrun")
-        if probe is None and local and (near := sorted(k for k in self.probes if k[1] == spec.efa_per_node)):
+        near = sorted(k for k, v in self.probes.items()
+                      if k[1] == spec.efa_per_node and not math.isnan(v.node_gbs))
+        if probe is None and local and near:
             # one machine: every simulated node's loopback is the same, so the nearest probe's latency holds
             borrowed = self.probes[min(near, key=lambda k: abs(k[0] - spec.nodes))]
             network = replace(network, step_latency_s=borrowed.step_latency_s,
@@ -360,14 +383,30 @@ def sweep_probes(sweep_dir: Any) -> dict[tuple[int, int], Network]:
 
 
 def probes_of(summaries: Iterable[RunSummary]) -> dict[tuple[int, int], Network]:
-    """The ok all-reduce probes among summaries by (nodes, EFA); of several at one node and EFA count, the
+    """The ok probes among summaries by (nodes, EFA): the all-reduce's Network, carrying the all-gather's
+    and reduce-scatter's curves (where only those were probed, a Network whose all-reduce figure is NaN,
+    which Predictor.setting replaces); of several probes of one collective at one node and EFA count, the
     one over the most ranks (the longest ring)."""
-    out: dict[tuple[int, int], tuple[int, Network]] = {}
+    nets: dict[tuple[int, int], tuple[int, Network]] = {}
+    curves: dict[tuple[int, int, str], tuple[int, Curve]] = {}
     for summary in summaries:
         spec = summary.spec
-        if spec.kind == "nccl" and summary.status == "ok":
-            network = probe_network(spec.nodes, summary.extra.get("sizes", []), spec.world_size)
-            key = (spec.nodes, spec.efa_per_node)
-            if network and (key not in out or spec.world_size > out[key][0]):
-                out[key] = (spec.world_size, network)
-    return {key: network for key, (_, network) in out.items()}
+        if spec.kind != "nccl" or summary.status != "ok":
+            continue
+        key, sizes = (spec.nodes, spec.efa_per_node), summary.extra.get("sizes", [])
+        if spec.collective == "all_reduce":
+            network = probe_network(spec.nodes, sizes, spec.world_size)
+            if network and (key not in nets or spec.world_size > nets[key][0]):
+                nets[key] = (spec.world_size, network)
+            continue
+        source = (f"the study's {spec.collective} probe at {spec.nodes} nodes, {spec.efa_per_node} EFA "
+                  f"({spec.world_size} ranks)")
+        curve = probe_curve(spec.collective, spec.nodes, sizes, source)
+        slot = (*key, spec.collective)
+        if curve and (slot not in curves or spec.world_size > curves[slot][0]):
+            curves[slot] = (spec.world_size, curve)
+    out = {key: network for key, (_, network) in nets.items()}
+    for (nodes, efa, _), (_, curve) in sorted(curves.items()):
+        base = out.get((nodes, efa), Network(math.nan, ""))
+        out[(nodes, efa)] = replace(base, curves=base.curves + (curve,))
+    return out

@@ -13,9 +13,8 @@ import pytest
 from bench.core.config import from_dict
 from bench.core.hardware import GPUS
 from bench.core.models import count_params, get_arch
-from bench.core.schema import RunSpec
+from bench.core.schema import RunSpec, RunSummary
 from bench.gpucheck.evidence import EVIDENCE_DIR, table_runs
-
 from bench.predict.comm import Network, collectives, step_collectives
 from bench.predict.perf import CALIBRATION, Predictor, Stack, network_for, predict, probe_network
 from bench.predict.published import (
@@ -343,3 +342,50 @@ def test_a_tiny_model_on_a_gpu_waits_for_its_host() -> None:
     assert abs(slow.tokens_per_s_per_gpu / big_measured - 1) < 0.10
     cpu = predict(tiny, replace(h200, family="cpu"), network_for("local", 0))
     assert cpu.host_s == 0.0  # a CPU study's cores are its compute, calibrated by its own runs
+
+
+def _probe_summary(collective: str, algbw: float, nodes: int = 4) -> RunSummary:
+    """An ok probe's summary as collect writes it: per-size rows in extra["sizes"]."""
+    spec = RunSpec(kind="nccl", model="none", nodes=nodes, gpus_per_node=8, efa_per_node=32,
+                   cluster="p5.48xlarge", collective=collective, steps=1, warmup_steps=0)
+    rows = [{"size": s, "algbw": algbw * min(1.0, s / 2**27), "time_us": s / (algbw * 1e3), "busbw": 0.0}
+            for s in (2**10, 2**24, 2**27, 2**30)]
+    return RunSummary(run_id=spec.run_id, sweep="s", status="ok", spec=spec, extra={"sizes": rows})
+
+
+def test_a_slower_all_gather_probe_predicts_a_longer_exposed_all_gather_and_names_its_probe() -> None:
+    """All-reduce probed at 200 GB/s algbw, all-gather at 60: the all-gather's network leg takes the gather
+    probe's figure (at the size nearest one unit's message), the reduce-scatter keeps the all-reduce's
+    (not probed), the step's exposed communication grows, and the network's source names the probe."""
+    from bench.predict.comm import collective_s, unit_messages
+    from bench.predict.perf import probes_of
+    cfg = from_dict(compose(["+sweep=p5_scaling", "nccl.enabled=false"])[0])
+    spec = RunSpec(model="llama2_70b", nodes=4, gpus_per_node=8, activation_checkpointing="full",
+                   micro_batch=1, seq_len=4096, efa_per_node=32, cluster="p5.48xlarge")
+    ar_only = Predictor(cfg, probes_of([_probe_summary("all_reduce", 200.0)]))
+    both = Predictor(cfg, probes_of([_probe_summary("all_reduce", 200.0),
+                                     _probe_summary("all_gather", 60.0)]))
+    (gpu, plain), (_, slow) = ar_only.setting(spec), both.setting(spec)
+    units = get_arch("llama2_70b").layers + 1
+    comms = {c.kind: c for c in collectives(spec, get_arch("llama2_70b")) if c.phase == "backward"}
+    message = unit_messages(spec, get_arch("llama2_70b"))["all_gather"]
+    assert slow.gbs("all_gather", message) == pytest.approx(60.0 * 3 / 4)  # algbw x (N-1)/N, N = 4 nodes
+    assert plain.gbs("all_gather", message) == plain.node_gbs == pytest.approx(200.0 * 2 * 3 / 4)
+    assert collective_s(comms["all_gather"], gpu, slow, units) > 2 * collective_s(comms["all_gather"], gpu,
+                                                                                    plain, units)
+    rs = comms["reduce_scatter"]
+    assert collective_s(rs, gpu, slow, units) == collective_s(rs, gpu, plain, units)
+    a, b = ar_only.predict(spec), both.predict(spec)
+    assert b.exposed_s > a.exposed_s and b.step_time_s > a.step_time_s and b.comm_s > a.comm_s
+    assert slow.fed_by("all_gather") == "the study's all_gather probe at 4 nodes, 32 EFA (32 ranks)"
+    assert "all-gathers: the study's all_gather probe at 4 nodes" in b.network.described
+    assert slow.fed_by("reduce_scatter") == plain.source and "all_gather" not in a.network.described
+
+
+def test_gather_and_reduce_scatter_probes_alone_keep_the_published_all_reduce_figure() -> None:
+    from bench.predict.perf import probes_of
+    cfg = from_dict(compose(["+sweep=p5_scaling", "nccl.enabled=false"])[0])
+    spec = RunSpec(model="llama2_7b", nodes=4, gpus_per_node=8, efa_per_node=32, cluster="p5.48xlarge")
+    _, network = Predictor(cfg, probes_of([_probe_summary("reduce_scatter", 90.0)])).setting(spec)
+    assert network.node_gbs == pytest.approx(209.78)
+    assert network.gbs("reduce_scatter", 2**27) == pytest.approx(90.0 * 3 / 4)

@@ -12,9 +12,10 @@ from typing import Any, Protocol
 
 from bench.core.config import AUTO, AXES, ConfigError, SweepConfig
 from bench.core.models import float8_linear_params, model_source
-from bench.core.schema import RunSpec
+from bench.core.schema import COLLECTIVES, RunSpec
 from bench.predict import census
 from bench.predict.budget import Point
+from bench.predict.comm import unit_messages
 from bench.predict.memory import MemoryFigure, lower_bound, state_fits, states_gib
 from bench.predict.perf import Prediction, Predictor
 
@@ -227,15 +228,29 @@ def auto_starts(cfg: SweepConfig, specs: list[RunSpec], memory: MemorySource | N
     return out
 
 
-def _probe_specs(cfg: SweepConfig) -> list[RunSpec]:
+def study_sizes(train: list[RunSpec]) -> dict[str, str]:
+    """Per collective, the message sizes the study's training runs send (one FSDP unit's, comm.unit_messages),
+    as RunSpec.nccl_sizes: what its all-gather and reduce-scatter probes measure beside their sweep. The
+    all-reduce probe keeps its doubling sweep alone (its run ids predate the other collectives)."""
+    sizes: dict[str, set[int]] = {}
+    for spec in train:
+        for kind, size in unit_messages(spec, spec.arch).items():
+            sizes.setdefault(kind, set()).add(size)
+    return {kind: ",".join(map(str, sorted(values))) for kind, values in sizes.items()}
+
+
+def _probe_specs(cfg: SweepConfig, train: list[RunSpec]) -> list[RunSpec]:
+    """One probe per collective, node count, GPUs per node, EFA count and repeat; all-reduce first."""
     if not cfg.nccl.enabled:
         return []
     nodes = cfg.nccl.nodes or cfg.axes.nodes
     efas = cfg.nccl.efa_per_node or (cfg.cluster.efa_per_node,)
     gpus = cfg.nccl.gpus_per_node or (None,)
+    collectives = sorted(cfg.nccl.collectives, key=COLLECTIVES.index)
+    own = study_sizes(train)
     return [_spec(cfg, {"nodes": n, "gpus_per_node": g, "efa_per_node": e}, r, kind="nccl", model="none",
-                  steps=1, warmup_steps=0)
-            for n in nodes for g in gpus for e in efas for r in range(cfg.repeats)]
+                  steps=1, warmup_steps=0, collective=c, nccl_sizes=own.get(c, ""))
+            for c in collectives for n in nodes for g in gpus for e in efas for r in range(cfg.repeats)]
 
 
 def expand(cfg: SweepConfig, memory: MemorySource | None = None,
@@ -266,7 +281,7 @@ def expand(cfg: SweepConfig, memory: MemorySource | None = None,
             figure, ok, reason = feasibility(cfg, spec, memory)
             plan.append(PlannedRun(spec, figure, ok, reason))
     plan = with_predictions(plan, predictor or Predictor(cfg))
-    for spec in _probe_specs(cfg):
+    for spec in _probe_specs(cfg, specs):
         if spec.run_id not in seen:
             seen.add(spec.run_id)
             plan.append(PlannedRun(spec, None, True))

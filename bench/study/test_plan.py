@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from bench.core.config import ConfigError, from_dict
-from bench.core.models import count_params, get_arch
+from bench.core.models import block_params, count_params, get_arch
 from bench.core.schema import RunSpec
 from bench.predict.memory import MemoryFigure, states_gib
 from bench.study.plan import auto_starts, expand, feasibility, micro_batch_sizes
@@ -41,8 +41,18 @@ def test_smoke_plan_is_the_product_minus_exclusions() -> None:
     assert [(s.precision, s.activation_checkpointing, s.gpus_per_node) for s in compiled] == [
         ("bf16_mixed", "none", 1)]
     assert len(train) == len(one) + len(two)
-    probes = [p.spec for p in plan if p.spec.kind == "nccl"]
-    assert sorted((s.nodes, s.gpus_per_node) for s in probes) == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    probes = [p.spec for p in plan if p.spec.kind == "nccl"]  # each point probes the three collectives
+    points = [(1, 1), (1, 2), (2, 1), (2, 2)]
+    for collective in ("all_reduce", "all_gather", "reduce_scatter"):
+        assert sorted((s.nodes, s.gpus_per_node) for s in probes if s.collective == collective) == points
+    assert len(probes) == 3 * len(points)
+    # the all-reduce probes carry no study sizes (their run ids predate the other collectives); the gather's
+    # and reduce-scatter's carry one tiny_llama block's messages: gathered in 4 (fp32) or 2 bytes, reduced
+    # in 4 (or 2 under bf16_pure)
+    assert {s.nccl_sizes for s in probes if s.collective == "all_reduce"} == {""}
+    block = max(block_params(get_arch("tiny_llama")))
+    assert {s.study_sizes for s in probes if s.collective == "all_gather"} == {(2 * block, 4 * block)}
+    assert {s.study_sizes for s in probes if s.collective == "reduce_scatter"} == {(2 * block, 4 * block)}
     assert all(s.cluster == "local" for s in train)
 
 
@@ -85,7 +95,8 @@ def test_efa_probe_plans_every_adapter_count() -> None:
     plan = plan_for("+sweep=efa_probe")
     assert {(p.spec.nodes, p.spec.efa_per_node) for p in plan} == {
         (n, e) for n in (1, 2, 4, 8, 16) for e in (0, 1, 4, 32)}
-    assert all(p.spec.kind == "nccl" for p in plan) and len(plan) == 20 * 3
+    assert all(p.spec.kind == "nccl" for p in plan) and len(plan) == 20 * 3 * 3  # 3 repeats, 3 collectives
+    assert {p.spec.collective for p in plan} == {"all_reduce", "all_gather", "reduce_scatter"}
 
 
 def test_ablation_changes_one_factor_at_a_time() -> None:
@@ -151,6 +162,14 @@ def test_ablation_changes_one_factor_at_a_time() -> None:
      "accumulation=keep_gathered keeps gathered parameters; NO_SHARD never shards them"),
     (["study.train_tokens=-1"], "study.train_tokens must be a positive number"),
     (["study.knee_share=1.5"], "study.knee_share must be in (0, 1]"),
+    # probes of a collective nccl-tests and the torch probe do not run, or of adapters the instance lacks
+    (["nccl.collectives=[all_reduce,broadcast]"],
+     "nccl.collectives: unknown collective(s) ['broadcast']; known: all_reduce, all_gather, reduce_scatter"),
+    (["nccl.collectives=[]"], "nccl.collectives is empty: name at least one of all_reduce"),
+    (["cluster=p5.48xlarge", "nccl.efa_per_node=[0,64]"],
+     "nccl.efa_per_node: 64 EFA adapters per node, but p5.48xlarge has 32 (cluster p5.48xlarge)"),
+    (["cluster=p5.48xlarge", "axes.efa_per_node=[48]"],
+     "axes.efa_per_node: 48 EFA adapters per node, but p5.48xlarge has 32 (cluster p5.48xlarge)"),
 ])
 def test_bad_config_is_one_line_and_exit_2(overrides, message, capsys, tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)  # a relative results_root would land here: nothing may be written
@@ -354,3 +373,18 @@ def test_the_schedule_line_names_its_node_budget_in_words() -> None:
     for budget, words in ((1, "1 node in flight"), (4, "4 nodes in flight")):
         raw, _ = compose(["+sweep=smoke", f"launcher.max_nodes={budget}"])
         assert schedule_line(from_dict(raw), []).startswith(f"schedule: {words};")
+
+
+def test_probe_specs_keep_their_run_ids_through_the_summary_and_the_table() -> None:
+    """An all-reduce probe's id leaves the new fields out (a study begun before them keeps its probes);
+    a gather probe's one study size, read back from a table cell as a number, is the same spec."""
+    old = RunSpec(kind="nccl", model="none", nodes=2, gpus_per_node=8, efa_per_node=32)
+    assert "collective" not in old.canonical() and "nccl_sizes" not in old.canonical()
+    assert "--collective" not in old.to_argv()
+    gather = RunSpec(kind="nccl", model="none", nodes=2, collective="all_gather", nccl_sizes="363008")
+    assert RunSpec.from_dict({**gather.to_dict(), "nccl_sizes": 363008.0}).run_id == gather.run_id
+    assert RunSpec.from_dict({**old.to_dict(), "nccl_sizes": float("nan")}).run_id == old.run_id
+    with pytest.raises(ValueError, match="collective='broadcast' is not one of"):
+        RunSpec(kind="nccl", collective="broadcast")
+    with pytest.raises(ValueError, match="nccl_sizes must be comma-separated byte counts"):
+        RunSpec(kind="nccl", nccl_sizes="1k")
