@@ -32,7 +32,11 @@ WRAP_POLICIES = ("transformer_block", "whole_model")
 # one micro-batch's backward to the next one's forward (set_reshard_after_backward)
 ACCUMULATIONS = ("sync_each", "sync_once", "allreduce_once", "keep_gathered")
 RUN_KINDS = ("train", "nccl", "preflight")  # preflight: one node's facts and speed alone
-FAULTS = ("none", "oom", "nan", "hang", "crash", "sleep")  # test hook; sleep: no work, just the time
+# test hook; sleep: no work, just the time; slow_collective: every step, before issuing each collective of
+# one kind (FAULT_COLLECTIVES), the rank sleeps (outside compute); slow_compute: one rank computes longer
+FAULTS = ("none", "oom", "nan", "hang", "crash", "sleep", "slow_collective", "slow_compute")
+FAULT_COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")  # FSDP2's torch.distributed calls
+TRACE_RANKS = ("all", "per_node")  # which ranks of a run record a profiler trace (per_node: local rank 0)
 
 STATUSES = ("ok", "oom", "timeout", "nccl_error", "rendezvous_error", "launch_error", "nan_loss",
             "failed", "infeasible", "cancelled")
@@ -236,6 +240,8 @@ def add_fault_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fault-step", type=int, default=1)
     parser.add_argument("--fault-seconds", type=float, default=0.0, help="fault sleep: seconds, no work")
     parser.add_argument("--fault-rank", type=int, default=-1, help="only this global rank (-1: every rank)")
+    parser.add_argument("--fault-collective", default="all_gather", choices=FAULT_COLLECTIVES,
+                        help="fault slow_collective: the collective delayed")
 
 
 def spec_from_namespace(ns: argparse.Namespace) -> RunSpec:
