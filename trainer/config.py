@@ -5,7 +5,8 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.core.schema import TRACE_RANKS, RunSpec, add_fault_arguments, add_spec_arguments, spec_from_namespace
+from bench.core.schema import (TRACE_RANKS, RunSpec, add_fault_arguments, add_spec_arguments,
+                               spec_from_namespace)
 
 
 @dataclass(frozen=True)

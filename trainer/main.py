@@ -257,8 +257,9 @@ class Trainer:
         recording = args.trace_ranks == "all" or local == 0
         path = None
         if recording:
-            path = (trace_path(args.run_dir, self.rank) if args.run_dir is not None
-                    else Path(tempfile.mkdtemp(prefix="fsdpbench-trace-")) / f"rank{self.rank}.pt.trace.json.gz")
+            # no shared run dir (Kubernetes): the pod's own /tmp, the split still in the trace record
+            where = args.run_dir or Path(tempfile.mkdtemp(prefix="fsdpbench-trace-"))
+            path = trace_path(where, self.rank)
 
         def run_step(step: int) -> None:
             batches = self.batches(step)
@@ -267,8 +268,8 @@ class Trainer:
             _sync(self.device)
         began = time.monotonic()
         first = self.spec.steps
-        times = trace.record(run_step, range(first, first + args.trace_steps), path, self.device.type == "cuda",
-                             {"rank": self.rank, "run_id": self.spec.run_id})
+        times = trace.record(run_step, range(first, first + args.trace_steps), path,
+                             self.device.type == "cuda", {"rank": self.rank, "run_id": self.spec.run_id})
         recorded = time.monotonic()
 
         def exchange(mine: Any) -> list[Any]:

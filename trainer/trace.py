@@ -45,11 +45,13 @@ C10D_OPS = {"c10d::_allgather_base_": "all_gather", "c10d::allgather_into_tensor
             "reduce_scatter", "c10d::allreduce_": "all_reduce", "c10d::allreduce_coalesced_": "all_reduce"}
 # FSDP2's ranges (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py) in which the main thread
 # issues, waits for and copies out a collective: on a CPU, time there is the collective's, not compute
-FSDP_COLLECTIVE_RANGES = (("FSDP::all_gather", "all_gather"), ("FSDP::post_backward_reduce", "reduce_scatter"),
+FSDP_COLLECTIVE_RANGES = (("FSDP::all_gather", "all_gather"),  # its copy-out too, which waits for it
+                          ("FSDP::post_backward_reduce", "reduce_scatter"),
                           ("FSDP::post_backward_rs_wait", "reduce_scatter"))
 NCCL_KERNELS = (("AllGather", "all_gather"), ("ReduceScatter", "reduce_scatter"), ("AllReduce", "all_reduce"))
 DTYPE_BYTES = {"float": 4, "double": 8, "c10::BFloat16": 2, "c10::Half": 2, "long int": 8, "int": 4,
-               "signed char": 1, "unsigned char": 1, "bool": 1, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1}
+               "signed char": 1, "unsigned char": 1, "bool": 1, "c10::Float8_e4m3fn": 1,
+               "c10::Float8_e5m2": 1}
 
 
 class TraceError(ValueError):
@@ -304,7 +306,8 @@ def split(tl: Timeline) -> dict[str, Any]:
     return {"parts": {k: v / n / 1e6 for k, v in parts.items()},
             "overlapped": {k: v / n / 1e6 for k, v in overlapped.items()},
             "step_s": sum(b - a for a, b in tl.windows) / n / 1e6, "collectives": collectives,
-            "unclassified": tl.unclassified, "steps": n, "device": "cpu" if tl.exposed_over_compute else "gpu"}
+            "unclassified": tl.unclassified, "steps": n,
+            "device": "cpu" if tl.exposed_over_compute else "gpu"}
 
 
 def _part(state: _State, exposed_over_compute: bool, length: float, overlapped: dict[str, float]) -> str:
@@ -365,7 +368,8 @@ def record(run_step: Callable[[int], None], steps: range, path: Path | None, cud
     return times
 
 
-def analyse(path: Path | None, exchange: Callable[[Any], list[Any]]) -> tuple[dict[str, Any] | None, str | None]:
+def analyse(path: Path | None, exchange: Callable[[Any], list[Any]],
+            ) -> tuple[dict[str, Any] | None, str | None]:
     """This rank's split from its trace, the collectives' durations exchanged with every rank (`exchange`:
     an all_gather_object, which every rank calls, recording or not). Never raises: a trace that cannot be
     read leaves (None, why)."""

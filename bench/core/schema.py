@@ -321,6 +321,14 @@ class RunSummary:
     nccl_busbw_max_gbs: float | None = None
     nccl_algbw_max_gbs: float | None = None
     nccl_transport: str | None = None
+    # The profiled steps' split (trainer/trace.py), seconds per step, each part the median over the ranks
+    # that recorded a trace: compute, exposed_<kind>, waiting, optimizer, other (they add up to step_s,
+    # the profiled step's median), overlapped_<kind> beside them; the per-rank splits are in extra
+    trace_split: dict[str, float] | None = None
+    # per collective kind (all_gather_fwd, all_gather_bwd, reduce_scatter, all_reduce) per step: bytes
+    # (nccl-tests' size convention), seconds its collectives ran (rank median), count
+    trace_collectives: dict[str, dict[str, Any]] | None = None
+    trace_note: str | None = None  # why a run has no split (no trace, unreadable, another torch)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -333,6 +341,8 @@ class RunSummary:
         for f in fields(self):
             if f.name not in ("run_id", "sweep", "status", "spec", "extra"):
                 row[f.name] = getattr(self, f.name)
+        for name in JSON_FIELDS:  # nested: one JSON text per cell, as extra
+            row[name] = json.dumps(row[name], sort_keys=True) if row[name] is not None else None
         row["extra"] = json.dumps(self.extra, sort_keys=True) if self.extra else None
         return row
 
@@ -341,8 +351,14 @@ class RunSummary:
         names = {f.name for f in fields(cls)} - {"spec", "extra"}
         extra = row.get("extra")
         kwargs = {k: _none_if_nan(row[k]) for k in names if k in row}
+        for name in JSON_FIELDS:
+            if isinstance(kwargs.get(name), str):
+                kwargs[name] = json.loads(kwargs[name])
         return cls(spec=RunSpec.from_dict(row), extra=json.loads(extra) if isinstance(extra, str) else {},
                    **kwargs)
+
+
+JSON_FIELDS = ("trace_split", "trace_collectives")  # RunSummary's dict fields: JSON in the table
 
 
 def _none_if_nan(value: Any) -> Any:

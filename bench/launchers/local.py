@@ -77,7 +77,7 @@ class LocalLauncher:
 
     def render(self, spec: RunSpec, run_dir: Path) -> Submission:
         py = python_executable(self.cfg)
-        worker = worker_module_argv(spec, run_dir, fault_args(self.cfg, spec))
+        worker = worker_module_argv(spec, run_dir, fault_args(self.cfg, spec) + trace_args(self.cfg, spec))
         agent = torchrun_argv(py, spec, f"127.0.0.1:{PORT_TOKEN}", spec.run_id, rendezvous_conf(self.cfg))
         # `env` sets each agent's devices without a shell, and a simulated node's name where there are
         # several (one host name for all of them otherwise); torchrun's workers inherit them

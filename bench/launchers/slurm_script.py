@@ -14,6 +14,7 @@ from bench import rundir
 from bench.config import ConfigError, SweepConfig
 from bench.core.schema import RunSpec
 from bench.launchers.base import (IMAGE_PYTHON, PROJECT_ROOT, fault_args, python_executable, rendezvous_conf,
+                                  trace_args,
                                   torchrun_argv, worker_module_argv)
 from nccl.command import all_reduce_perf_argv
 from nccl.records import JSON_FILE
@@ -156,7 +157,8 @@ def worker_command(cfg: SweepConfig, spec: RunSpec, run_dir: Path) -> str:
         return shlex.join(argv)
     argv = (_srun_prefix(cfg, 1) + _efa_limit(cfg, spec, run_dir)
             + torchrun_argv(_python(cfg), spec, ENDPOINT, "@RDZV_ID@", rendezvous_conf(cfg))
-            + worker_module_argv(spec, Path(worker_path(cfg, run_dir)), fault_args(cfg, spec)))
+            + worker_module_argv(spec, Path(worker_path(cfg, run_dir)),
+                                 fault_args(cfg, spec) + trace_args(cfg, spec)))
     line = shlex.join(argv)
     return (line.replace(ENDPOINT, '"${head_addr}:${rdzv_port}"')
                 .replace("@RDZV_ID@", '"${SLURM_JOB_ID}"'))
