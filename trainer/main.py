@@ -14,6 +14,7 @@ import socket
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,7 @@ class Trainer:
         self.step_times: list[float] = []
         self.last_step_ns = (0, 0)  # the last step's window in wall-clock time: its collectives are counted
         self.end_memory: dict[str, float] | None = None  # at the last timed step, before any traced one
+        self.restore: list[Callable[[], None]] = []  # undoes the test faults' patches (a series' next run)
 
     def setup(self) -> None:
         from trainer.model import materialize
@@ -157,6 +159,7 @@ class Trainer:
             time.sleep(a.fault_seconds)
             return original(*args, **kwargs)
         setattr(dist, name, delayed)
+        self.restore.append(lambda: setattr(dist, name, original))
 
     def meta(self) -> dict[str, Any]:
         local_numel = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
@@ -384,9 +387,13 @@ def train_run(args: TrainArgs, device: torch.device, emit: Emitter,
         summary = trainer.summary(sampler.stop())
         if rank == 0:
             emit("summary", **summary)
+        for undo in trainer.restore:
+            undo()
         return EXIT_OK
     except Exception as e:
         sampler.stop()
+        for undo in trainer.restore:
+            undo()
         write_dump(rank)  # this rank's collectives when it failed (kept if NCCL's watchdog wrote one)
         code, status = (EXIT_OOM, "oom") if _is_oom(e) else (
             (EXIT_NAN, "nan_loss") if isinstance(e, NanLoss) else (EXIT_FAILED, "failed"))
