@@ -336,7 +336,7 @@ class Trainer:
 
 def _busy(seconds: float) -> None:
     """Compute for `seconds` (small matmuls): a slower rank's extra compute, as the profiler sees compute."""
-    a, end = torch.ones(64, 64), time.perf_counter() + seconds
+    a, end = torch.ones(256, 256), time.perf_counter() + seconds
     while time.perf_counter() < end:
         a = torch.mm(a, a).clamp_(-1, 1)
 

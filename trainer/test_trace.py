@@ -73,8 +73,9 @@ def test_a_rank_that_computes_longer_leaves_its_peer_waiting() -> None:
     ranks = _splits(SLOWED, 2)
     slow, peer = ranks[1]["split"]["parts"], ranks[0]["split"]["parts"]
     extra = 4 * BUSY_S  # each block's forward, once a step
-    assert slow["compute"] - peer["compute"] == pytest.approx(extra, rel=0.4)
-    assert peer["waiting"] - slow["waiting"] == pytest.approx(extra, rel=0.4)
+    # at least what was added (the busy rank also slows its peer's share of 2 shared cores), not wildly more
+    assert 0.6 * extra < slow["compute"] - peer["compute"] < 3 * extra
+    assert 0.6 * extra < peer["waiting"] - slow["waiting"] < 3 * extra
 
 
 @pytest.mark.parametrize(("sharding", "accumulation"), MATRIX)
