@@ -21,6 +21,8 @@ from analysis.parity import departures, loss_parity
 from analysis.predicted import (extrapolation_sentence, extrapolation_table, largest_miss, memory_notes, memory_table,
                                 throughput_table)
 from analysis.render import markdown, page_html
+from analysis.split import COLUMNS as SPLIT_COLUMNS
+from analysis.split import lost_sentences, split_chart, split_table
 from analysis.strong import COLUMNS as STRONG_COLUMNS
 from analysis.strong import knee_sentences, strong_rows, sweep_study
 from analysis.scaling import (ablation, aggregate, headline, missing_baselines, nccl_sizes, nccl_summary,
@@ -113,6 +115,7 @@ FIGURES = {
     "memory_vs_nodes": ("Memory per GPU vs nodes", plots.memory_vs_nodes, "agg"),
     "busbw_vs_size": ("All-reduce bus bandwidth vs message size", plots.busbw_vs_size, "sizes"),
     "estimate_vs_measured": ("Memory: predicted vs measured", plots.estimate_vs_measured, "agg"),
+    "step_split": ("Where the step went, from each run's profiler trace", split_chart, "split"),
 }
 
 
@@ -192,6 +195,8 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
     sentences = knee_sentences(strong, train_tokens, study.get("knee_share", 0.5)) + sentences
     probes = nccl_summary(frame)
     sentences = sentences or probe_sentences(probes)  # a probe-only study: what each EFA count gave
+    split = split_table(frame)
+    sentences = sentences + (lost_sentences(split) if not split.empty else [])
     one_rank = probes[probes["nodes"] * probes["gpus_per_node"] == 1] if not probes.empty else probes
     tables = {"headline": _present(_percent(best, "scaling_efficiency"), HEADLINE_COLUMNS),
               "efa": _present(probes.drop(one_rank.index), EFA_COLUMNS),
@@ -235,11 +240,13 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
     if not comm.empty:
         tables["comm_model"] = _present(comm, COMM_COLUMNS)
         tables["comm_model_short"] = _present(comm, COMM_SHORT)
+    if not split.empty:
+        tables["step_split"] = _present(_percent(split, "exposed_comm_error"), SPLIT_COLUMNS)
     for name, table in tables.items():
         table.to_csv(out / f"{name}.csv", index=False)
     charts = {}
     for name, (title, make, source) in FIGURES.items():
-        fig = make(agg if source == "agg" else sizes)
+        fig = make({"agg": agg, "sizes": sizes, "split": split}[source])
         if fig is not None:
             fig.savefig(out / f"{name}.png", dpi=110)
             fig.set_layout_engine("none")  # keep the layout the PNG computed: the SVG need not redo it
@@ -279,6 +286,12 @@ def _sections(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], charts: dict
         sections.append(("Best configuration at each node count", tables["headline"]))
     if "throughput_vs_nodes" in charts:
         sections.append((charts["throughput_vs_nodes"], ("chart", "throughput_vs_nodes")))
+    if "step_split" in tables:
+        sections.append(("Where the step went (seconds per step from each run's profiler trace, scaled to "
+                         "its measured step; the model's exposed communication beside the measured)",
+                         tables["step_split"]))
+    if "step_split" in charts:
+        sections.append((charts["step_split"], ("chart", "step_split")))
     if not tables["efa"].empty:
         sections.append(("All-reduce bandwidth by EFA adapters", tables["efa"]))
     if notes:
@@ -321,7 +334,7 @@ def _sections(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], charts: dict
                          tables["preflight"]))
     sections.append((f"Run status ({ok} ok of {len(frame)}; not ok below)", tables["status"]))
     for name, title in charts.items():
-        if name != "throughput_vs_nodes":
+        if name not in ("throughput_vs_nodes", "step_split"):
             sections.append((title, ("chart", name)))
     sections += [("Definitions", DEFINITIONS), ("Provenance", provenance(frame))]
     return sections

@@ -295,6 +295,7 @@ class RunSummary:
     pred_base_tokens_per_s_per_gpu: float | None = None  # that node count's tokens/s/GPU in the same
     # prediction: pred_scaling_efficiency = pred_tokens_per_s_per_gpu / it (one prediction per row)
     pred_bound: str | None = None  # compute-, memory-bandwidth-, network- or host-bound
+    pred_exposed_comm_s: float | None = None  # communication the model says the step waits for (exposed_s)
     pred_source: str | None = None  # the constants it was predicted with: "published constants" or "this
     # study's N runs" (bench/predict/calibrate.py)
     device_name: str | None = None

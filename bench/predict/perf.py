@@ -182,7 +182,8 @@ class Prediction:
         """As results-table columns (prefixed pred_)."""
         source = self.source + (f"{FLOOR}{self.unmodeled}" if self.unmodeled else "")
         return {"pred_step_time_s": self.step_time_s, "pred_tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
-                "pred_mfu": self.mfu, "pred_bound": self.bound, "pred_source": source}
+                "pred_mfu": self.mfu, "pred_bound": self.bound, "pred_source": source,
+                "pred_exposed_comm_s": self.exposed_s}
 
 
 def stack_attention_s(spec: RunSpec, arch: ModelArch, stack: Stack, family: str, peak: float,
