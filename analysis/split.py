@@ -26,7 +26,8 @@ LABELS = {"compute": "compute", "exposed_all_gather_fwd": "exposed all-gather (f
           "waiting": "waiting for a peer", "optimizer": "optimizer", "other": "other (host, data, idle)"}
 COLUMNS = {"model": "model", "sharding": "sharding", "batch": "batch", "nodes": "nodes",
            "step_time_s": "step (s)", **{p: f"{LABELS[p]} (s)" for p in PARTS},
-           "exposed_comm_s": "exposed comm. measured (s)", "pred_exposed_comm_s": "exposed comm. predicted (s)",
+           "exposed_comm_s": "exposed comm. measured (s)",
+           "pred_exposed_comm_s": "exposed comm. predicted (s)",
            "exposed_comm_error": "predicted / measured - 1", "traced_runs": "traced runs"}
 
 

@@ -10,6 +10,7 @@ import math
 import os
 import platform
 import resource
+import shutil
 import socket
 import tempfile
 import time
@@ -282,6 +283,8 @@ class Trainer:
         result, error = trace.analyse(path, exchange)
         if recording:
             size = path.stat().st_size if path is not None and path.exists() else None
+            if path is not None and args.run_dir is None:  # nowhere to keep it: the split is in the record
+                shutil.rmtree(path.parent.parent, ignore_errors=True)
             self.emit("trace", node=node_name(), file=str(path), bytes=size, steps=args.trace_steps,
                       step_times_s=times, record_s=recorded - began, analyse_s=time.monotonic() - recorded,
                       split=result, error=error)

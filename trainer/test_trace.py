@@ -79,12 +79,14 @@ def test_a_rank_that_computes_longer_leaves_its_peer_waiting() -> None:
 
 
 @pytest.mark.parametrize(("sharding", "accumulation"), MATRIX)
-def test_the_parts_add_up_to_the_step_and_every_collective_has_a_kind(sharding: str, accumulation: str) -> None:
+def test_the_parts_add_up_to_the_step_and_every_collective_has_a_kind(sharding: str,
+                                                                      accumulation: str) -> None:
     args = _matrix_args(sharding, accumulation)
     ranks = _splits(args, 4)
     for r in ranks.values():
         split, timed = r["split"], statistics.mean(r["step_times_s"])
-        assert sum(split["parts"].values()) == pytest.approx(timed, rel=0.05)  # the trace's clock vs perf_counter
+        # the trace's clock against perf_counter's
+        assert sum(split["parts"].values()) == pytest.approx(timed, rel=0.05)
         assert split["unclassified"] == 0
     kinds = {k for k, v in ranks[0]["split"]["collectives"].items() if v["count"]}
     expected = {"FULL_SHARD": {"all_gather_fwd", "all_gather_bwd", "reduce_scatter"},
@@ -132,7 +134,7 @@ def test_a_bad_trace_leaves_no_split_and_says_why(tmp_path: Path) -> None:
 def _gpu_trace() -> dict:
     """One step of 100 us: compute 0-40 on stream 7 with an all-gather on stream 20 at 10-30 (hidden)
     and one at 40-60 (exposed, nothing computes), compute 60-80, a reduce-scatter 80-90 (exposed), the
-    optimizer's kernel 92-96, idle otherwise."""
+    optimizer's kernel 92-96, an all-reduce 96-98 (exposed), idle otherwise."""
     host, tid = [], 100
     ev = [{"ph": "X", "cat": "user_annotation", "name": trace.STEP_RANGE, "pid": 1, "tid": tid, "ts": 1000.0,
            "dur": 100.0},
@@ -142,14 +144,17 @@ def _gpu_trace() -> dict:
            "ts": 1085.0, "dur": 5.0}]
     ops = [("c10d::_allgather_base_", 1001.0, [[1024], [512]], ["c10::BFloat16"] * 2),
            ("c10d::_allgather_base_", 1036.0, [[1024], [512]], ["c10::BFloat16"] * 2),
-           ("c10d::_reduce_scatter_base_", 1070.0, [[256], [512]], ["float"] * 2)]
-    kernels = [("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 20, 1010.0, 20.0, 1001.5),
-               ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 20, 1040.0, 20.0, 1036.5),
+           ("c10d::_reduce_scatter_base_", 1070.0, [[256], [512]], ["float"] * 2),
+           ("c10d::allreduce_", 1090.5, [[[256]], []], ["TensorList", ""])]  # a list: the kernel's type
+    gather = "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+    kernels = [(gather, 20, 1010.0, 20.0, 1001.5), (gather, 20, 1040.0, 20.0, 1036.5),
                ("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 20, 1080.0,
                 10.0, 1070.5),
                ("ampere_sgemm_128x64_tn", 7, 1000.0, 40.0, 1000.2),
                ("ampere_sgemm_128x64_nn", 7, 1060.0, 20.0, 1037.0),
-               ("void at::native::multi_tensor_apply_kernel<AdamW>", 7, 1092.0, 4.0, 1086.0)]
+               ("void at::native::multi_tensor_apply_kernel<AdamW>", 7, 1092.0, 4.0, 1086.0),
+               ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 21, 1096.0, 2.0,
+                1090.7)]
     for name, ts, dims, types in ops:
         ev.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": 1.0,
                    "args": {"Input Dims": dims, "Input type": types}})
@@ -168,12 +173,14 @@ def test_the_gpu_split_from_kernels_on_their_streams() -> None:
     us = 1e-6
     assert got["device"] == "gpu" and got["unclassified"] == 0
     assert got["parts"] == pytest.approx({"compute": 60 * us, "exposed_all_gather_fwd": 0.0,
-                                          "exposed_all_gather_bwd": 20 * us, "exposed_reduce_scatter": 10 * us,
-                                          "exposed_all_reduce": 0.0, "waiting": 0.0, "optimizer": 4 * us,
-                                          "other": 6 * us})
+                                          "exposed_all_gather_bwd": 20 * us,
+                                          "exposed_reduce_scatter": 10 * us,
+                                          "exposed_all_reduce": 2 * us, "waiting": 0.0,
+                                          "optimizer": 4 * us, "other": 4 * us})
     assert got["overlapped"]["all_gather_fwd"] == pytest.approx(20 * us)
     assert got["collectives"]["all_gather_fwd"] == {"bytes": 2048, "s": pytest.approx(20 * us), "count": 1}
     assert got["collectives"]["reduce_scatter"]["bytes"] == 2048  # the unreduced input, fp32
+    assert got["collectives"]["all_reduce"]["bytes"] == 512  # 256 bf16 elements: the type from the kernel
 
 
 def test_a_peer_that_came_late_is_waiting_on_a_gpu() -> None:

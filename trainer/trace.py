@@ -49,6 +49,7 @@ FSDP_COLLECTIVE_RANGES = (("FSDP::all_gather", "all_gather"),  # its copy-out to
                           ("FSDP::post_backward_reduce", "reduce_scatter"),
                           ("FSDP::post_backward_rs_wait", "reduce_scatter"))
 NCCL_KERNELS = (("AllGather", "all_gather"), ("ReduceScatter", "reduce_scatter"), ("AllReduce", "all_reduce"))
+NCCL_DTYPES = (("_bf16", "c10::BFloat16"), ("_f16", "c10::Half"), ("_f32", "float"), ("_f64", "double"))
 DTYPE_BYTES = {"float": 4, "double": 8, "c10::BFloat16": 2, "c10::Half": 2, "long int": 8, "int": 4,
                "signed char": 1, "unsigned char": 1, "bool": 1, "c10::Float8_e4m3fn": 1,
                "c10::Float8_e5m2": 1}
@@ -64,6 +65,7 @@ class Collective:
     start: float  # seconds (trace clock)
     end: float
     wait: float = 0.0  # its first `wait` seconds were spent waiting for a peer
+    dtype: str | None = None  # its element type where the event names one (gloo's args, NCCL's name)
 
 
 @dataclass
@@ -106,23 +108,31 @@ def _inside(t: float, spans: list[tuple[float, float]]) -> bool:
     return any(a <= t < b for a, b in spans)
 
 
-def _bytes(e: dict[str, Any], kind: str) -> int:
-    """nccl-tests' size of one c10d op from its recorded shapes: all_gather's output (the first argument),
-    reduce_scatter's input (the second), all_reduce's buffer (the first)."""
+def _numel(dims: list[Any]) -> int:
+    """Elements of a tensor's recorded dims, or of a tensor list's (a list of dims)."""
+    if dims and isinstance(dims[0], list):
+        return sum(_numel(d) for d in dims)
+    numel = 1
+    for d in dims:
+        numel *= d
+    return numel
+
+
+def _size(e: dict[str, Any], kind: str) -> tuple[int, str | None]:
+    """nccl-tests' size of one c10d op from its recorded shapes, in elements, and their type where the op
+    records one (a TensorList's is the collective's own: gloo's event, NCCL's kernel name): all_gather's
+    output (the first argument), reduce_scatter's input (the second), all_reduce's buffer (the first)."""
     args = e.get("args", {})
     dims, types = args.get("Input Dims") or [], args.get("Input type") or []
     at = 1 if kind == "reduce_scatter" else 0
-    if len(dims) <= at or len(types) <= at:
-        return 0
-    numel = 1
-    for d in dims[at]:
-        numel *= d
-    return numel * DTYPE_BYTES.get(types[at], 0)
+    if len(dims) <= at:
+        return 0, None
+    return _numel(dims[at]), types[at] if len(types) > at and types[at] in DTYPE_BYTES else None
 
 
 def _issued(events: list[dict[str, Any]], backward: list[tuple[float, float]],
-            windows: list[tuple[float, float]]) -> list[tuple[float, str, int]]:
-    """The c10d ops issued in the windows, in order: (start, kind with the pass for all-gathers, bytes)."""
+            windows: list[tuple[float, float]]) -> list[tuple[float, str, tuple[int, str | None]]]:
+    """The c10d ops issued in the windows, in order: (start, kind with the pass for all-gathers, size)."""
     out = []
     for e in events:
         base = C10D_OPS.get(e["name"])
@@ -130,7 +140,7 @@ def _issued(events: list[dict[str, Any]], backward: list[tuple[float, float]],
             continue
         kind = base if base != "all_gather" else (
             "all_gather_bwd" if _inside(e["ts"], backward) else "all_gather_fwd")
-        out.append((e["ts"], kind, _bytes(e, base)))
+        out.append((e["ts"], kind, _size(e, base)))
     return sorted(out)
 
 
@@ -149,22 +159,24 @@ def timeline(data: dict[str, Any]) -> Timeline:
     kernels = [e for e in events if e.get("cat") == "kernel"]
     tl = (_gpu(kernels, events, optimizer, windows) if kernels
           else _cpu(events, host, main, windows, optimizer, backward))
-    for _, kind, size in issued:
-        tl.bytes[kind] = tl.bytes.get(kind, 0) + size
     _kinds_in_order(tl, issued)
     return tl
 
 
-def _kinds_in_order(tl: Timeline, issued: list[tuple[float, str, int]]) -> None:
+def _kinds_in_order(tl: Timeline, issued: list[tuple[float, str, tuple[int, str | None]]]) -> None:
     """Give each collective in flight the kind of the op that issued it, in order: gloo's work threads take
     every kind from one queue (its events are named for gloo's algorithm: kind ""), NCCL runs each kind's
     kernels in launch order (named for their base kind: the pass comes from the op). One the issuing ops
-    do not account for stays unclassified."""
+    do not account for stays unclassified. Bytes per kind from the ops' sizes."""
     flights = sorted(tl.collectives, key=lambda c: c.start)
+    matched: dict[int, Collective] = {}
     for base in ("all_gather", "reduce_scatter", "all_reduce", ""):
-        ops = [k for _, k, _ in issued if k.startswith(base)]
-        for c, k in zip([c for c in flights if c.kind == base], ops):
-            c.kind = k
+        ops = [i for i, (_, k, _) in enumerate(issued) if k.startswith(base) and i not in matched]
+        for c, i in zip([c for c in flights if c.kind == base], ops):
+            c.kind, matched[i] = issued[i][1], c
+    for i, (_, kind, (numel, dtype)) in enumerate(issued):
+        dtype = dtype or (matched[i].dtype if i in matched else None)
+        tl.bytes[kind] = tl.bytes.get(kind, 0) + numel * DTYPE_BYTES.get(dtype or "", 0)
     tl.unclassified = sum(1 for c in flights if c.kind not in KINDS)
 
 
@@ -182,7 +194,8 @@ def _cpu(events: list[dict[str, Any]], host: list[dict[str, Any]], main: int,
         if kind is not None:
             blocked.append((*_us(e), kind))
     compute = [_us(e) for e in host if e.get("cat") == "cpu_op"]
-    flights = [Collective("", *_us(e)) for e in events
+    flights = [Collective("", *_us(e), dtype=(e.get("args", {}).get("Input type") or [None])[0])
+               for e in events
                if e.get("tid") != main and e["name"].startswith("gloo:") and _inside(e["ts"], windows)]
     return Timeline(windows, optimizer, compute, blocked, flights, exposed_over_compute=True)
 
@@ -192,6 +205,12 @@ def _nccl_kind(name: str) -> str | None:
     if not name.startswith("nccl"):
         return None
     return next((k for word, k in NCCL_KERNELS if word in name), "unknown")
+
+
+def _nccl_dtype(name: str) -> str | None:
+    """The element type an NCCL kernel's name carries (reductions: "..._Sum_f32_..."), as the profiler
+    names types."""
+    return next((t for word, t in NCCL_DTYPES if word in name), None)
 
 
 def _gpu(kernels: list[dict[str, Any]], events: list[dict[str, Any]], optimizer: list[tuple[float, float]],
@@ -204,7 +223,7 @@ def _gpu(kernels: list[dict[str, Any]], events: list[dict[str, Any]], optimizer:
     for k in kernels:
         span, kind = _us(k), _nccl_kind(k["name"])
         if kind is not None:
-            flights.append(Collective(kind, *span))
+            flights.append(Collective(kind, *span, dtype=_nccl_dtype(k["name"])))
         elif _inside(launches.get(k.get("args", {}).get("correlation"), -1.0), optimizer):
             opt.append(span)
         else:

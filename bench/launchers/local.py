@@ -28,7 +28,7 @@ from bench.core.records import process_start_time
 from bench.core.schema import RunSpec
 from bench.gpus import agent_devices, local_gpus
 from bench.launchers.base import (DONE, RUNNING, Outcome, Poll, Submission, die_with_parent, fault_args,
-                                  job_env, python_executable, rendezvous_conf, torchrun_argv,
+                                  job_env, python_executable, rendezvous_conf, torchrun_argv, trace_args,
                                   worker_module_argv)
 
 PORT_TOKEN = "@RDZV_PORT@"  # replaced by a free port when the run is submitted (render stays pure)
