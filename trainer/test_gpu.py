@@ -93,12 +93,13 @@ def test_the_compute_clock_reads_cuda_events_in_seconds_within_the_step() -> Non
     assert 0.3 * record["step_time_s"] < compute < record["step_time_s"], (compute, record["step_time_s"])
 
 
-def test_a_one_gpu_runs_trace_parts_add_up_to_its_step() -> None:
+def test_a_one_gpu_runs_trace_parts_add_up_to_its_step(tmp_path) -> None:
     """trainer/trace.py's CUDA path on real kernels: the parts of the traced steps add up to their
     perf_counter time within 5% (bench.gpucheck's threshold), most of a one-rank step is compute, every
     NCCL kernel has a kind, and the trace is a gzip Chrome trace."""
     import gzip
-    run = run_torchrun(["trainer", *SPEC.to_argv(), "--trace-steps", "2"], nproc=1, timeout=600)
+    run = run_torchrun(["trainer", *SPEC.to_argv(), "--trace-steps", "2", "--run-dir", str(tmp_path)], nproc=1,
+                       timeout=600)
     assert run.returncode == 0, run.output[-3000:]
     record = run.of_kind("trace")[0]
     split = record["split"]
