@@ -98,8 +98,8 @@ def test_a_one_gpu_runs_trace_parts_add_up_to_its_step(tmp_path) -> None:
     perf_counter time within 5% (bench.gpucheck's threshold), most of a one-rank step is compute, every
     NCCL kernel has a kind, and the trace is a gzip Chrome trace."""
     import gzip
-    run = run_torchrun(["trainer", *SPEC.to_argv(), "--trace-steps", "2", "--run-dir", str(tmp_path)], nproc=1,
-                       timeout=600)
+    argv = ["trainer", *SPEC.to_argv(), "--trace-steps", "2", "--run-dir", str(tmp_path)]
+    run = run_torchrun(argv, nproc=1, timeout=600)
     assert run.returncode == 0, run.output[-3000:]
     record = run.of_kind("trace")[0]
     split = record["split"]

@@ -78,6 +78,7 @@ def test_a_rank_that_computes_longer_leaves_its_peer_waiting() -> None:
     assert 0.6 * extra < peer["waiting"] - slow["waiting"] < 3 * extra
 
 
+@pytest.mark.slow  # eight 4-rank runs in one series: close to three minutes on 2 cores
 @pytest.mark.parametrize(("sharding", "accumulation"), MATRIX)
 def test_the_parts_add_up_to_the_step_and_every_collective_has_a_kind(sharding: str,
                                                                       accumulation: str) -> None:
