@@ -135,12 +135,13 @@ def test_a_bad_trace_leaves_no_split_and_says_why(tmp_path: Path) -> None:
 def _gpu_trace() -> dict:
     """One step of 100 us: compute 0-40 on stream 7 with an all-gather on stream 20 at 10-30 (hidden)
     and one at 40-60 (exposed, nothing computes), compute 60-80, a reduce-scatter 80-90 (exposed), the
-    optimizer's kernel 92-96, an all-reduce 96-98 (exposed), idle otherwise."""
-    host, tid = [], 100
+    optimizer's kernel 92-96, an all-reduce 96-98 (exposed), idle otherwise. The backward's ranges, ops
+    and launches are on autograd's own thread (101), as on CUDA."""
+    host, tid, autograd = [], 100, 101
     ev = [{"ph": "X", "cat": "user_annotation", "name": trace.STEP_RANGE, "pid": 1, "tid": tid, "ts": 1000.0,
            "dur": 100.0},
           {"ph": "X", "cat": "user_annotation", "name": "FSDP::pre_backward (model.layers.0)", "pid": 1,
-           "tid": tid, "ts": 1035.0, "dur": 5.0},
+           "tid": autograd, "ts": 1035.0, "dur": 5.0},
           {"ph": "X", "cat": "user_annotation", "name": "Optimizer.step#AdamW.step", "pid": 1, "tid": tid,
            "ts": 1085.0, "dur": 5.0}]
     ops = [("c10d::_allgather_base_", 1001.0, [[1024], [512]], ["c10::BFloat16"] * 2),
@@ -156,11 +157,14 @@ def _gpu_trace() -> dict:
                ("void at::native::multi_tensor_apply_kernel<AdamW>", 7, 1092.0, 4.0, 1086.0),
                ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 21, 1096.0, 2.0,
                 1090.7)]
+    def thread(ts: float) -> int:
+        return autograd if 1035.0 <= ts < 1085.0 else tid
     for name, ts, dims, types in ops:
-        ev.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": 1.0,
-                   "args": {"Input Dims": dims, "Input type": types}})
+        ev.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": thread(ts), "ts": ts,
+                   "dur": 1.0, "args": {"Input Dims": dims, "Input type": types}})
     for corr, (name, stream, ts, dur, launched) in enumerate(kernels):
-        host.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": tid,
+        host.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1,
+                     "tid": thread(launched),
                      "ts": launched, "dur": 0.3, "args": {"correlation": corr, "cbid": 211}})
         ev.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur,
                    "args": {"device": 0, "stream": stream, "correlation": corr, "External id": corr}})

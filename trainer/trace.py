@@ -152,10 +152,13 @@ def timeline(data: dict[str, Any]) -> Timeline:
         raise TraceError(f"the trace holds no {STEP_RANGE} range (no profiled step)")
     main = steps[0]["tid"]
     windows = sorted(_us(e) for e in steps)
-    host = [e for e in events if e.get("tid") == main and e.get("cat") in ("cpu_op", "user_annotation")]
-    backward = [_us(e) for e in host if e["name"].startswith("FSDP::") and "backward" in e["name"]]
+    # every host thread: on a GPU autograd runs the backward (FSDP's ranges, its c10d ops) on a thread of
+    # its own; on a CPU on the main thread, beside gloo's work threads (which issue nothing)
+    anywhere = [e for e in events if e.get("cat") in ("cpu_op", "user_annotation")]
+    host = [e for e in anywhere if e.get("tid") == main]
+    backward = [_us(e) for e in anywhere if e["name"].startswith("FSDP::") and "backward" in e["name"]]
     optimizer = [_us(e) for e in host if e["name"].startswith("Optimizer.step")]
-    issued = _issued(host, backward, windows)
+    issued = _issued(anywhere, backward, windows)
     kernels = [e for e in events if e.get("cat") == "kernel"]
     tl = (_gpu(kernels, events, optimizer, windows) if kernels
           else _cpu(events, host, main, windows, optimizer, backward))
