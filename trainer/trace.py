@@ -220,8 +220,8 @@ def _gpu(kernels: list[dict[str, Any]], events: list[dict[str, Any]], optimizer:
          windows: list[tuple[float, float]]) -> Timeline:
     """CUDA: kernels on their streams. NCCL kernels are the collectives; every other kernel is compute,
     or the optimizer's where its launch (same correlation id) lies in `Optimizer.step`."""
-    launches = {e["args"]["correlation"]: e["ts"] for e in events
-                if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    launches = {e["args"]["correlation"]: e["ts"] for e in events  # runtime and driver API launches
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
     compute, opt, flights = [], [], []
     for k in kernels:
         span, kind = _us(k), _nccl_kind(k["name"])
