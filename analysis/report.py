@@ -40,6 +40,7 @@ from analysis.scaling import (
     restart_notes,
     status_table,
 )
+from analysis.split import COLUMNS as SPLIT_COLUMNS, lost_sentences, split_chart, split_table
 from analysis.strong import COLUMNS as STRONG_COLUMNS, knee_sentences, strong_rows, sweep_study
 from bench.core.schema import ADDED_DEFAULTS, COLLECTIVES
 from bench.predict.budget import DEFAULT_KNEE_SHARE, DEFAULT_TRAIN_TOKENS, check_knee_share
@@ -144,6 +145,7 @@ FIGURES = {
     "memory_vs_nodes": ("Memory per GPU vs nodes", plots.memory_vs_nodes, "agg"),
     "busbw_vs_size": ("All-reduce bus bandwidth vs message size", plots.busbw_vs_size, "sizes"),
     "estimate_vs_measured": ("Memory: predicted vs measured", plots.estimate_vs_measured, "agg"),
+    "step_split": ("Where the step went, from each run's profiler trace", split_chart, "split"),
 }
 
 
@@ -251,6 +253,8 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
     sentences = knee_sentences(answers, train_tokens, knee_share) + sentences
     probes = nccl_summary(frame)
     sentences = sentences or probe_sentences(probes)  # a probe-only study: what each EFA count gave
+    split = split_table(frame)
+    sentences = sentences + (lost_sentences(split) if not split.empty else [])
     one_rank = probes[probes["nodes"] * probes["gpus_per_node"] == 1] if not probes.empty else probes
     tables = {"headline": _present(_percent(best, "scaling_efficiency"), HEADLINE_COLUMNS),
               "efa": _present(efa_table(probes.drop(one_rank.index)), EFA_COLUMNS),
@@ -302,11 +306,13 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
     got = achieved(frame, sizes) if not sizes.empty else pd.DataFrame()
     if not got.empty:
         tables["network_achieved"] = _present(_percent(got, "share"), ACHIEVED_COLUMNS)
+    if not split.empty:
+        tables["step_split"] = _present(_percent(split, "exposed_comm_error"), SPLIT_COLUMNS)
     for name, table in tables.items():
         table.to_csv(out / f"{name}.csv", index=False)
     charts = {}
     for name, (title, make, source) in FIGURES.items():
-        fig = make(agg if source == "agg" else sizes)
+        fig = make({"agg": agg, "sizes": sizes, "split": split}[source])
         if fig is not None:
             fig.savefig(out / f"{name}.png", dpi=110)
             fig.set_layout_engine("none")  # keep the layout the PNG computed: the SVG need not redo it
@@ -354,6 +360,12 @@ def _sections(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], charts: dict
                          "larger batch may need more tokens to reach the same loss", tables["weak_short"]))
     if "throughput_vs_nodes" in charts:
         sections.append((charts["throughput_vs_nodes"], ("chart", "throughput_vs_nodes")))
+    if "step_split" in tables:
+        sections.append(("Where the step went (seconds per step from each run's profiler trace, scaled to "
+                         "its measured step; the model's exposed communication beside the measured)",
+                         tables["step_split"]))
+    if "step_split" in charts:
+        sections.append((charts["step_split"], ("chart", "step_split")))
     if not tables["efa"].empty:
         sections.append(("Collective bandwidth by EFA adapters: all-reduce, all-gather, reduce-scatter",
                          tables["efa"]))
@@ -400,7 +412,7 @@ def _sections(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], charts: dict
                          tables["preflight"]))
     sections.append((f"Run status ({ok} ok of {len(frame)}; not ok below)", tables["status"]))
     for name, title in charts.items():
-        if name != "throughput_vs_nodes":
+        if name not in ("throughput_vs_nodes", "step_split"):
             sections.append((title, ("chart", name)))
     sections += [("Definitions", DEFINITIONS), ("Provenance", provenance(frame))]
     return sections

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import math
 import statistics
 import sys
@@ -21,13 +22,20 @@ from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from analysis.split import PARTS as TRACE_PARTS  # noqa: E402
 from bench.core.hardware import gpu_spec  # noqa: E402
 from bench.gpucheck.evidence import EVIDENCE_DIR, table_runs  # noqa: E402
 from bench.predict import perf  # noqa: E402
 from bench.predict.calibrate import Observation, fit as fit_study  # noqa: E402
 from bench.predict.perf import CALIBRATION, Calibration, network_for, predict  # noqa: E402
-from bench.predict.published import (CALIBRATION_ROWS, CHECK_ROWS, FOUNDRY_2023, FoundryRow,  # noqa: E402
-                                     PublishedRow, foundry_table)
+from bench.predict.published import (  # noqa: E402
+    CALIBRATION_ROWS,
+    CHECK_ROWS,
+    FOUNDRY_2023,
+    FoundryRow,
+    PublishedRow,
+    foundry_table,
+)
 
 NAMES = ("A100", "H100", "elementwise_bytes", "contention", "compile_traffic")
 BOUNDS = ((0.3, 0.98), (0.3, 0.98), (0.0, 2000.0), (0.0, 1.0), (0.1, 1.0))
@@ -269,6 +277,31 @@ def measured_here(cal: Calibration) -> list[float]:
     return errors
 
 
+def exposed_here(cal: Calibration) -> list[float]:
+    """The model's exposed communication against what each recorded GPU run's own trace measured (the
+    exposed parts of RunSummary.trace_split, scaled to the measured step): a run's results row has it where
+    the run recorded a trace (trainer/trace.py); none is invented where it did not."""
+    errors, untraced = [], 0
+    for csv_path in sorted(EVIDENCE_DIR.glob("*/*.csv")):
+        for spec, row in table_runs(csv_path):
+            split = json.loads(row["trace_split"]) if row.get("trace_split") else None
+            if (gpu := gpu_spec(row["device_name"])) is None or not split:
+                untraced += 1
+                continue
+            parts = [v for k, v in split.items() if k.startswith("exposed_")]
+            total = sum(v for k, v in split.items() if k in TRACE_PARTS)
+            measured = sum(parts) * float(row["step_time_s"]) / total if total else 0.0
+            predicted = predict(spec, gpu, network_for("local", 0), cal=cal).exposed_s
+            print(f"  {csv_path.parent.name[:28]:28} {spec.label[:64]:64} exposed comm. predicted "
+                  f"{predicted * 1e3:8.2f} ms measured {measured * 1e3:8.2f} ms")
+            if measured > 0:
+                errors.append(predicted / measured - 1)
+    if untraced:
+        print(f"  {untraced} recorded GPU run(s) have no trace split: they ran before the worker recorded "
+              "traces (issue 58), so their exposed communication was never measured")
+    return errors
+
+
 def summary(name: str, errors: list[float]) -> None:
     worst = max(errors, key=abs)
     print(f"{name}: {len(errors)} rows, median |error| {statistics.median(map(abs, errors)):.1%}, "
@@ -313,6 +346,12 @@ def main() -> None:
     summary("the same table read as one micro batch a step (GradAccum ignored, as before issue 46)",
             [error(one_micro_batch(r.row), CALIBRATION) for r in foundry_rows])
     summary("this project's GPU runs, tokens/s/GPU", ours)
+    print("\nExposed communication, predicted vs each GPU run's trace (benchmarks/evidence/):")
+    exposed = exposed_here(shipped)
+    if exposed:
+        summary("this project's GPU runs, exposed communication", exposed)
+    else:
+        print("exposed communication: no recorded GPU run has a trace split; no error to give")
     print(f"llm-foundry's models up to 3B at 16-64 nodes: {len(points)} efficiencies, median |error| "
           f"{statistics.median(map(abs, points)):.1f} points, worst {max(points, key=abs):+.1f} points")
 

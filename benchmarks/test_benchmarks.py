@@ -83,6 +83,7 @@ def test_perf_model_prints_every_section() -> None:
     assert "optimizer at 92 B/param" in out and "optimizer at 72 B/param" in out
     shipped = _figure(r"loss at +\d+ B a logit, as shipped .*median \|error\| ([\d.]+)%", out)
     assert shipped == pytest.approx(whole, abs=0.05) and "no loss term anywhere" in out
+    assert "Exposed communication, predicted vs each GPU run's trace" in out
 
 
 @pytest.mark.slow

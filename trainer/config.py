@@ -5,7 +5,13 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.core.schema import RunSpec, add_fault_arguments, add_spec_arguments, spec_from_namespace
+from bench.core.schema import (
+    TRACE_RANKS,
+    RunSpec,
+    add_fault_arguments,
+    add_spec_arguments,
+    spec_from_namespace,
+)
 
 
 @dataclass(frozen=True)
@@ -19,6 +25,10 @@ class TrainArgs:
     fault_step: int
     fault_rank: int  # -1: every rank; else only this global rank (a lagging rank)
     lr: float
+    fault_seconds: float = 0.0  # slow_collective, slow_compute: the delay
+    fault_collective: str = "all_gather"  # slow_collective: which one
+    trace_steps: int = 0  # profiled steps after the timed ones (trainer/trace.py); 0: no trace
+    trace_ranks: str = "all"  # which ranks record one: all, or per_node (each node's local rank 0)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--attn-impl", default="sdpa", choices=("sdpa", "eager"))
     add_fault_arguments(p)
     p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--trace-steps", type=int, default=0,
+                   help="steps recorded with torch.profiler after the timed ones (0: none)")
+    p.add_argument("--trace-ranks", default="all", choices=TRACE_RANKS, help="which ranks write a trace")
     return p
 
 
@@ -50,9 +63,13 @@ def parse_args(argv: list[str] | None = None) -> TrainArgs:
             raise ValueError(f"seq_len {spec.seq_len} exceeds {spec.model}'s maximum {arch.max_seq_len}")
         if ns.nvml_interval_s <= 0:
             raise ValueError("--nvml-interval-s must be > 0")
+        if ns.trace_steps < 0:
+            raise ValueError("--trace-steps must be >= 0")
     except ValueError as e:
         parser.error(str(e))
     return TrainArgs(spec=spec, run_dir=ns.run_dir, instrument=not ns.no_instrument,
                      nvml_interval_s=ns.nvml_interval_s, attn_impl=ns.attn_impl, fault=ns.fault,
-                     fault_step=ns.fault_step, fault_rank=ns.fault_rank, lr=ns.lr)
+                     fault_step=ns.fault_step, fault_rank=ns.fault_rank, lr=ns.lr,
+                     fault_seconds=ns.fault_seconds, fault_collective=ns.fault_collective,
+                     trace_steps=ns.trace_steps, trace_ranks=ns.trace_ranks)
 

@@ -10,9 +10,12 @@ import math
 import os
 import platform
 import resource
+import shutil
 import socket
+import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +24,7 @@ import torch.distributed as dist
 
 from bench.core.flops import hardware_flops_per_token, model_flops_per_token
 from bench.core.hardware import peak_tflops
-from bench.core.records import COLLECTIVE_TIMEOUT_ENV, Emitter, node_name, process_start_time
+from bench.core.records import COLLECTIVE_TIMEOUT_ENV, Emitter, node_name, process_start_time, trace_path
 from trainer.clock import ComputeClock, steady_compute_s, timed_modules
 from trainer.config import TrainArgs, parse_args
 from trainer.flight import collectives_between, dump_on_sigterm, write_dump
@@ -116,6 +119,8 @@ class Trainer:
         self.losses: list[float] = []
         self.step_times: list[float] = []
         self.last_step_ns = (0, 0)  # the last step's window in wall-clock time: its collectives are counted
+        self.end_memory: dict[str, float] | None = None  # at the last timed step, before any traced one
+        self.restore: list[Callable[[], None]] = []  # undoes the test faults' patches (a series' next run)
 
     def setup(self) -> None:
         from trainer.model import materialize
@@ -132,6 +137,30 @@ class Trainer:
         self.scaler = grad_scaler(spec.precision, self.device)
         # each rank's compute without its waits, where there are peers to wait for (a straggler's mark)
         self.clock = ComputeClock(timed_modules(self.model), self.device) if dist.get_world_size() > 1 else None
+        self._install_slow_faults()
+
+    def _install_slow_faults(self) -> None:
+        """Test hooks that slow every step from outside the model: slow_collective sleeps before each
+        collective of one kind FSDP2 issues (torch.distributed's functions, which FSDP2 looks up per
+        call); slow_compute makes this rank compute longer in each block's forward (matmuls, after
+        FSDP's pre-forward)."""
+        a = self.args
+        if a.fault not in ("slow_collective", "slow_compute") or a.fault_rank not in (-1, self.rank):
+            return
+        if a.fault == "slow_compute":
+            from trainer.model import transformer_blocks
+            for parent, _, i in transformer_blocks(self.model):
+                parent[i].register_forward_pre_hook(lambda *_: _busy(a.fault_seconds))
+            return
+        name = {"all_gather": "all_gather_single", "reduce_scatter": "reduce_scatter_single",
+                "all_reduce": "all_reduce"}[a.fault_collective]
+        original = getattr(dist, name)
+
+        def delayed(*args: Any, **kwargs: Any) -> Any:
+            time.sleep(a.fault_seconds)
+            return original(*args, **kwargs)
+        setattr(dist, name, delayed)
+        self.restore.append(lambda: setattr(dist, name, original))
 
     def meta(self) -> dict[str, Any]:
         local_numel = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
@@ -214,10 +243,51 @@ class Trainer:
                 self.emit("step", step=step, time_s=elapsed, warmup=step < self.spec.warmup_steps,
                           tokens=self.tokens_per_step, samples=self.spec.sequences_per_step,
                           loss_rank0=loss.item(), **_memory(self.device))
+        self.end_memory = _memory(self.device)
         self.losses = self.mean_losses(local_losses)
         bad = [i for i, v in enumerate(self.losses) if not math.isfinite(v)]
         if bad:
             raise NanLoss(f"loss is {self.losses[bad[0]]} at step {bad[0]}")
+
+    def trace(self) -> None:
+        """`trace_steps` more steps after the timed ones, recorded with torch.profiler on the ranks
+        `trace_ranks` names (trainer/trace.py), and one `trace` record per recording rank: the file,
+        its size, what recording and splitting cost, and the step split (or why there is none)."""
+        from trainer import trace
+        args = self.args
+        if args.trace_steps <= 0:
+            return
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        recording = args.trace_ranks == "all" or local == 0
+        path = None
+        if recording:
+            # no shared run dir (Kubernetes): the pod's own /tmp, the split still in the trace record
+            where = args.run_dir or Path(tempfile.mkdtemp(prefix="fsdpbench-trace-"))
+            path = trace_path(where, self.rank)
+
+        def run_step(step: int) -> None:
+            batches = self.batches(step)
+            _sync(self.device)
+            self.step(batches, step)
+            _sync(self.device)
+        began = time.monotonic()
+        first = self.spec.steps
+        times = trace.record(run_step, range(first, first + args.trace_steps), path,
+                             self.device.type == "cuda", {"rank": self.rank, "run_id": self.spec.run_id})
+        recorded = time.monotonic()
+
+        def exchange(mine: Any) -> list[Any]:
+            everyone: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(everyone, mine)
+            return everyone
+        result, error = trace.analyse(path, exchange)
+        if recording:
+            size = path.stat().st_size if path is not None and path.exists() else None
+            if path is not None and args.run_dir is None:  # nowhere to keep it: the split is in the record
+                shutil.rmtree(path.parent.parent, ignore_errors=True)
+            self.emit("trace", node=node_name(), file=str(path), bytes=size, steps=args.trace_steps,
+                      step_times_s=times, record_s=recorded - began, analyse_s=time.monotonic() - recorded,
+                      split=result, error=error)
 
     def mean_losses(self, local_losses: list[torch.Tensor]) -> list[float]:
         """Every step's loss averaged over ranks, in one all-reduce (SUM: gloo has no AVG)."""
@@ -247,7 +317,8 @@ class Trainer:
                                  "bench/core/hardware.py with its datasheet)")
         per_rank: list[dict[str, Any]] = [{}] * dist.get_world_size()
         compute = steady_compute_s(self.clock.per_step_s(), spec.warmup_steps) if self.clock else None
-        dist.all_gather_object(per_rank, {**_memory(self.device), **nvml, "rank": self.rank, "node": node_name(),
+        memory = self.end_memory or _memory(self.device)
+        dist.all_gather_object(per_rank, {**memory, **nvml, "rank": self.rank, "node": node_name(),
                                           "compute_s": compute})
         out: dict[str, Any] = {"status": "ok", **stats, "world_size": dist.get_world_size(),
                                "backend": dist.get_backend(),
@@ -264,6 +335,13 @@ class Trainer:
             values = [r[key] for r in per_rank if r.get(key) is not None]
             out[key] = sum(values) / len(values) if values else None
         return out
+
+
+def _busy(seconds: float) -> None:
+    """Compute for `seconds` (small matmuls): a slower rank's extra compute, as the profiler sees compute."""
+    a, end = torch.ones(256, 256), time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        a = torch.mm(a, a).clamp_(-1, 1)
 
 
 def _offload_policy(model: torch.nn.Module) -> str | None:
@@ -308,12 +386,17 @@ def train_run(args: TrainArgs, device: torch.device, emit: Emitter,
         if args.instrument:
             sampler.start()
         trainer.train()
+        trainer.trace()
         summary = trainer.summary(sampler.stop())
         if rank == 0:
             emit("summary", **summary)
+        for undo in trainer.restore:
+            undo()
         return EXIT_OK
     except Exception as e:
         sampler.stop()
+        for undo in trainer.restore:
+            undo()
         write_dump(rank)  # this rank's collectives when it failed (kept if NCCL's watchdog wrote one)
         code, status = (EXIT_OOM, "oom") if _is_oom(e) else (
             (EXIT_NAN, "nan_loss") if isinstance(e, NanLoss) else (EXIT_FAILED, "failed"))

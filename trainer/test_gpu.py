@@ -91,3 +91,21 @@ def test_the_compute_clock_reads_cuda_events_in_seconds_within_the_step() -> Non
     assert run.returncode == 0 and record["device"].startswith("cuda"), run.output[-3000:]
     compute = record["per_rank"][0]["compute_s"]
     assert 0.3 * record["step_time_s"] < compute < record["step_time_s"], (compute, record["step_time_s"])
+
+
+def test_a_one_gpu_runs_trace_parts_add_up_to_its_step(tmp_path) -> None:
+    """trainer/trace.py's CUDA path on real kernels: the parts of the traced steps add up to their
+    perf_counter time within 5% (bench.gpucheck's threshold), most of a one-rank step is compute, every
+    NCCL kernel has a kind, and the trace is a gzip Chrome trace."""
+    import gzip
+    argv = ["trainer", *SPEC.to_argv(), "--trace-steps", "2", "--run-dir", str(tmp_path)]
+    run = run_torchrun(argv, nproc=1, timeout=600)
+    assert run.returncode == 0, run.output[-3000:]
+    record = run.of_kind("trace")[0]
+    split = record["split"]
+    assert record["error"] is None and split["device"] == "gpu", record
+    timed = sum(record["step_times_s"]) / len(record["step_times_s"])
+    assert abs(sum(split["parts"].values()) / timed - 1) <= 0.05, (split["parts"], timed)
+    assert split["parts"]["compute"] > 0.5 * timed and split["unclassified"] == 0
+    with gzip.open(record["file"], "rt") as f:
+        assert any(e.get("cat") == "kernel" for e in json.load(f)["traceEvents"])

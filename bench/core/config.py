@@ -23,11 +23,13 @@ from bench.core.schema import (
     AC_MODES,
     ACCUMULATIONS,
     COLLECTIVES,
+    FAULT_COLLECTIVES,
     FAULTS,
     OFFLOADS,
     PRECISIONS,
     SHARDINGS,
     SPEC_FIELDS,
+    TRACE_RANKS,
     WRAP_POLICIES,
 )
 
@@ -189,6 +191,16 @@ class StudyConfig:
     knee_share: float = 0.5
 
 
+@dataclass
+class TraceConfig:
+    """Each training run's profiler trace (trainer/trace.py): steps recorded after the timed ones, kept in
+    the attempt dir and split into where the step went. Recording only: not in the run id."""
+
+    enabled: bool = True
+    ranks: str = "all"  # all: every rank; per_node: each node's local rank 0 (large studies)
+    steps: int = 2  # profiled steps per run (each costs a step and its trace's size: docs/architecture.md)
+
+
 PREFLIGHT_MODES = ("auto", "on", "warn", "off")
 
 
@@ -216,8 +228,9 @@ class FaultRule:
     match: dict[str, Any] = field(default_factory=dict)  # run spec field -> value or list of values
     fault: str = MISSING  # one of bench.core.schema.FAULTS
     step: int = 1
-    seconds: float = 0.0  # fault sleep: how long the worker sleeps instead of working
+    seconds: float = 0.0  # sleep: instead of working; slow_collective, slow_compute: the delay per call
     rank: int | None = None  # only this global rank (a lagging rank); None = every rank
+    collective: str = "all_gather"  # slow_collective: the one delayed, of bench.core.schema.FAULT_COLLECTIVES
 
 
 @dataclass
@@ -241,6 +254,7 @@ class SweepConfig:
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     study: StudyConfig = field(default_factory=StudyConfig)
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
+    trace: TraceConfig = field(default_factory=TraceConfig)
     faults: list[FaultRule] = field(default_factory=list)
     cluster: ClusterConfig = MISSING
     launcher: LauncherConfig = MISSING
@@ -392,6 +406,16 @@ def _check_faults(faults: list[FaultRule]) -> None:
                               f"{', '.join(SPEC_FIELDS)}")
         if f.fault not in FAULTS:
             raise ConfigError(f"faults: unknown fault {f.fault!r}; known: {', '.join(FAULTS)}")
+        if f.collective not in FAULT_COLLECTIVES:
+            raise ConfigError(f"faults: unknown collective {f.collective!r}; known: "
+                              f"{', '.join(FAULT_COLLECTIVES)}")
+
+
+def _check_trace(t: TraceConfig) -> None:
+    if t.ranks not in TRACE_RANKS:
+        raise ConfigError(f"trace.ranks={t.ranks!r} is not one of: {', '.join(TRACE_RANKS)}")
+    if t.steps < 1:
+        raise ConfigError(f"trace.steps={t.steps} must be >= 1 (trace.enabled=false records none)")
 
 
 def _check_preflight(p: PreflightConfig) -> None:
@@ -434,6 +458,7 @@ def validate(cfg: SweepConfig) -> None:
                           f"{cfg.cluster.max_nodes}")
     _check_probes(nccl, cfg.cluster)
     _check_faults(cfg.faults)
+    _check_trace(cfg.trace)
     search = cfg.micro_batch_search
     _positive("micro_batch_search.max", search.max)
     _positive("micro_batch_search.steps", search.steps)

@@ -21,8 +21,10 @@ from bench.core.schema import SCHEMA_VERSION
 
 RECORD_PREFIX = "@@fsdpbench@@ "
 # memory, flight and census: the worker commands' answers
-RECORD_KINDS = ("meta", "step", "summary", "nvml", "nccl", "memory", "flight", "census", "preflight")
+# trace: a rank's profiled steps and their split (trainer/trace.py)
+RECORD_KINDS = ("meta", "step", "summary", "nvml", "nccl", "memory", "flight", "census", "preflight", "trace")
 RECORDS_DIR = "records"
+TRACE_DIR = "trace"
 # The worker's process-group timeout, from the harness (bench.launchers.base.job_env): a collective that
 # waits longer fails the run, and its ranks leave flight-recorder dumps (trainer/flight.py).
 COLLECTIVE_TIMEOUT_ENV = "FSDPBENCH_COLLECTIVE_TIMEOUT_S"
@@ -31,6 +33,12 @@ COLLECTIVE_TIMEOUT_ENV = "FSDPBENCH_COLLECTIVE_TIMEOUT_S"
 def records_path(run_dir: Path, rank: int) -> Path:
     """Where a rank appends its records inside a run's attempt dir."""
     return run_dir / RECORDS_DIR / f"rank{rank}.jsonl"
+
+
+def trace_path(run_dir: Path, rank: int) -> Path:
+    """Where a rank writes its profiler trace inside a run's attempt dir (gzip-compressed Chrome trace JSON,
+    which Perfetto and chrome://tracing open as it is)."""
+    return run_dir / TRACE_DIR / f"rank{rank}.pt.trace.json.gz"
 
 
 def error_line(e: BaseException) -> str:

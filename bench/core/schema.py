@@ -35,7 +35,11 @@ RUN_KINDS = ("train", "nccl", "preflight")  # preflight: one node's facts and sp
 # What an nccl probe measures: the all-reduce (NO_SHARD, HYBRID_SHARD's replicate step) and the two
 # collectives FULL_SHARD and SHARD_GRAD_OP run (nccl-tests' <name>_perf binaries, nccl/command.py)
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
-FAULTS = ("none", "oom", "nan", "hang", "crash", "sleep")  # test hook; sleep: no work, just the time
+# test hook; sleep: no work, just the time; slow_collective: every step, before issuing each collective of
+# one kind (FAULT_COLLECTIVES), the rank sleeps (outside compute); slow_compute: one rank computes longer
+FAULTS = ("none", "oom", "nan", "hang", "crash", "sleep", "slow_collective", "slow_compute")
+FAULT_COLLECTIVES = COLLECTIVES  # FSDP2's torch.distributed calls: the three the probes measure
+TRACE_RANKS = ("all", "per_node")  # which ranks of a run record a profiler trace (per_node: local rank 0)
 
 STATUSES = ("ok", "oom", "timeout", "nccl_error", "rendezvous_error", "launch_error", "nan_loss",
             "failed", "infeasible", "cancelled")
@@ -261,6 +265,8 @@ def add_fault_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fault-step", type=int, default=1)
     parser.add_argument("--fault-seconds", type=float, default=0.0, help="fault sleep: seconds, no work")
     parser.add_argument("--fault-rank", type=int, default=-1, help="only this global rank (-1: every rank)")
+    parser.add_argument("--fault-collective", default="all_gather", choices=FAULT_COLLECTIVES,
+                        help="fault slow_collective: the collective delayed")
 
 
 def spec_from_namespace(ns: argparse.Namespace) -> RunSpec:
@@ -314,6 +320,7 @@ class RunSummary:
     pred_base_tokens_per_s_per_gpu: float | None = None  # that node count's tokens/s/GPU in the same
     # prediction: pred_scaling_efficiency = pred_tokens_per_s_per_gpu / it (one prediction per row)
     pred_bound: str | None = None  # compute-, memory-bandwidth-, network- or host-bound
+    pred_exposed_comm_s: float | None = None  # communication the model says the step waits for (exposed_s)
     pred_source: str | None = None  # the constants it was predicted with: "published constants" or "this
     # study's N runs" (bench/predict/calibrate.py)
     device_name: str | None = None
@@ -340,6 +347,14 @@ class RunSummary:
     nccl_busbw_max_gbs: float | None = None
     nccl_algbw_max_gbs: float | None = None
     nccl_transport: str | None = None
+    # The profiled steps' split (trainer/trace.py), seconds per step, each part the median over the ranks
+    # that recorded a trace: compute, exposed_<kind>, waiting, optimizer, other (they add up to step_s,
+    # the profiled step's median), overlapped_<kind> beside them; the per-rank splits are in extra
+    trace_split: dict[str, float] | None = None
+    # per collective kind (all_gather_fwd, all_gather_bwd, reduce_scatter, all_reduce) per step: bytes
+    # (nccl-tests' size convention), seconds its collectives ran (rank median), count
+    trace_collectives: dict[str, dict[str, Any]] | None = None
+    trace_note: str | None = None  # why a run has no split (no trace, unreadable, another torch)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -352,6 +367,8 @@ class RunSummary:
         for f in fields(self):
             if f.name not in ("run_id", "sweep", "status", "spec", "extra"):
                 row[f.name] = getattr(self, f.name)
+        for name in JSON_FIELDS:  # nested: one JSON text per cell, as extra
+            row[name] = json.dumps(row[name], sort_keys=True) if row[name] is not None else None
         row["extra"] = json.dumps(self.extra, sort_keys=True) if self.extra else None
         return row
 
@@ -360,8 +377,14 @@ class RunSummary:
         names = {f.name for f in fields(cls)} - {"spec", "extra"}
         extra = row.get("extra")
         kwargs = {k: _none_if_nan(row[k]) for k in names if k in row}
+        for name in JSON_FIELDS:
+            if isinstance(kwargs.get(name), str):
+                kwargs[name] = json.loads(kwargs[name])
         return cls(spec=RunSpec.from_dict(row), extra=json.loads(extra) if isinstance(extra, str) else {},
                    **kwargs)
+
+
+JSON_FIELDS = ("trace_split", "trace_collectives")  # RunSummary's dict fields: JSON in the table
 
 
 def _none_if_nan(value: Any) -> Any:

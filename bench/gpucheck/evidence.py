@@ -31,6 +31,7 @@ SHOWN_FAILURES = 5  # per check on the terminal; the evidence file lists every o
 MFU_MIN = 0.35  # the best llama3_2_1b bf16 row on an H100/H200 (torchtitan's Llama 3 8B: 0.38-0.43 MFU)
 MFU_GPUS = ("H100-SXM", "H100-PCIe", "H100-NVL", "H200")  # where MFU_MIN is a claim
 MEMORY_TOLERANCE = 0.05  # |fake-tensor peak / torch.cuda.max_memory_allocated - 1|
+TRACE_TOLERANCE = 0.05  # |a traced step's parts / its perf_counter time - 1| (trainer/trace.py)
 TOTAL_BUDGET_S = 540  # within 10 minutes a command, with a minute left for installing and the evidence
 
 
@@ -254,8 +255,36 @@ def check_budget(steps: list[StepResult]) -> Check:
                  + f"; total {total:.0f} s", not bad, bad)
 
 
+def _trace_error(s: RunSummary) -> float | None:
+    """Rank 0's traced step split against the same steps timed by perf_counter: sum of parts / time - 1."""
+    ranks = s.extra.get("trace_per_rank") or []
+    rank = next((r for r in ranks if isinstance(r, dict) and r.get("parts") and r.get("step_times_s")), None)
+    if rank is None:
+        return None
+    return sum(rank["parts"].values()) / statistics.mean(rank["step_times_s"]) - 1
+
+
+def check_trace(runs: list[RunSummary]) -> Check:
+    """Every one-GPU run's profiler trace splits its step into parts that add up to it (the CUDA kernels'
+    path of trainer/trace.py, which the CPU tests check only on a synthetic trace)."""
+    one = [s for s in _ran(runs) if on_gpu(s) and s.spec.kind == "train" and s.spec.world_size == 1]
+    threshold = f"one-GPU runs: traced parts within {TRACE_TOLERANCE:.0%} of the traced steps' time"
+    if not one:
+        return Check("trace: parts add up to the step", threshold, "no one-GPU training run", None)
+    errors = {s.spec.label: _trace_error(s) for s in one}
+    bad = [f"{label}: no split ({next(s.trace_note for s in one if s.spec.label == label)})"
+           for label, e in errors.items() if e is None]
+    bad += [f"{label}: parts {e:+.1%} off the traced step" for label, e in errors.items()
+            if e is not None and abs(e) > TRACE_TOLERANCE]
+    judged = [abs(e) for e in errors.values() if e is not None]
+    measured = (f"{len(one) - len(bad)} of {len(one)} within; largest {max(judged):.1%}" if judged
+                else f"0 of {len(one)} with a split")
+    return Check("trace: parts add up to the step", threshold, measured, not bad, bad)
+
+
 CHECKS: tuple[Callable[[list[RunSummary]], Check], ...] = (
-    check_gpu_nccl, check_mfu, check_fake_peak, check_fragmentation, check_outside_allocator, check_nvml)
+    check_gpu_nccl, check_mfu, check_fake_peak, check_fragmentation, check_outside_allocator, check_nvml,
+    check_trace)
 
 
 def all_checks(runs: list[RunSummary], steps: list[StepResult]) -> list[Check]:

@@ -22,7 +22,7 @@ from conftest import ROOT
 H100 = "NVIDIA H100 80GB HBM3"
 CHECK_NAMES = ("every run ends ok", "smoke one-rank runs on the GPU with NCCL", "MFU",
                "memory: fake-tensor peak", "headroom: allocator", "headroom: outside the allocator",
-               "NVML readings during a run", "time")
+               "NVML readings during a run", "trace: parts add up to the step", "time")
 
 
 def _run(spec: RunSpec, sweep: str = "gpucheck_memory", **metrics) -> RunSummary:
@@ -236,3 +236,22 @@ def test_a_second_run_on_the_same_day_keeps_the_first_runs_evidence(tmp_path: Pa
     assert evidence.free_name(tmp_path, name, "results/b") == f"{name}-2"
     (tmp_path / f"{name}-2.json").write_text("{not json")
     assert evidence.free_name(tmp_path, name, "results/c") == f"{name}-3"
+
+
+def test_a_one_gpu_runs_trace_parts_must_add_up_to_its_traced_step() -> None:
+    """Rank 0's parts against the perf_counter time of the same traced steps (5%); a run without a split
+    fails and says why; multi-rank and CPU runs are not this check's."""
+    spec = _specs(1)[0]
+
+    def traced(parts_s: float, note: str | None = None, **kw) -> RunSummary:
+        run = _run(spec, "smoke", trace_note=note, **kw)
+        if parts_s:
+            run.extra["trace_per_rank"] = [{"rank": 0, "parts": {"compute": parts_s - 0.1, "other": 0.1},
+                                            "step_times_s": [0.99, 1.01]}]
+        return run
+    assert evidence.check_trace([traced(1.04)]).passed is True
+    failed = evidence.check_trace([traced(1.07)])
+    assert failed.passed is False and failed.failures == [f"{spec.label}: parts +7.0% off the traced step"]
+    missing = evidence.check_trace([traced(0, "rank 0: no trace at /r/trace/rank0.pt.trace.json.gz")])
+    assert missing.passed is False and "no trace at" in missing.failures[0]
+    assert evidence.check_trace([traced(1.5, device_name="cpu")]).passed is None

@@ -9,12 +9,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
-import socket
 import signal
+import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from bench.core.config import SweepConfig
 from bench.core.records import COLLECTIVE_TIMEOUT_ENV
@@ -182,8 +183,19 @@ def fault_args(cfg: SweepConfig, spec: RunSpec) -> list[str]:
                for k, v in rule.match.items()):
             argv = ["--fault", rule.fault, "--fault-step", str(rule.step)]
             argv += ["--fault-rank", str(rule.rank)] if rule.rank is not None else []
-            return argv + (["--fault-seconds", str(rule.seconds)] if rule.fault == "sleep" else [])
+            if rule.fault == "slow_collective":
+                argv += ["--fault-collective", rule.collective]
+            timed = ("sleep", "slow_collective", "slow_compute")
+            return argv + (["--fault-seconds", str(rule.seconds)] if rule.fault in timed else [])
     return []
+
+
+def trace_args(cfg: SweepConfig, spec: RunSpec) -> list[str]:
+    """A training run's profiler trace (cfg.trace), on the worker's command line and not in its spec: it
+    changes what is recorded, not what is measured, so the run id stays."""
+    if spec.kind != "train" or not cfg.trace.enabled:
+        return []
+    return ["--trace-steps", str(cfg.trace.steps), "--trace-ranks", cfg.trace.ranks]
 
 
 def die_with_parent() -> Callable[[], None] | None:

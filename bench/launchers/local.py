@@ -24,12 +24,25 @@ from typing import IO, Any
 
 from bench.core import rundir
 from bench.core.config import ConfigError, SweepConfig
+from bench.core.gpus import agent_devices, local_gpus
 from bench.core.records import process_start_time
 from bench.core.schema import RunSpec
-from bench.core.gpus import agent_devices, local_gpus
-from bench.launchers.base import (Launcher, DONE, RUNNING, Outcome, Poll, Submission, die_with_parent, fault_args,
-                                  job_env, python_executable, rendezvous_conf, torchrun_argv,
-                                  worker_module_argv)
+from bench.launchers.base import (
+    DONE,
+    RUNNING,
+    Launcher,
+    Outcome,
+    Poll,
+    Submission,
+    die_with_parent,
+    fault_args,
+    job_env,
+    python_executable,
+    rendezvous_conf,
+    torchrun_argv,
+    trace_args,
+    worker_module_argv,
+)
 
 PORT_TOKEN = "@RDZV_PORT@"  # replaced by a free port when the run is submitted (render stays pure)
 
@@ -77,7 +90,7 @@ class LocalLauncher(Launcher):
 
     def render(self, spec: RunSpec, run_dir: Path) -> Submission:
         py = python_executable(self.cfg)
-        worker = worker_module_argv(spec, run_dir, fault_args(self.cfg, spec))
+        worker = worker_module_argv(spec, run_dir, fault_args(self.cfg, spec) + trace_args(self.cfg, spec))
         agent = torchrun_argv(py, spec, f"127.0.0.1:{PORT_TOKEN}", spec.run_id, rendezvous_conf(self.cfg))
         # `env` sets each agent's devices without a shell, and a simulated node's name where there are
         # several (one host name for all of them otherwise); torchrun's workers inherit them

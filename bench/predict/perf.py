@@ -49,15 +49,33 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from bench.core.flops import (attention_square_flops_per_token, checkpointed_blocks, hardware_flops_per_token,
-                              model_flops_per_token, shard_size)
+from bench.core.flops import (
+    attention_square_flops_per_token,
+    checkpointed_blocks,
+    hardware_flops_per_token,
+    model_flops_per_token,
+    shard_size,
+)
 from bench.core.hardware import GPUS, INSTANCES, GpuSpec, compute_dtype, gpu_spec
 from bench.core.models import ModelArch, block_params, count_params, float8_linear_params
 from bench.core.schema import RunSpec, RunSummary
-from bench.predict.comm import (INTER_NODE_STEP_S, INTRA_NODE_STEP_S, Curve, Network, bus_factor,
-                                collective_s, step_collectives)
-from bench.predict.cpu import (CPU, CPU_EFFICIENCY, CPU_EMULATED_16BIT, cpu_peak_flops, cpu_runs_natively,
-                               cpu_share)
+from bench.predict.comm import (
+    INTER_NODE_STEP_S,
+    INTRA_NODE_STEP_S,
+    Curve,
+    Network,
+    bus_factor,
+    collective_s,
+    step_collectives,
+)
+from bench.predict.cpu import (
+    CPU,
+    CPU_EFFICIENCY,
+    CPU_EMULATED_16BIT,
+    cpu_peak_flops,
+    cpu_runs_natively,
+    cpu_share,
+)
 from bench.predict.traffic import accumulation_bytes, loss_bytes
 
 
@@ -182,7 +200,8 @@ class Prediction:
         """As results-table columns (prefixed pred_)."""
         source = self.source + (f"{FLOOR}{self.unmodeled}" if self.unmodeled else "")
         return {"pred_step_time_s": self.step_time_s, "pred_tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
-                "pred_mfu": self.mfu, "pred_bound": self.bound, "pred_source": source}
+                "pred_mfu": self.mfu, "pred_bound": self.bound, "pred_source": source,
+                "pred_exposed_comm_s": self.exposed_s}
 
 
 def stack_attention_s(spec: RunSpec, arch: ModelArch, stack: Stack, family: str, peak: float,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import statistics
 import subprocess
 import sys
 from dataclasses import fields
@@ -20,7 +21,8 @@ from nccl.records import check_transport, records_from_logs
 
 _LOG_TAIL_BYTES = 64 * 1024
 _SUMMARY_FIELDS = {f.name for f in fields(RunSummary)} - {"run_id", "sweep", "status", "spec", "error",
-                                                          "extra", "run_dir", "schema_version"}
+                                                          "extra", "run_dir", "schema_version", "trace_split",
+                                                          "trace_collectives", "trace_note"}
 _EXTRA_KEYS = ("losses", "step_times_s", "per_rank", "sizes", "transport", "transport_evidence", "nics",
                "network_measurement", "groups", "nccl_tests_version",
                "ranks", "failed_step", "mfu_note", "nvml_available", "nvml_reason", "source",
@@ -53,6 +55,38 @@ def _straggler(summary: RunSummary, tolerance: float) -> None:
     summary.slowest_node, summary.slowest_node_excess, summary.slowest_node_held_s = (
         found.unit, found.excess, found.held_s)
     summary.straggler = found.unit if found.named else None
+
+
+def trace_split(summary: RunSummary, traces: list[dict[str, Any]]) -> None:
+    """The run's step split from its ranks' `trace` records (trainer/trace.py): per part the median over
+    the ranks that split their trace, each rank's in extra; a run without one says why in trace_note.
+    A trace that could not be split never changes the run's status."""
+    if not traces:
+        summary.trace_note = "no trace recorded (trace.enabled=false, or the worker wrote none)"
+        return
+    traces = sorted(traces, key=lambda r: r.get("rank", 0))
+    summary.extra["trace_per_rank"] = [
+        {k: r.get(k) for k in ("rank", "node", "file", "bytes", "record_s", "analyse_s", "step_times_s",
+                               "error")}
+        | {k: (r.get("split") or {}).get(k) for k in ("parts", "overlapped", "step_s", "unclassified")}
+        for r in traces]
+    splits = [r["split"] for r in traces if r.get("split")]
+    failed = [f"rank {r.get('rank')}: {r.get('error')}" for r in traces if not r.get("split")]
+    if failed:
+        more = f" (and {len(failed) - 3} more)" if len(failed) > 3 else ""
+        summary.trace_note = "; ".join(failed[:3]) + more + ("" if splits else "; no split")
+    if not splits:
+        return
+    parts = {k: statistics.median(s["parts"][k] for s in splits) for k in splits[0]["parts"]}
+    overlapped = {f"overlapped_{k}": statistics.median(s["overlapped"][k] for s in splits)
+                  for k in splits[0]["overlapped"]}
+    summary.trace_split = {**parts, **overlapped, "step_s": statistics.median(s["step_s"] for s in splits),
+                           "unclassified": max(s["unclassified"] for s in splits)}
+    kinds = sorted({k for s in splits for k in s["collectives"]})
+    summary.trace_collectives = {
+        k: {"bytes": max(s["collectives"].get(k, {}).get("bytes", 0) for s in splits),
+            "s": statistics.median(s["collectives"][k]["s"] for s in splits if k in s["collectives"]),
+            "count": max(s["collectives"].get(k, {}).get("count", 0) for s in splits)} for k in kinds}
 
 
 def _when(text: str | None) -> dt.datetime | None:
@@ -111,6 +145,7 @@ def summarize_run(spec: RunSpec, sweep: str, run_dir_: Path, outcome: Outcome, *
     _restarts(summary, outcome, metas)
     if status == "ok":
         _straggler(summary, tolerance)
+        trace_split(summary, [r for r in records if r["kind"] == "trace"])
     nccl = source.get("nccl_version") or (metas[0].get("nccl") if metas else None)  # probe, or a GPU worker
     if nccl:
         summary.extra["nccl_version"] = nccl
