@@ -62,7 +62,8 @@ SCALING_COLUMNS = {
 SCALING_SHORT = {"model": "model", "sharding": "sharding", "precision": "precision",
                  "activation_checkpointing": "AC", "compile": "compile", "offload": "offload",
                  "batch": "batch", "gpus_per_node": "GPUs/node", "nodes": "nodes",
-                 "tokens_per_s_per_gpu": "tokens/s/GPU", "mfu": "MFU", "mem_peak_alloc_gib": "peak alloc (GiB/GPU)",
+                 "tokens_per_s_per_gpu": "tokens/s/GPU", "mfu": "MFU",
+                 "mem_peak_alloc_gib": "peak alloc (GiB/GPU)",
                  "mem_rss_gib": "host RSS (GiB/proc)", "scaling_efficiency": "scaling efficiency",
                  "straggler": "straggler", "status": "status"}
 HEADLINE_COLUMNS = {"model": "model", "configuration": "configuration", "nodes": "nodes",
@@ -78,9 +79,11 @@ EFA_COLUMNS = {"nodes": "nodes", "gpus_per_node": "GPUs/node", "efa_per_node": "
                "busbw_avg_gbs_reduce_scatter": "reduce-scatter avg busbw (GB/s)",
                "busbw_max_gbs_reduce_scatter": "reduce-scatter max busbw (GB/s)", "ok_runs": "ok runs"}
 ABLATION_COLUMNS = {"factor": "factor", "baseline": "baseline", "optimised": "optimised", "model": "model",
-                    "nodes": "nodes", "held_fixed": "held fixed", "baseline_tokens_per_s": "baseline tokens/s",
-                    "optimised_tokens_per_s": "optimised tokens/s", "gain_pct": "gain (%)",
-                    "baseline_mem_gib": "baseline mem (GiB/GPU)", "optimised_mem_gib": "optimised mem (GiB/GPU)"}
+                    "nodes": "nodes", "held_fixed": "held fixed",
+                    "baseline_tokens_per_s": "baseline tokens/s",
+                    "optimised_tokens_per_s": "optimised tokens/s",
+                    "gain_pct": "gain (%)", "baseline_mem_gib": "baseline mem (GiB/GPU)",
+                    "optimised_mem_gib": "optimised mem (GiB/GPU)"}
 NCCL_COLUMNS = {"sweep": "sweep", "cluster": "cluster", "collective": "collective", "nodes": "nodes",
                 "gpus_per_node": "GPUs/node",
                 "efa_per_node": "EFA/node", "runs": "runs", "ok_runs": "ok runs", "transport": "transport",
@@ -161,7 +164,8 @@ def _with_base(shown: pd.DataFrame, predicted: pd.DataFrame) -> pd.DataFrame:
     cells = [None if pd.isna(eff) else f"{eff:.0%}" + ("" if pd.isna(base) else f" of {base:,.0f}")
              + ("" if pd.isna(source) else f" ({source})")
              for eff, base, source in zip(predicted["pred_scaling_efficiency"],
-                                          predicted["pred_base_tokens_per_s_per_gpu"], predicted["pred_source"])]
+                                          predicted["pred_base_tokens_per_s_per_gpu"],
+                                          predicted["pred_source"])]
     return shown.assign(pred_scaling_efficiency=cells)
 
 
@@ -227,7 +231,8 @@ def provenance(frame: pd.DataFrame) -> list[str]:
             f"devices: {values('device_name')}",
             f"torch: {values('torch_version')}", f"git revision: {values('git_rev')}",
             f"hosts: {values('host')}", f"node counts: {values('nodes')}",
-            f"runs: {len(frame)} ({', '.join(f'{k} {v}' for k, v in frame['status'].value_counts().items())})",
+            f"runs: {len(frame)} "
+            f"({', '.join(f'{k} {v}' for k, v in frame['status'].value_counts().items())})",
             f"generated: {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}"]
 
 
@@ -388,7 +393,8 @@ def _sections(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], charts: dict
         sections.append(("Memory per GPU: predicted before launch vs measured (every column in memory.csv)",
                          tables["memory_short"]))
     if not tables["ablation"].empty:
-        sections.append(("Ablation (throughput gain of each optimisation over its baseline)", tables["ablation"]))
+        sections.append(("Ablation (throughput gain of each optimisation over its baseline, the rest held "
+                         "fixed)", tables["ablation"]))
     if not tables["nccl"].empty:
         sections.append(("NCCL collectives by node count and EFA count (every column in nccl.csv)",
                          tables["nccl_short"]))

@@ -10,8 +10,8 @@ _test.add_argument("--fault", default="none")
 _test.add_argument("--fault-seconds", type=float, default=0.0)
 _known, _ = _test.parse_known_args(sys.argv[1:])
 if _known.fault == "sleep":
-    print(f"fsdpbench test mode: sleeping {_known.fault_seconds:g} s instead of training, from {time.time():.3f}",
-          flush=True)
+    print(f"fsdpbench test mode: sleeping {_known.fault_seconds:g} s instead of training, "
+          f"from {time.time():.3f}", flush=True)
     time.sleep(_known.fault_seconds)
     print(f"fsdpbench test mode: slept until {time.time():.3f}", flush=True)
     sys.exit(0)

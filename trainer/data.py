@@ -34,6 +34,6 @@ def rank_batches(spec: RunSpec, arch: ModelArch, rank: int, step: int, device: t
     (default: all of them)."""
     share = spec.micro_batch * spec.grad_accum
     return [synthetic_batch(vocab=arch.vocab, micro_batch=spec.micro_batch, seq_len=spec.seq_len,
-                            seed=spec.seed, first=rank * share + k * spec.micro_batch, step=step, device=device,
-                            encoder_decoder=arch.family == "t5")
+                            seed=spec.seed, first=rank * share + k * spec.micro_batch, step=step,
+                            device=device, encoder_decoder=arch.family == "t5")
             for k in range(spec.grad_accum if count is None else count)]

@@ -136,7 +136,8 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, self.args.lr)
         self.scaler = grad_scaler(spec.precision, self.device)
         # each rank's compute without its waits, where there are peers to wait for (a straggler's mark)
-        self.clock = ComputeClock(timed_modules(self.model), self.device) if dist.get_world_size() > 1 else None
+        several = dist.get_world_size() > 1
+        self.clock = ComputeClock(timed_modules(self.model), self.device) if several else None
         self._install_slow_faults()
 
     def _install_slow_faults(self) -> None:
@@ -313,8 +314,8 @@ class Trainer:
             warm = self.step_times[:spec.warmup_steps]
             stats["compile_s"] = sum(warm) - len(warm) * stats["step_time_s"]
         if self.device.type == "cuda" and stats.get("mfu") is None:
-            stats["mfu_note"] = (f"no peak TFLOPS known for {device_name!r}: MFU not computed (add the GPU to "
-                                 "bench/core/hardware.py with its datasheet)")
+            stats["mfu_note"] = (f"no peak TFLOPS known for {device_name!r}: MFU not computed "
+                                 "(add the GPU to bench/core/hardware.py with its datasheet)")
         per_rank: list[dict[str, Any]] = [{}] * dist.get_world_size()
         compute = steady_compute_s(self.clock.per_step_s(), spec.warmup_steps) if self.clock else None
         memory = self.end_memory or _memory(self.device)

@@ -182,7 +182,7 @@ def _shard_tracker() -> type:
     class ShardTracker(FSDPMemTracker):
         _propagating = 0
 
-        def __enter__(self) -> "ShardTracker":
+        def __enter__(self) -> ShardTracker:
             tracker = self
 
             def quietly(prop: ShardingPropagator, *args: Any, **kwargs: Any) -> Any:

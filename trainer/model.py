@@ -13,8 +13,15 @@ import zlib
 
 import torch
 from torch import nn
-from transformers import (AutoConfig, AutoModelForCausalLM, LlamaConfig, PretrainedConfig, PreTrainedModel,
-                          T5Config, T5ForConditionalGeneration)
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    LlamaConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    T5Config,
+    T5ForConditionalGeneration,
+)
 
 from bench.core.models import ModelArch
 

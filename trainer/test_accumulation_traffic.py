@@ -10,7 +10,6 @@ from dataclasses import replace
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench.core.models import count_params, get_arch
@@ -52,8 +51,8 @@ class _Traffic(TorchDispatchMode):
     def __init__(self, storages: Callable[[], tuple[set[int], set[int]]]) -> None:
         super().__init__()
         self.storages, self.bytes = storages, 0
-        # output storage -> (the output, the cast's bytes), until an add writes it; a storage address is reused
-        # once its tensor is freed, so only a cast whose output still lives is the accumulator's
+        # output storage -> (the output, the cast's bytes), until an add writes it; a storage address is
+        # reused once its tensor is freed, so only a cast whose output still lives is the accumulator's
         self.casts: dict[int, tuple[weakref.ref, int]] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]

@@ -12,8 +12,8 @@ import torch
 from bench.core.flops import hardware_flops_per_token, model_flops_per_token
 from bench.core.models import count_params, model_source
 from bench.core.schema import RunSpec
-from trainer.model import build_meta_model, transformer_blocks
 from conftest import SERIES
+from trainer.model import build_meta_model, transformer_blocks
 
 # the runs of conftest.Series train on one pytest-xdist worker: where every test that reads them runs
 pytestmark = pytest.mark.xdist_group("series")

@@ -9,10 +9,17 @@ from pathlib import Path
 import pytest
 
 from bench.core.flops import model_flops_per_token, recompute_flops_per_token
-from bench.core.models import (arch_of, count_params, float8_linear_params, model_source, needs_census,
-                               non_embedding_params, register_census)
-from trainer.census import count, flops
+from bench.core.models import (
+    arch_of,
+    count_params,
+    float8_linear_params,
+    model_source,
+    needs_census,
+    non_embedding_params,
+    register_census,
+)
 from conftest import SERIES
+from trainer.census import count, flops
 
 # the runs of conftest.Series train on one pytest-xdist worker: where every test that reads them runs
 pytestmark = pytest.mark.xdist_group("series")

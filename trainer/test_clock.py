@@ -1,6 +1,7 @@
-"""The compute clock (trainer/clock.py) on real gloo FSDP2 ranks: a rank whose first block takes 0.1 s longer
-in its forward and whose last block takes 0.1 s longer in its backward is 0.2 s a step slower in compute, and its peer, which
-waits that long in FSDP's collectives (the forward's and the backward's all-gathers), is not."""
+"""The compute clock (trainer/clock.py) on real gloo FSDP2 ranks: a rank whose first block takes 0.1 s
+longer in its forward and whose last block takes 0.1 s longer in its backward is 0.2 s a step slower in
+compute, and its peer, which waits that long in FSDP's collectives (the forward's and the backward's
+all-gathers), is not."""
 from __future__ import annotations
 
 import os
@@ -9,8 +10,8 @@ import time
 
 import pytest
 
-from bench.run import straggler
 from bench.core.records import format_record
+from bench.run import straggler
 from trainer.config import parse_args
 
 SLEEP_S = 0.1  # rank 1: its first block's every forward, its last block's every backward
@@ -48,7 +49,8 @@ def test_the_lagging_rank_is_named_with_what_it_cost(lagging) -> None:
 
 def test_nodes_are_as_slow_as_their_slowest_rank_and_compared_with_the_others() -> None:
     ranks = [{"node": n, "rank": i, "compute_s": s}
-             for i, (n, s) in enumerate([("a", 1.0), ("a", 1.1), ("b", 1.0), ("b", 1.05), ("c", 1.6), ("c", 1.0)])]
+             for i, (n, s) in enumerate([("a", 1.0), ("a", 1.1), ("b", 1.0), ("b", 1.05), ("c", 1.6),
+                                         ("c", 1.0)])]
     found = straggler.find(ranks, tolerance=0.25)
     assert found is not None and (found.unit, found.named) == ("c", True)
     assert found.held_s == pytest.approx(1.6 - 1.075) and found.excess == pytest.approx(1.6 / 1.075 - 1)

@@ -153,7 +153,8 @@ def test_nan_loss_stops_the_run(torchrun) -> None:
 
 @pytest.mark.parametrize("bad,word", [(["--sharding", "FULLSHARD"], "sharding"),
                                       (["--model", "gpt5"], "unknown model"),
-                                      (["--sharding", "HYBRID_SHARD", "--gpus-per-node", "1"], "HYBRID_SHARD"),
+                                      (["--sharding", "HYBRID_SHARD", "--gpus-per-node", "1"],
+                                       "HYBRID_SHARD"),
                                       (["--steps", "3", "--warmup-steps", "3"], "warmup_steps")])
 def test_bad_arguments_fail_before_any_process_group(bad: list[str], word: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "trainer", *bad], capture_output=True, text=True,

@@ -85,8 +85,8 @@ def test_the_compute_clock_reads_cuda_events_in_seconds_within_the_step() -> Non
     """trainer/clock.py on a GPU (CUDA events on the compute stream, read after the last step): on one
     rank nothing waits: a step's compute is much of it (the optimizer and loss are not timed) and never more
     (milliseconds read as seconds would be 1000x)."""
-    run = run_torchrun(["trainer.test_clock", *RunSpec(model="small_llama", micro_batch=4, seq_len=512, steps=6,
-                                                       warmup_steps=2).to_argv()], nproc=1, timeout=600)
+    spec = RunSpec(model="small_llama", micro_batch=4, seq_len=512, steps=6, warmup_steps=2)
+    run = run_torchrun(["trainer.test_clock", *spec.to_argv()], nproc=1, timeout=600)
     record = next(r for r in run.records if r["kind"] == "summary")
     assert run.returncode == 0 and record["device"].startswith("cuda"), run.output[-3000:]
     compute = record["per_rank"][0]["compute_s"]

@@ -19,7 +19,6 @@ import pytest
 from bench.core.records import format_record, parse_records
 from bench.core.schema import RunSpec
 from bench.gpucheck.evidence import EVIDENCE_DIR, table_runs
-
 from bench.predict.memory import CUBLAS_WORKSPACE_GIB
 from conftest import ROOT
 
@@ -96,7 +95,8 @@ def test_the_fake_step_peaks_where_the_real_step_does(name: str, measured) -> No
 @pytest.mark.slow
 def test_the_fake_step_peaks_where_the_real_step_does_under_hybrid_shard() -> None:
     from conftest import run_torchrun
-    fake, real = _fake([HYBRID])[HYBRID.run_id], _real([HYBRID], HYBRID.world_size, run_torchrun)[HYBRID.run_id]
+    fake = _fake([HYBRID])[HYBRID.run_id]
+    real = _real([HYBRID], HYBRID.world_size, run_torchrun)[HYBRID.run_id]
     assert "error" not in fake, fake.get("error")
     assert fake["peak_gib"] == pytest.approx(real["peak_gib"], rel=TOLERANCE), (fake, real)
 

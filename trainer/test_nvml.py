@@ -79,7 +79,8 @@ def test_no_gpu_or_no_library_is_a_recorded_reason() -> None:
     broken.nvmlInit = lambda: (_ for _ in ()).throw(OSError("NVML Shared Library Not Found"))
     sampler = NvmlSampler(0, 1, print, nvml=broken)
     assert not sampler.available and sampler.reason == "OSError: NVML Shared Library Not Found"
-    assert sampler.stop() == {"nvml_available": False, "nvml_reason": "OSError: NVML Shared Library Not Found"}
+    assert sampler.stop() == {"nvml_available": False,
+                              "nvml_reason": "OSError: NVML Shared Library Not Found"}
 
 
 def test_the_last_reading_is_taken_at_stop_while_the_run_holds_its_memory() -> None:

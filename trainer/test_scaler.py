@@ -40,7 +40,8 @@ for step in range(2):
     scaler.step(opt)
     scaler.update()
     opt.zero_grad()
-    steps.append({"delta": [(a - b).tolist() for a, b in zip(local(scaled), before)], "scale": scaler.get_scale()})
+    steps.append({"delta": [(a - b).tolist() for a, b in zip(local(scaled), before)],
+                  "scale": scaler.get_scale()})
 plain, opt = build()  # the same first update without a scaler
 before = local(plain)
 plain(x).float().sum().backward()
@@ -64,13 +65,15 @@ def test_sharded_grad_scaler_unscales_and_skips_inf_steps_on_every_rank(tmp_path
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}  # the worker imports bench.core from this checkout
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(script), str(tmp_path)], capture_output=True, text=True, timeout=180, env=env)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node=2", str(script), str(tmp_path)],
+                          capture_output=True, text=True, timeout=180, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for r in results:
         skipped, applied = r["steps"]
-        assert all(v == 0 for v in _flat(skipped["delta"])), f"rank {r['rank']} stepped on an inf"  # both ranks
+        # both ranks
+        assert all(v == 0 for v in _flat(skipped["delta"])), f"rank {r['rank']} stepped on an inf"
         assert skipped["scale"] == 512.0 and applied["scale"] == 512.0  # halved once, on the inf step only
         got, want = _flat(applied["delta"]), _flat(r["reference"])
         assert any(abs(w) > 1e-4 for w in want)

@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.core import rundir
+from bench.core.gpus import local_gpu_memory_gib, local_gpu_name, local_gpus
 from bench.core.hardware import GPUS, gpu_spec
 from bench.gpucheck.evidence import EVIDENCE_DIR, EXIT_OK, STEPS_JSON, StepResult, load_runs, write_evidence
-from bench.core.gpus import local_gpu_memory_gib, local_gpu_name, local_gpus
 from bench.launchers.base import PROJECT_ROOT
 
 EXIT_INPUT, EXIT_INTERRUPTED = 2, 130

@@ -3,7 +3,8 @@ keep what they found (`<gpu>_torch-<version>_<date>.{md,json}`).
 
 Everything here reads run summaries and the steps' record only, never a GPU: `python -m bench.gpucheck
 --from RESULTS_ROOT` judges runs made elsewhere, and the tests judge known figures and a real smoke sweep.
-The thresholds are the planner's own constants (bench/predict/memory.py's headroom) or a published figure (MFU).
+The thresholds are the planner's own constants (bench/predict/memory.py's headroom) or a published figure
+(MFU).
 """
 from __future__ import annotations
 
@@ -320,7 +321,8 @@ def _error(pred: float | None, measured: float | None) -> str:
 def render_markdown(meta: dict[str, Any], checks: list[Check], runs: list[RunSummary],
                     steps: list[StepResult]) -> str:
     lines = [f"# GPU evidence: {meta['gpu']}, torch {meta['torch']}, {meta['date']}", "",
-             f"Made by `{meta['command']}` (bench/gpucheck/check.py) at git {meta['git_rev'] or '?'}; runs under "
+             f"Made by `{meta['command']}` (bench/gpucheck/check.py) at git {meta['git_rev'] or '?'}; "
+             "runs under "
              f"`{meta['results_root']}`. Verdict: **{meta['verdict']}**.", "", "## Checks", ""]
     lines += _table(["check", "threshold", "measured", "verdict"],
                     [[c.name, c.threshold, c.measured, c.verdict] for c in checks])
