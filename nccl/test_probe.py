@@ -6,8 +6,14 @@ from pathlib import Path
 import pytest
 
 from bench.core.schema import RunSpec
-from nccl.command import (anchored_min_bytes, busbw_factor, collective_of_binary, nccl_env, perf_argv,
-                          perf_binary)
+from nccl.command import (
+    anchored_min_bytes,
+    busbw_factor,
+    collective_of_binary,
+    nccl_env,
+    perf_argv,
+    perf_binary,
+)
 from nccl.probe import sizes
 
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
-import socket
 import signal
+import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from bench.core.config import SweepConfig
 from bench.core.records import COLLECTIVE_TIMEOUT_ENV

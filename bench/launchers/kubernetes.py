@@ -20,7 +20,7 @@ import yaml
 from bench.core import rundir
 from bench.core.config import ConfigError, SweepConfig
 from bench.core.schema import RunSpec
-from bench.launchers.base import Launcher, DONE, PENDING, RUNNING, Outcome, Poll, Submission
+from bench.launchers.base import DONE, PENDING, RUNNING, Launcher, Outcome, Poll, Submission
 from bench.launchers.k8s_manifests import MPIJOB, PYTORCHJOB, RUN_ID_LABEL, manifest
 from bench.launchers.k8s_schema import CRD_NAMES, validate
 

@@ -24,12 +24,24 @@ from typing import IO, Any
 
 from bench.core import rundir
 from bench.core.config import ConfigError, SweepConfig
+from bench.core.gpus import agent_devices, local_gpus
 from bench.core.records import process_start_time
 from bench.core.schema import RunSpec
-from bench.core.gpus import agent_devices, local_gpus
-from bench.launchers.base import (Launcher, DONE, RUNNING, Outcome, Poll, Submission, die_with_parent, fault_args,
-                                  job_env, python_executable, rendezvous_conf, torchrun_argv,
-                                  worker_module_argv)
+from bench.launchers.base import (
+    DONE,
+    RUNNING,
+    Launcher,
+    Outcome,
+    Poll,
+    Submission,
+    die_with_parent,
+    fault_args,
+    job_env,
+    python_executable,
+    rendezvous_conf,
+    torchrun_argv,
+    worker_module_argv,
+)
 
 PORT_TOKEN = "@RDZV_PORT@"  # replaced by a free port when the run is submitted (render stays pure)
 

@@ -13,8 +13,15 @@ from pathlib import Path
 from bench.core import rundir
 from bench.core.config import ConfigError, SweepConfig
 from bench.core.schema import RunSpec
-from bench.launchers.base import (IMAGE_PYTHON, PROJECT_ROOT, fault_args, python_executable, rendezvous_conf,
-                                  torchrun_argv, worker_module_argv)
+from bench.launchers.base import (
+    IMAGE_PYTHON,
+    PROJECT_ROOT,
+    fault_args,
+    python_executable,
+    rendezvous_conf,
+    torchrun_argv,
+    worker_module_argv,
+)
 from nccl.command import perf_argv
 from nccl.records import JSON_FILE
 

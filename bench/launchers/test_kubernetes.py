@@ -17,9 +17,20 @@ from typing import Any
 import pandas as pd
 import pytest
 import yaml
-from kubernetes.client import (V1Container, V1ContainerState, V1ContainerStateRunning,
-                               V1ContainerStateTerminated, V1ContainerStateWaiting, V1ContainerStatus,
-                               V1ObjectMeta, V1Pod, V1PodCondition, V1PodList, V1PodSpec, V1PodStatus)
+from kubernetes.client import (
+    V1Container,
+    V1ContainerState,
+    V1ContainerStateRunning,
+    V1ContainerStateTerminated,
+    V1ContainerStateWaiting,
+    V1ContainerStatus,
+    V1ObjectMeta,
+    V1Pod,
+    V1PodCondition,
+    V1PodList,
+    V1PodSpec,
+    V1PodStatus,
+)
 from kubernetes.client.exceptions import ApiException
 
 from bench.core.config import ConfigError, from_dict
@@ -27,9 +38,9 @@ from bench.core.records import format_record
 from bench.launchers.k8s_manifests import RUN_ID_LABEL, manifest
 from bench.launchers.k8s_schema import CRD_NAMES, load_crds, validate
 from bench.launchers.kubernetes import KubernetesLauncher
-from bench.study.plan import expand
 from bench.run.runner import execute
 from bench.run.watch import watch
+from bench.study.plan import expand
 from bench.sweep import compose
 
 IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdpbench:1.0"

@@ -16,13 +16,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench.run.classify import classify
 from bench.core.config import ConfigError, from_dict
 from bench.launchers.base import Outcome
 from bench.launchers.slurm import SlurmLauncher, _parse_job_record
 from bench.launchers.slurm_script import render_script
-from bench.study.plan import expand
 from bench.preflight import format_verdict
+from bench.run.classify import classify
+from bench.study.plan import expand
 from bench.sweep import compose
 from conftest import SLURM_CONF, SMOKE_SHAPE
 

@@ -49,15 +49,33 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from bench.core.flops import (attention_square_flops_per_token, checkpointed_blocks, hardware_flops_per_token,
-                              model_flops_per_token, shard_size)
+from bench.core.flops import (
+    attention_square_flops_per_token,
+    checkpointed_blocks,
+    hardware_flops_per_token,
+    model_flops_per_token,
+    shard_size,
+)
 from bench.core.hardware import GPUS, INSTANCES, GpuSpec, compute_dtype, gpu_spec
 from bench.core.models import ModelArch, block_params, count_params, float8_linear_params
 from bench.core.schema import RunSpec, RunSummary
-from bench.predict.comm import (INTER_NODE_STEP_S, INTRA_NODE_STEP_S, Curve, Network, bus_factor,
-                                collective_s, step_collectives)
-from bench.predict.cpu import (CPU, CPU_EFFICIENCY, CPU_EMULATED_16BIT, cpu_peak_flops, cpu_runs_natively,
-                               cpu_share)
+from bench.predict.comm import (
+    INTER_NODE_STEP_S,
+    INTRA_NODE_STEP_S,
+    Curve,
+    Network,
+    bus_factor,
+    collective_s,
+    step_collectives,
+)
+from bench.predict.cpu import (
+    CPU,
+    CPU_EFFICIENCY,
+    CPU_EMULATED_16BIT,
+    cpu_peak_flops,
+    cpu_runs_natively,
+    cpu_share,
+)
 from bench.predict.traffic import accumulation_bytes, loss_bytes
 
 
