@@ -60,9 +60,9 @@ class SlurmLauncher(Launcher):
     def preflight(self) -> None:
         """Fail before launching anything if this machine cannot reach a Slurm controller."""
         if shutil.which("sbatch") is None:
-            raise ConfigError(f"sweep {self.cfg.sweep_name} uses launcher=slurm, but `sbatch` is not on PATH: "
-                              "run it from a Slurm login node, choose launcher=local or launcher=kubernetes, or "
-                              "preview the plan with: python -m bench.sweep "
+            raise ConfigError(f"sweep {self.cfg.sweep_name} uses launcher=slurm, but `sbatch` is not on "
+                              "PATH: run it from a Slurm login node, choose launcher=local or "
+                              "launcher=kubernetes, or preview the plan with: python -m bench.sweep "
                               f"+sweep={self.cfg.sweep_name} --dry-run")
         proc = self._run(["sinfo", "-h", "-o", "%P"], check=False)
         if proc.returncode != 0:
