@@ -32,8 +32,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.scaling import CONFIG
-from bench.core.flops import COMPUTE_BYTES, REDUCE_BYTES  # gathered in the compute dtype, reduced in fp32
 from bench.core.config import ConfigError
+from bench.core.flops import COMPUTE_BYTES, REDUCE_BYTES  # gathered in the compute dtype, reduced in fp32
 from bench.core.models import ModelArch, ModelError, arch_of, count_params
 from bench.predict import census
 

@@ -38,7 +38,8 @@ def memory_table(agg: pd.DataFrame) -> pd.DataFrame:
     measured = rows["mem_peak_alloc_gib"]
     return pd.DataFrame({
         "model": rows["model"], "configuration": rows.apply(configuration_label, axis=1),
-        "precision": rows["precision"], "nodes": rows["nodes"], "placement": _placement(rows), "pred_mem_gib": rows["pred_mem_gib"],
+        "precision": rows["precision"], "nodes": rows["nodes"], "placement": _placement(rows),
+        "pred_mem_gib": rows["pred_mem_gib"],
         "pred_mem_source": rows["pred_mem_source"],
         "mem_peak_alloc_gib": measured, "mem_error": (rows["pred_mem_gib"] - measured) / measured,
         "reserved_ratio": rows["mem_peak_reserved_gib"] / measured,

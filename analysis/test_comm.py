@@ -4,7 +4,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
-
 import pytest
 
 from analysis.comm import bus_bytes, comm_model

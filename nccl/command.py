@@ -89,13 +89,15 @@ def split_env(gpus_per_node: int) -> dict[str, str]:
 
 # Run by srun on every rank of a Slurm probe: nccl-tests learned -J (JSON output) in 2.17.3; an older
 # binary takes -J for an unknown option, prints its usage and exits 0, so it would measure nothing. Its own
-# usage text (`-h` returns before MPI_Init) says whether it knows --output_file. Arguments only: the JSON
-# path, then the binary's argv; no config value is part of this text.
+# usage text (`-h` returns before MPI_Init) says whether it knows --output_file: grep reads it whole (no
+# -q: under pipefail, grep leaving at the first match would fail the binary with SIGPIPE while it still
+# writes, and the probe would lose -J). Arguments only: the JSON path, then the binary's argv; no config
+# value is part of this text.
 JSON_IF_SUPPORTED_SCRIPT = """#!/bin/bash
 # fsdpbench: run nccl-tests ($2 ...) with -J $1 when the binary supports it (2.17.3+), else without.
 set -euo pipefail
 json=$1; shift
-if "$1" -h 2>/dev/null | grep -q -- '--output_file'; then
+if "$1" -h 2>/dev/null | grep -- '--output_file' >/dev/null; then
     exec "$@" -J "$json"
 fi
 if [ "${SLURM_PROCID:-0}" = 0 ]; then

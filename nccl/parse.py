@@ -267,7 +267,8 @@ class _Reader:
         return self.results[-1]
 
     def end_table(self) -> None:
-        """Read the rows gathered since the last cut with the header's layout, or the one their width implies."""
+        """Read the rows gathered since the last cut with the header's layout, or the one their width
+        implies."""
         if self.table:
             layout = self.header or _layout(tuple(_FALLBACK_LAYOUTS.get(max(len(t) for t in self.table),
                                                                         "").split()))

@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", type=Path, default=None)
     add_fault_arguments(parser)
     ns = parser.parse_args(argv)
-    if ns.fault == "sleep":  # test mode of the scheduling tests: a fixed duration, no work (as trainer/__main__)
+    # test mode of the scheduling tests: a fixed duration, no work (as trainer/__main__)
+    if ns.fault == "sleep":
         print(f"fsdpbench test mode: sleeping {ns.fault_seconds:g} s, from {time.time():.3f}", flush=True)
         time.sleep(ns.fault_seconds)
         print(f"fsdpbench test mode: slept until {time.time():.3f}", flush=True)

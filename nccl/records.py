@@ -83,8 +83,10 @@ def check_transport(summary: dict[str, Any], spec: RunSpec, log_text: str) -> di
         return {**summary, "status": "nccl_error",
                 "error": f"expected NCCL network {want!r} for {spec.efa_per_node} EFA/node, got {network!r}"}
     nics = summary.get("nics")
-    if spec.efa_per_node > 0 and nics is not None and nics != spec.efa_per_node:  # the row would be mislabelled
+    # the row would be mislabelled
+    if spec.efa_per_node > 0 and nics is not None and nics != spec.efa_per_node:
         return {**summary, "status": "nccl_error",
                 "error": f"NCCL found {nics} NICs per rank ('found {nics} nics'), the run asked for "
-                         f"{spec.efa_per_node} EFA per node: its bandwidth is not the {spec.efa_per_node}-EFA figure"}
+                         f"{spec.efa_per_node} EFA per node: its bandwidth is not the "
+                         f"{spec.efa_per_node}-EFA figure"}
     return summary

@@ -109,7 +109,8 @@ def test_concatenated_logs_give_one_result_each(shared_data) -> None:
 
 def test_nccl_info_lines_inside_a_table_leave_its_rows_alone(shared_data) -> None:
     clean = text(shared_data, "sample_06.txt")
-    noisy = clean.replace("\n     1048576 ", "\nhost:1:1 [0] NCCL INFO Channel 00 via NET/Socket/0\n     1048576 ", 1)
+    noisy = clean.replace("\n     1048576 ",
+                          "\nhost:1:1 [0] NCCL INFO Channel 00 via NET/Socket/0\n     1048576 ", 1)
     assert noisy != clean
     a, b = parse(clean), parse(noisy)
     assert b.rows == a.rows and len(a.rows) == 62
@@ -251,13 +252,15 @@ def test_runs_are_cut_at_config_and_version_lines_once_rows_are_seen(shared_data
 def test_cells_are_read_as_python_reads_them() -> None:
     """Decimal cells of every length and exponent, read exactly as float() reads them."""
     rnd = random.Random(3)
-    cells = ["0.00", "-0.00", "1e-30", "123456789012345678901234.5", "0.1", "9007199254740993", "1e22", "1e23",
-             "2.2250738585072014e-308", "0.30000000000000004"]
+    cells = ["0.00", "-0.00", "1e-30", "123456789012345678901234.5", "0.1", "9007199254740993", "1e22",
+             "1e23", "2.2250738585072014e-308", "0.30000000000000004"]
     while len(cells) < 3000:
         x = rnd.uniform(0, 10 ** rnd.randint(0, 14))
         cells.append(f"{x:.{rnd.randint(0, 19)}f}" if rnd.random() < 0.7 else f"{x:.{rnd.randint(0, 19)}e}")
-    header = "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong"
-    rows = [f"{8 * (i + 1)} {2 * (i + 1)} float sum -1 {cells[i]} {cells[i - 1]} {cells[i - 2]} 0 1.0 2.0 3.0 0"
+    header = ("#       size         count      type   redop    root     time   algbw   busbw #wrong"
+              "     time   algbw   busbw #wrong")
+    rows = [f"{8 * (i + 1)} {2 * (i + 1)} float sum -1 {cells[i]} {cells[i - 1]} {cells[i - 2]} "
+            "0 1.0 2.0 3.0 0"
             for i in range(len(cells))]
     r = parse("\n".join([header] + rows))
     out_of_place = r.rows[::2]
@@ -311,12 +314,14 @@ def test_one_rank_is_not_a_network_measurement(shared_data) -> None:
     one = parse(text(shared_data, "sample_06.txt"))
     assert one.network_measurement and one.inferred_ranks() > 1
     header = next(line for line in text(shared_data, "sample_06.txt").splitlines() if "#wrong" in line)
-    single = parse(header + "\n" + "   1048576   262144  float  sum  -1  10.0  104.86  0.00  0  9.9  105.92  0.00  0")
+    single = parse(header + "\n"
+                   + "   1048576   262144  float  sum  -1  10.0  104.86  0.00  0  9.9  105.92  0.00  0")
     assert single.inferred_ranks() == 1 and not single.network_measurement
 
 
 def test_nics_found_are_read_from_nccl_info(shared_data) -> None:
-    r = parse(text(shared_data, "sample_01.txt"))  # "NET/OFI Selected Provider is efa (found 1 nics)" x 2 ranks
+    # "NET/OFI Selected Provider is efa (found 1 nics)" x 2 ranks
+    r = parse(text(shared_data, "sample_01.txt"))
     assert r.nics == 1 and r.network == "AWS Libfabric"
     more = text(shared_data, "sample_01.txt").replace("(found 1 nics)", "(found 4 nics)", 1)
     assert parse(more).nics == 4

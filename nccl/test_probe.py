@@ -6,8 +6,14 @@ from pathlib import Path
 import pytest
 
 from bench.core.schema import RunSpec
-from nccl.command import (anchored_min_bytes, busbw_factor, collective_of_binary, nccl_env, perf_argv,
-                          perf_binary)
+from nccl.command import (
+    anchored_min_bytes,
+    busbw_factor,
+    collective_of_binary,
+    nccl_env,
+    perf_argv,
+    perf_binary,
+)
 from nccl.probe import sizes
 
 
@@ -76,13 +82,14 @@ def test_the_socket_interface_is_pinned_the_same_way_on_every_launcher() -> None
     raw, _ = compose(["+sweep=efa_probe", "cluster.kubernetes.image=img", "nccl.split_per_node=true"])
     cfg = from_dict(raw)
     probe = next(p.spec for p in expand(cfg) if p.spec.efa_per_node == 0 and p.spec.nodes == 2)
-    assert job_env(cfg, probe, None)["NCCL_SOCKET_IFNAME"] == "^lo,docker,veth" == nccl_env(0, "^lo,docker,veth")[
-        "NCCL_SOCKET_IFNAME"]
+    assert job_env(cfg, probe, None)["NCCL_SOCKET_IFNAME"] == "^lo,docker,veth" \
+        == nccl_env(0, "^lo,docker,veth")["NCCL_SOCKET_IFNAME"]
     assert job_env(cfg, probe, None)["NCCL_TESTS_SPLIT"] == "MOD 8"  # one rank per node in each group
     slurm = SlurmLauncher(cfg).render(probe, Path("/fsx/r")).files["job.sbatch"]
-    assert "export NCCL_SOCKET_IFNAME='^lo,docker,veth'" in slurm and "export NCCL_TESTS_SPLIT='MOD 8'" in slurm
-    command = manifest(cfg, probe)["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0][
-        "command"]
+    assert "export NCCL_SOCKET_IFNAME='^lo,docker,veth'" in slurm
+    assert "export NCCL_TESTS_SPLIT='MOD 8'" in slurm
+    launcher = manifest(cfg, probe)["spec"]["mpiReplicaSpecs"]["Launcher"]
+    command = launcher["template"]["spec"]["containers"][0]["command"]
     assert "NCCL_SOCKET_IFNAME=^lo,docker,veth" in command and "NCCL_TESTS_SPLIT=MOD 8" in command
     assert "NCCL_SOCKET_IFNAME" not in nccl_env(0)
 
@@ -96,7 +103,8 @@ def test_split_groups_are_counted_from_the_device_list(shared_data) -> None:
     from nccl.parse import parse
     text = (shared_data / "nccl-tests" / "sample_01.txt").read_text()
     assert parse(text).groups == 1
-    split = re.sub(r"Rank +(\d+) Group +0", lambda m: f"Rank {int(m.group(1)):2d} Group {int(m.group(1)) % 8:2d}", text)
+    split = re.sub(r"Rank +(\d+) Group +0",
+                   lambda m: f"Rank {int(m.group(1)):2d} Group {int(m.group(1)) % 8:2d}", text)
     ranks = parse(text).inferred_ranks()
     assert parse(split).groups == min(8, ranks)
 
@@ -118,7 +126,8 @@ def test_torch_probe_reports_nccl_tests_fields(torchrun, nproc: int, collective:
     factor, every element checked, and the study's size (40000 bytes, not a power of two) among the rows."""
     run = torchrun(["nccl.probe", "--kind", "nccl", "--model", "none", "--nodes", str(nproc),
                     "--gpus-per-node", "1", "--collective", collective, "--nccl-sizes", "40000",
-                    "--nccl-min-bytes", "4096", "--nccl-max-bytes", "262144", "--nccl-iters", "5"], nproc=nproc)
+                    "--nccl-min-bytes", "4096", "--nccl-max-bytes", "262144", "--nccl-iters", "5"],
+                   nproc=nproc)
     assert run.returncode == 0, run.output[-2000:]
     rows = run.of_kind("nccl")
     assert [r["size"] for r in rows] == sorted([4096 * 2**i for i in range(7)] + [40000])

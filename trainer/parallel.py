@@ -6,8 +6,8 @@ fully_shard (the compiled block is what FSDP wraps, so its hooks run outside the
 
 Strategy -> FSDP2 (docs/architecture.md): FULL_SHARD = 1-D mesh, reshard_after_forward=True;
 SHARD_GRAD_OP = 1-D mesh, False; HYBRID_SHARD = 2-D mesh (replicate across nodes x shard within a node),
-True; NO_SHARD = 2-D mesh (replicate=world x shard=1): every rank holds whole parameters and gradients are all-reduced,
-i.e. DDP semantics. No strategy falls back to another: a mesh that cannot be built is an error.
+True; NO_SHARD = 2-D mesh (replicate=world x shard=1): every rank holds whole parameters and gradients are
+all-reduced, i.e. DDP semantics. No strategy falls back to another: a mesh that cannot be built is an error.
 """
 from __future__ import annotations
 

@@ -76,7 +76,8 @@ class Poll:
 
 
 class Launcher(Protocol):
-    """What the runner and the sweep call on a launcher; the concrete launchers subclass it for its defaults."""
+    """What the runner and the sweep call on a launcher; the concrete launchers subclass it for its
+    defaults."""
 
     name: str
 

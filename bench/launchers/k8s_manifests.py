@@ -127,7 +127,8 @@ def pytorchjob(cfg: SweepConfig, spec: RunSpec, name: str) -> dict[str, Any]:
     template = {"metadata": {"labels": _labels(cfg, spec)}, "spec": _pod_spec(cfg, spec, container, True)}
     return {
         "apiVersion": f"{GROUP}/{PYTORCHJOB['version']}", "kind": PYTORCHJOB["kind"],
-        "metadata": {"name": name, "namespace": cfg.cluster.kubernetes.namespace, "labels": _labels(cfg, spec)},
+        "metadata": {"name": name, "namespace": cfg.cluster.kubernetes.namespace,
+                     "labels": _labels(cfg, spec)},
         "spec": {
             "nprocPerNode": str(spec.gpus_per_node),
             "elasticPolicy": {"rdzvBackend": "c10d", "minReplicas": spec.nodes, "maxReplicas": spec.nodes,
@@ -146,8 +147,8 @@ def mpijob(cfg: SweepConfig, spec: RunSpec, name: str) -> dict[str, Any]:
     GPU."""
     ranks = spec.nodes * spec.gpus_per_node
     env = job_env(cfg, spec, None)
-    command = [MPIRUN, "--allow-run-as-root", "--tag-output", "-np", str(ranks), "-N", str(spec.gpus_per_node),
-               "--bind-to", "none"]
+    command = [MPIRUN, "--allow-run-as-root", "--tag-output", "-np", str(ranks),
+               "-N", str(spec.gpus_per_node), "--bind-to", "none"]
     for key in MPIRUN_PASS_ENV:
         command += ["-x", key]
     for key in sorted(env):
@@ -155,7 +156,8 @@ def mpijob(cfg: SweepConfig, spec: RunSpec, name: str) -> dict[str, Any]:
     command += perf_argv(spec, binary=NCCL_TESTS)
     image = _image(cfg)
     launcher = {"name": "mpi-launcher", "image": image, "imagePullPolicy": "IfNotPresent", "command": command}
-    worker = {"name": "nccl-worker", "image": image, "imagePullPolicy": "IfNotPresent", "command": SSHD_COMMAND,
+    worker = {"name": "nccl-worker", "image": image, "imagePullPolicy": "IfNotPresent",
+              "command": SSHD_COMMAND,
               "readinessProbe": {"tcpSocket": {"port": SSH_PORT}, "periodSeconds": 2},
               "resources": _resources(cfg, spec)}
     labels = _labels(cfg, spec)

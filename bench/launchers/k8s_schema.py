@@ -108,7 +108,8 @@ def validate(obj: dict[str, Any], crds: dict[str, dict[str, Any]], strict: bool 
     try:
         validator = _validator(crds[kind], version, strict)
     except StopIteration:
-        return [f"{kind} CRD serves no version {version!r} (it serves {', '.join(served_versions(crds[kind]))})"]
+        return [f"{kind} CRD serves no version {version!r} "
+                f"(it serves {', '.join(served_versions(crds[kind]))})"]
     errors = [f"{'.'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}"
               for e in sorted(validator.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))]
     return errors + _webhook_errors(obj)

@@ -20,7 +20,7 @@ import yaml
 from bench.core import rundir
 from bench.core.config import ConfigError, SweepConfig
 from bench.core.schema import RunSpec
-from bench.launchers.base import Launcher, DONE, PENDING, RUNNING, Outcome, Poll, Submission
+from bench.launchers.base import DONE, PENDING, RUNNING, Launcher, Outcome, Poll, Submission
 from bench.launchers.k8s_manifests import MPIJOB, PYTORCHJOB, RUN_ID_LABEL, manifest
 from bench.launchers.k8s_schema import CRD_NAMES, validate
 
@@ -155,14 +155,16 @@ class KubernetesLauncher(Launcher):
         from kubernetes import client, config
         from kubernetes.config.config_exception import ConfigException
         try:
-            config.load_kube_config(config_file=self.cfg.launcher.kubeconfig, context=self.cfg.launcher.context)
+            config.load_kube_config(config_file=self.cfg.launcher.kubeconfig,
+                                    context=self.cfg.launcher.context)
         except (ConfigException, FileNotFoundError, TypeError) as e:
             try:
                 config.load_incluster_config()
             except ConfigException:
                 raise ConfigError(f"no Kubernetes configuration: {e}; set KUBECONFIG or launcher.kubeconfig, "
                                   "or preview with --dry-run") from None
-        self._custom, self._core, self._version = client.CustomObjectsApi(), client.CoreV1Api(), client.VersionApi()
+        self._custom, self._core = client.CustomObjectsApi(), client.CoreV1Api()
+        self._version = client.VersionApi()
         self._ext = client.ApiextensionsV1Api()
 
     def preflight(self) -> None:
@@ -174,8 +176,8 @@ class KubernetesLauncher(Launcher):
         try:
             self._version.get_code(_request_timeout=15)
         except Exception as e:
-            raise ConfigError(f"Kubernetes API not reachable: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
-                              ) from None
+            raise ConfigError(f"Kubernetes API not reachable: {type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:200]}") from None
         self.crds = self.read_crds()
 
     def node_names(self) -> tuple[list[str], dict[str, str]]:
@@ -216,8 +218,10 @@ class KubernetesLauncher(Launcher):
         if self.crds is not None:
             errors = validate(obj, self.crds)
             if errors:
-                raise ConfigError(f"rendered {obj['kind']} does not validate against the cluster's CRD: {errors[0]}")
-        return Submission(run_id=spec.run_id, argvs=(), files={MANIFEST: yaml.safe_dump(obj, sort_keys=False)})
+                raise ConfigError(f"rendered {obj['kind']} does not validate against the cluster's CRD: "
+                                  f"{errors[0]}")
+        return Submission(run_id=spec.run_id, argvs=(),
+                          files={MANIFEST: yaml.safe_dump(obj, sort_keys=False)})
 
     def admit(self, submission: Submission) -> None:
         """Server-side dry run of the create: the API server's own validation, defaulting and admission
@@ -249,10 +253,12 @@ class KubernetesLauncher(Launcher):
         return K8sHandle(name=body["metadata"]["name"], api=api, run_id=submission.run_id, uid=uid)
 
     def locate(self, handle: K8sHandle) -> dict[str, Any]:
-        return {"namespace": self.namespace, "name": handle.name, "uid": handle.uid, "kind": handle.api["kind"]}
+        return {"namespace": self.namespace, "name": handle.name, "uid": handle.uid,
+                "kind": handle.api["kind"]}
 
     def attach(self, where: dict[str, Any], run_dir: Path) -> K8sHandle | None:
-        """The ledger's job if it still exists with the same uid (a job re-created under the name is not it)."""
+        """The ledger's job if it still exists with the same uid (a job re-created under the name is not
+        it)."""
         if not where.get("name"):
             return None
         self._connect()
@@ -267,15 +273,16 @@ class KubernetesLauncher(Launcher):
     def _get(self, handle: K8sHandle) -> dict[str, Any] | None:
         from kubernetes.client.exceptions import ApiException
         try:
-            return self._custom.get_namespaced_custom_object(handle.api["group"], handle.api["version"],
-                                                             self.namespace, handle.api["plural"], handle.name)
+            return self._custom.get_namespaced_custom_object(
+                handle.api["group"], handle.api["version"], self.namespace, handle.api["plural"], handle.name)
         except ApiException as e:
             if e.status == 404:
                 return None
             raise
 
     def _pods(self, handle: K8sHandle) -> list[Any]:
-        return self._core.list_namespaced_pod(self.namespace, label_selector=f"{RUN_ID_LABEL}={handle.run_id}").items
+        return self._core.list_namespaced_pod(self.namespace,
+                                              label_selector=f"{RUN_ID_LABEL}={handle.run_id}").items
 
     def poll(self, handle: K8sHandle) -> Poll:
         job = self._get(handle)
@@ -315,7 +322,8 @@ class KubernetesLauncher(Launcher):
                                                               container=container.name)
                 except Exception as e:  # pod never started, node gone ...
                     text = f"fsdpbench: could not read log of {pod.metadata.name}/{container.name}: {e}\n"
-                rundir.atomic_write_text(rundir.log_path(run_dir, f"{pod.metadata.name}-{container.name}"), text)
+                path = rundir.log_path(run_dir, f"{pod.metadata.name}-{container.name}")
+                rundir.atomic_write_text(path, text)
 
     def cleanup(self, handle: K8sHandle) -> None:
         """Delete with foreground propagation (pods first) and wait until the job is gone."""

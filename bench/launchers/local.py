@@ -77,7 +77,8 @@ class LocalLauncher(Launcher):
         if self.gpus and self.cfg.cluster.gpu is not None:
             raise ConfigError(f"run {spec.label} needs {spec.world_size} GPUs, this machine has "
                               f"{len(self.gpus)} ({','.join(self.gpus)}); lower axes.nodes or "
-                              "cluster.gpus_per_node, or set cluster.gpu=null to run what does not fit on CPU")
+                              "cluster.gpus_per_node, or set cluster.gpu=null to run what does not fit "
+                              "on CPU")
         return [""] * spec.nodes
 
     def plan_note(self, specs: list[RunSpec]) -> str:
@@ -85,7 +86,8 @@ class LocalLauncher(Launcher):
         if not self.gpus:
             return "devices: no GPU here (CUDA_VISIBLE_DEVICES / nvidia-smi -L): every run on CPU (gloo)"
         on_gpu = sum(agent_devices(s.world_size, s.nodes, self.gpus) is not None for s in specs)
-        return (f"devices: {len(self.gpus)} GPU(s) here ({','.join(self.gpus)}): {on_gpu} run(s) on GPU (NCCL), "
+        return (f"devices: {len(self.gpus)} GPU(s) here ({','.join(self.gpus)}): "
+                f"{on_gpu} run(s) on GPU (NCCL), "
                 f"{len(specs) - on_gpu} on CPU (gloo; they need more ranks than GPUs)")
 
     def render(self, spec: RunSpec, run_dir: Path) -> Submission:
@@ -97,7 +99,8 @@ class LocalLauncher(Launcher):
         argvs = tuple(tuple(["env", f"CUDA_VISIBLE_DEVICES={devices}",
                              *([f"FSDPBENCH_NODE_NAME=local{i}"] if spec.nodes > 1 else []), *agent, *worker])
                       for i, devices in enumerate(self.devices(spec)))
-        return Submission(run_id=spec.run_id, argvs=argvs, env=job_env(self.cfg, spec, os.path.abspath(run_dir)))
+        return Submission(run_id=spec.run_id, argvs=argvs,
+                          env=job_env(self.cfg, spec, os.path.abspath(run_dir)))
 
     def submit(self, submission: Submission, run_dir: Path) -> LocalHandle:
         port = str(free_port())

@@ -15,9 +15,18 @@ from typing import Any
 from bench.core import rundir
 from bench.core.config import ConfigError, SweepConfig
 from bench.core.schema import RunSpec
-from bench.launchers.base import Launcher, DONE, PENDING, RUNNING, Outcome, Poll, Submission, job_env
-from bench.launchers.slurm_script import (EFA_LIMIT, EFA_LIMIT_SCRIPT, NCCL_TESTS, SCRIPT, job_name, limits_efa,
-                                          render_script, uses_nccl_tests, worker_path)
+from bench.launchers.base import DONE, PENDING, RUNNING, Launcher, Outcome, Poll, Submission, job_env
+from bench.launchers.slurm_script import (
+    EFA_LIMIT,
+    EFA_LIMIT_SCRIPT,
+    NCCL_TESTS,
+    SCRIPT,
+    job_name,
+    limits_efa,
+    render_script,
+    uses_nccl_tests,
+    worker_path,
+)
 from nccl.command import JSON_IF_SUPPORTED_SCRIPT
 
 # squeue states: waiting for resources (queue time, bounded by queue_timeout_s), and holding them
@@ -51,9 +60,9 @@ class SlurmLauncher(Launcher):
     def preflight(self) -> None:
         """Fail before launching anything if this machine cannot reach a Slurm controller."""
         if shutil.which("sbatch") is None:
-            raise ConfigError(f"sweep {self.cfg.sweep_name} uses launcher=slurm, but `sbatch` is not on PATH: "
-                              "run it from a Slurm login node, choose launcher=local or launcher=kubernetes, or "
-                              "preview the plan with: python -m bench.sweep "
+            raise ConfigError(f"sweep {self.cfg.sweep_name} uses launcher=slurm, but `sbatch` is not on "
+                              "PATH: run it from a Slurm login node, choose launcher=local or "
+                              "launcher=kubernetes, or preview the plan with: python -m bench.sweep "
                               f"+sweep={self.cfg.sweep_name} --dry-run")
         proc = self._run(["sinfo", "-h", "-o", "%P"], check=False)
         if proc.returncode != 0:

@@ -33,12 +33,13 @@ NCCL_TESTS = "nccl_tests.sh"  # nccl.command.JSON_IF_SUPPORTED_SCRIPT
 # lists, so a run of N adapters per node gets the node's first N rdmap devices; a node with fewer fails the
 # run rather than measuring something else. Arguments only (the count, then the worker's argv): no config
 # value is ever part of this text.
-EFA_LIMIT_SCRIPT = """#!/bin/bash
+EFA_LIMIT_SCRIPT = ("""#!/bin/bash
 # fsdpbench: use only the first N EFA devices of this node (N = $1), then run the rest of the arguments.
 set -euo pipefail
 want=$1; shift
 sysfs=${FSDPBENCH_EFA_SYSFS:-/sys/class/infiniband}
-devices=$({ ls "$sysfs" 2>/dev/null || true; } | awk '/^rdmap/' | sort -V | awk -v n="$want" 'NR <= n' | paste -sd, -)
+devices=$({ ls "$sysfs" 2>/dev/null || true; } | awk '/^rdmap/' | sort -V"""  # one line in the script
+                    """ | awk -v n="$want" 'NR <= n' | paste -sd, -)
 have=$(printf '%s' "$devices" | awk -F, '{print NF}')
 have=${have:-0}
 if [ "$have" -lt "$want" ]; then
@@ -48,7 +49,7 @@ fi
 export FI_EFA_IFACE=$devices
 echo "fsdpbench: $(hostname) FI_EFA_IFACE=$FI_EFA_IFACE" >&2
 exec "$@"
-"""
+""")
 ENDPOINT = "@RDZV_HOST@:@RDZV_PORT@"  # replaced by shell variables in the rendered script
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.,:+@%=-]+$")
 
@@ -129,7 +130,8 @@ def worker_path(cfg: SweepConfig, path: Path) -> str:
             return str(inside / path.relative_to(host))
     raise ConfigError(f"results dir {path} is not under any slurm.container_mounts "
                       f"({s.container_mounts or 'none'}): the runs would write their results inside the "
-                      f"container and lose them; mount it, e.g. slurm.container_mounts={path.parent}:{path.parent}")
+                      "container and lose them; mount it, e.g. "
+                      f"slurm.container_mounts={path.parent}:{path.parent}")
 
 
 def _python(cfg: SweepConfig) -> str:

@@ -17,9 +17,20 @@ from typing import Any
 import pandas as pd
 import pytest
 import yaml
-from kubernetes.client import (V1Container, V1ContainerState, V1ContainerStateRunning,
-                               V1ContainerStateTerminated, V1ContainerStateWaiting, V1ContainerStatus,
-                               V1ObjectMeta, V1Pod, V1PodCondition, V1PodList, V1PodSpec, V1PodStatus)
+from kubernetes.client import (
+    V1Container,
+    V1ContainerState,
+    V1ContainerStateRunning,
+    V1ContainerStateTerminated,
+    V1ContainerStateWaiting,
+    V1ContainerStatus,
+    V1ObjectMeta,
+    V1Pod,
+    V1PodCondition,
+    V1PodList,
+    V1PodSpec,
+    V1PodStatus,
+)
 from kubernetes.client.exceptions import ApiException
 
 from bench.core.config import ConfigError, from_dict
@@ -27,9 +38,9 @@ from bench.core.records import format_record
 from bench.launchers.k8s_manifests import RUN_ID_LABEL, manifest
 from bench.launchers.k8s_schema import CRD_NAMES, load_crds, validate
 from bench.launchers.kubernetes import KubernetesLauncher
-from bench.study.plan import expand
 from bench.run.runner import execute
 from bench.run.watch import watch
+from bench.study.plan import expand
 from bench.sweep import compose
 
 IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdpbench:1.0"
@@ -54,13 +65,14 @@ def test_every_manifest_the_sweeps_produce_validates(shared_data, sweep: str) ->
 
 def _envsubst(text: str) -> str:
     values = {"NUM_NODES": "2", "GPU_PER_NODE": "8", "EFA_PER_NODE": "32", "IMAGE_URI": IMAGE,
-              "INSTANCE_TYPE": "p5.48xlarge", "FI_PROVIDER": "efa", "HF_TOKEN": "hf_dummy", "PATH": "/usr/bin",
-              "LD_LIBRARY_PATH": "/usr/lib"}
+              "INSTANCE_TYPE": "p5.48xlarge", "FI_PROVIDER": "efa", "HF_TOKEN": "hf_dummy",
+              "PATH": "/usr/bin", "LD_LIBRARY_PATH": "/usr/lib"}
     text = re.sub(r"\$\{?(\w+)\}?", lambda m: values.get(m.group(1), m.group(0)), text)
     return text.replace("<account>.dkr.ecr.<region>.amazonaws.com/<image>:<tag>", IMAGE)
 
 
-@pytest.mark.parametrize("name", ["reference_pytorchjob_llama3_1_8b-fsdp.yaml", "reference_mpijob_nccl-tests.yaml"])
+@pytest.mark.parametrize("name", ["reference_pytorchjob_llama3_1_8b-fsdp.yaml",
+                                  "reference_mpijob_nccl-tests.yaml"])
 def test_reference_manifests_validate(shared_data, name: str) -> None:
     obj = yaml.safe_load(_envsubst((shared_data / "k8s" / name).read_text()))
     assert validate(obj, load_crds(shared_data / "k8s")) == []
@@ -100,15 +112,18 @@ def test_pytorchjob_content() -> None:
     pod = worker["template"]["spec"]
     container = pod["containers"][0]
     assert worker["replicas"] == 2 and obj["spec"]["nprocPerNode"] == "8"
-    # torch's 60 s store / 600 s join timeouts raised for workers that start apart (launcher.rendezvous_timeout_s)
+    # torch's 60 s store / 600 s join timeouts raised for workers that start apart
+    # (launcher.rendezvous_timeout_s)
     assert obj["spec"]["elasticPolicy"] == {"rdzvBackend": "c10d", "minReplicas": 2, "maxReplicas": 2,
-                                            "maxRestarts": 0, "rdzvConf": [{"key": "join_timeout", "value": "1800"},
-                                                                           {"key": "read_timeout", "value": "1800"}]}
+                                            "maxRestarts": 0,
+                                            "rdzvConf": [{"key": "join_timeout", "value": "1800"},
+                                                         {"key": "read_timeout", "value": "1800"}]}
     assert container["resources"]["limits"] == {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 32}
     assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "p5.48xlarge"}
     assert {"name": "shm", "mountPath": "/dev/shm"} in container["volumeMounts"]
     env = {e["name"]: e for e in container["env"]}
-    assert env["HF_TOKEN"] == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}
+    assert env["HF_TOKEN"] == {"name": "HF_TOKEN",
+                               "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}
     assert env["NCCL_NET"]["value"] == "AWS Libfabric"
     assert env["NCCL_SOCKET_IFNAME"]["value"] == "^lo,docker,veth"  # the cluster file's pin
     # the flight recorder as AWS's reference sets it; no shared run dir in a pod: torch's default dump path
@@ -143,7 +158,8 @@ def _pod(name: str, run_id: str, *, phase="Running", state=None, reason=None, co
                                state=state or V1ContainerState(running=V1ContainerStateRunning()))
     return V1Pod(metadata=V1ObjectMeta(name=name, labels={RUN_ID_LABEL: run_id}),
                  spec=V1PodSpec(containers=[V1Container(name="pytorch")], node_name=node),
-                 status=V1PodStatus(phase=phase, reason=reason, container_statuses=[status], conditions=conditions))
+                 status=V1PodStatus(phase=phase, reason=reason, container_statuses=[status],
+                                    conditions=conditions))
 
 
 def _terminated(code: int, reason: str = "Completed") -> V1ContainerState:
@@ -217,7 +233,8 @@ class FakeKube:
                                   message="0/4 nodes are available: 4 Insufficient vpc.amazonaws.com/efa.")
             return V1PodList(items=[_pod("w-0", run_id, phase="Pending", conditions=[cond])])
         if s == "evicted" and finished:
-            evicted = _pod("w-0", run_id, phase="Failed", reason="Evicted", state=_terminated(137), node="ip-c")
+            evicted = _pod("w-0", run_id, phase="Failed", reason="Evicted", state=_terminated(137),
+                           node="ip-c")
             return V1PodList(items=[evicted])
         if s == "nodelost" and finished:  # ip-b stopped answering: the taint manager deletes its pod
             lost = V1PodCondition(type="DisruptionTarget", status="True", reason="DeletionByTaintManager",
@@ -229,12 +246,14 @@ class FakeKube:
             return V1PodList(items=[_pod("w-0", run_id, phase="Failed", state=_terminated(137, "OOMKilled"))])
         if finished and s == "restarted":  # w-1's worker ran twice: its first run ended with an error
             first = V1ContainerState(terminated=V1ContainerStateTerminated(
-                exit_code=1, reason="Error", started_at="2026-11-22T16:00:00Z", finished_at="2026-11-22T16:03:00Z"))
+                exit_code=1, reason="Error", started_at="2026-11-22T16:00:00Z",
+                finished_at="2026-11-22T16:03:00Z"))
             return V1PodList(items=[_pod("w-0", run_id, phase="Succeeded", state=_terminated(0), node="ip-a"),
                                     _pod("w-1", run_id, phase="Succeeded", state=_terminated(0), node="ip-b",
                                          restarts=1, last_state=first)])
         if finished and s in ("ok", "nccl"):
-            return V1PodList(items=[_pod(f"w-{i}", run_id, phase="Succeeded", state=_terminated(0)) for i in range(2)])
+            return V1PodList(items=[_pod(f"w-{i}", run_id, phase="Succeeded", state=_terminated(0))
+                                    for i in range(2)])
         if finished and s == "rendezvous":
             return V1PodList(items=[_pod("w-0", run_id, phase="Failed", state=_terminated(1, "Error"))])
         return V1PodList(items=[_pod("w-0", run_id)])
@@ -243,7 +262,8 @@ class FakeKube:
         stamp = "2026-11-22T16:00:00.000000000Z "
         if self.scenario == "ok" and name == "w-0":
             return "\n".join(stamp + format_record(kind, **payload) for kind, payload in [
-                ("meta", {"rank": 0, "world_size": 16, "torch": "2.11.0", "device_name": "NVIDIA H100 80GB HBM3"}),
+                ("meta", {"rank": 0, "world_size": 16, "torch": "2.11.0",
+                          "device_name": "NVIDIA H100 80GB HBM3"}),
                 ("step", {"rank": 0, "step": 0, "time_s": 2.0, "loss": 10.4}),
                 ("summary", {"rank": 0, "status": "ok", "tokens_per_s": 48000.0, "tflops_per_gpu": 420.0,
                              "mfu": 0.4245, "device_name": "NVIDIA H100 80GB HBM3"})]) + "\n"
@@ -323,10 +343,11 @@ def test_harness_timeout_deletes_the_job(tmp_path, shared_data) -> None:
 
 def test_a_pod_whose_node_is_lost_ends_the_run_naming_the_node(tmp_path, shared_data) -> None:
     """A node that stops answering: Kubernetes' taint manager deletes its pods (pod condition
-    DisruptionTarget, DeletionByTaintManager). Our PyTorchJobs never restart a worker (restartPolicy Never, backoffLimit 0: a
-    restarted worker would mix two executions in one record), so the training operator fails the job
-    (PyTorchJobFailed, "... is failed because 1 Worker replica(s) failed.", its controller's words) and the
-    run ends failed, the node named, its one execution on the record; `--rerun-failed` starts it again."""
+    DisruptionTarget, DeletionByTaintManager). Our PyTorchJobs never restart a worker (restartPolicy Never,
+    backoffLimit 0: a restarted worker would mix two executions in one record), so the training operator fails
+    the job (PyTorchJobFailed, "... is failed because 1 Worker replica(s) failed.", its controller's words)
+    and the run ends failed, the node named, its one execution on the record; `--rerun-failed` starts it
+    again."""
     from bench.core import rundir
     row, fake = run_one(tmp_path, shared_data, "nodelost")
     assert row.status == "failed" and row.restarts == 0 and len(fake.deleted) == 1
@@ -340,8 +361,10 @@ def test_pending_pods_do_not_count_against_the_run_timeout(tmp_path, shared_data
     class BusyCluster(FakeKube):
         def list_namespaced_pod(self, namespace, label_selector):
             if self.polls <= 30:
-                return FakeKube("unschedulable", self.shared_data).list_namespaced_pod(namespace, label_selector) \
-                    if self.jobs else super().list_namespaced_pod(namespace, label_selector)
+                if self.jobs:
+                    busy = FakeKube("unschedulable", self.shared_data)
+                    return busy.list_namespaced_pod(namespace, label_selector)
+                return super().list_namespaced_pod(namespace, label_selector)
             return super().list_namespaced_pod(namespace, label_selector)
     cfg = cfg_for("p5_scaling", "launcher.timeout_s=0.2", "launcher.queue_timeout_s=60")
     fake = BusyCluster("ok", shared_data, finish_after=33)
@@ -382,7 +405,8 @@ def test_an_api_error_fails_the_run_deletes_the_job_and_the_sweep_goes_on(tmp_pa
     plan = [p for p in expand(cfg) if p.feasible][:2]
     execute(cfg, plan, launcher, tmp_path / cfg.sweep_name)
     frame = pd.read_csv(tmp_path / cfg.sweep_name / "results.csv")
-    assert list(frame.status) == ["failed", "failed"]  # both runs were tried: the first did not abort the sweep
+    # both runs were tried: the first did not abort the sweep
+    assert list(frame.status) == ["failed", "failed"]
     assert all("Internal Server Error" in e and "launcher kubernetes" in e for e in frame.error)
     assert len(fake.deleted) == 2 and not fake.jobs
 
@@ -484,7 +508,8 @@ def test_preflight_reads_the_crds_the_cluster_serves(shared_data) -> None:
 
     fake.missing_crds = {"MPIJob"}
     launcher.preflight()
-    with pytest.raises(ConfigError, match=r"no MPIJob CRD \(mpijobs.kubeflow.org\): install the MPI operator"):
+    with pytest.raises(ConfigError,
+                       match=r"no MPIJob CRD \(mpijobs.kubeflow.org\): install the MPI operator"):
         launcher.render(spec, Path("/r"))
 
     fake.missing_crds = set()
@@ -512,7 +537,8 @@ def test_a_manifest_the_server_refuses_is_one_line_before_anything_is_created(tm
     def connect(self) -> None:
         self._custom = self._core = self._version = self._ext = fake
     monkeypatch.setattr(KubernetesLauncher, "_connect", connect)
-    argv = ["+sweep=p5_scaling", "launcher=kubernetes", f"cluster.kubernetes.image={IMAGE}", f"results_root={tmp_path}"]
+    argv = ["+sweep=p5_scaling", "launcher=kubernetes", f"cluster.kubernetes.image={IMAGE}",
+            f"results_root={tmp_path}"]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "server-side dry run): 403 Forbidden" in err, err
@@ -537,6 +563,7 @@ def test_torchrun_reads_the_rendezvous_timeouts_the_operator_passes(monkeypatch)
     conf = obj["spec"]["elasticPolicy"]["rdzvConf"]
     monkeypatch.setenv("PET_RDZV_CONF", ",".join(f"{c['key']}={c['value']}" for c in conf))
     command = obj["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]
-    args = parse_args([*command[3:], "--rdzv-endpoint=worker-0:29400"])  # after `python -m torch.distributed.run`
+    # the arguments after `python -m torch.distributed.run`
+    args = parse_args([*command[3:], "--rdzv-endpoint=worker-0:29400"])
     rdzv = config_from_args(args)[0].rdzv_configs
     assert rdzv["join_timeout"] == "1800" and rdzv["read_timeout"] == "1800"

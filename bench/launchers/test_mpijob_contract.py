@@ -43,7 +43,8 @@ def workers(tmp_path: Path):
         pytest.skip("needs Debian's openssh-server and openmpi-bin, as root")
     Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
     for name in ("key", "hostkey"):
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / name)], check=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / name)],
+                       check=True)
     shutil.copy(tmp_path / "key.pub", tmp_path / "authorized_keys")
     ports, pids = [free_port(), free_port()], []
     for k, port in enumerate(ports):
@@ -58,7 +59,8 @@ def workers(tmp_path: Path):
         while not (pid.exists() and pid.read_text().strip() and _listening(port)):
             assert time.monotonic() < deadline, f"sshd on port {port} did not start"
             time.sleep(0.05)
-    hosts = "".join(f"Host worker-{k}\n    HostName 127.0.0.1\n    Port {port}\n" for k, port in enumerate(ports))
+    hosts = "".join(f"Host worker-{k}\n    HostName 127.0.0.1\n    Port {port}\n"
+                    for k, port in enumerate(ports))
     (tmp_path / "ssh_config").write_text(hosts + f"Host *\n    IdentityFile {tmp_path}/key\n"
                                          "    StrictHostKeyChecking no\n    UserKnownHostsFile /dev/null\n"
                                          "    LogLevel ERROR\n")
@@ -94,7 +96,8 @@ def _run(tmp_path: Path, shared_data: Path, collective: str = "all_reduce",
                         # the recorded table without the mpirun tags it was captured with (this mpirun adds
                         # them), a line at a time; mpirun tags each piece it reads, so a row now and then
                         # arrives with a second tag in its middle, which the parser must take
-                        f'[ "$OMPI_COMM_WORLD_RANK" = 0 ] && sed -u -E "s/^\\[[0-9]+,[0-9]+\\]<std(out|err)>://" '
+                        '[ "$OMPI_COMM_WORLD_RANK" = 0 ] && '
+                        'sed -u -E "s/^\\[[0-9]+,[0-9]+\\]<std(out|err)>://" '
                         f'{table}\n'
                         "exit 0\n")
     stand_in.chmod(0o755)
@@ -116,7 +119,8 @@ def test_the_rendered_mpirun_reaches_sshd_workers_and_passes_path_and_libraries(
     assert all(f"PATH={marker}/bin:" in ln and f"LD_LIBRARY_PATH={marker}/lib" in ln for ln in env_lines)
     efa = next(p.spec for p in expand(cfg_for("efa_probe")) if p.spec.nodes == 2 and p.spec.efa_per_node == 1)
     summary = records_from_output(proc.stdout, efa)[-1]
-    assert summary["status"] == "ok" and summary["busbw_avg_gbs"] == 1.15327, (summary["error"], proc.stdout[-1500:])
+    assert summary["status"] == "ok" and summary["busbw_avg_gbs"] == 1.15327, \
+        (summary["error"], proc.stdout[-1500:])
 
 
 @pytest.mark.parametrize("collective,table", [("all_gather", "ag_2.17.6_gb300_8ranks.txt"),

@@ -16,13 +16,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench.run.classify import classify
 from bench.core.config import ConfigError, from_dict
 from bench.launchers.base import Outcome
 from bench.launchers.slurm import SlurmLauncher, _parse_job_record
 from bench.launchers.slurm_script import render_script
-from bench.study.plan import expand
 from bench.preflight import format_verdict
+from bench.run.classify import classify
+from bench.study.plan import expand
 from bench.sweep import compose
 from conftest import SLURM_CONF, SMOKE_SHAPE
 
@@ -96,7 +96,8 @@ def _probe_script(cfg, efa: int) -> tuple[str, dict[str, str]]:
 def test_efa_counts_below_the_nodes_adapters_limit_libfabric_to_that_many(tmp_path) -> None:
     cfg = from_dict(compose(["+sweep=efa_probe", "launcher.python=/opt/venv/bin/python"])[0])
     scripts = {efa: _probe_script(cfg, efa) for efa in (0, 1, 4, 32)}
-    srun = {efa: next(ln for ln in s.splitlines() if ln.startswith("srun ")) for efa, (s, _) in scripts.items()}
+    srun = {efa: next(ln for ln in s.splitlines() if ln.startswith("srun "))
+            for efa, (s, _) in scripts.items()}
     limit = "/fsx/results/efa_probe/runs/run/attempt-1/submission/efa_limit.sh"
     assert f"bash {limit} 1 bash " in srun[1] and f"bash {limit} 4 bash " in srun[4]
     assert "efa_limit" not in srun[32] and "efa_limit" not in srun[0]  # all adapters, or none (sockets)
@@ -119,12 +120,14 @@ V214_USAGE = """USAGE: all_reduce_perf
 	[-t,--nthreads <num threads>]
 	[-G,--cudagraph <num graph launches>]
 	[-h,--help]"""  # nccl-tests 2.14.1 common.cu: no -J; an unknown option prints usage and returns 0
-V217_USAGE = V214_USAGE.replace("[-h,--help]", "[-J,--output_file <file> write output to filepath, if accessible. "
-                                "Infer type from suffix (only json supported presently.)]\n\t[-h,--help]")
+V217_USAGE = V214_USAGE.replace("[-h,--help]", "[-J,--output_file <file> write output to filepath, "
+                                "if accessible. Infer type from suffix (only json supported presently.)]"
+                                "\n\t[-h,--help]")
 
 
 def _stand_in(path: Path, usage: str) -> Path:
-    """An all_reduce_perf that answers -h with a real version's usage text and logs the argv it was run with."""
+    """An all_reduce_perf that answers -h with a real version's usage text and logs the argv it was run
+    with."""
     path.write_text("#!/bin/bash\n"
                     f"if [ \"$1\" = -h ]; then printf '%s\\n' {shlex.quote(usage)}; exit 0; fi\n"
                     f"echo \"$@\" >> {shlex.quote(str(path))}.argv\n")
@@ -142,13 +145,32 @@ def test_nccl_tests_gets_json_output_only_where_the_binary_has_it(tmp_path) -> N
     assert f"submission/nccl_tests.sh {json_file} all_reduce_perf -b 8" in srun and " -J " not in srun
     wrapper = tmp_path / "nccl_tests.sh"
     wrapper.write_text(files["nccl_tests.sh"])
-    for version, usage, extra in (("2.17", V217_USAGE, ["-J", str(tmp_path / "out.json")]), ("2.14", V214_USAGE, [])):
+    for version, usage, extra in (("2.17", V217_USAGE, ["-J", str(tmp_path / "out.json")]),
+                                  ("2.14", V214_USAGE, [])):
         binary = _stand_in(tmp_path / f"all_reduce_perf_{version}", usage)
-        got = subprocess.run(["bash", str(wrapper), str(tmp_path / "out.json"), str(binary), "-b", "8", "-e", "64"],
-                             capture_output=True, text=True)
+        got = subprocess.run(["bash", str(wrapper), str(tmp_path / "out.json"), str(binary),
+                              "-b", "8", "-e", "64"], capture_output=True, text=True)
         assert got.returncode == 0, got.stderr
         assert Path(f"{binary}.argv").read_text().split() == ["-b", "8", "-e", "64", *extra], version
         assert ("older than 2.17.3" in got.stderr) == (version == "2.14")
+
+
+def test_a_usage_text_longer_than_a_pipe_still_gets_json_output(tmp_path) -> None:
+    """The wrapper reads the binary's whole usage text: a grep that left at the first match would fail the
+    binary with SIGPIPE while it still writes (here: --output_file first, then 256 KiB more than a pipe
+    holds), and under pipefail the probe would lose -J for a binary that has it."""
+    cfg = from_dict(compose(["+sweep=efa_probe", "launcher.python=/opt/venv/bin/python"])[0])
+    _, files = _probe_script(cfg, 32)
+    wrapper = tmp_path / "nccl_tests.sh"
+    wrapper.write_text(files["nccl_tests.sh"])
+    binary = _stand_in(tmp_path / "all_reduce_perf", V217_USAGE.replace("[-h,--help]", "")
+                       + "\n" + "\t[-h,--help] usage continues\n" * 12000)
+    for _ in range(3):
+        got = subprocess.run(["bash", str(wrapper), str(tmp_path / "out.json"), str(binary), "-b", "8"],
+                             capture_output=True, text=True)
+        assert got.returncode == 0 and "older than 2.17.3" not in got.stderr, got.stderr
+    runs = Path(f"{binary}.argv").read_text().splitlines()
+    assert runs == [f"-b 8 -J {tmp_path / 'out.json'}"] * 3
 
 
 def test_pyxis_runs_start_in_the_project_and_write_where_the_host_reads(tmp_path) -> None:
@@ -157,18 +179,21 @@ def test_pyxis_runs_start_in_the_project_and_write_where_the_host_reads(tmp_path
     ConfigError before anything is written."""
     cfg = from_dict(compose(["+sweep=p5_scaling", "cluster.slurm.container_image=/fsx/images/fsdpbench.sqsh",
                              "cluster.slurm.container_mounts='/fsx/results:/results,/fsx/data:/data:ro'"])[0])
-    script = SlurmLauncher(cfg).render(first_run(cfg), Path("/fsx/results/p5/runs/r/attempt-1")).files["job.sbatch"]
+    run_dir = Path("/fsx/results/p5/runs/r/attempt-1")
+    script = SlurmLauncher(cfg).render(first_run(cfg), run_dir).files["job.sbatch"]
     srun = shlex.split(next(ln for ln in script.splitlines() if ln.startswith("srun ")).replace('"', ""))
     assert "--container-workdir=/workspace/fsdpbench" in srun
     assert srun[srun.index("torch.distributed.run") - 2] == "python"  # the image's, not this machine's
     assert srun[srun.index("--run-dir") + 1] == "/results/p5/runs/r/attempt-1"
     assert "export TORCH_NCCL_DEBUG_INFO_TEMP_FILE=/results/p5/runs/r/attempt-1/nccl_trace_rank_" in script
-    with pytest.raises(ConfigError, match=r"results dir /scratch/p5/runs/r is not under any slurm.container_mounts"):
+    with pytest.raises(ConfigError,
+                       match=r"results dir /scratch/p5/runs/r is not under any slurm.container_mounts"):
         SlurmLauncher(cfg).render(first_run(cfg), Path("/scratch/p5/runs/r"))
     # The sweep refuses before writing anything (results_root relative to a cwd no mount covers).
     from bench.sweep import main
     rc = main(["+sweep=p5_scaling", "launcher=slurm", "--dry-run", f"results_root={tmp_path}",
-               "cluster.slurm.container_image=/fsx/images/fsdpbench.sqsh", "cluster.slurm.container_mounts=/fsx:/fsx"])
+               "cluster.slurm.container_image=/fsx/images/fsdpbench.sqsh",
+               "cluster.slurm.container_mounts=/fsx:/fsx"])
     assert rc == 2 and not (tmp_path / "p5_scaling").exists()
 
 
@@ -176,7 +201,8 @@ def test_gpus_per_node_zero_emits_no_gpu_request() -> None:
     cfg = cfg_for("cluster.slurm.gpus_per_node=0")
     script = SlurmLauncher(cfg).render(first_run(cfg), Path("/tmp/run")).files["job.sbatch"]
     assert "#SBATCH --gpus-per-node" not in script  # (the trainer still gets its --gpus-per-node argument)
-    assert "#SBATCH --gpus-per-node=8" in SlurmLauncher(cfg_for()).render(first_run(cfg), Path("/tmp/r")).files["job.sbatch"]
+    default = SlurmLauncher(cfg_for()).render(first_run(cfg), Path("/tmp/r")).files["job.sbatch"]
+    assert "#SBATCH --gpus-per-node=8" in default
 
 
 def test_job_records_parse_from_scontrol_and_jobcomp() -> None:
@@ -237,7 +263,8 @@ def test_smoke_on_slurm_matches_the_local_launcher(slurm_cluster, tmp_path: Path
     assert set(a.launcher) == {"slurm"} and set(a.cluster) == {"slurm_local"}
     two_nodes = a[(a.kind == "train") & (a.nodes == 2)].iloc[0]
     assert two_nodes.world_size == 4 and two_nodes.tokens_per_s > 0
-    log = next((tmp_path / "slurm" / "smoke" / "runs").glob(f"*-{two_nodes.run_id}/attempt-1/logs/slurm-*.log"))
+    runs = tmp_path / "slurm" / "smoke" / "runs"
+    log = next(runs.glob(f"*-{two_nodes.run_id}/attempt-1/logs/slurm-*.log"))
     assert "on node[1-2]" in log.read_text()  # really spread over two Slurm nodes
 
 
@@ -268,7 +295,8 @@ def _spans(sweep_dir: Path) -> dict[str, tuple[float, float, int, str]]:
 
 @pytest.mark.slurm
 @pytest.mark.slow  # a real cluster, minutes each: .ci/run's slow step
-def test_slurm_runs_share_the_cluster_and_probes_and_full_width_runs_run_alone(slurm_cluster, tmp_path) -> None:
+def test_slurm_runs_share_the_cluster_and_probes_and_full_width_runs_run_alone(
+        slurm_cluster, tmp_path) -> None:
     from bench.test_concurrency import overlaps
     proc = run_sweep(tmp_path, "cluster=slurm_local", "launcher=slurm", "cluster.slurm.exclusive=true",
                      "axes.global_batch=[null]",
@@ -448,8 +476,9 @@ CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
 
 def _preflight(tmp_path: Path, *args: str) -> tuple[int, dict]:
     proc = subprocess.run([sys.executable, "-m", "bench.preflight", "+sweep=smoke", "cluster=slurm_local",
-                           "launcher=slurm", f"results_root={tmp_path}", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "SLURM_CONF": SLURM_CONF})
+                           "launcher=slurm", f"results_root={tmp_path}", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "SLURM_CONF": SLURM_CONF})
     verdict = json.loads((tmp_path / "smoke" / "preflight.json").read_text())
     return proc.returncode, verdict
 
@@ -502,9 +531,10 @@ def _train_4_nodes(root: Path, repeats: int) -> tuple[subprocess.CompletedProces
     proc = subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=smoke", "cluster=slurm_local",
                            "launcher=slurm", f"results_root={root}", "preflight.mode=off", "axes.nodes=[4]",
                            "axes.gpus_per_node=[1]", "axes.global_batch=[null]", "axes.sharding=[FULL_SHARD]",
-                           "axes.precision=[fp32]", "axes.activation_checkpointing=[none]", "axes.compile=[false]",
-                           "nccl.enabled=false", "steps=8", "warmup_steps=2", f"repeats={repeats}"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, env={**os.environ, "SLURM_CONF": SLURM_CONF})
+                           "axes.precision=[fp32]", "axes.activation_checkpointing=[none]",
+                           "axes.compile=[false]", "nccl.enabled=false", "steps=8", "warmup_steps=2",
+                           f"repeats={repeats}"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "SLURM_CONF": SLURM_CONF})
     return proc, [rundir.read_summary(d) for d in rundir.iter_run_dirs(root / "smoke")]
 
 
@@ -530,7 +560,8 @@ def test_a_4_node_run_names_the_node_slowed_from_outside_as_its_straggler(slurm_
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_a_node_that_does_not_answer_is_named_and_nothing_is_left_in_the_queue(slurm_cluster, tmp_path) -> None:
+def test_a_node_that_does_not_answer_is_named_and_nothing_is_left_in_the_queue(
+        slurm_cluster, tmp_path) -> None:
     """node4's slurmd stopped (SIGSTOP) for the preflight: node4 is named as silent within the timeout, the
     study refused; once it answers again, no job of the preflight is left (Slurm held a requeue of the job
     it could not launch until the jobs said --no-requeue). Judged at a 50% tolerance: the subject is the
@@ -542,7 +573,8 @@ def test_a_node_that_does_not_answer_is_named_and_nothing_is_left_in_the_queue(s
     finally:
         os.kill(pid, signal.SIGCONT)
     named = {r["node"]: r["problems"] for r in verdict["rows"] if r["problems"]}
-    assert rc == 3 and named == {"node4": ["no answer within preflight.timeout_s=30 s"]}, format_verdict(verdict)
+    assert rc == 3 and named == {"node4": ["no answer within preflight.timeout_s=30 s"]}, \
+        format_verdict(verdict)
     time.sleep(15)  # the held requeue was back in the queue within 5 s of the node answering
     deadline, left = time.monotonic() + 60, None
     while left != [] and time.monotonic() < deadline:

@@ -14,13 +14,13 @@ One training step per GPU is modelled as
 - optimizer: AdamW reads and writes 28 bytes per sharded parameter at HBM bandwidth;
 - accumulation: where a step accumulates several micro-batches, the gradient adds FSDP2 runs on the compute
   stream (sync_once's unsharded gradients: `traffic.accumulation_bytes`) at HBM bandwidth;
-- communication (bench/predict/comm.py): FSDP's collectives per step (all-gathers of the parameters in forward and backward,
-  reduce-scatter of the gradients; HYBRID_SHARD's inter-node all-reduce; NO_SHARD's all-reduce), each
-  taking the longer of its intra-node leg (the GPUs' all-reduce bus bandwidth) and its network leg (bytes
+- communication (bench/predict/comm.py): FSDP's collectives per step (all-gathers of the parameters in forward
+  and backward, reduce-scatter of the gradients; HYBRID_SHARD's inter-node all-reduce; NO_SHARD's all-reduce),
+  each taking the longer of its intra-node leg (the GPUs' all-reduce bus bandwidth) and its network leg (bytes
   a node's adapters carry / the node's measured throughput for that collective: the study's all-gather or
-  reduce-scatter probe where it has one, else the all-reduce's). FSDP2 prefetches the next unit's
-  gather while a unit computes, so only what outlasts its phase's compute is exposed, plus the first
-  unit's gather and the last unit's reduction, which nothing hides;
+  reduce-scatter probe where it has one, else the all-reduce's). FSDP2 prefetches the next unit's gather while
+  a unit computes, so only what outlasts its phase's compute is exposed, plus the first unit's gather and the
+  last unit's reduction, which nothing hides;
 - contention: communication that overlaps still slows compute (NCCL's kernels take SMs and HBM
   bandwidth): a fraction of the hidden communication time;
 - host: eager PyTorch launches each kernel from Python, and FSDP2's hooks run per block; a GPU that
