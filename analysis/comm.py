@@ -181,7 +181,7 @@ def verdict(comm_fraction: float, lost_s: float, grew_s: float, is_base: bool) -
     return "not communication-bound (collectives explain little of the lost time)"
 
 
-# trace_collectives kinds (issue 58's RunSummary field) -> the collective the probes measure
+# RunSummary.trace_collectives kinds (the worker's trace) -> the collective the probes measure
 TRACE_KINDS = {"all_gather_fwd": "all_gather", "all_gather_bwd": "all_gather",
                "reduce_scatter": "reduce_scatter", "all_reduce": "all_reduce"}
 TRACE_LABELS = {"all_gather_fwd": "forward all-gathers", "all_gather_bwd": "backward all-gathers",

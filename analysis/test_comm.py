@@ -97,7 +97,7 @@ def test_a_slower_all_gather_probe_lengthens_the_modelled_all_gathers_and_the_ta
 
 
 def test_what_each_run_got_of_the_network_against_the_probe(tmp_path) -> None:
-    """Two 2-node FULL_SHARD runs with issue 58's trace_collectives (bytes per step in nccl-tests' size
+    """Two 2-node FULL_SHARD runs with trace_collectives (bytes per step in nccl-tests' size
     convention, seconds per step, calls): each kind's bus bandwidth (bytes / s x (W-1)/W over 16 ranks)
     against the probe of its collective at the nearest size, and the sentence per node count."""
     from analysis.comm import achieved, achieved_sentences

@@ -298,7 +298,7 @@ def exposed_here(cal: Calibration) -> list[float]:
                 errors.append(predicted / measured - 1)
     if untraced:
         print(f"  {untraced} recorded GPU run(s) have no trace split: they ran before the worker recorded "
-              "traces (issue 58), so their exposed communication was never measured")
+              "traces, so their exposed communication was never measured")
     return errors
 
 
