@@ -18,7 +18,7 @@ from bench.sweep import compose, main
 
 @pytest.mark.parametrize(("overrides", "message"), [
     (["faults=[{match:{},fault:slow_collective,collective:all_gatherr}]"],
-     "faults: unknown collective 'all_gatherr'; known: all_gather, reduce_scatter, all_reduce"),
+     "faults: unknown collective 'all_gatherr'; known: all_reduce, all_gather, reduce_scatter"),
     (["trace.ranks=some"], "trace.ranks='some' is not one of: all, per_node"),
     (["trace.steps=0"], "trace.steps=0 must be >= 1"),
 ])
