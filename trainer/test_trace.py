@@ -16,6 +16,8 @@ import torch
 from conftest import SERIES
 from trainer import trace
 
+pytestmark = pytest.mark.xdist_group("series")  # its runs train in the one series of their world size
+
 DELAY_S = 0.03  # slow_collective: sleep before each all-gather FSDP2 issues
 BUSY_S = 0.02  # slow_compute: rank 1's extra compute in each block's forward (4 blocks: 0.08 s a step)
 SMALL = ["--model", "tiny_llama", "--precision", "fp32", "--steps", "3", "--warmup-steps", "1",
@@ -39,8 +41,13 @@ def _matrix_args(sharding: str, accumulation: str) -> list[str]:
             "--seed", "3"]  # a run of its own: test_accumulation trains the same specs untraced
 
 
-for _s, _a in MATRIX:
-    SERIES.declare(_matrix_args(_s, _a), 4)
+
+
+def _declare_matrix() -> None:
+    """The matrix's runs, declared by its (slow) tests only: declared at import, the default suite's first
+    4-rank series would train them too."""
+    for sharding, accumulation in MATRIX:
+        SERIES.declare(_matrix_args(sharding, accumulation), 4)
 
 
 def _splits(args: list[str], nproc: int) -> dict[int, dict]:
@@ -83,6 +90,7 @@ def test_a_rank_that_computes_longer_leaves_its_peer_waiting() -> None:
 @pytest.mark.parametrize(("sharding", "accumulation"), MATRIX)
 def test_the_parts_add_up_to_the_step_and_every_collective_has_a_kind(sharding: str,
                                                                       accumulation: str) -> None:
+    _declare_matrix()
     args = _matrix_args(sharding, accumulation)
     ranks = _splits(args, 4)
     for r in ranks.values():
