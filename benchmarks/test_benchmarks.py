@@ -136,3 +136,13 @@ def test_gpu_memory_measures_the_h200_smoke_runs_again() -> None:
     out = quick("gpu_memory.py")
     assert "4 GPU runs of NVIDIA-H200_torch-2.11.0-cu130_2026-11-26" in out
     assert _figure(r"now: median \|error\| ([\d.]+)%", out) < 1.0  # the device's peak, measured on a CPU
+
+
+@pytest.mark.slow
+def test_trace_cost_prints_what_a_trace_adds_to_a_run() -> None:
+    """A row per node count: the plain and the traced run's wall time, and the traced one's files (one a
+    rank, a non-zero size)."""
+    out = quick("trace_cost.py")
+    row = next(line.split() for line in out.splitlines() if line.split()[:1] == ["2"])
+    plain, traced, traces, mib = float(row[1]), float(row[2]), int(row[6]), float(row[7])
+    assert plain > 0 and traced > 0 and traces == 2 and mib > 0

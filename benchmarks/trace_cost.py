@@ -2,7 +2,7 @@
 and splitting it add to a run, and the disk its traces take, at several simulated node counts (one rank a
 node, as the local launcher runs them; all on this machine's cores).
 
-    python benchmarks/trace_cost.py [--nodes 2 16] [--steps 2] [--ranks all|per_node]
+    python benchmarks/trace_cost.py [--nodes 2 16] [--steps 2] [--ranks all|per_node] [--quick]
 
 Each node count trains the same small run twice, without and with a trace, in one torchrun each; the
 cost is the difference of their wall times and, from the trace records, the slowest rank's recording and
@@ -43,7 +43,10 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, nargs="+", default=[2, 16])
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--ranks", default="all", choices=("all", "per_node"))
+    parser.add_argument("--quick", action="store_true", help="2 nodes, one traced step (the slow suite)")
     args = parser.parse_args()
+    if args.quick:
+        args.nodes, args.steps = [2], 1
     print(f"{'nodes':>5} {'plain s':>8} {'traced s':>9} {'added s':>8} {'record s':>9} {'split s':>8} "
           f"{'traces':>6} {'MiB all':>8} {'KiB/rank':>9}")
     for nodes in args.nodes:

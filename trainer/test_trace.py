@@ -81,9 +81,11 @@ def test_a_rank_that_computes_longer_leaves_its_peer_waiting() -> None:
     ranks = _splits(SLOWED, 2)
     slow, peer = ranks[1]["split"]["parts"], ranks[0]["split"]["parts"]
     extra = 4 * BUSY_S  # each block's forward, once a step
-    # at least what was added (the busy rank also slows its peer's share of 2 shared cores), not wildly more
-    assert 0.6 * extra < slow["compute"] - peer["compute"] < 3 * extra
-    assert 0.6 * extra < peer["waiting"] - slow["waiting"] < 3 * extra
+    # the busy rank computes longer and its peer waits about as long for it; both near what was added, the
+    # busy rank's work also slowing its peer's share of 2 shared cores, and other tests' load both
+    longer, waited = slow["compute"] - peer["compute"], peer["waiting"] - slow["waiting"]
+    assert 0.3 * extra < longer < 3 * extra and 0.3 * extra < waited < 3 * extra
+    assert waited == pytest.approx(longer, rel=0.4)
 
 
 @pytest.mark.slow  # eight 4-rank runs in one series: close to three minutes on 2 cores
