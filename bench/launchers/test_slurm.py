@@ -289,7 +289,7 @@ def test_failures_on_slurm_are_classified(slurm_cluster, tmp_path: Path) -> None
 # ---------------------------------------------------------------- concurrency, queue time, re-attach
 
 def _spans(sweep_dir: Path) -> dict[str, tuple[float, float, int, str]]:
-    from bench.test_concurrency import intervals
+    from bench.run.test_concurrency import intervals
     return intervals(sweep_dir)
 
 
@@ -297,11 +297,11 @@ def _spans(sweep_dir: Path) -> dict[str, tuple[float, float, int, str]]:
 @pytest.mark.slow  # a real cluster, minutes each: .ci/run's slow step
 def test_slurm_runs_share_the_cluster_and_probes_and_full_width_runs_run_alone(
         slurm_cluster, tmp_path) -> None:
-    from bench.test_concurrency import overlaps
+    from bench.run.test_concurrency import overlaps
     proc = run_sweep(tmp_path, "cluster=slurm_local", "launcher=slurm", "cluster.slurm.exclusive=true",
                      "axes.global_batch=[null]",
                      "axes.nodes=[2,4]", "axes.sharding=[FULL_SHARD]", "axes.activation_checkpointing=[none]",
-                     "axes.precision=[fp32,bf16_mixed]", "nccl.nodes=[2]",
+                     "axes.precision=[fp32,bf16_mixed]", "nccl.nodes=[2]", "nccl.collectives=[all_reduce]",
                      "faults=[{match:{},fault:sleep,seconds:8}]")
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]  # sleep mode: no summaries
     spans = _spans(tmp_path / "smoke")
