@@ -75,10 +75,13 @@ def test_every_command_is_one_the_test_knows_how_to_run(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("page", doc_pages(), ids=lambda p: p.name)
 def test_the_pages_commands_run(page: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    """Each command of the page, in order, exits 0 (a launch planned as a dry run). A page with a Slurm
-    command runs against the local test cluster, which it leaves up for the tests after it."""
+    """Each command of the page, in order, exits 0 (a launch planned as a dry run; the Slurm test cluster's
+    `stop` last). A page with a Slurm command runs against the local test cluster, which it leaves up for
+    the tests after it."""
     runs = [(c, argv(c, tmp_path / "results")) for c in commands(page)]
     runs = [(c, a) for c, a in runs if a is not None]
+    # the cluster's `stop` is what a user runs when done: last, after every command the page names for it
+    runs.sort(key=lambda run: run[0].endswith("slurm_cluster.sh stop"))
     if not runs:
         pytest.skip(f"{page.name} holds no command to run")
     env = dict(os.environ)

@@ -273,15 +273,17 @@ class Trainer:
             _sync(self.device)
         began = time.monotonic()
         first = self.spec.steps
-        times = trace.record(run_step, range(first, first + args.trace_steps), path,
-                             self.device.type == "cuda", {"rank": self.rank, "run_id": self.spec.run_id})
+        times, unwritten = trace.record(run_step, range(first, first + args.trace_steps), path,
+                                        self.device.type == "cuda",
+                                        {"rank": self.rank, "run_id": self.spec.run_id})
         recorded = time.monotonic()
 
         def exchange(mine: Any) -> list[Any]:
             everyone: list[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(everyone, mine)
             return everyone
-        result, error = trace.analyse(path, exchange)
+        result, error = trace.analyse(None if unwritten else path, exchange)
+        error = unwritten or error
         if recording:
             size = path.stat().st_size if path is not None and path.exists() else None
             if path is not None and args.run_dir is None:  # nowhere to keep it: the split is in the record

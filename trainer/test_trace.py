@@ -208,3 +208,22 @@ def test_a_peer_that_came_late_is_waiting_on_a_gpu() -> None:
     parts = trace.split(tl)["parts"]
     assert parts["waiting"] == pytest.approx(15e-6)
     assert parts["exposed_all_gather_bwd"] == pytest.approx(5e-6)
+
+
+def test_a_trace_that_cannot_be_written_leaves_the_steps_and_says_why(tmp_path: Path) -> None:
+    """A write that fails (a full disk; here a file where the trace's folder should be) keeps the steps'
+    times, leaves no half-written file, and the split's reason names the folder; the ranks still meet in
+    the exchange, so none waits for a peer that gave up."""
+    blocker = tmp_path / "trace"
+    blocker.write_text("a file, not a folder")
+    ran: list[int] = []
+    times, why = trace.record(ran.append, range(3, 5), blocker / "rank0.pt.trace.json.gz", False, {})
+    assert ran == [3, 4] and len(times) == 2 and all(t >= 0 for t in times)
+    assert why is not None and why.startswith(f"trace not written to {blocker}")
+    assert blocker.read_text() == "a file, not a folder"
+    exchanged: list[object] = []
+    split, error = trace.analyse(None, lambda mine: exchanged.append(mine) or [mine])
+    assert split is None and error is None and exchanged == [None]
+    kept = tmp_path / "ok" / "rank0.pt.trace.json.gz"
+    _, none = trace.record(ran.append, range(5, 6), kept, False, {})
+    assert none is None and kept.stat().st_size > 0

@@ -26,6 +26,7 @@ all_reduce the buffer.
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import statistics
@@ -363,10 +364,11 @@ def median_split(splits: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def record(run_step: Callable[[int], None], steps: range, path: Path | None, cuda: bool,
-           meta: dict[str, Any]) -> list[float]:
+           meta: dict[str, Any]) -> tuple[list[float], str | None]:
     """Run `steps` (every rank must: they hold collectives), each inside a STEP_RANGE range, under
     torch.profiler where `path` is set, and write the trace there; returns each step's seconds by
-    perf_counter, the clock the split is checked against."""
+    perf_counter, the clock the split is checked against, and why no trace was written where the write
+    failed (a full disk): the run keeps its figures, its split says why it has none."""
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
     times: list[float] = []
@@ -379,15 +381,20 @@ def record(run_step: Callable[[int], None], steps: range, path: Path | None, cud
     if path is None:
         for step in steps:
             one(step)
-        return times
+        return times, None
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities, record_shapes=True) as prof:
         prof.add_metadata_json(META_KEY, json.dumps({**meta, "torch": torch.__version__}))
         for step in steps:
             one(step)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    prof.export_chrome_trace(str(path))  # a .gz name: torch compresses it
-    return times
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(path))  # a .gz name: torch compresses it
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            path.unlink()  # no half-written trace left behind
+        return times, f"trace not written to {path.parent} ({e.strerror or e})"
+    return times, None
 
 
 def analyse(path: Path | None, exchange: Callable[[Any], list[Any]],
