@@ -38,7 +38,7 @@ def test_the_worker_is_told_to_trace_and_the_run_id_stays(tmp_path: Path) -> Non
         argv = LocalLauncher(cfg).render(spec, tmp_path).argvs[0]
         ids[tuple(overrides)] = spec.run_id
         tail = list(argv[argv.index("--trace-steps"):][:4]) if "--trace-steps" in argv else []
-        assert tail == {0: ["--trace-steps", "2", "--trace-ranks", "all"],
+        assert tail == {0: ["--trace-steps", "1", "--trace-ranks", "all"],  # the smoke's one step
                         2: ["--trace-steps", "3", "--trace-ranks", "per_node"], 1: []}[len(overrides)]
     assert len(set(ids.values())) == 1
 
