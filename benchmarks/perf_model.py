@@ -298,7 +298,8 @@ def exposed_here(cal: Calibration) -> list[float]:
                 errors.append(predicted / measured - 1)
     if untraced:
         print(f"  {untraced} recorded GPU run(s) have no trace split: they ran before the worker recorded "
-              "traces, so their exposed communication was never measured")
+              "traces, or untraced (the gpucheck's memory and MFU steps), so their exposed communication "
+              "was never measured")
     return errors
 
 
@@ -351,7 +352,8 @@ def main() -> None:
     if exposed:
         summary("this project's GPU runs, exposed communication", exposed)
     else:
-        print("exposed communication: no recorded GPU run has a trace split; no error to give")
+        print("exposed communication: no recorded GPU run measured any (the traced ones ran on one GPU, with "
+              "no collective to expose); no error to give")
     print(f"llm-foundry's models up to 3B at 16-64 nodes: {len(points)} efficiencies, median |error| "
           f"{statistics.median(map(abs, points)):.1f} points, worst {max(points, key=abs):+.1f} points")
 

@@ -95,8 +95,11 @@ def test_the_compute_clock_reads_cuda_events_in_seconds_within_the_step() -> Non
 
 def test_a_one_gpu_runs_trace_parts_add_up_to_its_step(tmp_path) -> None:
     """trainer/trace.py's CUDA path on real kernels: the parts of the traced steps add up to their
-    perf_counter time within 5% (bench.gpucheck's threshold), most of a one-rank step is compute, every
-    NCCL kernel has a kind, and the trace is a gzip Chrome trace."""
+    perf_counter time within 5% (bench.gpucheck's threshold), each profiled step counted once (a CUDA trace
+    holds the step's range twice: the host's, and its kernels' span), compute and the optimizer's kernels
+    found, every NCCL kernel has a kind, and the trace is a gzip Chrome trace. How much of the step is
+    compute is not asserted: a model this small is host-bound (on an H100, about 5 ms of kernels in a
+    100 ms profiled step)."""
     import gzip
     argv = ["trainer", *SPEC.to_argv(), "--trace-steps", "2", "--run-dir", str(tmp_path)]
     run = run_torchrun(argv, nproc=1, timeout=600)
@@ -106,6 +109,7 @@ def test_a_one_gpu_runs_trace_parts_add_up_to_its_step(tmp_path) -> None:
     assert record["error"] is None and split["device"] == "gpu", record
     timed = sum(record["step_times_s"]) / len(record["step_times_s"])
     assert abs(sum(split["parts"].values()) / timed - 1) <= 0.05, (split["parts"], timed)
-    assert split["parts"]["compute"] > 0.5 * timed and split["unclassified"] == 0
+    assert split["steps"] == len(record["step_times_s"]) == 2
+    assert split["parts"]["compute"] > 0 and split["parts"]["optimizer"] > 0 and split["unclassified"] == 0
     with gzip.open(record["file"], "rt") as f:
         assert any(e.get("cat") == "kernel" for e in json.load(f)["traceEvents"])

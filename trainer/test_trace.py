@@ -74,7 +74,9 @@ def test_a_delay_in_the_all_gathers_path_is_exposed_all_gather_not_compute() -> 
         added = gathers * DELAY_S
         assert _exposed_all_gather(after) - _exposed_all_gather(before) == pytest.approx(added, rel=0.3)
         assert after["parts"]["compute"] - before["parts"]["compute"] < 0.25 * added
-        assert after["parts"]["waiting"] < 0.25 * added  # every rank sleeps alike: nobody waits for a peer
+        # every rank sleeps alike, so the delay is not a wait for a peer; on a loaded 2-core machine (CI)
+        # the sleeps end at different times, and the first to arrive waits (seen: 0.10 s of 0.30 s added)
+        assert after["parts"]["waiting"] - before["parts"]["waiting"] < 0.5 * added
 
 
 def test_a_rank_that_computes_longer_leaves_its_peer_waiting() -> None:
@@ -208,6 +210,43 @@ def test_a_peer_that_came_late_is_waiting_on_a_gpu() -> None:
     parts = trace.split(tl)["parts"]
     assert parts["waiting"] == pytest.approx(15e-6)
     assert parts["exposed_all_gather_bwd"] == pytest.approx(5e-6)
+
+
+# the smoke's four one-rank runs on an H100 (bench.gpucheck, torch 2.11): their traces and trace records
+H100_RUN = (Path(__file__).parents[1] / "benchmarks" / "evidence"
+            / "NVIDIA-H100-80GB-HBM3_torch-2.11.0-cu130_2026-11-28")
+H100_TRACES = sorted((H100_RUN / "traces").glob("*.pt.trace.json.gz"))
+
+
+def _union(spans: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        total += max(0.0, b - max(a, end))
+        end = max(end, b)
+    return total
+
+
+@pytest.mark.parametrize("path", H100_TRACES, ids=lambda p: p.name.split("-")[3])
+def test_a_real_h100_trace_splits_its_step_as_timed(path: Path) -> None:
+    """A trace torch 2.11 wrote on an H100 (one rank, one profiled step): the step is the host's range alone
+    (the kernels' `gpu_user_annotation` copy of it is not a second step), its parts add up to the step
+    perf_counter timed within 5%, and compute with the optimizer is the time some kernel ran in it."""
+    with gzip.open(path, "rt") as f:
+        data = json.load(f)
+    record = path.with_name(path.name.replace(".pt.trace.json.gz", ".trace_record.json"))
+    timed = json.loads(record.read_text())["step_times_s"]
+    tl = trace.timeline(data)
+    trace.set_waits(tl, [trace.collective_durations(tl)])
+    got = trace.split(tl)
+    assert got["steps"] == len(timed) == 1 and got["device"] == "gpu" and got["unclassified"] == 0
+    assert sum(got["parts"].values()) == pytest.approx(got["step_s"])
+    assert abs(got["step_s"] / statistics.mean(timed) - 1) <= 0.05, (got["step_s"], timed)
+    (start, end), = tl.windows
+    kernels = [(max(e["ts"], start), min(e["ts"] + e["dur"], end)) for e in data["traceEvents"]
+               if e.get("cat") == "kernel" and e["ts"] < end and e["ts"] + e["dur"] > start]
+    busy = _union(kernels) / 1e6
+    assert got["parts"]["compute"] + got["parts"]["optimizer"] == pytest.approx(busy, rel=1e-6)
+    assert got["parts"]["optimizer"] > 0  # AdamW's kernels, told apart by their launches' correlation
 
 
 def test_a_trace_that_cannot_be_written_leaves_the_steps_and_says_why(tmp_path: Path) -> None:

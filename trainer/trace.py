@@ -148,7 +148,8 @@ def _issued(events: list[dict[str, Any]], backward: list[tuple[float, float]],
 def timeline(data: dict[str, Any]) -> Timeline:
     """The profiled steps of one rank's trace as intervals (GPU where it holds kernels, else CPU)."""
     events = [e for e in data.get("traceEvents", []) if e.get("ph") == "X" and "ts" in e and "name" in e]
-    steps = [e for e in events if e["name"] == STEP_RANGE]
+    # the host's range (a GPU trace holds its kernels' span too, as a `gpu_user_annotation`)
+    steps = [e for e in events if e["name"] == STEP_RANGE and e.get("cat") == "user_annotation"]
     if not steps:
         raise TraceError(f"the trace holds no {STEP_RANGE} range (no profiled step)")
     main = steps[0]["tid"]

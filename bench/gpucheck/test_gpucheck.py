@@ -239,8 +239,9 @@ def test_a_second_run_on_the_same_day_keeps_the_first_runs_evidence(tmp_path: Pa
 
 
 def test_a_one_gpu_runs_trace_parts_must_add_up_to_its_traced_step() -> None:
-    """Rank 0's parts against the perf_counter time of the same traced steps (5%); a run without a split
-    fails and says why; multi-rank and CPU runs are not this check's."""
+    """Rank 0's parts against the perf_counter time of the same traced steps (5%); a run whose trace has no
+    split fails and says why; runs that traced nothing are not judged, unless none traced; multi-rank and
+    CPU runs are not this check's."""
     spec = _specs(1)[0]
 
     def traced(parts_s: float, note: str | None = None, **kw) -> RunSummary:
@@ -252,6 +253,12 @@ def test_a_one_gpu_runs_trace_parts_must_add_up_to_its_traced_step() -> None:
     assert evidence.check_trace([traced(1.04)]).passed is True
     failed = evidence.check_trace([traced(1.07)])
     assert failed.passed is False and failed.failures == [f"{spec.label}: parts +7.0% off the traced step"]
-    missing = evidence.check_trace([traced(0, "rank 0: no trace at /r/trace/rank0.pt.trace.json.gz")])
-    assert missing.passed is False and "no trace at" in missing.failures[0]
+    unsplit = traced(0, "rank 0: unreadable trace rank0.pt.trace.json.gz (EOFError: ...)")
+    unsplit.extra["trace_per_rank"] = [{"rank": 0, "parts": None, "step_times_s": [1.0]}]
+    missing = evidence.check_trace([unsplit])
+    assert missing.passed is False and "unreadable trace" in missing.failures[0]
+    # the memory and MFU steps' runs trace nothing (trace.enabled=false): judged by the runs that traced
+    assert evidence.check_trace([traced(1.04), traced(0, "no trace recorded")]).passed is True
+    none = evidence.check_trace([traced(0, "no trace recorded")])
+    assert none.passed is False and "no one-GPU run recorded a trace" in none.failures[0]
     assert evidence.check_trace([traced(1.5, device_name="cpu")]).passed is None
