@@ -20,6 +20,9 @@ SHARED_DATA = Path(os.environ.get("FSDPBENCH_SHARED_DATA", ROOT.parent / "shared
 # The smoke sweep with two ranks per simulated node: every strategy at 1 and 2 nodes, 14 training runs and 2
 # probes (the one-rank runs are the one-GPU CI's and add nothing on CPU)
 SMOKE_SHAPE = ["axes.gpus_per_node=[2]", "nccl.gpus_per_node=[2]", "axes.compile=[false]"]
+# for a test's sweep whose runs' split nobody reads (the run id is the same: the trace is not in it): a trace
+# costs a tiny 2-rank run about 5 s here (benchmarks/trace_cost.py)
+UNTRACED = ["trace.enabled=false"]
 
 
 @dataclass

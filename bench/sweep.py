@@ -201,15 +201,16 @@ def render_all(launcher: Launcher, plan: list[PlannedRun], sweep_dir: Path, admi
             launcher.admit(submission)
 
 
-def dry_run(launcher: Launcher, plan: list[PlannedRun], sweep_dir: Path) -> None:
+def dry_run(cfg: SweepConfig, launcher: Launcher, plan: list[PlannedRun], sweep_dir: Path) -> None:
     """Render every feasible run's submission where its next attempt would write it; launch nothing."""
+    from bench.run.runner import as_job
     for p in plan:
         if not p.feasible:
             continue
         rd = rundir.run_dir(sweep_dir, p.spec)
         rundir.write_spec(rd, p.spec)
         ad = rundir.attempt_dir(rd, len(rundir.read_ledger(rd)) + 1)
-        rundir.write_submission(ad, launcher.render(p.first_spec, ad))
+        rundir.write_submission(ad, launcher.render(p.first_spec, ad, as_job(cfg, p).seconds))
 
 
 def schedule_line(cfg: SweepConfig, plan: list[PlannedRun]) -> str:
@@ -319,7 +320,7 @@ def _plan_and_launch(cfg: SweepConfig, plan: list[PlannedRun], launcher: Launche
         print(note)
     if cfg.dry_run or cfg.launcher.name == "dryrun":
         print(format_plan(plan))
-        dry_run(launcher, plan, sweep_dir)
+        dry_run(cfg, launcher, plan, sweep_dir)
         print(f"dry run: submissions written under {sweep_dir / rundir.RUNS_DIR}/*/"
               f"{rundir.ATTEMPT_PREFIX}*/{rundir.SUBMISSION_DIR}/")
         return EXIT_OK

@@ -13,7 +13,7 @@ import pytest
 
 from bench.core import rundir
 from bench.core.records import parse_records
-from conftest import SMOKE_SHAPE
+from conftest import SMOKE_SHAPE, UNTRACED
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_NODE = ["axes.global_batch=[null]",
@@ -23,7 +23,8 @@ ONE_NODE = ["axes.global_batch=[null]",
 
 def sweep(tmp_path: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={tmp_path}",
-                           *SMOKE_SHAPE, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+                           *SMOKE_SHAPE, *UNTRACED, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def table(tmp_path: Path) -> pd.DataFrame:

@@ -13,15 +13,20 @@ slurm_local's nodes are); target <= 1.10 x the lower bound of their real duratio
 
     scripts/slurm_cluster.sh restart && python benchmarks/schedule_slurm.py [--sleep-s 15]  # a clean cluster
     python benchmarks/schedule_slurm.py --unequal  # the 24-run mix of real trainings, concurrent
-    python benchmarks/schedule_slurm.py --quick    # the concurrent pass alone, workers sleep 2 s; the
-                                                   # unequal mix planned (each run's estimate), not run
+    python benchmarks/schedule_slurm.py --compare 3  # cluster.slurm.admission harness against slurm
+                                                   # (every run submitted with --time from its prediction,
+                                                   # Slurm's backfill packing), both mixes, 3 passes each
+    python benchmarks/schedule_slurm.py --quick    # the concurrent pass under each admission, workers
+                                                   # sleep 2 s; the unequal mix planned, not run
 """
 from __future__ import annotations
 
 import argparse
 import collections
 import datetime as dt
+import json
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -83,6 +88,19 @@ def slurm_times(sweep_dir: Path) -> list[tuple[int, float, float]]:
     return out
 
 
+def submissions(sweep_dir: Path) -> tuple[float, list[str]]:
+    """Over how many seconds the sweep submitted its jobs (its ledger), and each job's sbatch --time (its
+    submission): the harness's admission submits as nodes free up, without one; Slurm's gets all at once."""
+    when, limits = [], []
+    for d in rundir.iter_run_dirs(sweep_dir):
+        attempt = rundir.read_ledger(d)[-1]
+        when.append(dt.datetime.fromisoformat(attempt["submitted_at"]).timestamp())
+        described = json.loads((rundir.attempt_dir(d, attempt["attempt"]) / rundir.SUBMISSION_DIR
+                                / "submission.json").read_text())
+        limits += [a.split("=", 1)[1] for a in described["argvs"][0] if a.startswith("--time=")]
+    return max(when) - min(when), limits
+
+
 def run(results: Path, sleep_s: int, *extra: str, mix: list[str] | None = None,
         ) -> tuple[float, list[tuple[int, float, float]]]:
     t0 = time.monotonic()
@@ -100,11 +118,43 @@ def makespan(jobs: list[tuple[int, float, float]]) -> tuple[float, float]:
     return span, max(sum(n * (e - s) for n, s, e in jobs) / 4, max(e - s for _, s, e in jobs))
 
 
+ADMISSIONS = {"harness": [], "slurm": ["cluster.slurm.admission=slurm"]}  # cluster.slurm.admission
+
+
+def ratio(results: Path, sleep_s: int, mix: list[str] | None, admission: str) -> tuple[float, float, float]:
+    """One pass of a mix under one admission: (Slurm's makespan / lower bound, makespan, bound)."""
+    _, jobs = run(results, sleep_s, *ADMISSIONS[admission], mix=mix)
+    span, bound = makespan(jobs)
+    return span / bound, span, bound
+
+
+def compare(repeats: int, sleep_s: int, only: str | None = None) -> None:
+    """Both admissions on the equal mix (every run sleeps alike) and the unequal one (real trainings), each
+    `repeats` times, alternating, so that the machine's load falls on both alike; `only` one of the mixes."""
+    mixes = {name: mix for name, mix in (("equal", None), ("unequal", UNEQUAL)) if only in (None, name)}
+    got: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(repeats):
+            for mix_name, mix in mixes.items():
+                for admission in ADMISSIONS:
+                    r, span, bound = ratio(Path(tmp) / f"{mix_name}-{admission}-{i}", sleep_s, mix, admission)
+                    got[(mix_name, admission)].append(r)
+                    print(f"  {mix_name:>7} mix, admission={admission:<7} pass {i + 1}: makespan "
+                          f"{span:6.1f} s, bound {bound:6.1f} s: {r:.2f}x", flush=True)
+    print(f"makespan / lower bound, {repeats} passes each (median; target <= 1.10):")
+    for (mix_name, admission), ratios in got.items():
+        print(f"  {mix_name:>7} mix, admission={admission:<7}: median {statistics.median(ratios):.2f}x "
+              f"({', '.join(f'{r:.2f}' for r in ratios)})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sleep-s", type=int, default=15, help="how long each worker sleeps")
     parser.add_argument("--quick", action="store_true", help="the concurrent pass alone, workers sleep 2 s")
     parser.add_argument("--unequal", action="store_true", help="the 24 unequal real trainings instead")
+    parser.add_argument("--compare", type=int, metavar="N", default=0,
+                        help="both admissions (harness, slurm) on both mixes, N passes each")
+    parser.add_argument("--mix", choices=("equal", "unequal"), help="--compare on this mix alone")
     args = parser.parse_args()
     sleep_s = 2 if args.quick else args.sleep_s
     estimates = planned_unequal()
@@ -113,6 +163,12 @@ def main() -> None:
         sys.exit(f"the unequal mix plans {len(estimates)} runs, {unknown} without an estimate: it needs 24, "
                  "each with its predicted duration")
     print(f"unequal mix: 24 runs planned, estimated {min(estimates):.0f}-{max(estimates):.0f} s each")
+    if (mix := planned_mix()) != RUNS_BY_NODES:
+        sys.exit(f"the mix plans {mix} runs by node count, not {RUNS_BY_NODES}: pin the smoke sweep's "
+                 "new axes")
+    if args.compare:
+        compare(args.compare, sleep_s, args.mix)
+        return
     if args.unequal:
         with tempfile.TemporaryDirectory() as tmp:
             wall, jobs = run(Path(tmp) / "unequal", 0, mix=UNEQUAL)
@@ -122,24 +178,28 @@ def main() -> None:
               f"{wall:.1f} s, Slurm makespan {span:.1f} s, lower bound {bound:.1f} s: {span / bound:.2f}x "
               "(target <= 1.10)")
         return
-    if (mix := planned_mix()) != RUNS_BY_NODES:
-        sys.exit(f"the mix plans {mix} runs by node count, not {RUNS_BY_NODES}: pin the smoke sweep's "
-                 "new axes")
-    passes = ([("concurrent", [])] if args.quick
-              else [("sequential", ["launcher.max_nodes=1"]), ("concurrent", [])])
+    passes = ([("concurrent", []), ("slurm-packed", ADMISSIONS["slurm"])] if args.quick
+              else [("sequential", ["launcher.max_nodes=1"]), ("concurrent", []),
+                    ("slurm-packed", ADMISSIONS["slurm"])])
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
+        spreads = {}
         for name, extra in passes:
             results[name] = run(Path(tmp) / name, sleep_s, *extra)
+            spreads[name] = submissions(Path(tmp) / name / "smoke")
     print(f"mix: {sum(mix.values())} runs (8 x 1 node, 4 x 2, 2 x 4), workers sleep {sleep_s} s, "
           "4-node Slurm")
     for name, (wall, jobs) in results.items():
         durations = sorted(e - s for _, s, e in jobs)
         span, bound = makespan(jobs)
-        print(f"{name:>10}: sweep wall {wall:6.1f} s, Slurm makespan {span:6.1f} s, "
-              f"median run {durations[len(durations) // 2]:.0f} s, lower bound {bound:6.1f} s")
-    span, bound = makespan(results["concurrent"][1])
-    line = f"concurrent / lower bound = {span / bound:.2f} (target <= 1.15)"
+        spread, limits = spreads[name]
+        shown = ", ".join(sorted(set(limits))) or "-"
+        print(f"{name:>12}: sweep wall {wall:6.1f} s, Slurm makespan {span:6.1f} s, "
+              f"median run {durations[len(durations) // 2]:.0f} s, lower bound {bound:6.1f} s; jobs "
+              f"submitted over {spread:.1f} s, {len(limits)} with --time ({shown} min)")
+    packed = {name: makespan(results[name][1]) for name in ("concurrent", "slurm-packed")}
+    line = "; ".join(f"{name} / lower bound = {span / bound:.2f}"
+                     for name, (span, bound) in packed.items()) + " (target <= 1.15)"
     if "sequential" in results:
         line += ("; concurrent / sequential wall = "
                  f"{results['concurrent'][0] / results['sequential'][0]:.2f} (target <= 0.5)")

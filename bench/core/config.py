@@ -36,6 +36,7 @@ from bench.core.schema import (
 AUTO = "auto"  # axes.micro_batch value: search the largest micro batch that fits
 COMPILE_WARMUP = 1  # compile=true: step 0 compiles forward and backward; later steps reuse it (measured)
 LAUNCHERS = ("local", "dryrun", "slurm", "kubernetes")
+ADMISSIONS = ("harness", "slurm")  # cluster.slurm.admission
 _SWEEP_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
@@ -50,7 +51,11 @@ EXIT_CONFIG = 2  # every command's exit status for a ConfigError
 class SlurmClusterConfig:
     partition: str | None = None  # sbatch --partition; None = the cluster's default partition
     account: str | None = None  # sbatch --account
-    time_limit: str = "02:00:00"  # sbatch --time
+    time_limit: str = "02:00:00"  # sbatch --time (admission=slurm: the limit of a run with no prediction)
+    # who packs the study's runs onto nodes: "harness" (the runner submits what fits launcher.max_nodes, the
+    # largest first) or "slurm" (every run submitted at once with --time from its prediction, Slurm's
+    # backfill packs them within the partition): benchmarks/schedule_slurm.py measures both
+    admission: str = "harness"
     exclusive: bool = True  # sbatch --exclusive: no other job shares a benchmarked node
     gpus_per_node: int | None = None  # --gpus-per-node; None = the cluster's GPUs/node; 0 = no GRES request
     container_image: str | None = None  # pyxis/enroot image (e.g. a .sqsh); None = run on the host
@@ -399,6 +404,16 @@ def _check_launcher(launcher: LauncherConfig) -> None:
     _positive("launcher.max_nodes", launcher.max_nodes)
 
 
+def _check_admission(cfg: SweepConfig) -> None:
+    admission = cfg.cluster.slurm.admission
+    if admission not in ADMISSIONS:
+        raise ConfigError(f"cluster.slurm.admission={admission!r} is not one of: {', '.join(ADMISSIONS)}")
+    if admission == "slurm" and cfg.launcher.name == "slurm" and cfg.launcher.max_nodes is not None:
+        raise ConfigError("cluster.slurm.admission=slurm leaves the node cap to Slurm: name a partition "
+                          "(cluster.slurm.partition), or a --qos or --reservation in "
+                          "cluster.slurm.extra_sbatch, instead of launcher.max_nodes")
+
+
 def _check_faults(faults: list[FaultRule]) -> None:
     for f in faults:
         if unknown := sorted(set(f.match) - set(SPEC_FIELDS)):  # a misspelt key would silently never fire
@@ -437,6 +452,7 @@ def validate(cfg: SweepConfig) -> None:
                           "dir stays under results_root")
     _check_cluster(cfg.cluster)
     _check_launcher(cfg.launcher)
+    _check_admission(cfg)
     _check_preflight(cfg.preflight)
     _check_axes(cfg.axes, cfg.cluster)
     for i, rule in enumerate(cfg.exclude):

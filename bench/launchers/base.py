@@ -81,7 +81,10 @@ class Launcher(Protocol):
 
     name: str
 
-    def render(self, spec: RunSpec, run_dir: Path) -> Submission: ...
+    def render(self, spec: RunSpec, run_dir: Path, seconds: float | None = None) -> Submission:
+        """The run's job, ready to submit; `seconds`, its predicted duration where known, is for a scheduler
+        that packs jobs by their time limits (Slurm with cluster.slurm.admission=slurm)."""
+        ...
 
     def submit(self, submission: Submission, run_dir: Path) -> Any: ...
 

@@ -211,7 +211,7 @@ class KubernetesLauncher(Launcher):
             crds[kind] = json.loads(response.data)
         return crds
 
-    def render(self, spec: RunSpec, run_dir: Path) -> Submission:
+    def render(self, spec: RunSpec, run_dir: Path, seconds: float | None = None) -> Submission:
         """The manifest; checked against the cluster's own CRDs once preflight has read them (a dry run
         without a cluster checks nothing here)."""
         obj = manifest(self.cfg, spec)

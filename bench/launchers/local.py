@@ -90,7 +90,7 @@ class LocalLauncher(Launcher):
                 f"{on_gpu} run(s) on GPU (NCCL), "
                 f"{len(specs) - on_gpu} on CPU (gloo; they need more ranks than GPUs)")
 
-    def render(self, spec: RunSpec, run_dir: Path) -> Submission:
+    def render(self, spec: RunSpec, run_dir: Path, seconds: float | None = None) -> Submission:
         py = python_executable(self.cfg)
         worker = worker_module_argv(spec, run_dir, fault_args(self.cfg, spec) + trace_args(self.cfg, spec))
         agent = torchrun_argv(py, spec, f"127.0.0.1:{PORT_TOKEN}", spec.run_id, rendezvous_conf(self.cfg))

@@ -3,6 +3,7 @@ state comes from scontrol (jobs stay there MinJobAge seconds), then sacct, then 
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -34,6 +35,9 @@ from nccl.command import JSON_IF_SUPPORTED_SCRIPT
 PENDING_STATES = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
 RUNNING_STATES = {"RUNNING", "COMPLETING", "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
 _CMD_TIMEOUT_S = 60
+# admission=slurm: each job's --time is its predicted duration times this (a run slower than that is ended
+# by Slurm: TIMEOUT); backfill packs by these limits
+TIME_LIMIT_FACTOR = 2.0
 
 
 @dataclass
@@ -90,11 +94,13 @@ class SlurmLauncher(Launcher):
         return subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=_CMD_TIMEOUT_S,
                               check=check)
 
-    def render(self, spec: RunSpec, run_dir: Path) -> Submission:
+    def render(self, spec: RunSpec, run_dir: Path, seconds: float | None = None) -> Submission:
         env = job_env(self.cfg, spec, worker_path(self.cfg, run_dir))
         script = render_script(self.cfg, spec, run_dir, env)
         log = rundir.log_path(Path(os.path.abspath(run_dir)), "slurm-%j")
+        limit = time_limit(seconds) if self.cfg.cluster.slurm.admission == "slurm" and seconds else None
         argv = ("sbatch", "--parsable", f"--job-name={job_name(spec, run_dir)}", f"--output={log}",
+                *([f"--time={limit}"] if limit else []),  # over the script's #SBATCH --time
                 os.path.abspath(run_dir / rundir.SUBMISSION_DIR / SCRIPT))
         files = {SCRIPT: script}
         if limits_efa(self.cfg, spec):
@@ -259,6 +265,12 @@ class SlurmLauncher(Launcher):
         deadline = time.monotonic() + max(self.cfg.launcher.grace_s, 10)
         while time.monotonic() < deadline and self._queue_state(handle.job_id)[0] is not None:
             time.sleep(0.5)
+
+
+def time_limit(seconds: float) -> str:
+    """sbatch --time for a run predicted to take `seconds`: TIME_LIMIT_FACTOR times it, in whole minutes (the
+    unit Slurm keeps limits in), at least one."""
+    return str(max(1, math.ceil(TIME_LIMIT_FACTOR * seconds / 60)))
 
 
 def _parse_job_record(text: str) -> tuple[str | None, int | None, str | None]:

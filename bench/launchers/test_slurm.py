@@ -24,7 +24,7 @@ from bench.preflight import format_verdict
 from bench.run.classify import classify
 from bench.study.plan import expand
 from bench.sweep import compose
-from conftest import SLURM_CONF, SMOKE_SHAPE
+from conftest import SLURM_CONF, SMOKE_SHAPE, UNTRACED
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
@@ -205,6 +205,25 @@ def test_gpus_per_node_zero_emits_no_gpu_request() -> None:
     assert "#SBATCH --gpus-per-node=8" in default
 
 
+def test_slurm_admission_gives_each_job_a_time_limit_from_its_prediction() -> None:
+    """admission=slurm: sbatch --time is twice the predicted duration in whole minutes (Slurm's unit), over
+    the script's #SBATCH --time; a run with no prediction keeps the script's; the harness's admission adds
+    none. A node cap of the harness's own (launcher.max_nodes) is refused: Slurm holds the cap there."""
+    slurm = cfg_for("cluster.slurm.admission=slurm")
+    spec = first_run(slurm)
+    argv = SlurmLauncher(slurm).render(spec, Path("/tmp/run"), seconds=100.0).argvs[0]
+    assert "--time=4" in argv and argv[-1].endswith("job.sbatch")  # 200 s: 4 minutes
+    assert "--time=1" in SlurmLauncher(slurm).render(spec, Path("/tmp/run"), seconds=5.0).argvs[0]
+    assert not any(a.startswith("--time") for a in SlurmLauncher(slurm).render(spec, Path("/tmp/r")).argvs[0])
+    harness = cfg_for()
+    assert not any(a.startswith("--time")
+                   for a in SlurmLauncher(harness).render(spec, Path("/tmp/r"), seconds=100.0).argvs[0])
+    with pytest.raises(ConfigError, match="leaves the node cap to Slurm"):
+        cfg_for("cluster.slurm.admission=slurm", "launcher.max_nodes=2")
+    with pytest.raises(ConfigError, match="admission='backfill' is not one of: harness, slurm"):
+        cfg_for("cluster.slurm.admission=backfill")
+
+
 def test_job_records_parse_from_scontrol_and_jobcomp() -> None:
     # Lines as written by this project's test cluster (slurm-wlm 22.05).
     jobcomp = ("JobId=1 UserId=root(0) GroupId=root(0) Name=j.sh JobState=COMPLETED Partition=debug "
@@ -242,8 +261,8 @@ def test_missing_sbatch_says_what_to_do(capsys, monkeypatch) -> None:
 
 def run_sweep(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={tmp_path}",
-                           *SMOKE_SHAPE, "launcher.poll_s=0.5", "preflight.mode=off", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
+                           *SMOKE_SHAPE, *UNTRACED, "launcher.poll_s=0.5", "preflight.mode=off", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
 
 
 @pytest.mark.slurm
@@ -350,8 +369,8 @@ def test_a_rerun_reattaches_to_the_job_a_killed_sweep_left_running(slurm_cluster
     from bench.core import rundir
     args = ["cluster=slurm_local", "launcher=slurm", *ONE_RUN, "faults=[{match:{},fault:sleep,seconds:20}]"]
     first = subprocess.Popen([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={tmp_path}",
-                              *SMOKE_SHAPE, "launcher.poll_s=0.5", "preflight.mode=off", *args], cwd=ROOT,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              *SMOKE_SHAPE, *UNTRACED, "launcher.poll_s=0.5", "preflight.mode=off", *args],
+                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     runs = tmp_path / "smoke" / "runs"
     deadline = time.monotonic() + 120
     while not any((rundir.read_ledger(d) or [{}])[-1].get("job") for d in runs.glob("*")):
@@ -436,8 +455,8 @@ def test_a_node_that_stops_answering_under_a_run_is_on_the_record(slurm_cluster,
             "steps=200", "warmup_steps=1"]  # about 75 s here: longer than Slurm takes to miss the node
     # (fp32: a CPU without 16-bit units emulates bf16 at about a third of fp32's speed, past the timeout)
     sweep = subprocess.Popen([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={tmp_path}",
-                              *SMOKE_SHAPE, "launcher.poll_s=0.5", "preflight.mode=off", *args], cwd=ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              *SMOKE_SHAPE, *UNTRACED, "launcher.poll_s=0.5", "preflight.mode=off", *args],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline, seen = time.monotonic() + 180, None
     while seen is None or seen[0] != "RUNNING":
         assert time.monotonic() < deadline and sweep.poll() is None, "the run never started"
@@ -530,7 +549,8 @@ def test_the_preflight_names_the_node_slowed_from_outside_and_no_other(slurm_clu
 def _train_4_nodes(root: Path, repeats: int) -> tuple[subprocess.CompletedProcess, list]:
     from bench.core import rundir
     proc = subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=smoke", "cluster=slurm_local",
-                           "launcher=slurm", f"results_root={root}", "preflight.mode=off", "axes.nodes=[4]",
+                           "launcher=slurm", f"results_root={root}", "preflight.mode=off", *UNTRACED,
+                           "axes.nodes=[4]",
                            "axes.gpus_per_node=[1]", "axes.global_batch=[null]", "axes.sharding=[FULL_SHARD]",
                            "axes.precision=[fp32]", "axes.activation_checkpointing=[none]",
                            "axes.compile=[false]", "nccl.enabled=false", "steps=8", "warmup_steps=2",

@@ -17,6 +17,7 @@ import contextlib
 import signal
 import statistics
 import subprocess
+import sys
 import threading
 from collections import Counter
 from collections.abc import Generator, Iterator
@@ -67,6 +68,12 @@ def node_budget(cfg: SweepConfig) -> int | None:
     if cfg.launcher.max_nodes is not None:
         return cfg.launcher.max_nodes
     return cfg.cluster.max_nodes if cfg.launcher.name in ("slurm", "kubernetes") else None
+
+
+def admits_all(cfg: SweepConfig) -> bool:
+    """Slurm packs the study itself (cluster.slurm.admission=slurm): every run is submitted at once, probes
+    still first and alone."""
+    return cfg.launcher.name == "slurm" and cfg.cluster.slurm.admission == "slurm"
 
 
 def as_job(cfg: SweepConfig, planned: PlannedRun) -> schedule.Job:
@@ -204,8 +211,8 @@ def _drive(sweep: _Sweep, waiting: list[PlannedRun], active: dict[str, tuple[Pla
             jobs |= {p.spec.run_id: sweep.job(p) for p in fresh}
             by_id = {p.spec.run_id: p for p in fresh}
             waiting[:] = [by_id[j.key] for j in schedule.order([jobs[p.spec.run_id] for p in fresh])]
-        for job in schedule.pick([jobs[p.spec.run_id] for p in waiting], in_flight, budget,
-                                 cfg.launcher.probes_alone):
+        for job in schedule.pick([jobs[p.spec.run_id] for p in waiting], in_flight,
+                                 sys.maxsize if admits_all(cfg) else budget, cfg.launcher.probes_alone):
             planned = next(p for p in waiting if p.spec.run_id == job.key)
             waiting.remove(planned)
             active[job.key] = (planned, _run(sweep, planned))
@@ -245,7 +252,7 @@ def _attempt(sweep: _Sweep, planned: PlannedRun, rd: Path) -> RunSteps:
     ad = rundir.attempt_dir(rd, attempt)
     outcome = Outcome(returncodes=[])
     if handle is None:
-        handle, outcome = _submit(sweep, spec, rd, ad, attempt, started)
+        handle, outcome = _submit(sweep, spec, rd, ad, attempt, started, sweep.job(planned).seconds)
     try:
         if handle is not None:
             outcome = yield from watch(cfg, launcher, handle, sweep.stop)
@@ -267,11 +274,11 @@ def _attempt(sweep: _Sweep, planned: PlannedRun, rd: Path) -> RunSteps:
 
 
 def _submit(sweep: _Sweep, spec: RunSpec, rd: Path, ad: Path, attempt: int, started: str,
-            ) -> tuple[Any, Outcome]:
+            seconds: float | None) -> tuple[Any, Outcome]:
     """Render, write, record and submit one attempt: (handle, no outcome yet), or (None, its launch_error)."""
     launcher = sweep.launcher
     try:
-        submission = launcher.render(spec, ad)
+        submission = launcher.render(spec, ad, seconds)
         rundir.write_submission(ad, submission)
         rundir.record_attempt(rd, attempt=attempt, launcher=launcher.name, submitted_at=started, job=None)
         handle = launcher.submit(submission, ad)
