@@ -203,6 +203,7 @@ def _drive(sweep: _Sweep, waiting: list[PlannedRun], active: dict[str, tuple[Pla
     """Start what fits, step every run in flight, end what finished; until nothing waits or runs."""
     cfg = sweep.cfg
     jobs = {p.spec.run_id: sweep.job(p) for p in waiting}
+    admitting = sys.maxsize if admits_all(cfg) else budget  # Slurm's admission: all at once
     while waiting or active:
         if sweep.stop.is_set():
             waiting.clear()
@@ -211,8 +212,8 @@ def _drive(sweep: _Sweep, waiting: list[PlannedRun], active: dict[str, tuple[Pla
             jobs |= {p.spec.run_id: sweep.job(p) for p in fresh}
             by_id = {p.spec.run_id: p for p in fresh}
             waiting[:] = [by_id[j.key] for j in schedule.order([jobs[p.spec.run_id] for p in fresh])]
-        for job in schedule.pick([jobs[p.spec.run_id] for p in waiting], in_flight,
-                                 sys.maxsize if admits_all(cfg) else budget, cfg.launcher.probes_alone):
+        for job in schedule.pick([jobs[p.spec.run_id] for p in waiting], in_flight, admitting,
+                                 cfg.launcher.probes_alone):
             planned = next(p for p in waiting if p.spec.run_id == job.key)
             waiting.remove(planned)
             active[job.key] = (planned, _run(sweep, planned))
