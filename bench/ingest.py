@@ -17,8 +17,8 @@ from pathlib import Path
 from bench.core import rundir
 from bench.core.schema import RunSpec
 from bench.launchers.base import Outcome
+from bench.probes.parse import by_collective, parse
 from bench.run.collect import summarize_run, write_results
-from nccl.parse import by_collective, parse
 
 
 def ingest(paths: list[Path], sweep_dir: Path, *, nodes: int, gpus_per_node: int, efa: int,

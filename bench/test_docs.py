@@ -94,11 +94,11 @@ def test_the_checker_catches_a_stale_name(tmp_path: Path) -> None:
     doc = tmp_path / "stale.md"
     doc.write_text("`bench/run/runner.py _Clock`, `bench/run/watch.py Clock`, `bench/runner.py`, "
                    "`bench.run.watch.Clock`, `bench.run.nothing`, `python -m bench.sweep`, "
-                   "`nccl.collectives`, `nccl.parse.nothing`")
+                   "`nccl.collectives`, `bench.probes.parse.nothing`")
     assert problems(doc) == ["bench/run/runner.py _Clock: bench/run/runner.py defines no _Clock",
                              "bench/runner.py: no such file",
                              "bench.run.nothing: no module bench.run.nothing",
-                             "nccl.parse.nothing: nccl/parse.py defines no nothing"]
+                             "bench.probes.parse.nothing: bench/probes/parse.py defines no nothing"]
 
 
 def test_the_docs_name_only_files_classes_and_modules_that_exist() -> None:

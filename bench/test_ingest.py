@@ -8,7 +8,7 @@ import pandas as pd
 
 from analysis.report import main as report
 from bench.ingest import main as ingest
-from nccl.parse import parse
+from bench.probes.parse import parse
 
 
 def test_old_outputs_become_probe_runs_and_reach_the_report(shared_data: Path, tmp_path: Path,
@@ -58,9 +58,10 @@ def test_a_16_rank_a3_output_keeps_its_printed_figures(shared_data: Path, tmp_pa
 
 
 def test_a_log_of_several_collectives_becomes_a_run_of_each(tmp_path: Path) -> None:
-    """A job's log that ran all_gather_perf then reduce_scatter_perf (nccl/testdata's real 2.18.0 tables):
-    one probe run per collective, each with its own table's figures, side by side in the EFA table."""
-    data = Path(__file__).resolve().parents[1] / "nccl" / "testdata"
+    """A job's log that ran all_gather_perf then reduce_scatter_perf (bench/probes/testdata's real 2.18.0
+    tables): one probe run per collective, each with its own table's figures, side by side in the EFA
+    table."""
+    data = Path(__file__).resolve().parent / "probes" / "testdata"
     log = tmp_path / "job.log"
     log.write_text((data / "ag_2.18.0_rtx5090_2ranks.txt").read_text()
                    + (data / "rs_2.18.0_rtx5090_2ranks.txt").read_text())

@@ -1,8 +1,8 @@
 """The import arrows point one way (docs/architecture.md, "Layers"):
 
     bench.core  <-  trainer, nccl, bench, analysis      shared definitions import none of them
-    nccl        <-  bench                               nccl-tests' command line and output, never the probe
-    bench       <-  analysis                            the results store (rundir)
+    bench       <-  nccl, analysis                      the probe's command facts (bench.probes.command);
+                                                        the results store (rundir)
 
 Within bench, its parts stand on one another in one order (BENCH_PARTS, lowest first): a part imports only
 the parts below it, and the commands (sweep, preflight, ingest, gpucheck) stand on all of them.
@@ -17,10 +17,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("bench", "trainer", "nccl", "analysis")
-ALLOWED = {"bench.core": set(), "trainer": {"bench.core"}, "nccl": {"bench.core"},
-           "bench": {"bench.core", "nccl"}, "analysis": {"bench.core", "bench"}}
+ALLOWED = {"bench.core": set(), "trainer": {"bench.core"}, "nccl": {"bench.core", "bench"},
+           "bench": {"bench.core"}, "analysis": {"bench.core", "bench"}}
 WORKERS = ("trainer", "nccl.probe")  # started by command line, imported by nobody else
-BENCH_PARTS = ("bench.core", "bench.launchers", "bench.predict", "bench.study", "bench.run")
+BENCH_PARTS = ("bench.core", "bench.probes", "bench.launchers", "bench.predict", "bench.study", "bench.run")
 
 
 def layer(module: str) -> str | None:

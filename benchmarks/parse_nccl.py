@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nccl.parse import parse, strip_prefix  # noqa: E402
+from bench.probes.parse import parse, strip_prefix  # noqa: E402
 
 PASSES = 50
 

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from bench.core.records import Emitter, exit_now
 from bench.core.schema import add_fault_arguments, add_spec_arguments, spec_from_namespace
-from nccl.command import busbw_factor, expected_network
+from bench.probes.command import busbw_factor, expected_network
 
 WARMUP_ITERS = 5
 

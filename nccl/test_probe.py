@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from bench.core.schema import RunSpec
-from nccl.command import (
+from bench.probes.command import (
     anchored_min_bytes,
     busbw_factor,
     collective_of_binary,
@@ -100,7 +100,7 @@ def test_split_groups_are_counted_from_the_device_list(shared_data) -> None:
     bandwidth is per group."""
     import re
 
-    from nccl.parse import parse
+    from bench.probes.parse import parse
     text = (shared_data / "nccl-tests" / "sample_01.txt").read_text()
     assert parse(text).groups == 1
     split = re.sub(r"Rank +(\d+) Group +0",

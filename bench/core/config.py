@@ -64,7 +64,7 @@ class SlurmClusterConfig:
     extra_sbatch: list[str] = field(default_factory=list)  # extra "#SBATCH ..." options, e.g. "--qos=high"
     conf: str | None = None  # SLURM_CONF for the client commands; None = the environment's
     # all_reduce_perf on GPU clusters (CPU clusters use the torch probe); all_gather_perf and
-    # reduce_scatter_perf are taken from beside it (nccl.command.perf_binary)
+    # reduce_scatter_perf are taken from beside it (bench.probes.command.perf_binary)
     nccl_tests_binary: str = "all_reduce_perf"
     mpi: str = "pmix"  # srun --mpi for nccl-tests
 

@@ -33,7 +33,7 @@ WRAP_POLICIES = ("transformer_block", "whole_model")
 ACCUMULATIONS = ("sync_each", "sync_once", "allreduce_once", "keep_gathered")
 RUN_KINDS = ("train", "nccl", "preflight")  # preflight: one node's facts and speed alone
 # What an nccl probe measures: the all-reduce (NO_SHARD, HYBRID_SHARD's replicate step) and the two
-# collectives FULL_SHARD and SHARD_GRAD_OP run (nccl-tests' <name>_perf binaries, nccl/command.py)
+# collectives FULL_SHARD and SHARD_GRAD_OP run (nccl-tests' <name>_perf binaries, bench/probes/command.py)
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 # test hook; sleep: no work, just the time; slow_collective: every step, before issuing each collective of
 # one kind (FAULT_COLLECTIVES), the rank sleeps (outside compute); slow_compute: one rank computes longer

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from bench.core.config import SweepConfig
 from bench.core.records import COLLECTIVE_TIMEOUT_ENV
 from bench.core.schema import RunSpec
-from nccl.command import nccl_env, split_env
+from bench.probes.command import nccl_env, split_env
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # The worker image (Dockerfile), as Kubernetes pods and pyxis containers run it.

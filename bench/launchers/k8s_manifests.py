@@ -18,7 +18,7 @@ from bench.launchers.base import (
     trace_args,
     worker_module_argv,
 )
-from nccl.command import perf_argv
+from bench.probes.command import perf_argv
 
 GROUP = "kubeflow.org"
 HOSTNAME_LABEL = "kubernetes.io/hostname"  # the well-known label of each node's name

@@ -28,7 +28,7 @@ from bench.launchers.slurm_script import (
     uses_nccl_tests,
     worker_path,
 )
-from nccl.command import JSON_IF_SUPPORTED_SCRIPT
+from bench.probes.command import JSON_IF_SUPPORTED_SCRIPT
 
 # squeue states: waiting for resources (queue time, bounded by queue_timeout_s), and holding them
 # (run time, bounded by timeout_s). A job in neither has left the queue.

@@ -23,12 +23,12 @@ from bench.launchers.base import (
     trace_args,
     worker_module_argv,
 )
-from nccl.command import perf_argv
-from nccl.records import JSON_FILE
+from bench.probes.command import perf_argv
+from bench.probes.records import JSON_FILE
 
 SCRIPT = "job.sbatch"
 EFA_LIMIT = "efa_limit.sh"
-NCCL_TESTS = "nccl_tests.sh"  # nccl.command.JSON_IF_SUPPORTED_SCRIPT
+NCCL_TESTS = "nccl_tests.sh"  # bench.probes.command.JSON_IF_SUPPORTED_SCRIPT
 # Run on every node by srun, before the worker: libfabric's efa provider uses only the devices FI_EFA_IFACE
 # lists, so a run of N adapters per node gets the node's first N rdmap devices; a node with fewer fails the
 # run rather than measuring something else. Arguments only (the count, then the worker's argv): no config

@@ -20,10 +20,10 @@ from bench.launchers.base import Outcome
 from bench.launchers.k8s_manifests import NCCL_TESTS, manifest
 from bench.launchers.local import free_port
 from bench.launchers.test_kubernetes import cfg_for
+from bench.probes.command import perf_binary
+from bench.probes.records import records_from_output
 from bench.run.classify import classify
 from bench.study.plan import expand
-from nccl.command import perf_binary
-from nccl.records import records_from_output
 
 TESTDATA = Path(__file__).resolve().parents[2] / "nccl" / "testdata"
 

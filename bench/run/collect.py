@@ -15,9 +15,9 @@ from bench.core.config import PreflightConfig
 from bench.core.records import parse_records
 from bench.core.schema import SUMMARY_COLUMNS, RunSpec, RunSummary
 from bench.launchers.base import PROJECT_ROOT, TRACE_PREFIX, Outcome
+from bench.probes.records import check_transport, records_from_logs
 from bench.run import straggler
 from bench.run.classify import classify
-from nccl.records import check_transport, records_from_logs
 
 _LOG_TAIL_BYTES = 64 * 1024
 _SUMMARY_FIELDS = {f.name for f in fields(RunSummary)} - {"run_id", "sweep", "status", "spec", "error",

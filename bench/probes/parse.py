@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, NamedTuple
 
-from nccl.command import collective_of_binary
+from bench.probes.command import collective_of_binary
 
 STATUSES = ("ok", "wrong_results", "truncated", "failed")
 PLACEMENTS = ("out-of-place", "in-place")

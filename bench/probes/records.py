@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.core.schema import RunSpec
-from nccl.command import expected_network
-from nccl.parse import NcclResult, parse, parse_all, parse_json
+from bench.probes.command import expected_network
+from bench.probes.parse import NcclResult, parse, parse_all, parse_json
 
 JSON_FILE = "nccl-tests.json"  # where launchers point the nccl-tests binary's -J, inside the run dir
 

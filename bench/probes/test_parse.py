@@ -12,8 +12,8 @@ import re
 import pytest
 
 from bench.core.schema import RunSpec
-from nccl.parse import parse, parse_all, parse_json, strip_prefix
-from nccl.records import check_transport, records_from_output
+from bench.probes.parse import parse, parse_all, parse_json, strip_prefix
+from bench.probes.records import check_transport, records_from_output
 
 COMPLETE = ["sample_01.txt", "sample_05.txt", "sample_06.txt", "sample_07.txt", "sample_08.txt",
             "sample_09.txt"]

@@ -1,6 +1,6 @@
-"""The parser on real all_gather_perf and reduce_scatter_perf outputs (nccl/testdata, sources in its README):
-their rows, their collective and rank count, their bus bandwidth factor (n-1)/n, and probe outputs that
-hold several collectives or only some of them. Expected values are read off the tables."""
+"""The parser on real all_gather_perf and reduce_scatter_perf outputs (bench/probes/testdata, sources in its
+README): their rows, their collective and rank count, their bus bandwidth factor (n-1)/n, and probe outputs
+that hold several collectives or only some of them. Expected values are read off the tables."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from bench.core.schema import RunSpec
-from nccl.parse import by_collective, parse, parse_all
-from nccl.records import records_from_output
+from bench.probes.parse import by_collective, parse, parse_all
+from bench.probes.records import records_from_output
 
 DATA = Path(__file__).parent / "testdata"
 AG_2180, RS_2180 = "ag_2.18.0_rtx5090_2ranks.txt", "rs_2.18.0_rtx5090_2ranks.txt"
