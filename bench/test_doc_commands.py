@@ -72,13 +72,23 @@ def test_every_command_is_one_the_test_knows_how_to_run(tmp_path: Path) -> None:
                 assert run[-2:] == ["--dry-run", f"results_root={tmp_path}"]
 
 
+RAN: set[tuple[str, ...]] = set()  # the bench commands that exited 0 this session, as run
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One results root for every page, so a command two pages give (a plan, the preflight) runs once and
+    a page's report finds the study another page planned."""
+    return tmp_path_factory.mktemp("doc-results")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("page", doc_pages(), ids=lambda p: p.name)
-def test_the_pages_commands_run(page: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+def test_the_pages_commands_run(page: Path, results: Path, request: pytest.FixtureRequest) -> None:
     """Each command of the page, in order, exits 0 (a launch planned as a dry run; the Slurm test cluster's
     `stop` last). A page with a Slurm command runs against the local test cluster, which it leaves up for
-    the tests after it."""
-    runs = [(c, argv(c, tmp_path / "results")) for c in commands(page)]
+    the tests after it. A `python -m bench.*` command that already exited 0 here is not run again."""
+    runs = [(c, argv(c, results)) for c in commands(page)]
     runs = [(c, a) for c, a in runs if a is not None]
     # the cluster's `stop` is what a user runs when done: last, after every command the page names for it
     runs.sort(key=lambda run: run[0].endswith("slurm_cluster.sh stop"))
@@ -89,9 +99,13 @@ def test_the_pages_commands_run(page: Path, tmp_path: Path, request: pytest.Fixt
         env["SLURM_CONF"] = request.getfixturevalue("slurm_cluster")
     try:
         for command, run in runs:
+            if tuple(run) in RAN:
+                continue
             proc = subprocess.run(run, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
             assert proc.returncode == 0, \
                 f"{page.name}: {command}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+            if run[:2] == [sys.executable, "-m"] and run[2].startswith("bench."):
+                RAN.add(tuple(run))
     finally:
         if any(c.endswith("slurm_cluster.sh stop") for c, _ in runs):
             subprocess.run(["bash", "scripts/slurm_cluster.sh", "start"], cwd=ROOT, capture_output=True,

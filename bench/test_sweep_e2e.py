@@ -228,31 +228,6 @@ def test_the_smoke_reports_its_strong_scaling_pair_in_days_and_dollars(smoke_res
 
 
 @pytest.mark.slow
-def test_a_staged_study_predicts_its_two_node_runs_from_its_one_node_runs(tmp_path: Path) -> None:
-    """As a user sizes a study: the one-node runs first, then --dry-run of the whole sweep on the same
-    results dir shows the two-node runs calibrated on them with intervals, then the whole sweep runs them
-    (keeping the one-node runs) with those predictions on record."""
-    axes = ["axes.sharding=[FULL_SHARD,NO_SHARD]", "axes.precision=[bf16_mixed]", "axes.global_batch=[null]",
-            "axes.activation_checkpointing=[none]", "steps=4", "warmup_steps=1"]
-    first = sweep(tmp_path, *axes, "axes.global_batch=[null]", "axes.nodes=[1]", "nccl.nodes=[1]")
-    assert first.returncode == 0, first.stderr[-2000:]
-    assert json.loads((tmp_path / "smoke" / rundir.CALIBRATION_JSON).read_text())["nodes"] == [1]
-    done = len(table(tmp_path))  # the one-node runs: 2 trainings and a probe of each collective
-    dry = sweep(tmp_path, *axes, "--dry-run")
-    assert dry.returncode == 0, dry.stderr[-2000:]
-    assert "predictions calibrated on 2 runs at 1 node of this study" in dry.stdout
-    two_node = [ln for ln in dry.stdout.splitlines() if ln.startswith("tiny_llama-n2x2")]
-    assert len(two_node) == 2 and all(" (" in ln and "-" in ln.split(" (")[1] for ln in two_node)  # intervals
-    whole = sweep(tmp_path, *axes)
-    assert whole.returncode == 0 and f"skipped {done};" in whole.stdout, whole.stderr[-2000:]
-    frame = table(tmp_path)
-    runs = frame[(frame.kind == "train") & (frame.nodes == 2)]
-    assert len(runs) == 2 and runs.pred_source.str.match(r"this study's [2-3] runs").all()
-    error = (runs.tokens_per_s_per_gpu / runs.pred_tokens_per_s_per_gpu - 1).abs()
-    assert (error < 0.5).all(), error.tolist()  # uncalibrated, these were predicted at 3.6x what they ran
-
-
-@pytest.mark.slow
 def test_auto_micro_batch_launches_once_where_it_fits_and_backs_off_from_an_injected_oom(
         tmp_path: Path) -> None:
     """Both start at 8 (max). bf16: fits, one launch, no trials. fp32: OOM injected at 8 and 4, so its own

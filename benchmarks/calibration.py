@@ -48,10 +48,13 @@ def staged(root: Path, axes: list[str]) -> list[float]:
     """Run the two stages; print the two-node runs; return their calibrated |errors|."""
     started = time.perf_counter()
     sweep(root, *axes, *STAGE_ONE)
-    print(f"stage 1 (one node) in {time.perf_counter() - started:.0f} s")
-    dry = sweep(root, *axes, "--dry-run")
-    print(next(line for line in dry.splitlines() if line.startswith("predictions calibrated")))
-    sweep(root, *axes)
+    done = len(rundir.read_summaries(root / "smoke"))
+    print(f"stage 1 (one node) in {time.perf_counter() - started:.0f} s: {done} runs")
+    dry = sweep(root, *axes, "--dry-run").splitlines()
+    print(next(line for line in dry if line.startswith("predictions calibrated")))
+    print("\n".join(line for line in dry if line.startswith("tiny_llama-n2")))  # the planned runs' lines
+    whole = sweep(root, *axes).splitlines()
+    print(next(line for line in whole if "skipped" in line))
     cfg = from_dict(compose(["+sweep=smoke", f"results_root={root}", *axes])[0])
     published = Predictor(cfg, sweep_probes(root / "smoke"))
     print(f"\n{'two-node run':<72} {'measured':>9} {'predicted':>10} {'error':>7}  "

@@ -131,9 +131,20 @@ def test_schedule_slurm_packs_its_mix_on_the_real_cluster(slurm_cluster: str) ->
 
 @pytest.mark.slow
 def test_calibration_stages_the_smoke_sweep_and_prints_its_two_node_runs() -> None:
+    """As a user sizes a study: the one-node runs first, then --dry-run of the whole sweep on the same
+    results dir shows the two-node runs calibrated on them with intervals, then the whole sweep runs them
+    (keeping the one-node runs) with those predictions on record."""
     out = quick("calibration.py")
-    assert "predictions calibrated on 3 runs at 1 node of this study" in out
-    assert out.count("tiny_llama-n2x2") == 2 and "fit of 20 runs" in out
+    trainings = _figure(r"predictions calibrated on (\d) runs at 1 node of this study", out)
+    assert trainings >= 2 and "fit of 20 runs" in out
+    done = _figure(r"stage 1 \(one node\) in \d+ s: (\d+) runs", out)
+    assert done == trainings + 3  # and a probe of each collective
+    dry_run, whole = out.split(f"skipped {done:.0f};", 1)  # the whole sweep kept the one-node runs
+    planned = [ln for ln in dry_run.splitlines() if ln.startswith("tiny_llama-n2x2")]
+    assert len(planned) == 2 and all(" (" in ln and "-" in ln.split(" (")[1] for ln in planned)  # intervals
+    row = r"^tiny_llama-n2x2\S*\s+[\d,]+\s+[\d,]+\s+([+-][\d.]+)%.*this study's \d runs"  # its error
+    ran = re.findall(row, whole, re.M)
+    assert len(ran) == 2 and all(abs(float(e)) < 50 for e in ran), out  # uncalibrated: 3.6x what they ran
 
 
 @pytest.mark.slow

@@ -530,16 +530,18 @@ def test_the_preflight_names_the_node_slowed_from_outside_and_no_other(slurm_clu
     """node3 slowed from outside: the preflight names node3 alone, by its local workload and its pairs; with
     it back, no node.
 
-    Slowed, at a tolerance of 50%: node3 reads 64-79% below the median on every speed, while a healthy
+    Slowed, at a tolerance of 50%: node3 reads 64-79% below the median on every speed here, while a healthy
     node's pair in a round beside node3's (whose partner spins in gloo's wait on the two shared cores) read
-    up to 31% below its like (0.561 against 0.817 GB/s here; CI named node4 at 25%). The healthy cluster
-    is judged at the default 25% (its pairs within 13% of each other over 20 iterations, 3 runs here)."""
+    up to 31% below its like (0.561 against 0.817 GB/s here; CI named node4 at 25%). Its local workload may
+    be named by either speed: on CI's loaded 2 cores, where the healthy nodes got less of them too, node3's
+    matmul once read under 50% below theirs. The healthy cluster is judged at the
+    default 25% (its pairs within 13% of each other over 20 iterations, 3 runs here)."""
     with _slowed("node3"):
         rc, verdict = _preflight(tmp_path / "slowed", "preflight.tolerance=0.5")
     named = {r["node"]: r["problems"] for r in verdict["rows"] if r["problems"]}
     assert rc == 3 and list(named) == ["node3"] and not verdict["links"], format_verdict(verdict)
-    assert any(p.startswith("matmul TFLOPS") for p in named["node3"])
-    assert any(p.startswith("all-reduce GB/s") for p in named["node3"])  # both its pairs
+    assert any(p.startswith(("matmul TFLOPS", "copy GB/s")) for p in named["node3"]), named
+    assert any(p.startswith("all-reduce GB/s") for p in named["node3"]), named  # both its pairs
     rc, verdict = _preflight(tmp_path / "healthy")
     assert rc == 0 and not any(r["problems"] for r in verdict["rows"]) and not verdict["links"], \
         format_verdict(verdict)
