@@ -25,7 +25,7 @@ from bench.probes.records import records_from_output
 from bench.run.classify import classify
 from bench.study.plan import expand
 
-TESTDATA = Path(__file__).resolve().parents[2] / "nccl" / "testdata"
+TESTDATA = Path(__file__).resolve().parents[1] / "probes" / "testdata"
 
 
 def _listening(port: int) -> bool:
