@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -189,6 +190,16 @@ def test_the_smoke_report_puts_predictions_beside_measurements_on_cpu(smoke_resu
     extrapolation = pd.read_csv(out / "extrapolation.csv")
     assert set(extrapolation.nodes) == {2} and "## Extrapolation" in text and "extrapolation (smoke)" in text
     assert " runs at 1 node alone, " in text
+    # what each 2-node run got of the network: its traced all-gathers and reduce-scatters against the
+    # same collective's 2-node probe (gloo over loopback here)
+    got = pd.read_csv(out / "network_achieved.csv")
+    two = got[got.nodes == 2]
+    assert {"all_gather_fwd", "all_gather_bwd", "reduce_scatter"} <= set(two.collective), got.to_string()
+    assert (two["busbw (GB/s)"] > 0).all() and (two["probe busbw (GB/s)"] > 0).all()
+    gathers = two[two.collective.str.startswith("all_gather")]
+    assert (gathers.probe == "all_gather probe").all()  # its own collective's probe, not the all-reduce's
+    assert "## What each run got of the network" in text
+    assert re.search(r"the 2-node runs' reduce-scatters reached \d+% of the probe", text), text[-3000:]
 
 
 @pytest.mark.slow

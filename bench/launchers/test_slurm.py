@@ -40,17 +40,19 @@ def first_run(cfg, kind: str = "train", nodes: int = 4):
     return next(p.spec for p in expand(cfg) if p.spec.kind == kind and p.spec.nodes == nodes)
 
 
-@pytest.mark.parametrize("kind,collective", [("train", None), ("nccl", "all_reduce"), ("nccl", "all_gather")])
+@pytest.mark.parametrize("kind,collective", [("train", None), ("nccl", "all_reduce"), ("nccl", "all_gather"),
+                                             ("nccl", "reduce_scatter")])
 def test_batch_script_matches_golden(kind: str, collective: str | None) -> None:
     """The all-gather probe's script differs from the all-reduce's in its label, its binary (beside the
     configured all_reduce_perf), its first size (the study's gather size halved down: -b 24705 doubles to
-    404,766,720 bytes, one Llama 2 7B block in bf16) and its missing -o."""
+    404,766,720 bytes, one Llama 2 7B block in bf16) and its missing -o; the reduce-scatter's starts where
+    the same block's gradients in fp32 (bf16_mixed's reduce dtype), twice the bytes, are a row."""
     gather = ["cluster.slurm.nccl_tests_binary=/opt/nccl-tests/build/all_reduce_perf",
               "axes.model=[llama2_7b]"]
     cfg = cfg_for("cluster.slurm.partition=p5", "cluster.slurm.account=ml-infra",
                   "cluster.slurm.container_image=/fsx/images/fsdpbench.sqsh",
                   "cluster.slurm.container_mounts=/fsx:/fsx", "cluster.slurm.extra_sbatch=['--qos=high']",
-                  *(gather if collective == "all_gather" else []))
+                  *(gather if collective in ("all_gather", "reduce_scatter") else []))
     spec = next(p.spec for p in expand(cfg) if p.spec.kind == kind and p.spec.nodes == 4
                 and (collective is None or p.spec.collective == collective))
     launcher = SlurmLauncher(cfg)
@@ -59,6 +61,8 @@ def test_batch_script_matches_golden(kind: str, collective: str | None) -> None:
     golden = GOLDEN / f"p5_{kind}{'' if collective in (None, 'all_reduce') else '_' + collective}.sbatch"
     if collective == "all_gather":
         assert spec.study_sizes == (404766720,) == (24705 * 2**14,)
+    if collective == "reduce_scatter":
+        assert spec.study_sizes == (2 * 404766720,)
     if os.environ.get("UPDATE_GOLDEN"):
         golden.parent.mkdir(exist_ok=True)
         golden.write_text(script)

@@ -4,10 +4,11 @@ bench/predict/perf.py's step model exposes or hides behind compute.
 Per micro-batch, the strategy's all-gathers and reduce-scatters (HYBRID_SHARD's all-reduce across nodes,
 NO_SHARD's all-reduce) as trainer/parallel.py maps the four strategies; per optimizer step, the
 micro-batches grouped by what each accumulation mode lets them communicate. A collective takes the longer
-of its intra-node leg (the GPUs' all-reduce bus bandwidth) and its network leg (bytes a node's adapters
-carry / the node's throughput for that collective: the study's all-gather or reduce-scatter probe at the
-size nearest one FSDP unit's message where it has one, else the all-reduce figure), plus its ring's step
-latency once per FSDP unit.
+of its intra-node leg and its network leg, plus its ring's step latency once per FSDP unit. The intra-node
+leg: the study's one-node probe of that collective at the size nearest one FSDP unit's message where it
+has one, else the GPUs' published all-reduce bus bandwidth. The network leg: the bytes a node's adapters
+carry over the node's throughput for that collective (the study's all-gather or reduce-scatter probe at
+the size nearest one unit's message where it has one, else the all-reduce figure).
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ INTRA_NODE_STEP_S = 1.6e-6
 @dataclass(frozen=True)
 class Curve:
     """A study's probe of one collective at one node and EFA count: node-level throughput per message size
-    (algbw x f(N-1)/N over the N nodes, f = 1 for a gather or reduce-scatter), its bandwidth-bound rows."""
+    (algbw x f(N-1)/N over the N nodes, f = 1 for a gather or reduce-scatter), its bandwidth-bound rows;
+    on one node, the bus bandwidth among its ranks (Network.intra)."""
 
     kind: str  # "all_gather" or "reduce_scatter" (all-reduce is Network.node_gbs)
     rows: tuple[tuple[int, float], ...]  # (message bytes, node GB/s), ascending
@@ -49,6 +51,8 @@ class Network:
     source: str
     step_latency_s: float = INTER_NODE_STEP_S  # one ring step: what each of FSDP's many collectives pays
     curves: tuple[Curve, ...] = ()  # the study's all-gather and reduce-scatter probes, where it has them
+    # its one-node all-gather and reduce-scatter probes: bus bandwidth among one node's ranks (GB/s) per size
+    intra: tuple[Curve, ...] = ()
 
     def gbs(self, kind: str, message: float) -> float:
         """Node-level GB/s of `kind` at one unit's `message` bytes: its own probe's nearest row, else the
@@ -56,10 +60,17 @@ class Network:
         curve = next((c for c in self.curves if c.kind == kind and c.rows), None)
         return curve.at(message)[1] if curve else self.node_gbs
 
+    def intra_gbs(self, kind: str, message: float, published: float) -> float:
+        """Bus GB/s of `kind` among one node's GPUs at one unit's `message` bytes: its one-node probe's
+        nearest row, else `published` (the GPU's all-reduce figure)."""
+        curve = next((c for c in self.intra if c.kind == kind and c.rows), None)
+        return curve.at(message)[1] if curve else published
+
     @property
     def described(self) -> str:
         """Where every collective's figure comes from (the plan's "network:" line)."""
-        return self.source + "".join(f"; {c.kind.replace('_', '-')}s: {c.source}" for c in self.curves)
+        return self.source + "".join(f"; {c.kind.replace('_', '-')}s: {c.source}"
+                                     for c in (*self.curves, *self.intra))
 
     def fed_by(self, kind: str) -> str:
         """Which probe or figure gives `kind`'s bandwidth, in words."""
@@ -141,7 +152,8 @@ def collective_s(c: Collective, gpu: GpuSpec, network: Network, units: int = 1) 
     """The longer of the intra-node leg and the network leg (a hierarchical collective pipelines both),
     plus the ring's step latency once per FSDP unit (each unit gathers and reduces on its own)."""
     per_node = c.ranks // c.nodes
-    intra = bus_factor(c.kind, per_node) * c.size / (gpu.intra_busbw_gbs * 1e9) if per_node > 1 else 0.0
+    intra_gbs = network.intra_gbs(c.kind, c.size / units, gpu.intra_busbw_gbs)
+    intra = bus_factor(c.kind, per_node) * c.size / (intra_gbs * 1e9) if per_node > 1 else 0.0
     gbs = network.gbs(c.kind, c.size / units) if c.nodes > 1 else 0.0
     net = bus_factor(c.kind, c.nodes) * c.size / (gbs * 1e9) if c.nodes > 1 else 0.0
     return max(intra, net) + units * ring_steps(c, gpu) * network.step_latency_s

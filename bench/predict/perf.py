@@ -311,16 +311,19 @@ def probe_network(nodes: int, sizes: list[dict[str, Any]], ranks: int | None = N
                    f"the study's all-reduce probe at {nodes} nodes ({row['size'] / 2**20:.0f} MiB)", latency)
 
 
-def probe_curve(kind: str, nodes: int, sizes: list[dict[str, Any]], source: str) -> Curve | None:
-    """An all-gather or reduce-scatter probe's bandwidth-bound rows as node-level throughput per size
-    (algbw x (N-1)/N, the bus bytes one node's adapters carry per byte of the tensor); None on one node
-    (no network) or without such rows. Of several placements at one size, the slower."""
-    if nodes < 2:
+def probe_curve(kind: str, nodes: int, sizes: list[dict[str, Any]], source: str,
+                ranks: int = 1) -> Curve | None:
+    """An all-gather or reduce-scatter probe's bandwidth-bound rows per size: across nodes, node-level
+    throughput (algbw x (N-1)/N, the bus bytes one node's adapters carry per byte of the tensor); on one
+    node, the bus bandwidth among its `ranks` (algbw x (R-1)/R, the figure the GPUs' published one is).
+    None on one rank or without such rows. Of several placements at one size, the slower."""
+    over = nodes if nodes > 1 else ranks
+    if over < 2:
         return None
     by_size: dict[int, float] = {}
     for r in sizes:
         if r.get("size", 0) > LATENCY_MAX_BYTES and r.get("algbw"):
-            gbs = r["algbw"] * bus_factor(kind, nodes)
+            gbs = r["algbw"] * bus_factor(kind, over)
             by_size[r["size"]] = min(by_size.get(r["size"], gbs), gbs)
     return Curve(kind, tuple(sorted(by_size.items())), source) if by_size else None
 
@@ -371,6 +374,8 @@ class Predictor:
         network = network_for(self.cfg.cluster.instance_type, spec.efa_per_node, probe, spec.nodes)
         if curves:
             network = replace(network, curves=curves)
+        if intra := self._intra(spec.efa_per_node):
+            network = replace(network, intra=intra)
         local = self.cfg.launcher.name in ("local", "dryrun")
         near = sorted(k for k, v in self.probes.items()
                       if k[1] == spec.efa_per_node and not math.isnan(v.node_gbs))
@@ -380,6 +385,12 @@ class Predictor:
             network = replace(network, step_latency_s=borrowed.step_latency_s,
                               source=f"{network.source}; ring step latency from {borrowed.source}")
         return gpu, network
+
+    def _intra(self, efa: int) -> tuple[Curve, ...]:
+        """The one-node probes' curves among a node's GPUs (any node count's runs have such a node): at
+        `efa` adapters where probed so, else at any."""
+        ones = sorted((k[1] != efa, k) for k, v in self.probes.items() if k[0] == 1 and v.intra)
+        return self.probes[ones[0][1]].intra if ones else ()
 
     def predict(self, spec: RunSpec) -> Prediction | None:
         where = self.setting(spec)
@@ -403,9 +414,9 @@ def sweep_probes(sweep_dir: Any) -> dict[tuple[int, int], Network]:
 
 def probes_of(summaries: Iterable[RunSummary]) -> dict[tuple[int, int], Network]:
     """The ok probes among summaries by (nodes, EFA): the all-reduce's Network, carrying the all-gather's
-    and reduce-scatter's curves (where only those were probed, a Network whose all-reduce figure is NaN,
-    which Predictor.setting replaces); of several probes of one collective at one node and EFA count, the
-    one over the most ranks (the longest ring)."""
+    and reduce-scatter's curves (one node's: among its ranks, Network.intra; where only those were probed,
+    a Network whose all-reduce figure is NaN, which Predictor.setting replaces); of several probes of one
+    collective at one node and EFA count, the one over the most ranks (the longest ring)."""
     nets: dict[tuple[int, int], tuple[int, Network]] = {}
     curves: dict[tuple[int, int, str], tuple[int, Curve]] = {}
     for summary in summaries:
@@ -418,14 +429,15 @@ def probes_of(summaries: Iterable[RunSummary]) -> dict[tuple[int, int], Network]
             if network and (key not in nets or spec.world_size > nets[key][0]):
                 nets[key] = (spec.world_size, network)
             continue
-        source = (f"the study's {spec.collective} probe at {spec.nodes} nodes, {spec.efa_per_node} EFA "
-                  f"({spec.world_size} ranks)")
-        curve = probe_curve(spec.collective, spec.nodes, sizes, source)
+        where = f"at {spec.nodes} nodes, {spec.efa_per_node} EFA" if spec.nodes > 1 else "on one node"
+        source = f"the study's {spec.collective} probe {where} ({spec.world_size} ranks)"
+        curve = probe_curve(spec.collective, spec.nodes, sizes, source, spec.world_size)
         slot = (*key, spec.collective)
         if curve and (slot not in curves or spec.world_size > curves[slot][0]):
             curves[slot] = (spec.world_size, curve)
     out = {key: network for key, (_, network) in nets.items()}
     for (nodes, efa, _), (_, curve) in sorted(curves.items()):
         base = out.get((nodes, efa), Network(math.nan, ""))
-        out[(nodes, efa)] = replace(base, curves=base.curves + (curve,))
+        field = "intra" if nodes == 1 else "curves"
+        out[(nodes, efa)] = replace(base, **{field: getattr(base, field) + (curve,)})
     return out

@@ -344,9 +344,9 @@ def test_a_tiny_model_on_a_gpu_waits_for_its_host() -> None:
     assert cpu.host_s == 0.0  # a CPU study's cores are its compute, calibrated by its own runs
 
 
-def _probe_summary(collective: str, algbw: float, nodes: int = 4) -> RunSummary:
+def _probe_summary(collective: str, algbw: float, nodes: int = 4, efa: int = 32) -> RunSummary:
     """An ok probe's summary as collect writes it: per-size rows in extra["sizes"]."""
-    spec = RunSpec(kind="nccl", model="none", nodes=nodes, gpus_per_node=8, efa_per_node=32,
+    spec = RunSpec(kind="nccl", model="none", nodes=nodes, gpus_per_node=8, efa_per_node=efa,
                    cluster="p5.48xlarge", collective=collective, steps=1, warmup_steps=0)
     rows = [{"size": s, "algbw": algbw * min(1.0, s / 2**27), "time_us": s / (algbw * 1e3), "busbw": 0.0}
             for s in (2**10, 2**24, 2**27, 2**30)]
@@ -389,3 +389,29 @@ def test_gather_and_reduce_scatter_probes_alone_keep_the_published_all_reduce_fi
     _, network = Predictor(cfg, probes_of([_probe_summary("reduce_scatter", 90.0)])).setting(spec)
     assert network.node_gbs == pytest.approx(209.78)
     assert network.gbs("reduce_scatter", 2**27) == pytest.approx(90.0 * 3 / 4)
+
+
+def test_a_one_node_gather_probe_slower_than_the_published_all_reduce_feeds_the_intra_node_leg() -> None:
+    """NVLS makes an 8-GPU H100 node's all-reduce (468 GB/s bus, published) faster than its all-gather
+    (~350 GB/s): a one-node all-gather probe at 100 GB/s algbw (87.5 bus over 8 ranks) feeds the
+    intra-node leg of a one-node run's and a HYBRID_SHARD run's in-node gathers, at every node count and
+    EFA count; the reduce-scatter, not probed, keeps the published figure; the plan names the probe."""
+    from bench.predict.comm import collective_s, unit_messages
+    from bench.predict.perf import probes_of
+    cfg = from_dict(compose(["+sweep=p5_scaling", "nccl.enabled=false"])[0])
+    probed = Predictor(cfg, probes_of([_probe_summary("all_gather", 100.0, nodes=1, efa=0)]))
+    plain, arch = Predictor(cfg), get_arch("llama2_7b")
+    for nodes, sharding in ((1, "FULL_SHARD"), (4, "HYBRID_SHARD")):
+        spec = RunSpec(model="llama2_7b", nodes=nodes, gpus_per_node=8, sharding=sharding, micro_batch=2,
+                       seq_len=4096, efa_per_node=32, cluster="p5.48xlarge")
+        (gpu, fed), (_, published) = probed.setting(spec), plain.setting(spec)
+        message = unit_messages(spec, arch)["all_gather"]
+        assert fed.intra_gbs("all_gather", message, gpu.intra_busbw_gbs) == pytest.approx(100.0 * 7 / 8)
+        assert fed.intra_gbs("reduce_scatter", message, gpu.intra_busbw_gbs) == gpu.intra_busbw_gbs == 468
+        units = arch.layers + 1
+        ag, rs = (next(c for c in collectives(spec, arch) if c.kind == kind) for kind in
+                  ("all_gather", "reduce_scatter"))
+        assert collective_s(ag, gpu, fed, units) > 2 * collective_s(ag, gpu, published, units) - 1e-9
+        assert collective_s(rs, gpu, fed, units) == collective_s(rs, gpu, published, units)
+        assert "all-gathers: the study's all_gather probe on one node (8 ranks)" in fed.described
+        assert probed.predict(spec).comm_s > plain.predict(spec).comm_s
