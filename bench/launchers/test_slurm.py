@@ -47,12 +47,12 @@ def test_batch_script_matches_golden(kind: str, collective: str | None) -> None:
     configured all_reduce_perf), its first size (the study's gather size halved down: -b 24705 doubles to
     404,766,720 bytes, one Llama 2 7B block in bf16) and its missing -o; the reduce-scatter's starts where
     the same block's gradients in fp32 (bf16_mixed's reduce dtype), twice the bytes, are a row."""
-    gather = ["cluster.slurm.nccl_tests_binary=/opt/nccl-tests/build/all_reduce_perf",
-              "axes.model=[llama2_7b]"]
+    sized = ["cluster.slurm.nccl_tests_binary=/opt/nccl-tests/build/all_reduce_perf",
+             "axes.model=[llama2_7b]"]  # the binaries beside it; one model's sizes
     cfg = cfg_for("cluster.slurm.partition=p5", "cluster.slurm.account=ml-infra",
                   "cluster.slurm.container_image=/fsx/images/fsdpbench.sqsh",
                   "cluster.slurm.container_mounts=/fsx:/fsx", "cluster.slurm.extra_sbatch=['--qos=high']",
-                  *(gather if collective in ("all_gather", "reduce_scatter") else []))
+                  *(sized if collective in ("all_gather", "reduce_scatter") else []))
     spec = next(p.spec for p in expand(cfg) if p.spec.kind == kind and p.spec.nodes == 4
                 and (collective is None or p.spec.collective == collective))
     launcher = SlurmLauncher(cfg)

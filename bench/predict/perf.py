@@ -389,8 +389,8 @@ class Predictor:
     def _intra(self, efa: int) -> tuple[Curve, ...]:
         """The one-node probes' curves among a node's GPUs (any node count's runs have such a node): at
         `efa` adapters where probed so, else at any."""
-        ones = sorted((k[1] != efa, k) for k, v in self.probes.items() if k[0] == 1 and v.intra)
-        return self.probes[ones[0][1]].intra if ones else ()
+        ones = [k for k, v in self.probes.items() if k[0] == 1 and v.intra]
+        return self.probes[min(ones, key=lambda k: (k[1] != efa, k))].intra if ones else ()
 
     def predict(self, spec: RunSpec) -> Prediction | None:
         where = self.setting(spec)
@@ -438,6 +438,8 @@ def probes_of(summaries: Iterable[RunSummary]) -> dict[tuple[int, int], Network]
     out = {key: network for key, (_, network) in nets.items()}
     for (nodes, efa, _), (_, curve) in sorted(curves.items()):
         base = out.get((nodes, efa), Network(math.nan, ""))
-        field = "intra" if nodes == 1 else "curves"
-        out[(nodes, efa)] = replace(base, **{field: getattr(base, field) + (curve,)})
+        if nodes == 1:  # among one node's ranks
+            out[(nodes, efa)] = replace(base, intra=base.intra + (curve,))
+        else:
+            out[(nodes, efa)] = replace(base, curves=base.curves + (curve,))
     return out
