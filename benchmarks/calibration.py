@@ -28,7 +28,8 @@ from bench.core.models import get_arch  # noqa: E402
 from bench.core.schema import RunSpec  # noqa: E402
 from bench.predict.calibrate import Observation, fit  # noqa: E402
 from bench.predict.comm import Network  # noqa: E402
-from bench.predict.perf import CALIBRATION, Predictor, predict, sweep_probes  # noqa: E402
+from bench.predict.network import sweep_probes  # noqa: E402
+from bench.predict.perf import CALIBRATION, Predictor, predict  # noqa: E402
 from bench.sweep import compose  # noqa: E402
 
 QUICK = ["axes.sharding=[FULL_SHARD,NO_SHARD]", "axes.precision=[bf16_mixed]", "axes.compile=[false]",

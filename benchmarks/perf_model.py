@@ -27,7 +27,8 @@ from bench.core.hardware import gpu_spec  # noqa: E402
 from bench.gpucheck.evidence import EVIDENCE_DIR, table_runs  # noqa: E402
 from bench.predict import perf  # noqa: E402
 from bench.predict.calibrate import Observation, fit as fit_study  # noqa: E402
-from bench.predict.perf import CALIBRATION, Calibration, network_for, predict  # noqa: E402
+from bench.predict.network import network_for  # noqa: E402
+from bench.predict.perf import CALIBRATION, Calibration, predict  # noqa: E402
 from bench.predict.published import (  # noqa: E402
     CALIBRATION_ROWS,
     CHECK_ROWS,

@@ -31,7 +31,8 @@ from bench.core.hardware import GpuSpec, compute_dtype
 from bench.core.models import ModelArch
 from bench.core.schema import RunSpec, RunSummary
 from bench.predict.comm import Network
-from bench.predict.perf import CALIBRATION, Calibration, Predictor, Stack, predict, probes_of, unmodeled
+from bench.predict.network import probes_of
+from bench.predict.perf import CALIBRATION, Calibration, Predictor, Stack, predict, unmodeled
 
 FORMAT = 1
 SIGMA = 0.05  # log scatter of one run's tokens/s about the model: repeats of a run differ by a few percent

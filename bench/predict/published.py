@@ -24,7 +24,8 @@ from bench.core.hardware import GPUS, GpuSpec
 from bench.core.models import ModelArch, get_arch
 from bench.core.schema import RunSpec
 from bench.predict.comm import Network
-from bench.predict.perf import RDMA_EFFICIENCY, Stack, network_for
+from bench.predict.network import RDMA_EFFICIENCY, network_for
+from bench.predict.perf import Stack
 
 IBM = ("PyTorch blog, \"Maximizing training throughput using PyTorch FSDP\" (IBM and Meta, 2024-03-13), "
        "Table 1; sharding per foundation-model-stack/fms-fsdp README")

@@ -16,7 +16,8 @@ from bench.core.models import count_params, get_arch
 from bench.core.schema import RunSpec, RunSummary
 from bench.gpucheck.evidence import EVIDENCE_DIR, table_runs
 from bench.predict.comm import Network, collectives, step_collectives
-from bench.predict.perf import CALIBRATION, Predictor, Stack, network_for, predict, probe_network
+from bench.predict.network import network_for, probe_network
+from bench.predict.perf import CALIBRATION, Predictor, Stack, predict
 from bench.predict.published import (
     CALIBRATION_ROWS,
     CHECK_ROWS,
@@ -358,7 +359,7 @@ def test_a_slower_all_gather_probe_predicts_a_longer_exposed_all_gather_and_name
     probe's figure (at the size nearest one unit's message), the reduce-scatter keeps the all-reduce's
     (not probed), the step's exposed communication grows, and the network's source names the probe."""
     from bench.predict.comm import collective_s, unit_messages
-    from bench.predict.perf import probes_of
+    from bench.predict.network import probes_of
     cfg = from_dict(compose(["+sweep=p5_scaling", "nccl.enabled=false"])[0])
     spec = RunSpec(model="llama2_70b", nodes=4, gpus_per_node=8, activation_checkpointing="full",
                    micro_batch=1, seq_len=4096, efa_per_node=32, cluster="p5.48xlarge")
@@ -383,7 +384,7 @@ def test_a_slower_all_gather_probe_predicts_a_longer_exposed_all_gather_and_name
 
 
 def test_gather_and_reduce_scatter_probes_alone_keep_the_published_all_reduce_figure() -> None:
-    from bench.predict.perf import probes_of
+    from bench.predict.network import probes_of
     cfg = from_dict(compose(["+sweep=p5_scaling", "nccl.enabled=false"])[0])
     spec = RunSpec(model="llama2_7b", nodes=4, gpus_per_node=8, efa_per_node=32, cluster="p5.48xlarge")
     _, network = Predictor(cfg, probes_of([_probe_summary("reduce_scatter", 90.0)])).setting(spec)
@@ -397,7 +398,7 @@ def test_a_one_node_gather_probe_slower_than_the_published_all_reduce_feeds_the_
     intra-node leg of a one-node run's and a HYBRID_SHARD run's in-node gathers, at every node count and
     EFA count; the reduce-scatter, not probed, keeps the published figure; the plan names the probe."""
     from bench.predict.comm import collective_s, unit_messages
-    from bench.predict.perf import probes_of
+    from bench.predict.network import probes_of
     cfg = from_dict(compose(["+sweep=p5_scaling", "nccl.enabled=false"])[0])
     probed = Predictor(cfg, probes_of([_probe_summary("all_gather", 100.0, nodes=1, efa=0)]))
     plain, arch = Predictor(cfg), get_arch("llama2_7b")
