@@ -17,8 +17,9 @@ from trainer.flight import BUFFER_ENV
 
 ROOT = Path(__file__).resolve().parent
 SHARED_DATA = Path(os.environ.get("FSDPBENCH_SHARED_DATA", ROOT.parent / "shared" / "data"))
-# The smoke sweep with two ranks per simulated node: every strategy at 1 and 2 nodes, 14 training runs and 2
-# probes (the one-rank runs are the one-GPU CI's and add nothing on CPU)
+# The full smoke sweep (smoke_full) with two ranks per simulated node: every strategy at 1 and 2 nodes, AC and
+# fp32 on FULL_SHARD, the strong-scaling pair (16 training runs) and 6 probes (the one-rank runs are the
+# one-GPU CI's and add nothing on CPU)
 SMOKE_SHAPE = ["axes.gpus_per_node=[2]", "nccl.gpus_per_node=[2]", "axes.compile=[false]"]
 # for a test's sweep whose runs' split nobody reads (the run id is the same: the trace is not in it): a trace
 # costs a tiny 2-rank run about 5 s here (benchmarks/trace_cost.py)
@@ -117,14 +118,15 @@ def shared_data() -> Path:
 
 @pytest.fixture(scope="session")
 def smoke_results(tmp_path_factory) -> Path:
-    """One smoke sweep (SMOKE_SHAPE) and its report per test session: the tests that read a whole study
-    (end to end, resume, the report in a browser, predicted beside measured) share it instead of each
-    sweeping again. Tests must not change it (a resume that finds everything done changes nothing)."""
+    """One smoke_full sweep (SMOKE_SHAPE) and its report per test session, in <root>/smoke_full: the tests
+    that read a whole study (end to end, resume, the report in a browser, predicted beside measured) share
+    it instead of each sweeping again. Tests must not change it (a resume that finds everything done changes
+    nothing)."""
     root = tmp_path_factory.mktemp("smoke")
-    sweep = subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={root}",
+    sweep = subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=smoke_full", f"results_root={root}",
                             *SMOKE_SHAPE], cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-3000:]
-    report = subprocess.run([sys.executable, "-m", "analysis.report", str(root / "smoke")], cwd=ROOT,
+    report = subprocess.run([sys.executable, "-m", "analysis.report", str(root / "smoke_full")], cwd=ROOT,
                             capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stderr
     return root

@@ -8,6 +8,11 @@ aggregated as in the report (medians); its noise is the larger of the step-time 
 exceeds both `--threshold` and `--sigmas` times the combined noise of the two sides; a run that was ok
 in A and is not in B is always a regression. `--fail-on-regression` makes the exit code 1 when any
 regression is found (for CI); unreadable input exits 2.
+
+Before the throughput deltas it prints every system fact that differs between the two (analysis/system.py,
+from the runs' system records: "NCCL 2.21.5 -> 2.23.4", "FI_EFA_USE_DEVICE_RDMA unset -> 1", "driver
+550.54.15 -> 570.86.10", "B (study): 2 nodes of 16 differ"), and its last line names them: a regression
+is read beside what else changed.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis import system
 from analysis.load import NoResults, load
 from analysis.render import markdown_table
 from analysis.scaling import CONFIG, aggregate, describe
@@ -43,6 +49,12 @@ def noise(agg: pd.DataFrame) -> pd.Series:
 
 def side(path: Path) -> tuple[pd.DataFrame, list[str]]:
     """One side's configurations, aggregated over repeats, indexed by the match key."""
+    agg, notes, _ = side_and_systems(path)
+    return agg, notes
+
+
+def side_and_systems(path: Path) -> tuple[pd.DataFrame, list[str], dict[str, system.Study]]:
+    """side(), and the side's studies as their runs' system records describe them."""
     loaded = load(path)
     agg = aggregate(loaded.frame)
     if agg.empty:
@@ -54,7 +66,7 @@ def side(path: Path) -> tuple[pd.DataFrame, list[str]]:
         notes.append(f"{path}: {int(dup.sum())} configurations appear in more than one sweep; "
                      "the one with most ok runs is compared")
         agg = agg.sort_values("ok_runs", ascending=False).drop_duplicates(KEY)
-    return agg.set_index(KEY)[SIDE_METRICS], notes
+    return agg.set_index(KEY)[SIDE_METRICS], notes, system.studies(loaded.frame)
 
 
 def verdict(row: pd.Series, threshold: float) -> str:
@@ -76,7 +88,7 @@ def verdict(row: pd.Series, threshold: float) -> str:
 
 def compare(a: pd.DataFrame, b: pd.DataFrame, threshold: float = 0.03, sigmas: float = 2.0) -> pd.DataFrame:
     """One row per configuration present on both sides, with the changes and a verdict."""
-    both = a.join(b, how="inner", lsuffix="_a", rsuffix="_b")
+    both = a.add_suffix("_a").join(b.add_suffix("_b"), how="inner")
     if both.empty:
         return pd.DataFrame(columns=list(COLUMNS))
     both["tokens_delta_pct"] = 100 * (both["tokens_per_s_b"] / both["tokens_per_s_a"] - 1)
@@ -112,18 +124,23 @@ def main(argv: list[str] | None = None) -> int:
                         help="exit 1 when any regression is found")
     args = parser.parse_args(argv)
     try:
-        a, notes_a = side(args.a)
-        b, notes_b = side(args.b)
+        a, notes_a, systems_a = side_and_systems(args.a)
+        b, notes_b, systems_b = side_and_systems(args.b)
     except NoResults as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    changed = system.differences(systems_a, systems_b)
+    unknown = system.unrecorded(systems_a, systems_b)
+    for line in changed or unknown or ["the same on both sides"]:
+        print(f"system: {line}")
     table = compare(a, b, args.threshold, args.sigmas)
     print(markdown_table(table.rename(columns=COLUMNS)), end="")
     for line in [*notes_a, *notes_b, *unmatched(a, b)]:
         print(f"note: {line}")
     regressions = table["verdict"].str.startswith("regression")
     print(f"{len(table)} configurations compared: {int(regressions.sum())} regression(s), "
-          f"{int((table['verdict'] == 'improvement').sum())} improvement(s)")
+          f"{int((table['verdict'] == 'improvement').sum())} improvement(s)"
+          + (f"; system differs: {'; '.join(changed)}" if changed else ""))
     if args.csv:
         table.to_csv(args.csv, index=False)
     return 1 if args.fail_on_regression and regressions.any() else 0

@@ -3,12 +3,17 @@ returns it, or None when the data has nothing to draw. Only ok runs are drawn; t
 rest. Large studies are cut to the MAX_LINES best configurations, said in the title."""
 from __future__ import annotations
 
+import math
+import textwrap
 from typing import Any
 
+import numpy as np
 import pandas as pd
+from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from analysis.scaling import CONFIG, describe
+from analysis.split import LABELS, PARTS
 
 MAX_LINES = 12
 
@@ -155,4 +160,67 @@ def estimate_vs_measured(agg: pd.DataFrame) -> Figure | None:
     ax.set_xlabel("predicted before launch (GiB/GPU)")
     ax.set_ylabel("measured peak allocated (GiB/GPU)")
     ax.set_title("Memory: predicted vs measured")
+    return fig
+
+
+# how the step split chart names a configuration's fields: those that differ between its panels above each
+# panel, the others of these in its title
+FIELD_WORDS = {"sweep": "{}", "cluster": "{}", "model": "{}", "gpus_per_node": "{} GPUs/node",
+               "sharding": "{}", "precision": "{}", "activation_checkpointing": "AC {}",
+               "wrap_policy": "wrap {}", "compile": "{}", "offload": "offload {}", "batch": "{}",
+               "seq_len": "seq {}", "efa_per_node": "{} EFA"}
+VALUE_WORDS = {"compile": {True: "compiled", False: "eager", "True": "compiled", "False": "eager"},
+               "gpus_per_node": {1: "1 GPU/node"}}
+TITLE_FIELDS = ("model", "sharding", "precision", "activation_checkpointing", "batch", "gpus_per_node",
+                "seq_len")
+SPLIT_COLUMNS = 3  # panels a row: each 3.2 inches wide, legible at the report's width (1200 px)
+
+
+def _words(config: dict, fields: list[str]) -> str:
+    return ", ".join(VALUE_WORDS.get(f, {}).get(config[f]) or FIELD_WORDS[f].format(config[f])
+                     for f in fields if f in FIELD_WORDS)
+
+
+def split_chart(table: pd.DataFrame) -> Figure | None:
+    """The step of each configuration and node count stacked in its parts (seconds): one panel per
+    configuration, named by the fields that differ between them (the rest in the title), its node counts
+    beneath its bars, one legend below; the title says which configurations a chart of some of them
+    (analysis.split.charted) draws."""
+    if table.empty:
+        return None
+    groups = [(dict(zip(CONFIG, key)), g.sort_values("nodes"))
+              for key, g in table.groupby(CONFIG, dropna=False, sort=False)]
+    note = ""
+    if table.attrs.get("of", len(groups)) > len(groups):  # analysis.split.charted left some out
+        which = "the answer names" if table.attrs.get("named") else "first"
+        note = (f"; the {len(groups)} configuration{'s' * (len(groups) > 1)} {which} of "
+                f"{table.attrs['of']}, every one in step_split_all.png")
+    differ = [c for c in CONFIG if c != "model_config" and table[c].astype(str).nunique() > 1]
+    same = [c for c in TITLE_FIELDS if c not in differ]
+    cols = min(len(groups), SPLIT_COLUMNS)
+    rows = math.ceil(len(groups) / cols)
+    width = max(3.2 * cols + 0.8, 7.0)  # the legend below needs 7 inches
+    fig = Figure(figsize=(width, 2.5 * rows + 1.6), layout="constrained")
+    axes = fig.subplots(rows, cols, sharey=True, squeeze=False)
+    colors = colormaps["tab10"].colors
+    for ax, (config, g) in zip(axes.flat, groups):
+        bottom = np.zeros(len(g))
+        for part, color in zip(PARTS, colors):
+            values = g[part].to_numpy(dtype=float)
+            ax.bar(range(len(g)), values, bottom=bottom, width=0.6, color=color, label=LABELS[part])
+            bottom += values
+        ax.set_xticks(range(len(g)), [str(int(n)) for n in g["nodes"]], fontsize=8)
+        ax.set_xlim(-0.6, max(len(g), 2) - 0.4)  # one node count: a bar as wide as in a pair
+        ax.set_xlabel("nodes", fontsize=8)
+        ax.set_title(textwrap.fill(_words(config, differ), 34), fontsize=8)  # one panel: the title says it
+        ax.tick_params(axis="y", labelsize=8)
+        ax.grid(alpha=0.3, axis="y")
+    for ax in axes.flat[len(groups):]:
+        ax.set_visible(False)
+    for row in axes:
+        row[0].set_ylabel("seconds per step", fontsize=8)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=3, fontsize=8)
+    fig.suptitle(textwrap.fill(f"Where the step went: {_words(groups[0][0], same)} (each run's profiler "
+                               f"trace, scaled to its measured step){note}", int(width * 11)), fontsize=10)
     return fig

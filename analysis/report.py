@@ -13,9 +13,18 @@ from pathlib import Path
 import matplotlib
 import pandas as pd
 
-from analysis import plots
+from analysis import plots, system
 from analysis.comm import achieved, achieved_sentences, comm_model
-from analysis.cost import config_costs, parse_price_overrides, run_costs, sweep_costs, sweep_prices
+from analysis.cost import (
+    config_costs,
+    energy_notes,
+    parse_price_overrides,
+    run_costs,
+    sweep_costs,
+    sweep_energy_prices,
+    sweep_prices,
+    with_energy,
+)
 from analysis.definitions import DEFINITIONS
 from analysis.load import Loaded, NoResults, load
 from analysis.nodes import preflight_table, straggler_notes
@@ -30,8 +39,10 @@ from analysis.predicted import (
 )
 from analysis.render import markdown, page_html
 from analysis.scaling import (
+    CONFIG,
     ablation,
     aggregate,
+    configuration_label,
     headline,
     missing_baselines,
     nccl_sizes,
@@ -40,11 +51,14 @@ from analysis.scaling import (
     restart_notes,
     status_table,
 )
-from analysis.split import COLUMNS as SPLIT_COLUMNS, lost_sentences, split_chart, split_table
+from analysis.split import COLUMNS as SPLIT_COLUMNS, charted, lost_sentences, split_table
 from analysis.strong import COLUMNS as STRONG_COLUMNS, knee_sentences, strong_rows, sweep_study
+from bench.core.hardware import compute_dtype, gpu_spec
 from bench.core.schema import ADDED_DEFAULTS, COLLECTIVES
 from bench.predict.budget import DEFAULT_KNEE_SHARE, DEFAULT_TRAIN_TOKENS, check_knee_share
 
+# What each MFU was divided by, beside it: the GPU's dense peak for the run's compute dtype (no 2:4 sparsity)
+MFU_PEAK = "MFU of (dense peak TFLOPS/GPU)"
 SCALING_COLUMNS = {
     "sweep": "sweep", "model": "model", "sharding": "sharding", "precision": "precision",
     "activation_checkpointing": "AC", "wrap_policy": "wrap", "compile": "compile", "offload": "offload",
@@ -52,7 +66,8 @@ SCALING_COLUMNS = {
     "nodes": "nodes", "status": "status", "compile_s": "compile time (s)",
     "ok_runs": "ok runs", "tokens_per_s": "tokens/s", "tokens_per_s_min": "tokens/s min",
     "tokens_per_s_max": "tokens/s max", "samples_per_s": "samples/s", "tflops_per_gpu": "TFLOPS/GPU",
-    "mfu": "MFU", "hfu": "HFU", "step_time_s": "step time (s)", "step_time_s_std": "step time std (s)",
+    "mfu": "MFU", "mfu_peak": MFU_PEAK, "hfu": "HFU", "step_time_s": "step time (s)",
+    "step_time_s_std": "step time std (s)",
     "mem_peak_alloc_gib": "peak alloc (GiB/GPU)", "mem_peak_reserved_gib": "peak reserved (GiB/GPU)",
     "nvml_mem_used_gib": "NVML used (GiB/GPU)", "mem_rss_gib": "host RSS (GiB/proc)",
     "pred_mem_gib": "predicted (GiB/GPU)", "scaling_efficiency": "scaling efficiency",
@@ -62,13 +77,14 @@ SCALING_COLUMNS = {
 SCALING_SHORT = {"model": "model", "sharding": "sharding", "precision": "precision",
                  "activation_checkpointing": "AC", "compile": "compile", "offload": "offload",
                  "batch": "batch", "gpus_per_node": "GPUs/node", "nodes": "nodes",
-                 "tokens_per_s_per_gpu": "tokens/s/GPU", "mfu": "MFU",
+                 "tokens_per_s_per_gpu": "tokens/s/GPU", "mfu": "MFU", "mfu_peak": MFU_PEAK,
                  "mem_peak_alloc_gib": "peak alloc (GiB/GPU)",
                  "mem_rss_gib": "host RSS (GiB/proc)", "scaling_efficiency": "scaling efficiency",
                  "straggler": "straggler", "status": "status"}
 HEADLINE_COLUMNS = {"model": "model", "configuration": "configuration", "nodes": "nodes",
                     "tokens_per_s_per_gpu": "tokens/s/GPU", "tflops_per_gpu": "TFLOPS/GPU", "mfu": "MFU",
-                    "mem_peak_alloc_gib": "peak alloc (GiB/GPU)", "scaling_efficiency": "scaling efficiency",
+                    "mfu_peak": MFU_PEAK, "mem_peak_alloc_gib": "peak alloc (GiB/GPU)",
+                    "scaling_efficiency": "scaling efficiency",
                     "straggler": "straggler", "status": "status"}
 # The EFA table: each collective's bus bandwidth side by side (all-reduce's columns keep their names)
 EFA_COLUMNS = {"nodes": "nodes", "gpus_per_node": "GPUs/node", "efa_per_node": "EFA adapters",
@@ -109,10 +125,10 @@ COMM_COLUMNS = {"sweep": "sweep", "model": "model", "sharding": "sharding", "pre
                 "lost_s": "step time lost vs base (s)", "comm_growth_s": "comm growth vs base (s)",
                 "verdict": "verdict"}
 ACHIEVED_COLUMNS = {"model": "model", "sharding": "sharding", "nodes": "nodes", "efa_per_node": "EFA/node",
-                    "kind": "collective", "message_bytes": "bytes per call",
+                    "kind": "collective", "ranks": "group ranks", "message_bytes": "bytes per call",
                     "achieved_busbw_gbs": "busbw (GB/s)",
                     "probe_busbw_gbs": "probe busbw (GB/s)", "share": "of the probe", "probe": "probe",
-                    "run_id": "run"}
+                    "probe_placement": "probe over (nodes x GPUs)", "run_id": "run"}
 COMM_SHORT = {"model": "model", "sharding": "sharding", "nodes": "nodes",
               "fed_by": "probes used", "comm_s": "modelled comm (s)",
               "step_time_s": "step time (s)", "comm_fraction": "comm / step",
@@ -131,13 +147,27 @@ EXTRAPOLATION_COLUMNS = {"sweep": "sweep", "label": "run", "base_nodes": "calibr
                          "nodes": "nodes", "predicted": "predicted tokens/s/GPU",
                          "measured": "measured tokens/s/GPU", "error": "error"}
 TRAIN_TOKENS = DEFAULT_TRAIN_TOKENS
+DEFINITIONS_ADDED = """\
+- **MFU's denominator** is named beside every MFU ("989.4 dense bf16 (H100-SXM)"): the datasheet's dense
+  peak, never the 2:4-sparse figure twice as large.
+- **GPU energy**: every GPU's joules over the timed steps, from NVML's energy counter (millijoules since the
+  driver loaded) read as the first timed step begins and after the last one's sync, else its power samples
+  integrated (the run's energy_source says which), over the tokens the run trained in them; the board's
+  energy only (hosts, network and cooling are not in it). kWh to train = tokens x J/token / 3.6e6; its cost
+  at cluster.energy_price (USD per kWh). A CPU run: not measured.
+- **System**: each node's facts as its worker read them at start (bench/core/system.py: GPU, driver, CUDA,
+  NCCL, libfabric, aws-ofi-nccl, RDMA devices, topology, instance type, image, versions, git); a study whose
+  nodes are not one system says so first, because its efficiency then mixes machines.
+"""
 WEAK_COLUMNS = {**STRONG_COLUMNS, "efficiency": "scaling efficiency"}  # no next share: no knee
 del WEAK_COLUMNS["next_step"], WEAK_COLUMNS["grad_accum"]
 COST_COLUMNS = {"sweep": "sweep", "model": "model", "sharding": "sharding", "precision": "precision",
                 "activation_checkpointing": "AC", "nodes": "nodes",
                 "price_per_hour": "price (USD/instance-h)", "tokens_per_s": "tokens/s",
                 "usd_per_run": "USD per run", "usd_per_million_tokens": "USD per 1M tokens",
-                "days_to_train": "days to train", "usd_to_train": "USD to train"}
+                "days_to_train": "days to train", "usd_to_train": "USD to train",
+                "energy_j_per_token": "GPU J/token", "energy_price": "energy price (USD/kWh)",
+                "kwh_to_train": "GPU kWh to train", "energy_usd_to_train": "energy USD to train"}
 SWEEP_COST_COLUMNS = {"sweep": "sweep", "cluster": "cluster", "price_per_hour": "price (USD/instance-h)",
                       "runs": "runs", "instance_hours": "instance-hours", "gpu_hours": "GPU-hours",
                       "usd": "USD"}
@@ -148,7 +178,8 @@ FIGURES = {
     "memory_vs_nodes": ("Memory per GPU vs nodes", plots.memory_vs_nodes, "agg"),
     "busbw_vs_size": ("All-reduce bus bandwidth vs message size", plots.busbw_vs_size, "sizes"),
     "estimate_vs_measured": ("Memory: predicted vs measured", plots.estimate_vs_measured, "agg"),
-    "step_split": ("Where the step went, from each run's profiler trace", split_chart, "split"),
+    "step_split": ("Where the step went, from each run's profiler trace", plots.split_chart, "split"),
+    "step_split_all": ("Where the step went, every configuration", plots.split_chart, "split_all"),
 }
 
 
@@ -223,6 +254,64 @@ def study_kinds(frame: pd.DataFrame) -> str:
     return "; ".join(kinds) or "no training runs"
 
 
+def with_mfu_peak(agg: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
+    """Each configuration and node count's MFU denominator as the page names it beside the figure: the
+    peak its ok runs divided by (peak_tflops_per_gpu), "989.4 dense bf16 (H100-SXM)"; None on a CPU."""
+    keys = [*CONFIG, "nodes"]
+    ok = (frame["kind"] == "train") & (frame["status"] == "ok")
+    runs = frame[ok & frame["peak_tflops_per_gpu"].notna()]
+    if runs.empty or agg.empty:
+        return agg.assign(mfu_peak=None)
+    labels = runs.assign(mfu_peak=[peak_label(p, d, q) for p, d, q in zip(
+        runs["peak_tflops_per_gpu"], runs["device_name"], runs["precision"])])
+    peaks = labels.groupby(keys, dropna=False)["mfu_peak"].agg(lambda s: ", ".join(sorted(set(s))))
+    peaks = peaks.reset_index()
+    return agg.drop(columns="mfu_peak", errors="ignore").merge(peaks, on=keys, how="left")
+
+
+def _best_peak(best: pd.DataFrame, agg: pd.DataFrame) -> pd.DataFrame:
+    """The headline rows with their MFU's denominator (headline() keeps a few columns of agg)."""
+    if best.empty or "mfu_peak" not in agg:
+        return best
+    peaks = agg.assign(configuration=agg.apply(configuration_label, axis=1) if len(agg) else None)
+    peaks = peaks[["model", "configuration", "nodes", "mfu_peak"]].drop_duplicates(
+        ["model", "configuration", "nodes"])
+    return best.merge(peaks, on=["model", "configuration", "nodes"], how="left")
+
+
+def peak_label(peak: float, device: object, precision: str) -> str:
+    """"989.4 dense bf16 (H100-SXM)": the TFLOPS an MFU was divided by, its dtype and the GPU's table row."""
+    spec = gpu_spec(str(device)) if isinstance(device, str) else None
+    return f"{float(peak):g} dense {compute_dtype(precision)}" + (f" ({spec.name})" if spec else "")
+
+
+def mfu_sentence(frame: pd.DataFrame) -> list[str]:
+    """On the first screen, beside the MFU it quotes: what every MFU of the study was divided by."""
+    runs = frame[(frame["kind"] == "train") & (frame["status"] == "ok") & frame["mfu"].notna()
+                 & frame["peak_tflops_per_gpu"].notna()]
+    if runs.empty:
+        return []
+    peaks = sorted({peak_label(p, d, q) for p, d, q in zip(runs["peak_tflops_per_gpu"], runs["device_name"],
+                                                            runs["precision"])})
+    return [f"MFU is model TFLOPS/GPU over the GPU's dense peak (no 2:4 sparsity; bench/core/hardware.py): "
+            f"{'; '.join(p.replace(' dense', ' TFLOPS') for p in peaks)}"]
+
+
+def system_tables(frame: pd.DataFrame) -> tuple[dict[str, pd.DataFrame], list[str], list[str], pd.DataFrame]:
+    """Per study, its table of distinct systems and of the environment its runs saw; the first screen's
+    lines for studies that span systems; the section's notes; every node's facts (system.csv)."""
+    studies = system.studies(frame)
+    tables: dict[str, pd.DataFrame] = {}
+    first, notes = [], []
+    for sweep, study in studies.items():
+        if study.nodes:
+            tables[f"system_{sweep}"] = system.system_table(study)
+            tables[f"system_env_{sweep}"] = system.env_table(study)
+        first += [line for line in [system.spans(sweep, study)] if line]
+        notes += system.system_notes(sweep, study)
+    return tables, first, notes, system.node_table(studies)
+
+
 def provenance(frame: pd.DataFrame) -> list[str]:
     def values(column: str) -> str:
         found = sorted({str(v) for v in frame[column].dropna().unique()}) if column in frame else []
@@ -245,21 +334,28 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
     """
     out.mkdir(parents=True, exist_ok=True)
     frame = loaded.frame
-    agg = aggregate(frame)
+    agg = with_mfu_peak(with_energy(aggregate(frame), frame), frame)
+    energy_prices = sweep_energy_prices(loaded.sweeps)
     parity = loss_parity(frame)
     price_table = {**sweep_prices(loaded.sweeps), **(prices or {})}
     runs_cost = run_costs(frame, price_table)
     study = sweep_study(loaded.sweeps)
     train_tokens = train_tokens or study.get("train_tokens") or TRAIN_TOKENS
     knee_share = knee_share or study.get("knee_share", DEFAULT_KNEE_SHARE)
-    answers = strong_rows(agg, price_table, train_tokens, knee_share, loaded.plan)
+    answers = strong_rows(agg, price_table, train_tokens, knee_share, loaded.plan, energy_prices)
     strong, weak = answers[answers["scaling"] == "strong"], answers[answers["scaling"] == "weak"]
     sentences, best = headline(agg)
-    sentences = knee_sentences(answers, train_tokens, knee_share) + sentences
+    best = _best_peak(best, agg)
+    systems, spanning, system_notes, nodes = system_tables(frame)
+    sentences = spanning + knee_sentences(answers, train_tokens, knee_share) + sentences + mfu_sentence(frame)
     probes = nccl_summary(frame)
     sentences = sentences or probe_sentences(probes)  # a probe-only study: what each EFA count gave
     split = split_table(frame)
     sentences = sentences + (lost_sentences(split) if not split.empty else [])
+    answered = [t[["model", "configuration"]] for t in (best, strong) if not t.empty]
+    named = pd.concat(answered) if answered else pd.DataFrame(columns=["model", "configuration"])
+    shown = charted(split, named)  # the chart: the configurations the answer names, where there are many
+    rest = split if len(shown) < len(split) else pd.DataFrame()
     one_rank = probes[probes["nodes"] * probes["gpus_per_node"] == 1] if not probes.empty else probes
     tables = {"headline": _present(_percent(best, "scaling_efficiency"), HEADLINE_COLUMNS),
               "efa": _present(efa_table(probes.drop(one_rank.index)), EFA_COLUMNS),
@@ -270,11 +366,9 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
               "status": status_table(frame),
               "loss_parity": parity.rename(columns=PARITY_COLUMNS),
               "cost_sweeps": _present(sweep_costs(runs_cost), SWEEP_COST_COLUMNS),
-              "cost": _present(config_costs(agg, runs_cost, price_table, train_tokens), COST_COLUMNS).rename(
-                  columns={"days to train": f"days to train {train_tokens:.3g} tokens",
-                           "USD to train": f"USD to train {train_tokens:.3g} tokens"})}
-    budget = {"days to train": f"days to train {train_tokens:.3g} tokens",
-              "USD to train": f"USD to train {train_tokens:.3g} tokens"}
+              "cost": _present(config_costs(agg, runs_cost, price_table, train_tokens, energy_prices),
+                               COST_COLUMNS).rename(columns=_budget_names(train_tokens))}
+    budget = _budget_names(train_tokens)
     if not strong.empty:  # the CSV keeps the numbers, the page the percentages
         tables["strong"] = _present(strong, STRONG_COLUMNS).rename(columns=budget)
         tables["strong_short"] = _present(_percent(strong, "efficiency"),
@@ -313,11 +407,14 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
         tables["network_achieved"] = _present(_percent(got, "share"), ACHIEVED_COLUMNS)
     if not split.empty:
         tables["step_split"] = _present(_percent(split, "exposed_comm_error"), SPLIT_COLUMNS)
+    tables.update(systems)
     for name, table in tables.items():
         table.to_csv(out / f"{name}.csv", index=False)
+    if not nodes.empty:
+        nodes.to_csv(out / "system.csv", index=False)
     charts = {}
     for name, (title, make, source) in FIGURES.items():
-        fig = make({"agg": agg, "sizes": sizes, "split": split}[source])
+        fig = make({"agg": agg, "sizes": sizes, "split": shown, "split_all": rest}[source])
         if fig is not None:
             fig.savefig(out / f"{name}.png", dpi=110)
             fig.set_layout_engine("none")  # keep the layout the PNG computed: the SVG need not redo it
@@ -327,7 +424,8 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
     cpu = frame["device_name"].fillna("").eq("cpu").any()
     notes = (loaded.notes + missing_baselines(agg) + departures(parity) + memory_notes(memory)
              + largest_miss(predicted, cpu) + extrapolation_sentence(extrapolated) + restart_notes(frame)
-             + straggler_notes(frame) + preflight_notes + unreadable + achieved_sentences(got))
+             + straggler_notes(frame) + preflight_notes + unreadable + achieved_sentences(got)
+             + energy_notes(frame, energy_prices))
     if not one_rank.empty:
         notes.append(f"{len(one_rank)} one-rank all-reduce probe(s) measured no network (bus bandwidth is 0 "
                      "by definition on one rank): left out of the EFA table, kept in nccl.csv")
@@ -335,15 +433,22 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
     if unpriced:
         notes.append(f"no price for cluster(s) {', '.join(map(str, unpriced))}: costs are left empty "
                      "(set cluster.price_per_hour in the sweep, or pass --price USD to the report)")
-    sections = _sections(frame, tables, charts, notes, sentences)
+    sections = _sections(frame, tables, charts, notes, sentences, system_notes)
     md = out / "report.md"
     md.write_text(markdown(sections))
     (out / "report.html").write_text(page_html(sections, out))
     return md
 
 
+def _budget_names(train_tokens: float) -> dict[str, str]:
+    """The budget's columns as the page titles them, with the token budget they are for."""
+    return {name: f"{name} {train_tokens:.3g} tokens" for name in (
+        "days to train", "USD to train", "GPU kWh to train", "energy USD to train")}
+
+
 def _sections(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], charts: dict[str, str],
-              notes: list[str], sentences: list[str]) -> list[tuple[str, object]]:
+              notes: list[str], sentences: list[str], system_notes: list[str] | None = None,
+              ) -> list[tuple[str, object]]:
     """The answer first (sentence, its configuration per node count, the throughput chart, the EFA table),
     then the details, then how the numbers are defined and where they come from."""
     ok = int((frame["status"] == "ok").sum())
@@ -367,10 +472,17 @@ def _sections(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], charts: dict
         sections.append((charts["throughput_vs_nodes"], ("chart", "throughput_vs_nodes")))
     if "step_split" in tables:
         sections.append(("Where the step went (seconds per step from each run's profiler trace, scaled to "
-                         "its measured step; the model's exposed communication beside the measured)",
-                         tables["step_split"]))
+                         "its measured step; waiting read from the ranks' arrival times where a collective's "
+                         "group shares a host clock, else by the duration rule, whose reading is beside it: "
+                         "the duration rule column says where the two are apart by more than 2% of the step "
+                         "or the durations contradict its premise; the model's exposed communication beside "
+                         "the measured)", tables["step_split"]))
     if "step_split" in charts:
         sections.append((charts["step_split"], ("chart", "step_split")))
+    if "step_split_all" in charts:  # many configurations: the chart above draws those the answer names
+        sections.append((charts["step_split_all"], "The chart above draws the configurations the answer "
+                         "names; every configuration's: [step_split_all.png](step_split_all.png) (its "
+                         "figures in step_split.csv)\n"))
     if not tables["efa"].empty:
         sections.append(("Collective bandwidth by EFA adapters: all-reduce, all-gather, reduce-scatter",
                          tables["efa"]))
@@ -416,11 +528,19 @@ def _sections(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], charts: dict
     if "preflight" in tables:
         sections.append(("Preflight: each node alone and in pairs before the study (preflight.json)",
                          tables["preflight"]))
+    for name in (n for n in tables if n.startswith("system_") and not n.startswith("system_env_")):
+        sweep = name.removeprefix("system_")
+        sections.append((f"System: {sweep} (a row per distinct system its nodes ran; every fact of every "
+                         "node in system.csv)", tables[name]))
+        sections.append((f"Environment {sweep}'s runs saw (NCCL_*, FI_*, TORCH_*, CUDA_*, OMP_*, ...; "
+                         "variables named like secrets masked)", tables[f"system_env_{sweep}"]))
+    if system_notes:
+        sections.append(("System notes", system_notes))
     sections.append((f"Run status ({ok} ok of {len(frame)}; not ok below)", tables["status"]))
     for name, title in charts.items():
-        if name not in ("throughput_vs_nodes", "step_split"):
+        if name not in ("throughput_vs_nodes", "step_split", "step_split_all"):
             sections.append((title, ("chart", name)))
-    sections += [("Definitions", DEFINITIONS), ("Provenance", provenance(frame))]
+    sections += [("Definitions", DEFINITIONS + DEFINITIONS_ADDED), ("Provenance", provenance(frame))]
     return sections
 
 

@@ -6,6 +6,10 @@ share of its profiled step times its measured (unprofiled) step time. Per-GPU ef
 counts is (W_n / t_n) / (W_0 / t_0), W the tokens a GPU trains per step (equal in weak scaling, fewer in
 strong); so the points lost, 1 - efficiency, are the sum over parts of (p_n - (W_n / W_0) p_0) / t_n: the
 parts of the lost points add up to it exactly.
+
+Waiting is read from arrival times where a collective's group shares one host clock, else by the duration
+rule (trainer/trace.py set_waits); the table keeps the duration rule's reading beside it and says where the
+two are apart or the durations contradict the rule's premise.
 """
 from __future__ import annotations
 
@@ -14,21 +18,32 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
 
-from analysis.scaling import CONFIG, describe, node_count, train_rows
+from analysis.scaling import CONFIG, configuration_label, describe, node_count, train_rows
 
 PARTS = ("compute", "exposed_all_gather_fwd", "exposed_all_gather_bwd", "exposed_reduce_scatter",
-         "exposed_all_reduce", "waiting", "optimizer", "other")
+         "exposed_all_reduce", "waiting", "collective_copies", "optimizer", "other")
 LABELS = {"compute": "compute", "exposed_all_gather_fwd": "exposed all-gather (forward)",
           "exposed_all_gather_bwd": "exposed all-gather (backward)",
           "exposed_reduce_scatter": "exposed reduce-scatter", "exposed_all_reduce": "exposed all-reduce",
-          "waiting": "waiting for a peer", "optimizer": "optimizer", "other": "other (host, data, idle)"}
-COLUMNS = {"model": "model", "sharding": "sharding", "batch": "batch", "nodes": "nodes",
+          "waiting": "waiting for a peer", "collective_copies": "FSDP's copies around collectives",
+          "optimizer": "optimizer", "other": "other (host, data, idle)"}
+# the scaling table's configuration columns (analysis/report.py SCALING_SHORT), then the split's
+COLUMNS = {"model": "model", "sharding": "sharding", "precision": "precision",
+           "activation_checkpointing": "AC", "compile": "compile", "offload": "offload", "batch": "batch",
+           "gpus_per_node": "GPUs/node", "nodes": "nodes",
            "step_time_s": "step (s)", **{p: f"{LABELS[p]} (s)" for p in PARTS},
+           "waiting_duration_rule": "waiting by the duration rule (s)", "duration_rule": "duration rule",
            "exposed_comm_s": "exposed comm. measured (s)",
            "pred_exposed_comm_s": "exposed comm. predicted (s)",
            "exposed_comm_error": "predicted / measured - 1", "traced_runs": "traced runs"}
+# older summaries (before FSDP's copies were a part of their own: they were in the exposed parts)
+ADDED_PARTS = ("collective_copies",)
+# readings beside the parts, scaled with them: waiting by the duration rule, and the seconds the two
+# readings differ by on the collectives that contradict the rule's premise
+SCALED_READINGS = ("waiting_duration_rule", "premise_at_stake_s")
+# the report marks a row whose two readings of waiting differ by more than this share of its step
+READINGS_APART = 0.02
 
 
 def trace_split(cell: Any) -> dict[str, float] | None:
@@ -38,20 +53,28 @@ def trace_split(cell: Any) -> dict[str, float] | None:
             cell = json.loads(cell)
         except ValueError:
             return None
-    return cell if isinstance(cell, dict) and all(k in cell for k in PARTS) else None
+    if not isinstance(cell, dict) or not all(k in cell for k in PARTS if k not in ADDED_PARTS):
+        return None
+    return {**dict.fromkeys(ADDED_PARTS, 0.0), **cell}
 
 
 def run_parts(split: dict[str, float], step_time_s: float) -> dict[str, float] | None:
-    """Each part's share of the profiled step, times the measured step."""
+    """Each part's share of the profiled step, times the measured step; the readings beside the parts
+    scaled alike, and the premise's counts as they are (NaN where the run has none)."""
     total = sum(split[k] for k in PARTS)
     if total <= 0 or not np.isfinite(step_time_s):
         return None
-    return {k: split[k] * step_time_s / total for k in PARTS}
+    scale = step_time_s / total
+    return {**{k: split[k] * scale for k in PARTS},
+            **{k: split[k] * scale if k in split else np.nan for k in SCALED_READINGS},
+            **{k: split.get(k, np.nan) for k in ("premise_checked", "premise_contradicted")}}
 
 
 def split_table(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per configuration and node count with a traced ok run: the median of each part over its
-    repeats, the measured exposed communication (the exposed parts; waiting apart) beside the model's."""
+    repeats, the measured exposed communication (the exposed parts; waiting apart) beside the model's,
+    waiting by the duration rule beside the split's, and where the two readings differ by more than
+    READINGS_APART of the step or the durations contradict the rule's premise, a mark saying so."""
     if "trace_split" not in frame:
         return pd.DataFrame()
     train = train_rows(frame)
@@ -68,13 +91,34 @@ def split_table(frame: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     runs = pd.DataFrame(rows)
     keys = [*CONFIG, "nodes"]
-    numbers = [*PARTS, "step_time_s", "tokens_per_gpu_step", "pred_exposed_comm_s"]
+    numbers = [*PARTS, *SCALED_READINGS, "step_time_s", "tokens_per_gpu_step", "pred_exposed_comm_s"]
     table = runs.groupby(keys, dropna=False).agg(
         **{c: (c, "median") for c in numbers}, traced_runs=("step_time_s", "count"),
-        slowest_node=("slowest_node", "first")).reset_index()
+        slowest_node=("slowest_node", "first"), premise_checked=("premise_checked", "max"),
+        premise_contradicted=("premise_contradicted", "max")).reset_index()
     table["exposed_comm_s"] = table[[p for p in PARTS if p.startswith("exposed_")]].sum(axis=1)
     table["exposed_comm_error"] = table["pred_exposed_comm_s"] / table["exposed_comm_s"] - 1
+    table["duration_rule"] = [duration_rule(r) for _, r in table.iterrows()]
     return table.sort_values(keys, ignore_index=True)
+
+
+def duration_rule(row: pd.Series) -> str | None:
+    """What a row's duration rule says beside the waiting it shows: where the two readings are apart (by
+    more than READINGS_APART of the step) or the durations contradict the rule's premise, by how much and
+    on how many of the collectives read on a shared clock; else nothing (None where a run has no reading)."""
+    if pd.isna(row["waiting_duration_rule"]):
+        return None
+    apart = abs(row["waiting"] - row["waiting_duration_rule"]) / row["step_time_s"]
+    checked, contradicted = row["premise_checked"], row["premise_contradicted"]
+    if (pd.isna(checked) or checked == 0) and row["waiting"] == row["waiting_duration_rule"] == 0:
+        return None  # nothing waited by either reading (a run of one rank, or of groups of one)
+    if pd.isna(checked) or checked == 0:
+        return "not checked: no shared clock (waiting is the duration rule's)"
+    if apart <= READINGS_APART and not contradicted:
+        return "agrees"
+    return (f"{'apart by' if apart > READINGS_APART else 'within'} {apart:.1%} of the step; premise "
+            f"contradicted on {int(contradicted)} of {int(checked)} collectives "
+            f"({1e3 * row['premise_at_stake_s']:.3g} ms at stake)")
 
 
 def _rounded(points: dict[str, float], total: int) -> dict[str, int]:
@@ -115,22 +159,19 @@ def lost_sentences(table: pd.DataFrame) -> list[str]:
     return out
 
 
-def split_chart(table: pd.DataFrame) -> Figure | None:
-    """The step of each configuration and node count, stacked in its parts (seconds)."""
-    if table.empty:
-        return None
-    fig = Figure(figsize=(9, 5), layout="constrained")
-    ax = fig.add_subplot()
-    labels = [f"{describe(dict(zip(CONFIG, (r[c] for c in CONFIG))))}\n{node_count(r['nodes'])}"
-              for _, r in table.iterrows()]
-    bottom = np.zeros(len(table))
-    for part in PARTS:
-        values = table[part].to_numpy(dtype=float)
-        ax.bar(range(len(table)), values, bottom=bottom, label=LABELS[part])
-        bottom += values
-    ax.set_xticks(range(len(table)), labels, fontsize=6, rotation=30, ha="right")
-    ax.set_ylabel("seconds per step")
-    ax.set_title("Where the step went (each run's profiler trace, scaled to its measured step)")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3, axis="y")
-    return fig
+MAX_CHARTED = 6  # configurations the step split chart draws legibly on the report's first screens
+
+
+def charted(table: pd.DataFrame, named: pd.DataFrame) -> pd.DataFrame:
+    """The split table's rows the report's chart draws: every configuration where there are at most
+    MAX_CHARTED, else the ones the answer names (`named`: a model and a configuration label a row, of
+    analysis.scaling.headline's table and the strong-scaling answer's), the first MAX_CHARTED where it
+    names none of them; `attrs` say which and of how many."""
+    if table.empty or table.groupby(CONFIG, dropna=False).ngroups <= MAX_CHARTED:
+        return table
+    names = set(zip(named["model"], named["configuration"])) if len(named) else set()
+    keep = [(r["model"], configuration_label(r)) in names for _, r in table.iterrows()]
+    shown = table[keep] if any(keep) else table.merge(table.drop_duplicates(CONFIG).head(MAX_CHARTED)[CONFIG],
+                                                      on=CONFIG)
+    shown.attrs = {"named": any(keep), "of": table.groupby(CONFIG, dropna=False).ngroups}  # for the title
+    return shown

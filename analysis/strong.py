@@ -9,7 +9,8 @@ scaling efficiency at n nodes is (step time at base / step time at n) x base / n
 definition on tokens/s, read on the time a team pays for. Where a node count has no ok run, its figures are
 the prediction (its summary's where it ran, else the plan's: plan.csv), marked with their source. Where the
 global batch grows with the node count (weak scaling), each node count's days are at the batch it trains,
-labelled so, and there is no knee.
+labelled so, and there is no knee. Where a node count's runs measured their GPUs' energy per token, the
+budget's GPU energy in kWh and its cost at the cluster's energy price (bench/predict/budget.py).
 """
 from __future__ import annotations
 
@@ -27,11 +28,12 @@ COLUMNS = {"model": "model", "configuration": "configuration", "nodes": "nodes",
            "tokens_per_step": "tokens/step", "micro_batch": "micro batch", "grad_accum": "accumulation steps",
            "step_time_s": "step time (s)", "source": "source", "pred_step_time_s": "predicted step time (s)",
            "efficiency": "strong-scaling efficiency", "next_step": "next node count",
-           "days_to_train": "days to train", "usd_to_train": "USD to train", "answer": "answer",
-           "straggler": "straggler"}
+           "days_to_train": "days to train", "usd_to_train": "USD to train",
+           "kwh_to_train": "GPU kWh to train", "energy_usd_to_train": "energy USD to train",
+           "answer": "answer", "straggler": "straggler"}
 # what a node count's figure needs, of the aggregated results and of the plan
 FIGURES = [*CONFIG, "nodes", "global_batch", "micro_batch", "grad_accum", "step_time_s", "pred_step_time_s",
-           "pred_source", "status", "straggler"]
+           "pred_source", "status", "straggler", "energy_j_per_token"]
 
 
 def sweep_study(sweeps: list[Path]) -> dict[str, float]:
@@ -85,15 +87,18 @@ def _tokens_per_step(frame: pd.DataFrame) -> pd.Series:
 
 
 def _points(group: pd.DataFrame) -> list[Point]:
+    energy = group["energy_j_per_token"] if "energy_j_per_token" in group else pd.Series(None, group.index)
     return [Point(int(r["nodes"]), float(r["tokens_per_step"]),
-                  None if pd.isna(r["step_time_s"]) else float(r["step_time_s"]), str(r["source"]))
-            for _, r in group.iterrows()]
+                  None if pd.isna(r["step_time_s"]) else float(r["step_time_s"]), str(r["source"]),
+                  j_per_token=None if pd.isna(j) else float(j))
+            for (_, r), j in zip(group.iterrows(), energy)]
 
 
 def strong_rows(agg: pd.DataFrame, prices: dict[str, float | None], train_tokens: float,
-                knee_share: float = DEFAULT_KNEE_SHARE, plan: pd.DataFrame | None = None) -> pd.DataFrame:
+                knee_share: float = DEFAULT_KNEE_SHARE, plan: pd.DataFrame | None = None,
+                energy_prices: dict[str, float | None] | None = None) -> pd.DataFrame:
     """One row per configuration and node count (see the module docstring); `scaling` says strong or
-    weak, `answer` marks the fastest, the cheapest and the knee."""
+    weak, `answer` marks the fastest, the cheapest and the knee; energy_prices: USD per kWh by cluster."""
     found = figures(agg, plan)
     rows = []
     for _, group in found.groupby(CONFIG, dropna=False, sort=True):
@@ -104,7 +109,8 @@ def strong_rows(agg: pd.DataFrame, prices: dict[str, float | None], train_tokens
                              pred_step_time_s=predicted,
                              tokens_per_step=_tokens_per_step(group), source=group.apply(_source, axis=1))
         price = prices.get(group["cluster"].iloc[0])
-        ans = answer(_points(group), train_tokens, price, knee_share)
+        energy_price = (energy_prices or {}).get(group["cluster"].iloc[0])
+        ans = answer(_points(group), train_tokens, price, knee_share, energy_price)
         marks = {id(r): [] for r in ans.rows}
         for what, row in (("fastest", ans.fastest), ("cheapest", ans.cheapest), ("knee", ans.knee)):
             if row is not None:
@@ -120,16 +126,22 @@ def strong_rows(agg: pd.DataFrame, prices: dict[str, float | None], train_tokens
             "next_share": [r.next_share for r in ans.rows], "next_step": [step_up(r) for r in ans.rows],
             "days_to_train": [r.days for r in ans.rows],
             "usd_to_train": [r.usd for r in ans.rows], "price_per_hour": price,
+            "energy_j_per_token": group["energy_j_per_token"].values, "energy_price": energy_price,
+            "kwh_to_train": [r.kwh for r in ans.rows],
+            "energy_usd_to_train": [r.energy_usd for r in ans.rows],
             "answer": [", ".join(marks[id(r)]) for r in ans.rows], "straggler": group["straggler"].values}))
     if not rows:
-        return pd.DataFrame(columns=[*COLUMNS, "scaling", "price_per_hour"])
+        return pd.DataFrame(columns=[*COLUMNS, "scaling", "price_per_hour", "energy_price"])
     out = pd.concat(rows, ignore_index=True)
-    return out.astype({c: float for c in ("efficiency", "next_share", "days_to_train", "usd_to_train")})
+    return out.astype({c: float for c in ("efficiency", "next_share", "days_to_train", "usd_to_train",
+                                          "kwh_to_train", "energy_usd_to_train")})
 
 
 def _answer(group: pd.DataFrame, train_tokens: float, knee_share: float) -> Answer:
     price = group["price_per_hour"].iloc[0]
-    return answer(_points(group), train_tokens, None if pd.isna(price) else float(price), knee_share)
+    energy = group["energy_price"].iloc[0] if "energy_price" in group else None
+    return answer(_points(group), train_tokens, None if pd.isna(price) else float(price), knee_share,
+                  None if energy is None or pd.isna(energy) else float(energy))
 
 
 def knee_sentences(rows: pd.DataFrame, train_tokens: float, knee_share: float) -> list[str]:
@@ -167,6 +179,9 @@ def knee_sentences(rows: pd.DataFrame, train_tokens: float, knee_share: float) -
 def _cost(row: Row, train_tokens: float) -> str:
     """"8 nodes train 1e+12 tokens in 12.3 days, $290,000, predicted (published constants)"."""
     usd = f", ${row.usd:,.0f}" if row.usd is not None else ""
+    if row.kwh is not None:  # measured on the GPUs (NVML): their board energy alone
+        usd += f", {row.kwh:,.0f} GPU kWh"
+        usd += f" (${row.energy_usd:,.0f})" if row.energy_usd is not None else ""
     mark = "" if row.point.source == "measured" else f", {row.point.source}"
     verb = "trains" if row.point.nodes == 1 else "train"
     return f"{node_count(row.point.nodes)} {verb} {train_tokens:.3g} tokens in {row.days:.1f} days{usd}{mark}"

@@ -34,7 +34,7 @@ def test_the_smoke_report_reads_right_in_a_browser(smoke_results: Path, tmp_path
     from selenium.webdriver.chrome.service import Service
     chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
     assert chromium and driver_path, "install Debian's chromium and chromium-driver (.ci/run does)"
-    page = smoke_results / "smoke" / "report" / "report.html"
+    page = smoke_results / "smoke_full" / "report" / "report.html"
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000"):

@@ -6,7 +6,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis.comm import bus_bytes, comm_model
+from analysis.comm import ABOVE_PROBE, achieved, achieved_sentences, bus_bytes, comm_model
 from analysis.load import load
 from analysis.scaling import aggregate, nccl_sizes
 from bench.core import rundir
@@ -63,13 +63,15 @@ def test_verdicts_on_a_hand_made_sweep(tmp_path: Path) -> None:
     assert comm.loc[("FULL_SHARD", 1), "verdict"] == "base"
 
 
-def _probe(sweep: Path, collective: str, nodes: int, busbw: float, efa: int = 32) -> None:
-    spec = RunSpec(kind="nccl", model="none", gpus_per_node=8, cluster="p5.48xlarge", efa_per_node=efa,
-                   nodes=nodes, collective=collective)
-    factor = (2 if collective == "all_reduce" else 1) * (8 * nodes - 1) / (8 * nodes)
+def _probe(sweep: Path, collective: str, nodes: int, busbw: float, efa: int = 32, gpus_per_node: int = 8,
+           shares: tuple[tuple[int, float], ...] = ((2**20, 0.1), (2**28, 1.0), (2**30, 1.0))) -> None:
+    spec = RunSpec(kind="nccl", model="none", gpus_per_node=gpus_per_node, cluster="p5.48xlarge",
+                   efa_per_node=efa, nodes=nodes, collective=collective)
+    ranks = gpus_per_node * nodes
+    factor = (2 if collective == "all_reduce" else 1) * (ranks - 1) / ranks
     _summary(sweep, spec, nccl_busbw_avg_gbs=busbw / 2, nccl_busbw_max_gbs=busbw, extra={"sizes": [
         {"size": size, "busbw": busbw * share, "algbw": busbw * share / factor, "time_us": 1.0}
-        for size, share in ((2**20, 0.1), (2**28, 1.0), (2**30, 1.0))]})
+        for size, share in shares]})
 
 
 def test_a_slower_all_gather_probe_lengthens_the_modelled_all_gathers_and_the_table_says_so(tmp_path) -> None:
@@ -99,8 +101,8 @@ def test_a_slower_all_gather_probe_lengthens_the_modelled_all_gathers_and_the_ta
 def test_what_each_run_got_of_the_network_against_the_probe(tmp_path) -> None:
     """Two 2-node FULL_SHARD runs with trace_collectives (bytes per step in nccl-tests' size
     convention, seconds per step, calls): each kind's bus bandwidth (bytes / s x (W-1)/W over 16 ranks)
-    against the probe of its collective at the nearest size, and the sentence per node count."""
-    from analysis.comm import achieved, achieved_sentences
+    against the probe of its collective at one call's size, and the sentence per node count, its
+    bandwidths to three significant figures."""
     sweep = tmp_path / "study"
     _probe(sweep, "all_reduce", 2, 200.0)
     _probe(sweep, "reduce_scatter", 2, 100.0)  # no all-gather probe: its kinds meet the all-reduce's
@@ -127,9 +129,71 @@ def test_what_each_run_got_of_the_network_against_the_probe(tmp_path) -> None:
     median = (got[0] + got[1]) / 2
     sentences = achieved_sentences(table)
     assert sentences[1] == (f"the 2-node runs' reduce-scatters reached {median / 100:.0%} of the probe "
-                            "(2 runs; "
-                            f"{median:.1f} of 100.0 GB/s bus bandwidth, reduce_scatter probe)")
+                            f"(2 runs; {median:.3g} of 100 GB/s bus bandwidth, reduce_scatter probe over "
+                            "2 nodes x 8)")
     gather = 32 * 2**28 / 0.512 / 1e9 * 15 / 16  # 15.7 GB/s
     assert sentences[0] == (f"the 2-node runs' forward all-gathers reached {gather / 200:.0%} of the probe "
-                            "(2 runs; "
-                            f"{gather:.1f} of 200.0 GB/s bus bandwidth, all_reduce probe)")
+                            f"(2 runs; {gather:.3g} of 200 GB/s bus bandwidth, all_reduce probe over "
+                            "2 nodes x 8)")
+
+
+def _hybrid(sweep: Path, trace: dict, nodes: int = 2) -> pd.DataFrame:
+    """A HYBRID_SHARD run of `nodes` x 2 ranks with these trace_collectives, beside the sweep's probes."""
+    spec = RunSpec(model="llama2_7b", gpus_per_node=2, cluster="p5.48xlarge", efa_per_node=32, nodes=nodes,
+                   sharding="HYBRID_SHARD")
+    row = RunSummary(run_id=spec.run_id, sweep="study", status="ok", spec=spec, step_time_s=1.0,
+                     trace_collectives=trace).to_row()
+    frame = load(sweep).frame
+    return achieved(pd.concat([frame, pd.DataFrame([row])], ignore_index=True), nccl_sizes(frame))
+
+
+def test_each_collective_meets_the_probe_of_its_own_group_at_its_own_size(tmp_path: Path) -> None:
+    """HYBRID_SHARD on 2 x 2: its reduce-scatters run within a node (the 1-node, 2-GPU probe), its
+    all-reduce across the 2 nodes, one rank on each (the 2-node, 1-GPU probe; not the 2 x 2 one, which
+    four ranks ran). Each probe is read at the run's own message size, between its probed sizes, on its
+    curve made non-decreasing (the noisy 2^26 and 2^27 rows, below 2^25's, are read as 2^25's); the time
+    waited for a peer is not the network's. Bytes: 2^30 per step in 4 calls of 2^28."""
+    sweep = tmp_path / "study"
+    noisy = ((2**24, 0.25), (2**25, 0.5), (2**26, 0.1), (2**27, 0.1), (2**29, 1.0), (2**30, 1.0))
+    _probe(sweep, "reduce_scatter", 1, 40.0, gpus_per_node=2, shares=noisy)
+    _probe(sweep, "all_reduce", 2, 20.0, gpus_per_node=1)
+    _probe(sweep, "all_reduce", 2, 90.0, gpus_per_node=2)
+    _probe(sweep, "all_reduce", 1, 99.0, gpus_per_node=2)
+    trace = {"reduce_scatter": {"bytes": 2**30, "s": 0.5, "wait_s": 0.1, "count": 4, "ranks": 2},
+             "all_reduce": {"bytes": 2**30, "s": 1.0, "count": 4, "ranks": 2}}
+    table = _hybrid(sweep, trace).set_index("kind")
+    rs, ar = table.loc["reduce_scatter"], table.loc["all_reduce"]
+    assert rs["probe_placement"] == "1 node x 2" and ar["probe_placement"] == "2 nodes x 1"
+    assert rs["achieved_busbw_gbs"] == pytest.approx(2**30 / 0.4 / 1e9 / 2)  # (n-1)/n over 2 ranks
+    assert rs["probe_busbw_gbs"] == pytest.approx(30.0)  # 2^28: halfway from 2^27's 20 (2^25's) to 2^29's 40
+    assert ar["probe_busbw_gbs"] == pytest.approx(20.0) and ar["probe"] == "all_reduce probe"
+    assert ar["achieved_busbw_gbs"] == pytest.approx(2**30 / 1.0 / 1e9)  # 2(n-1)/n = 1 over 2 ranks
+
+
+def test_one_rank_collectives_are_left_out_and_a_share_above_the_probe_is_explained(tmp_path: Path) -> None:
+    """HYBRID_SHARD on one node: its all-reduce runs over a group of one rank and sends nothing (no row,
+    no sentence: not "0% of the probe"); its reduce-scatters passed the probe, and the sentence says why
+    that can be."""
+    sweep = tmp_path / "study"
+    _probe(sweep, "reduce_scatter", 1, 0.1, gpus_per_node=2)
+    _probe(sweep, "all_reduce", 1, 0.1, gpus_per_node=2)
+    trace = {"reduce_scatter": {"bytes": 2**30, "s": 4.0, "count": 4, "ranks": 2},
+             "all_reduce": {"bytes": 2**29, "s": 0.1, "count": 4, "ranks": 1}}
+    table = _hybrid(sweep, trace, nodes=1)
+    assert list(table["kind"]) == ["reduce_scatter"]
+    share = 2**30 / 4.0 / 1e9 / 2 / 0.1  # 134%
+    assert achieved_sentences(table) == [
+        f"the 1-node runs' reduce-scatters reached {share:.0%} of the probe (1 run; 0.134 of 0.1 GB/s bus "
+        f"bandwidth, reduce_scatter probe over 1 node x 2): {ABOVE_PROBE}"]
+
+
+def test_a_run_above_its_probe_is_said_to_be_beside_a_median_below_it() -> None:
+    """A node count's median share below 100% with one run above it: the sentence says that one passed
+    the probe, and why that can be."""
+    rows = [{"run_id": run, "nodes": 2, "kind": "all_reduce", "share": share,
+             "achieved_busbw_gbs": 1.234 * share, "probe_busbw_gbs": 1.234, "probe": "all_reduce probe",
+             "probe_placement": "2 nodes x 1"}
+            for run, share in (("a", 1.2), ("b", 0.5), ("c", 0.7))]
+    assert achieved_sentences(pd.DataFrame(rows)) == [
+        "the 2-node runs' all-reduces reached 70% of the probe (3 runs; 0.864 of 1.23 GB/s bus bandwidth, "
+        f"all_reduce probe over 2 nodes x 1); 1 of them {ABOVE_PROBE}"]

@@ -1,6 +1,9 @@
 """`analysis.compare` on two hand-made results trees with planted changes of known size."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -8,6 +11,7 @@ import pytest
 from analysis.compare import compare, main, side
 from bench.core import rundir
 from bench.core.schema import RunSpec, RunSummary
+from conftest import ROOT
 
 
 def run(sweep_dir: Path, tokens_per_s: float | None, status: str = "ok", repeat: int = 0, std: float = 0.0,
@@ -74,3 +78,51 @@ def test_cli_exit_codes(trees, tmp_path: Path, capsys) -> None:
     assert main([a, a, "--fail-on-regression"]) == 0
     assert main([a, str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def _system(sweep_dir: Path, nccl: str, env: dict[str, str]) -> None:
+    """Give every run of a tree one node's system record: NVIDIA's driver 550, NCCL `nccl`, `env`."""
+    for d in rundir.iter_run_dirs(sweep_dir):
+        summary = rundir.read_summary(d)
+        summary.extra["system"] = [{"node": "p5-00", "source": "trainer", "facts": {
+            "gpu_model": "NVIDIA H100 80GB HBM3", "gpu_driver": "550.54.15", "nccl": nccl, "env": env}}]
+        rundir.write_summary(d, summary)
+
+
+def test_what_else_changed_is_printed_first_and_named_in_the_last_line(trees, capsys) -> None:
+    a, b = trees
+    _system(a, "2.21.5", {"NCCL_DEBUG": "INFO"})
+    _system(b, "2.23.4", {"NCCL_DEBUG": "INFO", "FI_EFA_USE_DEVICE_RDMA": "1"})
+    assert main([str(a), str(b), "--fail-on-regression"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == ["system: NCCL 2.21.5 -> 2.23.4", "system: FI_EFA_USE_DEVICE_RDMA unset -> 1"]
+    assert out[2].startswith("| configuration |")  # before the throughput deltas
+    assert out[-1] == ("5 configurations compared: 2 regression(s), 1 improvement(s); system differs: "
+                       "NCCL 2.21.5 -> 2.23.4; FI_EFA_USE_DEVICE_RDMA unset -> 1")
+    assert main([str(a), str(a)]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "system: the same on both sides"
+
+
+SMOKE_ONE_RUN = ["+sweep=smoke", "axes.precision=[bf16_mixed]", "axes.activation_checkpointing=[none]",
+                 "axes.gpus_per_node=[1]", "axes.compile=[false]", "axes.global_batch=[null]",
+                 "nccl.enabled=false", "trace.enabled=false", "memory.measure=false"]
+
+
+@pytest.mark.slow  # two sweeps of one one-rank run each: about 30 s on 2 cores
+def test_two_smoke_studies_one_environment_variable_apart(tmp_path: Path) -> None:
+    """The same one-run smoke sweep twice through the local launcher, the second with FI_EFA_USE_DEVICE_RDMA
+    set: the comparison names that variable and no other fact (the git facts aside: this checkout is shared
+    and may change between the two sweeps)."""
+    for name, extra in (("a", {}), ("b", {"FI_EFA_USE_DEVICE_RDMA": "1"})):
+        env = {k: v for k, v in os.environ.items() if k != "FI_EFA_USE_DEVICE_RDMA"}
+        proc = subprocess.run([sys.executable, "-m", "bench.sweep", *SMOKE_ONE_RUN,
+                               f"results_root={tmp_path / name}"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=600, env={**env, **extra})
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    proc = subprocess.run([sys.executable, "-m", "analysis.compare", str(tmp_path / "a"), str(tmp_path / "b"),
+                           "--fail-on-regression"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    lines = [ln.removeprefix("system: ") for ln in proc.stdout.splitlines() if ln.startswith("system: ")]
+    assert [ln for ln in lines if not ln.startswith("git")] == ["FI_EFA_USE_DEVICE_RDMA unset -> 1"], \
+        proc.stdout
+    assert "system differs: " in proc.stdout.splitlines()[-1]
+    assert "FI_EFA_USE_DEVICE_RDMA unset -> 1" in proc.stdout.splitlines()[-1]

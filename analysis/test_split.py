@@ -1,14 +1,21 @@
 """The report's step split on hand-made runs with a known answer: the points of efficiency lost from 1 to 2
-nodes, decomposed into parts that add up, in the first screen's sentence, the table and the chart."""
+nodes, decomposed into parts that add up, in the first screen's sentence, the table and the chart; the
+table names each row's configuration and marks where the two readings of waiting part; the chart draws a
+panel per configuration whose labels do not collide, and of a study of many configurations the ones the
+answer names, linking the rest."""
 from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 
+from analysis import split
 from analysis.load import load
+from analysis.plots import split_chart
 from analysis.report import build
-from analysis.split import lost_points, split_table
+from analysis.split import charted, lost_points, split_table
 from bench.core import rundir
 from bench.core.schema import RunSpec, RunSummary
 
@@ -17,14 +24,15 @@ from bench.core.schema import RunSpec, RunSummary
 ONE = {"compute": 0.7, "exposed_reduce_scatter": 0.1, "other": 0.2}
 TWO = {"compute": 1.4, "exposed_reduce_scatter": 0.6, "waiting": 0.3, "other": 0.2}
 PARTS = ("compute", "exposed_all_gather_fwd", "exposed_all_gather_bwd", "exposed_reduce_scatter",
-         "exposed_all_reduce", "waiting", "optimizer", "other")
+         "exposed_all_reduce", "waiting", "collective_copies", "optimizer", "other")
 
 
-def _run(sweep: Path, nodes: int, step: float, parts: dict[str, float], slowest: str | None) -> None:
-    spec = RunSpec(model="llama2_7b", gpus_per_node=8, cluster="p5.48xlarge", nodes=nodes)
+def _run(sweep: Path, nodes: int, step: float, parts: dict[str, float], slowest: str | None,
+         readings: dict[str, float] | None = None, **config: object) -> None:
+    spec = RunSpec(model="llama2_7b", gpus_per_node=8, cluster="p5.48xlarge", nodes=nodes, **config)
     d = rundir.run_dir(sweep, spec)
     tokens = 8000.0  # per GPU per step, the same at both node counts (weak scaling)
-    split = {**dict.fromkeys(PARTS, 0.0), **parts, "step_s": sum(parts.values())}
+    split = {**dict.fromkeys(PARTS, 0.0), **parts, "step_s": sum(parts.values()), **(readings or {})}
     summary = RunSummary(run_id=spec.run_id, sweep=sweep.name, status="ok", spec=spec, run_dir=str(d),
                          step_time_s=step, tokens_per_s_per_gpu=tokens / step,
                          tokens_per_s=tokens / step * 8 * nodes, tflops_per_gpu=1.0, trace_split=split,
@@ -63,3 +71,81 @@ def test_runs_without_a_trace_leave_no_split(tmp_path: Path) -> None:
     frame = load(sweep).frame
     frame["trace_split"] = None
     assert split_table(frame).empty
+
+
+def test_each_row_names_its_configuration_and_says_where_the_readings_of_waiting_part(tmp_path,
+                                                                                     monkeypatch) -> None:
+    """Two configurations alike but for precision and AC: their rows say which is which. Where the
+    arrivals' reading of waiting and the duration rule's are apart by more than 2% of the step, or the
+    durations contradict the rule's premise, the row gives both readings and why (on how many collectives,
+    what is at stake); where they agree it says so; a run whose ranks shared no clock has the duration
+    rule's reading alone. With room for one configuration in the chart, it draws the one the answer names
+    and the page links the chart of both."""
+    monkeypatch.setattr(split, "MAX_CHARTED", 1)
+    sweep = tmp_path / "study"
+    checked = {"premise_checked": 30, "premise_contradicted": 0, "premise_at_stake_s": 0.0}
+    contradicted = {**checked, "premise_contradicted": 12, "premise_at_stake_s": 0.12}
+    # TWO's waiting 0.3 of a 2.5 s profiled step, scaled to the measured 1.0 s: 0.12, by durations 0.04
+    _run(sweep, 2, 1.0, TWO, None, readings={**contradicted, "waiting_duration_rule": 0.1}, precision="fp32")
+    _run(sweep, 1, 1.0, ONE, None, readings={**contradicted, "waiting_duration_rule": 0.0}, precision="fp32")
+    _run(sweep, 2, 1.0, TWO, None, readings={**checked, "waiting_duration_rule": 0.29},
+         activation_checkpointing="full")
+    apart = {"waiting_duration_rule": 0.1, "premise_checked": 0, "premise_contradicted": 0,
+             "premise_at_stake_s": 0.0}  # no clock shared: nothing checked
+    _run(sweep, 1, 1.0, {**ONE, "waiting": 0.1}, None, readings=apart, activation_checkpointing="full")
+    out = tmp_path / "report"
+    build(load(sweep), out)
+    table = pd.read_csv(out / "step_split.csv").set_index(["precision", "AC", "nodes"])
+    assert {"batch", "GPUs/node"} <= set(table.columns)
+    rule = table["duration rule"]
+    assert rule[("fp32", "none", 2)] == ("apart by 8.0% of the step; premise contradicted on 12 of 30 "
+                                         "collectives (48 ms at stake)")
+    assert rule[("fp32", "none", 1)] == ("within 0.0% of the step; premise contradicted on 12 of 30 "
+                                         "collectives (120 ms at stake)")
+    assert rule[("bf16_mixed", "full", 2)] == "agrees"
+    assert rule[("bf16_mixed", "full", 1)] == "not checked: no shared clock (waiting is the duration rule's)"
+    assert table.loc[("fp32", "none", 2), "waiting by the duration rule (s)"] == pytest.approx(0.04)
+    assert table.loc[("fp32", "none", 2), "waiting for a peer (s)"] == pytest.approx(0.12)
+    md = (out / "report.md").read_text().split("## Where the step went", 1)[1].split("\n## ", 1)[0]
+    assert "| llama2_7b | FULL_SHARD | fp32 | none |" in md
+    assert "| llama2_7b | FULL_SHARD | bf16_mixed | full |" in md
+    assert "[step_split_all.png](step_split_all.png)" in (out / "report.md").read_text()
+    assert (out / "step_split_all.png").is_file()
+
+
+def _overlapping(fig) -> list[tuple[str, str]]:
+    """Pairs of the figure's visible texts (tick labels, titles, axis labels, the legend's) whose boxes
+    overlap, drawn."""
+    FigureCanvasAgg(fig).draw()
+    renderer = fig.canvas.get_renderer()
+    texts = [t for ax in fig.axes if ax.get_visible() for t in (
+        *ax.get_xticklabels(), *ax.get_yticklabels(), ax.title, ax.xaxis.label, ax.yaxis.label)
+        if t.get_visible() and t.get_text()] + [fig._suptitle, *fig.legends[0].get_texts()]
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+    return [(a, b) for i, (a, box) in enumerate(boxes) for b, other in boxes[i + 1:] if box.overlaps(other)]
+
+
+def test_a_study_of_many_configurations_charts_the_named_ones_legibly(tmp_path: Path) -> None:
+    """Eight configurations at 1 and 2 nodes, more than a chart draws legibly: the chart draws those the
+    answer names, a panel each with its node counts beneath, its title saying where every one is; the
+    chart of every configuration has a panel each; no label of either collides with another."""
+    sweep = tmp_path / "study"
+    configs = [{"precision": p, "activation_checkpointing": ac, "micro_batch": mb}
+               for p in ("fp32", "bf16_mixed") for ac in ("none", "full") for mb in (1, 2)]
+    for config in configs:
+        for nodes in (1, 2):
+            _run(sweep, nodes, 1.0 + 0.1 * nodes, TWO, None, **config)
+    table = split_table(load(sweep).frame)
+    assert len(table) == 16
+    named = pd.DataFrame([{"model": "llama2_7b", "configuration": "FULL_SHARD bf16_mixed + full AC"}])
+    shown = charted(table, named)  # both micro batches: the label names the configuration, not its batch
+    assert len(shown) == 4 and set(zip(shown["precision"], shown["activation_checkpointing"])) == {
+        ("bf16_mixed", "full")}
+    drawn, every = split_chart(shown), split_chart(table)
+    panels = [ax for ax in drawn.axes if ax.get_visible()]
+    assert [[t.get_text() for t in ax.get_xticklabels()] for ax in panels] == [["1", "2"], ["1", "2"]]
+    assert [ax.get_title() for ax in panels] == ["mb1", "mb2"]  # what tells them apart
+    assert "the 2 configurations the answer names of 8, every one in step_split_all.png" in \
+        drawn._suptitle.get_text().replace("\n", " ")
+    assert len([ax for ax in every.axes if ax.get_visible()]) == 8
+    assert _overlapping(drawn) == [] and _overlapping(every) == []

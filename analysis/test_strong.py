@@ -9,7 +9,7 @@ from analysis import report
 from analysis.scaling import CONFIG
 from analysis.strong import knee_sentences, strong_rows
 from bench.core import rundir
-from bench.core.config import from_dict
+from bench.core.load_config import from_dict
 from bench.core.schema import RunSummary
 from bench.run.collect import write_results
 from bench.study.plan import expand

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.core import rundir
-from bench.core.config import ConfigError, SweepConfig
+from bench.core.config import ConfigError, PreflightConfig, SweepConfig
 from bench.core.records import error_line
 from bench.core.schema import RunSpec
-from bench.launchers.base import DONE, Launcher
+from bench.launchers.base import DONE, Launcher, Placement
 from bench.run.collect import run_records
 from bench.run.watch import now_iso
 
@@ -42,33 +42,55 @@ SPEEDS = (("matmul_tflops", "matmul TFLOPS"), ("copy_gbs", "copy GB/s"),
 MIN_FREE_GIB = 1.0
 
 
-def mode_of(cfg: SweepConfig) -> str:
-    """on, warn or off: auto is on where the launcher reaches several machines."""
-    if cfg.preflight.mode != "auto":
-        return cfg.preflight.mode
-    return "on" if cfg.launcher.name in ("slurm", "kubernetes") else "off"
+@dataclass(frozen=True)
+class Nodes:
+    """What the preflight reads of a study (`nodes_of` builds it once from the configuration): how to check,
+    and what every node must have."""
+
+    settings: PreflightConfig
+    cluster: str
+    """The cluster's name, which every job's spec carries."""
+    launcher: str
+    """The launcher each job's spec records (the placement's)."""
+    gpus_per_node: int
+    """Workers per node of each job (the cluster's GPUs per node)."""
+    gpus: int | None
+    """GPUs a node must have (the cluster's, where its file names a GPU); None: not checked."""
+    efa: int
+    """EFA adapters a node must have: the most any run or probe of the study asks."""
+    precision: str
+    """The dtype the local workload runs in: the study's first precision."""
 
 
-def study_efa(cfg: SweepConfig) -> int:
+def nodes_of(cfg: SweepConfig, placement: Placement) -> Nodes:
     asked = [e for e in [*cfg.axes.efa_per_node, *(cfg.nccl.efa_per_node or [])] if e is not None]
-    return max(asked or [cfg.cluster.efa_per_node])
+    return Nodes(settings=cfg.preflight, cluster=cfg.cluster.name, launcher=placement.run_launcher,
+                 gpus_per_node=cfg.cluster.gpus_per_node,
+                 gpus=cfg.cluster.gpus_per_node if cfg.cluster.gpu else None,
+                 efa=max(asked or [cfg.cluster.efa_per_node]), precision=cfg.axes.precision[0])
 
 
-def node_spec(cfg: SweepConfig, node: str) -> RunSpec:
-    return RunSpec(kind="preflight", nodes=1, gpus_per_node=cfg.cluster.gpus_per_node,
-                   precision=cfg.axes.precision[0], efa_per_node=study_efa(cfg), cluster=cfg.cluster.name,
-                   launcher=cfg.launcher.name, hosts=node)
+def mode_of(mode: str, placement: Placement) -> str:
+    """on, warn or off: auto is on where the launcher reaches several machines (its placement says)."""
+    if mode != "auto":
+        return mode
+    return "on" if placement.preflight else "off"
 
 
-# Timed all-reduces per size between a pair: 5 took 0.17 s at 32 MiB over loopback, and a pair measured
-# once beside another read up to 41% below its like on two shared cores (a healthy node named, CI and here).
+def node_spec(nodes: Nodes, node: str) -> RunSpec:
+    return RunSpec(kind="preflight", nodes=1, gpus_per_node=nodes.gpus_per_node, precision=nodes.precision,
+                   efa_per_node=nodes.efa, cluster=nodes.cluster, launcher=nodes.launcher, hosts=node)
+
+
+# Timed all-reduces per size between a pair: enough for a steady reading when other pairs measure beside it
+# on shared cores, at well under a second per size (benchmarks/evidence/README.md, "Preflight").
 PAIR_ITERS = 20
 
 
-def pair_spec(cfg: SweepConfig, pair: tuple[str, str]) -> RunSpec:
-    top = cfg.preflight.pair_bytes
-    return RunSpec(kind="nccl", nodes=2, gpus_per_node=cfg.cluster.gpus_per_node, efa_per_node=study_efa(cfg),
-                   cluster=cfg.cluster.name, launcher=cfg.launcher.name, hosts=",".join(pair),
+def pair_spec(nodes: Nodes, pair: tuple[str, str]) -> RunSpec:
+    top = nodes.settings.pair_bytes
+    return RunSpec(kind="nccl", nodes=2, gpus_per_node=nodes.gpus_per_node, efa_per_node=nodes.efa,
+                   cluster=nodes.cluster, launcher=nodes.launcher, hosts=",".join(pair),
                    nccl_min_bytes=max(8, top // 64), nccl_max_bytes=top, nccl_iters=PAIR_ITERS)
 
 
@@ -160,10 +182,10 @@ def busbw_of(answer: Answer) -> float | None:
 Pairs = dict[tuple[str, str], float | None]  # a pair of nodes' all-reduce bus bandwidth (GB/s)
 
 
-def judge(cfg: SweepConfig, rows: list[dict[str, Any]], pairs: Pairs) -> list[str]:
+def judge(nodes: Nodes, rows: list[dict[str, Any]], pairs: Pairs) -> list[str]:
     """Name what sets each node apart (each row's `problems`); returns the problems of no single node
     (a slow link between two nodes that are fine with their other neighbour)."""
-    tol, answered = cfg.preflight.tolerance, [r for r in rows if r["answered"]]
+    tol, answered = nodes.settings.tolerance, [r for r in rows if r["answered"]]
     for row in answered:  # a node's best pair: one fine pair clears the node (the other is the link)
         own = [bw for pair, bw in pairs.items() if row["node"] in pair]
         row["pair_busbw_gbs"] = max((bw for bw in own if bw is not None), default=None)
@@ -186,7 +208,7 @@ def judge(cfg: SweepConfig, rows: list[dict[str, Any]], pairs: Pairs) -> list[st
                 if row.get(key) != common:
                     row["problems"].append(
                         f"{label} {row.get(key)} where {n} of {len(answered)} have {common}")
-    efa, gpus = study_efa(cfg), cfg.cluster.gpus_per_node if cfg.cluster.gpu else None
+    efa, gpus = nodes.efa, nodes.gpus
     for row in answered:
         if (row.get("efa_adapters") or 0) < efa:
             row["problems"].append(f"{row.get('efa_adapters') or 0} EFA adapters, the study asks {efa}")
@@ -215,15 +237,15 @@ def _slow_links(pairs: Pairs, tol: float, rows: list[dict[str, Any]]) -> list[st
             if bw is not None and bw < median * (1 - tol) and not {a, b} & slow_nodes]
 
 
-def check(cfg: SweepConfig, launcher: Launcher, sweep_dir: Path, out: Any = sys.stderr) -> dict[str, Any]:
+def check(nodes: Nodes, launcher: Launcher, sweep_dir: Path, out: Any = sys.stderr) -> dict[str, Any]:
     """Run the preflight; write and return the verdict (rows, links, when, how long)."""
-    started = time.monotonic()
-    nodes, down = cluster_nodes(cfg, launcher)
-    if not nodes and not down:
+    started, settings = time.monotonic(), nodes.settings
+    names, down = cluster_nodes(settings, launcher)
+    if not names and not down:
         raise ConfigError("preflight: the launcher lists no nodes; name them with preflight.nodes=[...]")
-    print(f"preflight: {len(nodes)} node(s) with {launcher.name}, one job each ...", file=out, flush=True)
-    specs = {node: node_spec(cfg, node) for node in nodes}
-    answers = run_round(launcher, list(specs.values()), sweep_dir, cfg.preflight.timeout_s)
+    print(f"preflight: {len(names)} node(s) with {launcher.name}, one job each ...", file=out, flush=True)
+    specs = {node: node_spec(nodes, node) for node in names}
+    answers = run_round(launcher, list(specs.values()), sweep_dir, settings.timeout_s)
     rows = [node_row(node, answers[spec.run_id]) for node, spec in specs.items()]
     rows += [{"node": node, "answered": False, "problems": [f"down in the scheduler ({state})"]}
              for node, state in down.items()]
@@ -232,21 +254,21 @@ def check(cfg: SweepConfig, launcher: Launcher, sweep_dir: Path, out: Any = sys.
     for i, pair_round in enumerate(pair_rounds(ready), 1):
         print(f"preflight: all-reduce between pairs of nodes, round {i}: "
               + ", ".join("-".join(p) for p in pair_round), file=out, flush=True)
-        pair_specs = {pair: pair_spec(cfg, pair) for pair in pair_round}
-        got = run_round(launcher, list(pair_specs.values()), sweep_dir, cfg.preflight.timeout_s)
+        pair_specs = {pair: pair_spec(nodes, pair) for pair in pair_round}
+        got = run_round(launcher, list(pair_specs.values()), sweep_dir, settings.timeout_s)
         pairs.update({pair: busbw_of(got[spec.run_id]) for pair, spec in pair_specs.items()})
-    links = judge(cfg, rows, pairs)
+    links = judge(nodes, rows, pairs)
     verdict = {"when": now_iso(), "seconds": round(time.monotonic() - started, 1), "tolerance":
-               cfg.preflight.tolerance, "rows": rows, "links": links,
+               settings.tolerance, "rows": rows, "links": links,
                "pairs": [{"nodes": list(p), "busbw_gbs": bw} for p, bw in pairs.items()]}
     rundir.write_json(sweep_dir / rundir.PREFLIGHT_JSON, verdict)
     return verdict
 
 
-def cluster_nodes(cfg: SweepConfig, launcher: Launcher) -> tuple[list[str], dict[str, str]]:
+def cluster_nodes(settings: PreflightConfig, launcher: Launcher) -> tuple[list[str], dict[str, str]]:
     """The nodes to check, and those the scheduler holds down (by state)."""
-    if cfg.preflight.nodes:
-        return list(cfg.preflight.nodes), {}
+    if settings.nodes:
+        return list(settings.nodes), {}
     return launcher.node_names()
 
 
@@ -278,7 +300,8 @@ def format_verdict(verdict: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.core.config import EXIT_CONFIG, from_dict
+    from bench.core.config import EXIT_CONFIG
+    from bench.core.load_config import from_dict
     from bench.study.compose import compose, make_launcher
     args = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -290,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         launcher.preflight()
         sweep_dir = Path(cfg.results_root) / cfg.sweep_name
         with rundir.locked(sweep_dir):
-            verdict = check(cfg, launcher, sweep_dir)
+            verdict = check(nodes_of(cfg, launcher.placement(cfg)), launcher, sweep_dir)
     except (ConfigError, rundir.SweepDirBusy) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_CONFIG

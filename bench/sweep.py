@@ -16,13 +16,14 @@ import time
 from pathlib import Path
 
 from bench import preflight
-from bench.core import rundir
-from bench.core.config import EXIT_CONFIG, ConfigError, SweepConfig, from_dict
+from bench.core import config_doc, rundir
+from bench.core.config import EXIT_CONFIG, ConfigError, SweepConfig
+from bench.core.load_config import from_dict
 from bench.core.schema import RunSpec
-from bench.launchers.base import Launcher
+from bench.launchers.base import Launcher, Placement
 from bench.predict.budget import DEFAULT_TRAIN_TOKENS, Answer, Row, answer, step_up
 from bench.predict.calibrate import study_predictor
-from bench.predict.cost import plan_cost, startup_of
+from bench.predict.cost import plan_cost
 from bench.predict.memory import (
     CUDA_CONTEXT_GIB,
     FRAGMENTATION,
@@ -31,6 +32,7 @@ from bench.predict.memory import (
     MemoryPlanner,
 )
 from bench.run import schedule
+from bench.run.runner import Study, execute
 from bench.study.compose import available_sweeps, compose, make_launcher
 from bench.study.plan import PlannedRun, answer_points, expand
 
@@ -201,23 +203,22 @@ def render_all(launcher: Launcher, plan: list[PlannedRun], sweep_dir: Path, admi
             launcher.admit(submission)
 
 
-def dry_run(cfg: SweepConfig, launcher: Launcher, plan: list[PlannedRun], sweep_dir: Path) -> None:
+def dry_run(launcher: Launcher, placement: Placement, plan: list[PlannedRun], sweep_dir: Path) -> None:
     """Render every feasible run's submission where its next attempt would write it; launch nothing."""
-    from bench.run.runner import as_job
     for p in plan:
         if not p.feasible:
             continue
-        rd = rundir.run_dir(sweep_dir, p.spec)
-        rundir.write_spec(rd, p.spec)
-        ad = rundir.attempt_dir(rd, len(rundir.read_ledger(rd)) + 1)
-        rundir.write_submission(ad, launcher.render(p.first_spec, ad, as_job(cfg, p).seconds))
+        run_dir = rundir.run_dir(sweep_dir, p.spec)
+        rundir.write_spec(run_dir, p.spec)
+        attempt_dir = rundir.attempt_dir(run_dir, len(rundir.read_ledger(run_dir)) + 1)
+        seconds = schedule.job_of(p, placement).seconds
+        rundir.write_submission(attempt_dir, launcher.render(p.first_spec, attempt_dir, seconds))
 
 
-def schedule_line(cfg: SweepConfig, plan: list[PlannedRun]) -> str:
+def schedule_line(cfg: SweepConfig, placement: Placement, plan: list[PlannedRun]) -> str:
     """Estimated makespan and what the cluster is held for, beside what the runs use."""
-    from bench.run.runner import as_job, node_budget
-    jobs = [as_job(cfg, p) for p in plan if p.feasible]
-    budget = node_budget(cfg)
+    jobs = [schedule.job_of(p, placement) for p in plan if p.feasible]
+    budget = placement.node_budget
     where = (f"{budget} node{'' if budget == 1 else 's'} in flight" if budget is not None
              else "one run at a time")
     if not jobs or any(j.seconds is None for j in jobs):
@@ -253,8 +254,11 @@ def _exit_status(sweep_dir: Path, plan: list[PlannedRun]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in args):
-        print(__doc__.strip() + "\n\nsweeps: " + ", ".join(available_sweeps()))
+    if any(a in ("-h", "--help") for a in args):  # the usage, the sweeps, every configuration key
+        print(__doc__.strip() + "\n\nsweeps: " + ", ".join(available_sweeps()) + "\n\n" + config_doc.text())
+        return 0
+    if "--help-config" in args:  # the keys alone; --markdown: docs/study.md's reference
+        print(config_doc.markdown() if "--markdown" in args else config_doc.text() + "\n", end="")
         return 0
     show_cfg = "--cfg" in args
     overrides = [FLAGS.get(a, a) for a in args if a != "--cfg"]
@@ -271,11 +275,13 @@ def main(argv: list[str] | None = None) -> int:
         cfg = from_dict(raw)
         started = time.perf_counter()
         launcher = make_launcher(cfg)
+        placement = launcher.placement(cfg)  # where and how the runs run: decided here, once
         sweep_dir = Path(cfg.results_root) / cfg.sweep_name
-        launching = not (cfg.dry_run or cfg.launcher.name == "dryrun")
+        launching = placement.launches and not cfg.dry_run
         if launching:
             launcher.preflight()
-        render_all(launcher, expand(cfg), sweep_dir, admit=launching)  # every value judged before measuring
+        # every value judged before measuring
+        render_all(launcher, expand(cfg, placement=placement), sweep_dir, admit=launching)
         _make_sweep_dir(sweep_dir)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -283,15 +289,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with rundir.locked(sweep_dir):
             memory = MemoryPlanner(cfg)
-            predictor, calibration = study_predictor(cfg, sweep_dir)
+            predictor, calibration = study_predictor(cfg.cluster, placement, cfg.axes.model, sweep_dir)
             try:
-                plan = expand(cfg, memory, predictor)
+                plan = expand(cfg, memory, predictor, placement)
             finally:
                 memory.close()  # its measuring processes: nothing measures after the plan
             print(f"planned in {time.perf_counter() - started:.1f} s; {memory.summary()}")
             if calibration:
                 print(calibration)
-            return _plan_and_launch(cfg, plan, launcher, sweep_dir, yaml_text)
+            return _plan_and_launch(cfg, placement, plan, launcher, sweep_dir, yaml_text)
     except rundir.SweepDirBusy as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_CONFIG
@@ -304,28 +310,36 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
-def _plan_and_launch(cfg: SweepConfig, plan: list[PlannedRun], launcher: Launcher, sweep_dir: Path,
-                     yaml_text: str) -> int:
+def study_from(cfg: SweepConfig, placement: Placement, sweep_dir: Path) -> Study:
+    """What the runner reads of this sweep: its options, its launcher's settings and placement, and its
+    predictor as of now (refitted on the study's finished runs)."""
+    return Study(name=cfg.sweep_name or "", launcher=cfg.launcher, placement=placement,
+                 predictor=lambda: study_predictor(cfg.cluster, placement, cfg.axes.model, sweep_dir)[0],
+                 search=cfg.micro_batch_search, tolerance=cfg.preflight.tolerance, force=cfg.force,
+                 rerun_failed=cfg.rerun_failed, progress=cfg.progress)
+
+
+def _plan_and_launch(cfg: SweepConfig, placement: Placement, plan: list[PlannedRun], launcher: Launcher,
+                     sweep_dir: Path, yaml_text: str) -> int:
     write_plan(sweep_dir, plan, yaml_text)
     infeasible = sum(not p.feasible for p in plan)
     print(f"sweep {cfg.sweep_name}: {len(plan)} runs planned ({infeasible} infeasible) on {cfg.cluster.name} "
-          f"with launcher {cfg.launcher.name} -> {sweep_dir}")
-    cost = plan_cost([p for p in plan if p.feasible], cfg.cluster, cfg.launcher.timeout_s,
-                     startup_of(cfg.cluster.instance_type, cfg.launcher.name))
+          f"with launcher {launcher.name} -> {sweep_dir}")
+    cost = plan_cost([p for p in plan if p.feasible], cfg.cluster, cfg.launcher.timeout_s, placement)
     print(cost.line(cfg.cluster.name))
-    print(schedule_line(cfg, plan))
+    print(schedule_line(cfg, placement, plan))
     if answer_text := format_answer(cfg, plan):
         print(answer_text)
     if note := launcher.plan_note([p.first_spec for p in plan if p.feasible]):
         print(note)
-    if cfg.dry_run or cfg.launcher.name == "dryrun":
+    if cfg.dry_run or not placement.launches:
         print(format_plan(plan))
-        dry_run(cfg, launcher, plan, sweep_dir)
+        dry_run(launcher, placement, plan, sweep_dir)
         print(f"dry run: submissions written under {sweep_dir / rundir.RUNS_DIR}/*/"
               f"{rundir.ATTEMPT_PREFIX}*/{rundir.SUBMISSION_DIR}/")
         return EXIT_OK
-    if (mode := preflight.mode_of(cfg)) != "off":
-        verdict = preflight.check(cfg, launcher, sweep_dir, out=sys.stdout)
+    if (mode := preflight.mode_of(cfg.preflight.mode, placement)) != "off":
+        verdict = preflight.check(preflight.nodes_of(cfg, placement), launcher, sweep_dir, out=sys.stdout)
         print(preflight.format_verdict(verdict))
         if (named := preflight.problems(verdict)) and mode == "on":
             more = f" (and {len(named) - 1} more)" if len(named) > 1 else ""
@@ -333,8 +347,7 @@ def _plan_and_launch(cfg: SweepConfig, plan: list[PlannedRun], launcher: Launche
                   "(\"cluster.slurm.extra_sbatch=['--exclude=NODE']\") or accept it with preflight.mode=warn",
                   file=sys.stderr)
             return preflight.EXIT_REFUSED
-    from bench.run.runner import execute
-    counts = execute(cfg, plan, launcher, sweep_dir)
+    counts = execute(study_from(cfg, placement, sweep_dir), plan, launcher, sweep_dir)
     interrupted = counts.pop("interrupted")
     print("done: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) +
           f"; table: {sweep_dir / rundir.RESULTS_CSV}; report: python -m analysis.report {sweep_dir}")

@@ -104,3 +104,32 @@ def test_the_checker_catches_a_stale_name(tmp_path: Path) -> None:
 def test_the_docs_name_only_files_classes_and_modules_that_exist() -> None:
     found = {str(doc.relative_to(ROOT)): p for doc in doc_files() if (p := problems(doc))}
     assert not found, found
+
+
+def test_the_configuration_reference_is_the_configs_own() -> None:
+    """docs/study.md's reference is what bench/core/config.py says: every key, in both or in neither, with
+    its type, default and docstring (python scripts/config_docs.py writes it)."""
+    from bench.core.config_doc import in_page, sections
+    page = (ROOT / "docs" / "study.md").read_text()
+    assert in_page(page) == page, "docs/study.md differs from the config: run python scripts/config_docs.py"
+    documented = set(re.findall(r"^- `([\w.\[\]]+)` \(", page, re.M))
+    assert documented == {k.key for s in sections() for k in s.keys}
+    assert "- `trace.steps` (`int`, default `2`): Profiled steps per run" in page
+    stale = page.replace("- `trace.steps` (`int`, default `2`)", "- `trace.steps` (`int`, default `3`)")
+    assert in_page(stale) == page  # the check sees a stale default, and the script repairs it
+
+
+def test_help_lists_every_key_with_its_choices_and_default(capsys) -> None:
+    from bench.core.config_doc import markdown, sections
+    from bench.sweep import main
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("`python -m bench.sweep +sweep=NAME") and "sweeps: ablation, " in out
+    for section in sections():
+        assert all(f"  {k.key}: {k.type}" in out for k in section.keys), section.name
+    sharding = "list[FULL_SHARD | SHARD_GRAD_OP | HYBRID_SHARD | NO_SHARD] = [FULL_SHARD]"
+    assert f"  axes.sharding: {sharding}\n" in out
+    assert "  cluster.slurm.admission: harness | slurm = harness\n      Who packs" in out
+    assert "  launcher.name: str (required)\n" in out
+    assert main(["--help-config", "--markdown"]) == 0
+    assert capsys.readouterr().out == markdown()

@@ -77,35 +77,36 @@ def test_enospc_on_the_results_table_stops_the_sweep_keeps_the_run_and_frees_the
             raise OSError(errno.ENOSPC, "No space left on device")
         write(path, data, sync)
     monkeypatch.setattr(rundir, "_atomic_write", full_after_a_summary)
-    argv = ["+sweep=smoke", f"results_root={tmp_path}", *SMOKE_SHAPE, *TINY,
+    argv = ["+sweep=smoke_full", f"results_root={tmp_path}", *SMOKE_SHAPE, *TINY,
             "axes.precision=[fp32,bf16_mixed]"]
     assert sweep.main(argv) == sweep.EXIT_NO_SPACE
     err = capsys.readouterr().err
-    assert err.startswith(f"error: no space left in {tmp_path / 'smoke'}: writing results.parquet needs ")
+    where = tmp_path / "smoke_full"
+    assert err.startswith(f"error: no space left in {where}: writing results.parquet needs ")
     assert err.count("\n") == 1
-    (kept,) = rundir.read_summaries(tmp_path / "smoke")
+    (kept,) = rundir.read_summaries(tmp_path / "smoke_full")
     assert kept.status == "ok"
-    with rundir.locked(tmp_path / "smoke"):  # free: this process holds no other descriptor of it
+    with rundir.locked(tmp_path / "smoke_full"):  # free: this process holds no other descriptor of it
         pass
     monkeypatch.setattr(rundir, "_atomic_write", write)
     assert sweep.main(argv) == sweep.EXIT_OK
     out = capsys.readouterr().out
     assert "done: ok 1, skipped 1;" in out
-    assert kept.run_id in {s.run_id for s in rundir.read_summaries(tmp_path / "smoke")}
+    assert kept.run_id in {s.run_id for s in rundir.read_summaries(tmp_path / "smoke_full")}
 
 
 @pytest.mark.slow  # three real runs: two minutes on 2 cores
 def test_a_sweep_on_a_160_kib_filesystem_stops_in_one_line_and_resumes_with_space(tiny_fs: Path) -> None:
-    argv = [sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={tiny_fs}", *SMOKE_SHAPE,
+    argv = [sys.executable, "-m", "bench.sweep", "+sweep=smoke_full", f"results_root={tiny_fs}", *SMOKE_SHAPE,
             *TINY, "axes.precision=[fp32,bf16_mixed,fp16_mixed]"]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.stderr.startswith(f"error: no space left in {tiny_fs}") and proc.stderr.count("\n") == 1
     assert "Traceback" not in proc.stdout + proc.stderr
-    finished = {s.run_id: s.status for s in rundir.read_summaries(tiny_fs / "smoke")}
+    finished = {s.run_id: s.status for s in rundir.read_summaries(tiny_fs / "smoke_full")}
     assert finished and set(finished.values()) == {"ok"}
     subprocess.run(["mount", "-o", "remount,size=64m", str(tiny_fs)], check=True)
     again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-2000:]
     assert f"skipped {len(finished)};" in again.stdout  # nothing that finished ran twice
-    assert len(rundir.read_summaries(tiny_fs / "smoke")) == 3
+    assert len(rundir.read_summaries(tiny_fs / "smoke_full")) == 3

@@ -12,7 +12,9 @@ import torch
 
 from bench import preflight
 from bench.core import rundir
-from bench.core.config import ConfigError, from_dict
+from bench.core.config import ConfigError, SweepConfig
+from bench.core.load_config import from_dict
+from bench.launchers import placement_of
 from bench.launchers.k8s_manifests import manifest
 from bench.launchers.slurm_script import render_script
 from bench.study.plan import expand
@@ -21,6 +23,10 @@ from bench.sweep import compose
 
 def cfg_of(*overrides: str):
     return from_dict(compose(["+sweep=smoke", *overrides])[0])
+
+
+def _nodes(cfg: SweepConfig) -> preflight.Nodes:
+    return preflight.nodes_of(cfg, placement_of(cfg))
 
 
 def row(node: str, matmul: float = 1.0, copy: float = 10.0, **facts: Any) -> dict[str, Any]:
@@ -32,21 +38,21 @@ def row(node: str, matmul: float = 1.0, copy: float = 10.0, **facts: Any) -> dic
 def test_a_node_slower_than_the_median_by_more_than_the_tolerance_is_named_and_no_other() -> None:
     cfg = cfg_of()
     rows = [row("a", 1.0), row("b", 0.9), row("c", 1.1), row("d", 0.5)]  # median 0.95; d is 47% below
-    assert preflight.judge(cfg, rows, {}) == []
+    assert preflight.judge(_nodes(cfg), rows, {}) == []
     assert [r["problems"] for r in rows] == [[], [], [], ["matmul TFLOPS 0.5, 47% below the median 0.95"]]
 
 
 def test_a_node_whose_versions_or_adapters_differ_is_named_with_the_difference() -> None:
     cfg = cfg_of("axes.efa_per_node=[4]")
     rows = [row("a", efa_adapters=4), row("b", efa_adapters=4), row("c", efa_adapters=2, torch="2.12.0")]
-    preflight.judge(cfg, rows, {})
+    preflight.judge(_nodes(cfg), rows, {})
     assert rows[0]["problems"] == rows[1]["problems"] == []
     assert rows[2]["problems"] == ["torch 2.12.0 where 2 of 3 have 2.13.0",
                                    "2 EFA adapters, the study asks 4"]
     plugin = "/opt/amazon/ofi-nccl/lib/libnccl-net.so"
     rows = [row(n, ofi_plugin=plugin, ofi_plugin_loads=True) for n in "ab"] + [
         row("c", ofi_plugin=plugin, ofi_plugin_loads=False, ofi_plugin_error="libfabric.so.1: cannot open")]
-    preflight.judge(cfg_of(), rows, {})  # the same plugin everywhere, one that does not load on c
+    preflight.judge(_nodes(cfg_of()), rows, {})  # the same plugin everywhere, one that does not load on c
     assert [r["problems"] for r in rows] == [[], [],
                                              ["aws-ofi-nccl does not load: libfabric.so.1: cannot open"]]
 
@@ -58,12 +64,13 @@ def test_a_node_slow_with_both_its_pairs_is_named_a_link_slow_alone_is_the_link(
     # each node in two pairs, in none twice a round
     assert pairs == [[("a", "b"), ("c", "d")], [("b", "c"), ("d", "a")]]
     node_c = {("a", "b"): 10.0, ("c", "d"): 4.0, ("b", "c"): 4.0, ("d", "a"): 10.0}
-    assert preflight.judge(cfg, rows, node_c) == []
+    assert preflight.judge(_nodes(cfg), rows, node_c) == []
     assert [r["node"] for r in rows if r["problems"]] == ["c"]
     assert rows[2]["problems"] == ["all-reduce GB/s 4, 60% below the median 10"]
     rows = [row(n) for n in "abcd"]
     link = {("a", "b"): 10.0, ("c", "d"): 10.0, ("b", "c"): 4.0, ("d", "a"): 10.0}
-    assert preflight.judge(cfg, rows, link) == ["all-reduce b-c 4 GB/s, 60% below the median pair's 10"]
+    slow = ["all-reduce b-c 4 GB/s, 60% below the median pair's 10"]
+    assert preflight.judge(_nodes(cfg), rows, link) == slow
     assert not any(r["problems"] for r in rows)
 
 
@@ -82,12 +89,12 @@ def test_each_job_runs_on_its_node_on_slurm_and_kubernetes(tmp_path: Path, share
     from bench.launchers.k8s_schema import load_crds, validate
     crds = load_crds(shared_data / "k8s")
     slurm = cfg_of("cluster=slurm_local", "launcher=slurm")
-    script = render_script(slurm, preflight.node_spec(slurm, "node3"), tmp_path, {})
+    script = render_script(slurm, preflight.node_spec(_nodes(slurm), "node3"), tmp_path, {})
     assert "#SBATCH --nodelist=node3\n#SBATCH --no-requeue\n" in script and " -m trainer.preflight " in script
     study = render_script(slurm, next(p.spec for p in expand(slurm) if p.spec.kind == "train"), tmp_path, {})
     assert "--no-requeue" not in study  # a study's run is requeued after a node failure, on its own clock
     k8s = cfg_of("cluster=p5.48xlarge", "launcher=kubernetes", "cluster.kubernetes.image=reg.io/fsdpbench:1")
-    job = manifest(k8s, preflight.pair_spec(k8s, ("ip-10-0-0-1", "ip-10-0-0-2")))
+    job = manifest(k8s, preflight.pair_spec(_nodes(k8s), ("ip-10-0-0-1", "ip-10-0-0-2")))
     assert job["kind"] == "MPIJob"  # nccl-tests between the pair, as the study's own probes
     pod = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
     required = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
@@ -95,7 +102,7 @@ def test_each_job_runs_on_its_node_on_slurm_and_kubernetes(tmp_path: Path, share
     assert term == [{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
                                            "values": ["ip-10-0-0-1", "ip-10-0-0-2"]}]}]
     assert validate(job, crds) == []
-    node_job = manifest(k8s, preflight.node_spec(k8s, "ip-10-0-0-1"))
+    node_job = manifest(k8s, preflight.node_spec(_nodes(k8s), "ip-10-0-0-1"))
     worker = node_job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
     command = worker["containers"][0]["command"]
     assert command[command.index("-m", 2) + 1] == "trainer.preflight"
@@ -116,7 +123,9 @@ def test_the_preflight_of_this_machine_reports_what_it_runs(tmp_path: Path, caps
     assert node["answered"] and node["torch"] == torch.__version__ and node["problems"] == []
     assert node["matmul_tflops"] > 0 and node["copy_gbs"] > 0 and node["efa_adapters"] == 0
     assert "no node stands apart" in capsys.readouterr().out
-    assert preflight.mode_of(cfg_of()) == "off" and preflight.mode_of(cfg_of("launcher=slurm")) == "on"
+    local, slurm = cfg_of(), cfg_of("launcher=slurm")
+    assert preflight.mode_of(local.preflight.mode, placement_of(local)) == "off"
+    assert preflight.mode_of(slurm.preflight.mode, placement_of(slurm)) == "on"
 
 
 def test_a_sweep_whose_preflight_names_a_node_launches_nothing(tmp_path: Path, capsys) -> None:

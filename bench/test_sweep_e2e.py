@@ -23,13 +23,14 @@ ONE_NODE = ["axes.global_batch=[null]",
 
 
 def sweep(tmp_path: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={tmp_path}",
+    return subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=smoke_full",
+                           f"results_root={tmp_path}",
                            *SMOKE_SHAPE, *UNTRACED, *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout)
 
 
 def table(tmp_path: Path) -> pd.DataFrame:
-    return pd.read_csv(tmp_path / "smoke" / rundir.RESULTS_CSV)
+    return pd.read_csv(tmp_path / "smoke_full" / rundir.RESULTS_CSV)
 
 
 def by_precision(frame: pd.DataFrame) -> dict[str, str]:
@@ -58,7 +59,7 @@ def test_timeout_and_oom_are_classified_and_the_rest_finish(tmp_path: Path) -> N
     redone = table(tmp_path).set_index("precision").loc[["fp32", "bf16_mixed"]]
     assert list(redone.attempt) == [2, 2]
     for run_id in redone.run_id:
-        d = next((tmp_path / "smoke" / "runs").glob(f"*-{run_id}"))
+        d = next((tmp_path / "smoke_full" / "runs").glob(f"*-{run_id}"))
         assert sorted(p.name for p in d.glob("attempt-*")) == ["attempt-1", "attempt-2"]
         assert [r["status"] for r in rundir.read_records(d) if r["kind"] == "summary"] == ["ok"]
 
@@ -78,11 +79,12 @@ def test_sigterm_mid_sweep_leaves_a_consistent_store(tmp_path: Path) -> None:
     # turns on the CPU's 16-bit units).
     args = [*(a for a in ONE_NODE if not a.startswith("axes.activation_checkpointing")),
             "axes.precision=[fp32]", "axes.activation_checkpointing=[none,selective,full]"]
-    proc = subprocess.Popen([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={tmp_path}",
+    proc = subprocess.Popen([sys.executable, "-m", "bench.sweep", "+sweep=smoke_full",
+                             f"results_root={tmp_path}",
                              *SMOKE_SHAPE, *args,
                              "faults=[{match:{activation_checkpointing:selective},fault:hang,step:1}]"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    runs = tmp_path / "smoke" / "runs"
+    runs = tmp_path / "smoke_full" / "runs"
     hanging = lambda: [d for d in runs.glob("*-acsel-*") if any(  # noqa: E731
         r["kind"] == "step" for r in rundir.read_records(d))]
     _wait_for(lambda: runs.is_dir() and hanging(), timeout=240)
@@ -92,7 +94,7 @@ def test_sigterm_mid_sweep_leaves_a_consistent_store(tmp_path: Path) -> None:
     assert "resume" in err
     frame = table(tmp_path)
     assert dict(zip(frame.activation_checkpointing, frame.status)) == {"full": "ok", "selective": "cancelled"}
-    summaries = [rundir.read_summary(d) for d in rundir.iter_run_dirs(tmp_path / "smoke")]
+    summaries = [rundir.read_summary(d) for d in rundir.iter_run_dirs(tmp_path / "smoke_full")]
     assert sorted(s.run_id for s in summaries if s) == sorted(frame.run_id)
     left = subprocess.run(["pgrep", "-f", str(runs)], capture_output=True, text=True).stdout.split()
     assert not left, "worker processes survived the cancel"
@@ -105,7 +107,7 @@ def test_sigterm_mid_sweep_leaves_a_consistent_store(tmp_path: Path) -> None:
 def test_dry_run_renders_and_launches_nothing(tmp_path: Path) -> None:
     proc = sweep(tmp_path, "--dry-run")
     assert proc.returncode == 0, proc.stderr
-    sub_files = list((tmp_path / "smoke" / "runs").glob("*/attempt-1/submission/submission.json"))
+    sub_files = list((tmp_path / "smoke_full" / "runs").glob("*/attempt-1/submission/submission.json"))
     # the two-ranks-per-node smoke: 16 training runs (2 strong scaling), 2 probes of each of 3 collectives
     assert len(sub_files) == 16 + 2 * 3
     for sub in sub_files:
@@ -117,30 +119,30 @@ def test_dry_run_renders_and_launches_nothing(tmp_path: Path) -> None:
             env = argv[:2 + bool(name)]
             assert env == ["env", "CUDA_VISIBLE_DEVICES=", *([name] if name else [])], argv
             assert argv[len(env) + 1:len(env) + 3] == ["-m", "torch.distributed.run"]
-    assert not list((tmp_path / "smoke" / "runs").glob("*/summary.json"))
-    assert not list((tmp_path / "smoke" / "runs").glob("*/logs/*"))
+    assert not list((tmp_path / "smoke_full" / "runs").glob("*/summary.json"))
+    assert not list((tmp_path / "smoke_full" / "runs").glob("*/logs/*"))
 
 
 @pytest.mark.slow
 def test_smoke_sweep_end_to_end_then_resume(smoke_results: Path) -> None:
     frame = table(smoke_results)
-    plan = pd.read_csv(smoke_results / "smoke" / rundir.PLAN_CSV)
+    plan = pd.read_csv(smoke_results / "smoke_full" / rundir.PLAN_CSV)
     assert sorted(frame.run_id) == sorted(plan.run_id)
     assert (frame.status == "ok").all(), frame[frame.status != "ok"][["run_id", "status", "error"]]
     # Table values are the workers' own summaries, not recomputed or rounded.
     for row in frame.itertuples():
-        d = next((smoke_results / "smoke" / "runs").glob(f"*-{row.run_id}"))
+        d = next((smoke_results / "smoke_full" / "runs").glob(f"*-{row.run_id}"))
         summary = [r for r in rundir.read_records(d) if r["kind"] == "summary"][0]
         key = "tokens_per_s" if row.kind == "train" else "busbw_avg_gbs"
         value = row.tokens_per_s if row.kind == "train" else row.nccl_busbw_avg_gbs
         assert value == pytest.approx(summary[key], rel=1e-12)
     hybrid = frame[(frame.sharding == "HYBRID_SHARD") & (frame.nodes == 2) & (frame.kind == "train")]
-    d = next((smoke_results / "smoke" / "runs").glob(f"*-{hybrid.iloc[0].run_id}"))
+    d = next((smoke_results / "smoke_full" / "runs").glob(f"*-{hybrid.iloc[0].run_id}"))
     with open(rundir.current_attempt_dir(d) / "logs" / "node0.log") as f:
         metas = [r for r in parse_records(f) if r["kind"] == "meta"]
     assert {tuple(m["mesh_shape"]) for m in metas} == {(2, 2)}
     # The report of these results: charts exist, its scaling table holds the summaries' values.
-    out = smoke_results / "smoke" / "report"
+    out = smoke_results / "smoke_full" / "report"
     for chart in ("throughput_vs_nodes", "efficiency_vs_nodes", "tflops_per_config", "memory_vs_nodes",
                   "busbw_vs_size"):
         assert (out / f"{chart}.png").stat().st_size > 5000 and (out / f"{chart}.svg").is_file()
@@ -167,7 +169,7 @@ def test_the_smoke_report_puts_predictions_beside_measurements_on_cpu(smoke_resu
     frame = table(smoke_results)
     train = frame[frame.kind == "train"]
     assert train.pred_tokens_per_s_per_gpu.notna().all() and (train.pred_mem_source == "measured").all()
-    out = smoke_results / "smoke" / "report"
+    out = smoke_results / "smoke_full" / "report"
     predicted = pd.read_csv(out / "predicted.csv")
     assert len(predicted) == 16 and predicted[["pred_tokens_per_s_per_gpu", "tokens_per_s_per_gpu",
                                                "error"]].notna().all().all()
@@ -188,7 +190,8 @@ def test_the_smoke_report_puts_predictions_beside_measurements_on_cpu(smoke_resu
     assert predicted.pred_source.str.startswith("this study's").sum() >= len(predicted) - 2
     assert "predicted with this study's own calibration" in text
     extrapolation = pd.read_csv(out / "extrapolation.csv")
-    assert set(extrapolation.nodes) == {2} and "## Extrapolation" in text and "extrapolation (smoke)" in text
+    assert set(extrapolation.nodes) == {2} and "## Extrapolation" in text
+    assert "extrapolation (smoke_full)" in text
     assert " runs at 1 node alone, " in text
     # what each 2-node run got of the network: its traced all-gathers and reduce-scatters against the
     # same collective's 2-node probe (gloo over loopback here)
@@ -220,7 +223,7 @@ def test_the_smoke_reports_its_strong_scaling_pair_in_days_and_dollars(smoke_res
                  & (frame.activation_checkpointing == "none")].iloc[0]
     assert json.loads(weak.extra)["losses"] == pytest.approx(losses[1], rel=1e-6)  # the same 8 sequences
     out = tmp_path / "report"
-    proc = subprocess.run([sys.executable, "-m", "analysis.report", str(smoke_results / "smoke"),
+    proc = subprocess.run([sys.executable, "-m", "analysis.report", str(smoke_results / "smoke_full"),
                            "--out", str(out), "--price", "2.5"], cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -234,7 +237,7 @@ def test_the_smoke_reports_its_strong_scaling_pair_in_days_and_dollars(smoke_res
     assert strong.loc[2, "days to train 1e+12 tokens"] == pytest.approx(days)
     assert strong.loc[2, "USD to train 1e+12 tokens"] == pytest.approx(days * 24 * 2 * 2.5)
     text = (out / "report.md").read_text()
-    assert "## Strong scaling" in text and "scaling: smoke weak and strong at global batch 8" in text
+    assert "## Strong scaling" in text and "scaling: smoke_full weak and strong at global batch 8" in text
     assert "tiny_llama, FULL_SHARD bf16_mixed, global batch 8 sync_each: 1 node trains" in text
 
 
@@ -274,7 +277,7 @@ def test_a_hung_collective_names_the_rank_that_never_came(tmp_path: Path) -> Non
     assert proc.returncode == 1, proc.stderr[-2000:]
     run = table(tmp_path).iloc[0]
     assert run.status == "nccl_error", run.error
-    host = rundir.read_records(Path(run.run_dir))[0]["host"]
+    host = next(r["host"] for r in rundir.read_records(Path(run.run_dir)) if r["kind"] == "meta")
     assert run.error.startswith(f"flight recorder: rank 1 ({host}) never reached gloo:all_gather #"), \
         run.error
     assert f"that rank 0 ({host}) waited in" in run.error and "Timed out waiting 5000ms" in run.error

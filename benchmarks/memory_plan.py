@@ -4,9 +4,8 @@ and p5_options the measured peak beside the lower bound the planner falls back o
 table shows how much of each peak the fallback cannot see. A brought model's costs: its FLOP count (Mistral
 7B, in each measurement) and a census (Qwen3 0.6B, a family with no formula, counted before it is planned).
 
-The analytic peak formula the measurement replaced was compared the same way before its removal (median
-11.9% off, worst -49.0%, 19 of 92 configurations under-estimated): `git checkout ee49b92 && python
-benchmarks/memory_plan.py`.
+How far off the analytic peak formula the measurement replaced was, measured the same way:
+benchmarks/evidence/README.md, "Memory before launch".
 
 The planner measures a deep model on two shallow copies of it and one configuration per shard group
 (trainer/memory.py and bench/predict/memory.py say why both are exact). --check proves it: every measured
@@ -32,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.core.config import from_dict  # noqa: E402
+from bench.core.load_config import from_dict  # noqa: E402
 from bench.core.models import model_source  # noqa: E402
 from bench.predict.memory import (  # noqa: E402
     CUBLAS_WORKSPACE_GIB,

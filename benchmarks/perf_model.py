@@ -207,7 +207,7 @@ def _scatter(errors: list[float]) -> float:
 
 def accumulation_sensitivity(rows: list[FoundryRow]) -> None:
     """llm-foundry's table read with its GradAccum (the optimizer once a step) and as one micro batch a step
-    (once a micro batch, as before issue 46): both readings' median |error|, offset and scatter, the
+    (once a micro batch, GradAccum ignored): both readings' median |error|, offset and scatter, the
     accumulating rows apart; then each stack's optimizer at the bytes its own code moves instead of fused
     AdamW's 28 (perf.OPTIMIZER_BYTES): Composer's DecoupledAdamW and clipping on this table, this harness's
     foreach AdamW on its own GPU runs."""
@@ -253,7 +253,8 @@ def loss_sensitivity(rows: list[FoundryRow]) -> None:
 
 
 def one_micro_batch(row: PublishedRow) -> PublishedRow:
-    """A published row read as one micro batch a step, its GradAccum ignored (as before issue 46)."""
+    """A published row read as one micro batch a step, its GradAccum ignored: what a model that charges the
+    optimizer once a micro batch would be fitted to."""
     return replace(row, spec=replace(row.spec, global_batch=0))
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.core.config import from_dict  # noqa: E402
+from bench.core.load_config import from_dict  # noqa: E402
 from bench.study.plan import expand  # noqa: E402
 from bench.sweep import compose  # noqa: E402
 

@@ -1,13 +1,13 @@
 """Makespan of a sweep on the real 4-node local Slurm cluster: one run at a time versus side by side.
 
-The mix of issue 17: 8 runs of 1 node, 4 of 2 nodes, 2 of 4 nodes, every worker in the sleep test mode
+The equal mix: 8 runs of 1 node, 4 of 2 nodes, 2 of 4 nodes, every worker in the sleep test mode
 for SLEEP_S seconds (so the 2 cores do not decide how long a run takes). Each run's real duration is
 Slurm's own (StartTime..EndTime in the job-completion log); the lower bound is
-max(total node-seconds / 4, longest run) over those durations. Prints the figures and the two ratios the
-issue sets: concurrent <= 1.15 x bound, concurrent <= 0.5 x sequential. The mix pins every axis of the
+max(total node-seconds / 4, longest run) over those durations. Prints the figures and the two ratios it is
+held to: concurrent <= 1.15 x bound, concurrent <= 0.5 x sequential. The mix pins every axis of the
 smoke sweep it depends on, and the script stops before launching if it no longer plans those 14 runs.
 
-Unequal runs (issue 48): 24 real trainings of 1, 2 and 4 one-rank nodes (fp32/bf16, AC none/full, seq
+The unequal mix: 24 real trainings of 1, 2 and 4 one-rank nodes (fp32/bf16, AC none/full, seq
 128/256, 20 steps: 13-36 s each here), packed by their predicted durations (this machine's CPU, which
 slurm_local's nodes are); target <= 1.10 x the lower bound of their real durations.
 
@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.core import rundir  # noqa: E402
-from bench.core.config import from_dict  # noqa: E402
+from bench.core.load_config import from_dict  # noqa: E402
 from bench.study.plan import expand  # noqa: E402
 from bench.sweep import compose  # noqa: E402
 
@@ -60,9 +60,11 @@ UNEQUAL = ["axes.global_batch=[null]", "axes.nodes=[1,2,4]", "axes.gpus_per_node
 
 def planned_unequal() -> list[float | None]:
     """The unequal mix's estimated run times, as the plan orders and packs them (nothing launched)."""
-    from bench.run.runner import as_job
+    from bench.launchers import placement_of
+    from bench.run.schedule import job_of
     cfg = from_dict(compose(["+sweep=smoke", *UNEQUAL, "memory.measure=false"])[0])
-    return [as_job(cfg, p).seconds for p in expand(cfg)]
+    placement = placement_of(cfg)
+    return [job_of(p, placement).seconds for p in expand(cfg, placement=placement)]
 
 
 def sleeping(seconds: int) -> list[str]:

@@ -23,15 +23,15 @@ def quick(script: str, *args: str, timeout: float = 600) -> str:
 
 
 def test_the_slurm_schedule_mix_plans_exactly_its_fourteen_runs() -> None:
-    """The smoke sweep gained axes after the mix was written and it silently grew to 56 runs: the mix pins
-    them now, and the script refuses to run if the plan drifts again."""
+    """The mix pins every axis of the smoke sweep it is drawn from, so an axis the smoke gains does not grow
+    it, and the script refuses to run where the plan is not its 14 runs."""
     import schedule_slurm
     assert schedule_slurm.planned_mix() == schedule_slurm.RUNS_BY_NODES == {1: 8, 2: 4, 4: 2}
 
 
 def test_the_unequal_mix_plans_24_runs_each_with_a_predicted_duration() -> None:
     """slurm_local's nodes are this machine: its runs are predicted on the CPU, so the schedule packs them by
-    their durations (issue 48: before, "no run-time estimate for slurm_local"), unequal ones unequal."""
+    their durations (none says "no run-time estimate for slurm_local"), unequal ones unequal."""
     import schedule_slurm
     estimates = schedule_slurm.planned_unequal()
     assert len(estimates) == 24 and all(e is not None and e > 0 for e in estimates)

@@ -135,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         emit("summary", status="rendezvous_error", error=f"{type(e).__name__}: {e}")
         return 5
     rank, n = dist.get_rank(), dist.get_world_size()
+    from bench.core.system import emit_record  # this node's system record, from its local rank 0
+    emit_record(emit, torch, device.index if cuda else None, "nccl.probe")
     if rank == 0:
         emit("meta", spec=spec.to_dict(), world_size=n, backend=backend, host=socket.gethostname(),
              torch=torch.__version__, device_name=torch.cuda.get_device_name(device) if cuda else "cpu",

@@ -73,7 +73,7 @@ def test_zero_efa_forces_sockets() -> None:
 def test_the_socket_interface_is_pinned_the_same_way_on_every_launcher() -> None:
     """One NCCL_SOCKET_IFNAME from the cluster file, in the environment every launcher writes (Slurm script,
     Kubernetes manifest, local processes) for training and probes alike."""
-    from bench.core.config import from_dict
+    from bench.core.load_config import from_dict
     from bench.launchers.base import job_env
     from bench.launchers.k8s_manifests import manifest
     from bench.launchers.slurm import SlurmLauncher
@@ -142,3 +142,6 @@ def test_torch_probe_reports_nccl_tests_fields(torchrun, nproc: int, collective:
     assert summary["collective"] == collective
     assert summary["busbw_avg_gbs"] == pytest.approx(sum(r["busbw"] for r in rows) / len(rows))
     assert summary["busbw_max_gbs"] == max(r["busbw"] for r in rows)
+    # torchrun's standalone agent is one node: its local rank 0 wrote the node's system record, alone
+    [system] = run.of_kind("system")
+    assert system["source"] == "nccl.probe" and system["local_rank"] == 0 and "env" in system["facts"]

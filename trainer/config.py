@@ -52,8 +52,9 @@ def parse_args(argv: list[str] | None = None) -> TrainArgs:
     ns = parser.parse_args(argv)
     try:
         spec = spec_from_namespace(ns)
-        from trainer.census import ensure
-        ensure(spec.model_config)  # a brought family with no formula: counted from the model itself
+        if spec.model_config:  # a brought family with no formula: counted from the model itself
+            from trainer.census import ensure
+            ensure(spec.model_config)
         arch = spec.arch
         if spec.kind != "train":
             raise ValueError("the trainer runs kind=train specs; nccl probes run `python -m nccl.probe`")

@@ -50,6 +50,22 @@ def write_dump(rank: int) -> Path | None:
 
 
 BUFFER_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"  # torch's own variable: the recorder keeps this many entries
+# its newer name, which torch 2.13 reads first, warning on every rank that the older one is deprecated
+NEW_BUFFER_ENV, NEW_BUFFER_TORCH = "TORCH_FR_BUFFER_SIZE", (2, 13)
+
+
+def adopt_buffer_env(torch_version: str) -> None:
+    """The harness asks for the recorder under the name every torch reads (BUFFER_ENV); on a torch that
+    reads the newer one, the worker moves the value there before its first process group, so no rank
+    logs the deprecation notice."""
+    release = tuple(int(p) for p in torch_version.split("+")[0].split(".")[:2] if p.isdigit())
+    value = os.environ.get(BUFFER_ENV)
+    if value is not None and release >= NEW_BUFFER_TORCH and NEW_BUFFER_ENV not in os.environ:
+        os.environ[NEW_BUFFER_ENV] = os.environ.pop(BUFFER_ENV)
+
+
+def _buffer_entries() -> int:
+    return max(int(os.environ.get(name, "0") or 0) for name in (BUFFER_ENV, NEW_BUFFER_ENV))
 
 
 def collectives_between(start_ns: int, end_ns: int) -> dict[str, dict[str, int]] | None:
@@ -57,8 +73,8 @@ def collectives_between(start_ns: int, end_ns: int) -> dict[str, dict[str, int]]
     clock), counted by process group (its description: the mesh dimension, 'mesh_shard', 'mesh_replicate')
     and operation as the backend names it (gloo runs FSDP2's reduce-scatter as an all_reduce of the whole
     gradient). What the run really did, not what a model of FSDP says it should; None where the recorder
-    is off (no TORCH_NCCL_TRACE_BUFFER_SIZE) or this torch has none."""
-    if int(os.environ.get(BUFFER_ENV, "0") or 0) <= 0:
+    is off (no BUFFER_ENV) or this torch has none."""
+    if _buffer_entries() <= 0:
         return None
     try:
         import pickle

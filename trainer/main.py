@@ -27,7 +27,7 @@ from bench.core.hardware import peak_tflops
 from bench.core.records import COLLECTIVE_TIMEOUT_ENV, Emitter, node_name, process_start_time, trace_path
 from trainer.clock import ComputeClock, steady_compute_s, timed_modules
 from trainer.config import TrainArgs, parse_args
-from trainer.flight import collectives_between, dump_on_sigterm, write_dump
+from trainer.flight import adopt_buffer_env, collectives_between, dump_on_sigterm, write_dump
 from trainer.metrics import summarize_steps
 from trainer.nvml import NvmlSampler
 
@@ -99,6 +99,7 @@ def init_process_group(device: torch.device) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    adopt_buffer_env(torch.__version__)
     backend = "nccl" if device.type == "cuda" else "gloo"
     # NCCL's watchdog (or gloo's wait) fails a collective that waits longer; the harness sets it below its
     # run timeout so the ranks still write their flight-recorder dumps (trainer/flight.py)
@@ -121,6 +122,7 @@ class Trainer:
         self.last_step_ns = (0, 0)  # the last step's window in wall-clock time: its collectives are counted
         self.end_memory: dict[str, float] | None = None  # at the last timed step, before any traced one
         self.restore: list[Callable[[], None]] = []  # undoes the test faults' patches (a series' next run)
+        self.meter: Any = None  # the NVML sampler whose energy counter train() reads around the timed steps
 
     def setup(self) -> None:
         from trainer.model import materialize
@@ -231,6 +233,8 @@ class Trainer:
             batches = self.batches(step)
             self._fault(step, "oom")
             _sync(self.device)
+            if step == self.spec.warmup_steps and self.meter is not None:
+                self.meter.mark()  # the GPU's energy counter as the timed steps begin
             if self.clock:
                 self.clock.step()
             t0, t0_ns = time.perf_counter(), time.time_ns()
@@ -244,6 +248,8 @@ class Trainer:
                 self.emit("step", step=step, time_s=elapsed, warmup=step < self.spec.warmup_steps,
                           tokens=self.tokens_per_step, samples=self.spec.sequences_per_step,
                           loss_rank0=loss.item(), **_memory(self.device))
+        if self.meter is not None:
+            self.meter.mark()  # ... and after the last one's sync: its joules are the timed steps'
         self.end_memory = _memory(self.device)
         self.losses = self.mean_losses(local_losses)
         bad = [i for i, v in enumerate(self.losses) if not math.isfinite(v)]
@@ -282,7 +288,9 @@ class Trainer:
             everyone: list[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(everyone, mine)
             return everyone
-        result, error = trace.analyse(None if unwritten else path, exchange)
+        mesh = self.built.mesh  # each collective's waits are read across its own process group
+        result, error = trace.analyse(None if unwritten else path, exchange, self.rank,
+                                      trace.fsdp_groups(mesh.shard_group, mesh.replicate_group))
         error = unwritten or error
         if recording:
             size = path.stat().st_size if path is not None and path.exists() else None
@@ -337,6 +345,8 @@ class Trainer:
         for key in ("nvml_util_pct", "nvml_power_w"):
             values = [r[key] for r in per_rank if r.get(key) is not None]
             out[key] = sum(values) / len(values) if values else None
+        from trainer.nvml import run_energy  # the GPUs' joules per token over the timed steps
+        out.update(run_energy(per_rank, self.tokens_per_step * stats["steps_timed"]))
         return out
 
 
@@ -367,11 +377,13 @@ def since_process_start() -> float | None:
 
 
 def train_run(args: TrainArgs, device: torch.device, emit: Emitter,
-              startup: dict[str, float | None] | None = None) -> int:
+              startup: dict[str, float | None] | None = None, stamps: dict[str, float] | None = None) -> int:
     """One run in this (initialised) process group: set up, train, summarise; every failure a status in a
     summary record. Returns the exit code. The meta record carries where its start-up went (`startup`: the
-    process's start to main, the process group; then the model's setup), as a GPU launch costs 20-26 s
-    beyond its steps where a CPU one costs 6 (the H200's evidence, benchmarks/evidence/)."""
+    process's start to main, the arguments, the process group; then the model's setup), as a GPU launch
+    costs 20-26 s beyond its steps where a CPU one costs 6 (the H200's evidence, benchmarks/evidence/); the
+    summary carries the same moments as wall-clock times (`timeline`: benchmarks/run_cost.py reads them)."""
+    stamps = stamps if stamps is not None else {}
     rank = dist.get_rank()
     if dist.get_world_size() != args.spec.world_size:
         emit("summary", status="rendezvous_error",
@@ -380,19 +392,25 @@ def train_run(args: TrainArgs, device: torch.device, emit: Emitter,
     sampler = NvmlSampler(device.index if device.type == "cuda" else None, args.nvml_interval_s,
                           lambda s: emit("nvml", **s))
     trainer = Trainer(args, device, emit)
+    trainer.meter = sampler
+    from bench.core.system import emit_record  # this node's system record, from its local rank 0
+    emit_record(emit, torch, device.index if device.type == "cuda" else None, "trainer")
     try:
         began = time.monotonic()
         trainer.setup()
         startup = {**(startup or {}), "setup_s": time.monotonic() - began}
+        stamps["setup"] = time.time()
         emit("meta", **trainer.meta(), nvml_available=sampler.available, nvml_reason=sampler.reason,
              records_file_error=emit.file_error, startup=startup)
         if args.instrument:
             sampler.start()
         trainer.train()
+        stamps["steps"] = time.time()
         trainer.trace()
+        stamps["trace"] = time.time()
         summary = trainer.summary(sampler.stop())
         if rank == 0:
-            emit("summary", **summary)
+            emit("summary", **summary, timeline={**stamps, "summary": time.time()})
         for undo in trainer.restore:
             undo()
         return EXIT_OK
@@ -409,8 +427,12 @@ def train_run(args: TrainArgs, device: torch.device, emit: Emitter,
 
 
 def main(argv: list[str] | None = None) -> int:
-    startup = {"to_main_s": since_process_start()}
+    to_main = since_process_start()
+    stamps = {"main": time.time()}
+    if to_main is not None:
+        stamps["process_start"] = stamps["main"] - to_main
     args = parse_args(argv)  # exits 2 on bad input, before anything distributed starts
+    stamps["args"] = time.time()
     device = rank_device()
     rank = int(os.environ.get("RANK", "0"))
     emit = Emitter(rank, args.spec.run_id, args.run_dir)
@@ -420,10 +442,12 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         emit("summary", status="rendezvous_error", error=f"{type(e).__name__}: {e}")
         return EXIT_RDZV
-    startup["process_group_s"] = time.monotonic() - began
+    startup = {"to_main_s": to_main, "args_s": stamps["args"] - stamps["main"],
+               "process_group_s": time.monotonic() - began}
+    stamps["process_group"] = time.time()
     dump_on_sigterm(rank)  # stopped by the harness or by torchrun: leave the flight recorder's dump
     try:
-        code = train_run(args, device, emit, startup)
+        code = train_run(args, device, emit, startup, stamps)
     finally:
         emit.close()
     if code == EXIT_OK:

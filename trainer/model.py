@@ -8,12 +8,48 @@ host memory never holds more than one full parameter.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 import zlib
+from collections.abc import Iterator
 
 import torch
 from torch import nn
-from transformers import (
+
+from bench.core.models import ModelArch
+
+# Installed packages transformers imports at its own import for integrations this worker never uses
+# (torchao: its quantizers, which import torchao whole; scipy: the object-detection losses). The worker's
+# Float8 imports torchao.float8 itself, when a run asks for it. Hidden while transformers is imported, they
+# cost a run neither their import time (benchmarks/run_cost.py) nor their log lines (torchao's "Failed to
+# load ... _C_*.so" on a build without its kernels).
+UNUSED_BY_TRANSFORMERS = ("torchao", "scipy")
+
+
+@contextlib.contextmanager
+def hidden(packages: tuple[str, ...]) -> Iterator[None]:
+    """Importing any of `packages` fails inside (importlib's find_spec answers None), unless one is
+    imported already; afterwards they import as usual. Nothing is hidden once transformers is (partly)
+    imported: it may have found them installed already, and would then import them inside."""
+    started = any(name == "transformers" or name.startswith("transformers.") for name in sys.modules)
+    hide = [] if started else [p for p in packages if p not in sys.modules]
+    for p in hide:
+        sys.modules[p] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        for p in hide:
+            if sys.modules.get(p, 0) is None:
+                del sys.modules[p]
+
+
+try:
+    with hidden(UNUSED_BY_TRANSFORMERS):
+        import transformers.modeling_utils  # the import chain in which transformers would import them
+except ImportError:  # a transformers that imports them whatever importlib says: with them, then
+    import transformers.modeling_utils  # noqa: F401
+from transformers import (  # noqa: E402  (after the import chain above)
     AutoConfig,
     AutoModelForCausalLM,
     LlamaConfig,
@@ -22,8 +58,6 @@ from transformers import (
     T5Config,
     T5ForConditionalGeneration,
 )
-
-from bench.core.models import ModelArch
 
 INIT_STD = 0.02
 # Our batches are whole, unpadded, unpacked sequences: SDPA's own causal flag is the whole mask. Under this

@@ -18,12 +18,11 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
-from transformers import PreTrainedModel
 
 from bench.core.flops import checkpointed_blocks
 from bench.core.models import ModelArch
 from bench.core.schema import RunSpec
-from trainer.model import build_meta_model, transformer_blocks
+from trainer.model import PreTrainedModel, build_meta_model, transformer_blocks  # transformers, as model.py
 
 DTYPES = {"fp32": torch.float32, "bf16_mixed": torch.float32, "fp16_mixed": torch.float32,
           "bf16_pure": torch.bfloat16, "fp8_tensorwise": torch.float32}

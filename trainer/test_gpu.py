@@ -1,9 +1,11 @@
 """The worker on a real CUDA GPU: device mapping, NCCL on one rank, memory predicted vs measured, Float8,
-NVML. `python -m pytest -m gpu` on a machine with one; skipped, with the reason, everywhere else."""
+NVML, the node's system record and the energy per token. `python -m pytest -m gpu` on a machine with one;
+skipped, with the reason, everywhere else."""
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -79,6 +81,30 @@ def test_nvml_reads_the_gpu_within_its_limits() -> None:
     assert 0 < agg["nvml_power_w"] <= agg["nvml_power_limit_w"] * 1.05  # a mean can brush the cap
     assert 0 < agg["nvml_mem_used_gib"] <= agg["nvml_mem_total_gib"]
     assert 0 <= agg["nvml_util_pct"] <= 100
+
+
+def test_the_system_record_and_the_energy_per_token_of_a_gpu_run() -> None:
+    """The node's system record read through the sampler's NVML path (bench/core/system.py open_gpu): the
+    GPU the run names, its driver, torch's CUDA and NCCL, the power limit the sampler reads; and the energy
+    over the timed steps from NVML's counter: > 0 and within the power limit x the timed window
+    (bench.gpucheck check_energy). 60 steps, for a timed window of a second or more, which the counter
+    resolves (one-GPU tiny_llama steps took 35-50 ms on the H100 and H200 of benchmarks/evidence/)."""
+    spec = RunSpec(model="small_llama", micro_batch=4, seq_len=512, steps=60, warmup_steps=2)
+    run = _train(spec)
+    (record,) = run.of_kind("system")
+    facts, summary = record["facts"], run.summary
+    rank = summary["per_rank"][0]
+    assert facts["gpu_model"] == summary["device_name"] == torch.cuda.get_device_name(0)
+    assert facts["nccl"] == ".".join(map(str, torch.cuda.nccl.version()))
+    assert facts["cuda_runtime"] == torch.version.cuda and re.match(r"^\d+\.\d+$", facts["cuda_driver"])
+    assert re.match(r"^\d+\.\d+", facts["gpu_driver"]) and facts["gpu_count"] >= 1
+    assert facts["gpu_power_limit_w"] == rank["nvml_power_limit_w"]
+    assert isinstance(facts["gpu_topology"], str) or "nvidia-smi" in facts["gpu_topology"]["missing"]
+    tokens = spec.sequences_per_step * spec.seq_len * summary["steps_timed"]
+    assert summary["energy_source"] == "NVML energy counter", summary["energy_source"]
+    assert rank["nvml_energy_window_s"] >= 1.0, rank
+    allowed = rank["nvml_power_limit_w"] * rank["nvml_energy_window_s"] / tokens
+    assert 0 < summary["energy_j_per_token"] <= allowed * 1.05, (summary["energy_j_per_token"], allowed)
 
 
 def test_the_compute_clock_reads_cuda_events_in_seconds_within_the_step() -> None:

@@ -1,43 +1,49 @@
 """The sweep configuration, typed once: the dataclasses below are the schema Hydra composes sweeps/ into
 (registered in its ConfigStore as `sweep_schema`, the first entry of sweeps/config.yaml's defaults), and
-`from_dict` merges a composed config into them again with OmegaConf, so OmegaConf itself refuses a wrong
-type or an unknown key, a `+key=` override included. Every field's default and meaning is written here,
-once; the YAML files set only what differs.
+`bench.core.load_config.from_dict` merges a composed config into them again with OmegaConf, so OmegaConf
+itself refuses a wrong type or an unknown key, a `+key=` override included.
 
-What a type cannot say stays hand-written in `validate`: allowed values, ranges, cross-field rules and the
-values a scheduler would refuse. Every problem is a ConfigError of one line; the sweep prints it, exit 2.
+Every field's type, default and meaning is written here, once: the docstring under each field says what it
+means and in what unit, a section's docstring is its class's, and `bench/core/config_doc.py` reads them
+from this file's source for `python -m bench.sweep --help` and docs/study.md's reference. The YAML files
+set only what differs. A field of fixed choices is typed with the `Literal` of its list's owner
+(`bench/core/schema.py`: `SHARDINGS` is `get_args(Sharding)`); OmegaConf 2.3 reads no Literal, so it is
+handed the same dataclasses with each Literal as its values' type (`load_config.omegaconf_schema`).
+
+Every value is then checked against its Literal, with the rules a type cannot say (ranges, cross-field
+rules, what a scheduler would refuse), by `bench/core/validation.py`. Every problem is a ConfigError of one
+line; the sweep prints it, exit 2.
 """
 from __future__ import annotations
 
-import math
-import re
-from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any
+import types
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, Union, get_args, get_origin
 
-from omegaconf import MISSING, OmegaConf
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+from omegaconf import MISSING
 
-from bench.core.hardware import GPUS, supports_fp8
-from bench.core.models import ModelError, model_source
 from bench.core.schema import (
-    AC_MODES,
-    ACCUMULATIONS,
     COLLECTIVES,
-    FAULT_COLLECTIVES,
-    FAULTS,
-    OFFLOADS,
-    PRECISIONS,
-    SHARDINGS,
-    SPEC_FIELDS,
-    TRACE_RANKS,
-    WRAP_POLICIES,
+    Accumulation,
+    ACMode,
+    Collective,
+    Fault,
+    FaultCollective,
+    Offload,
+    Precision,
+    Sharding,
+    TraceRanks,
+    WrapPolicy,
 )
 
-AUTO = "auto"  # axes.micro_batch value: search the largest micro batch that fits
+Auto = Literal["auto"]
+AUTO: Auto = get_args(Auto)[0]  # axes.micro_batch value: search the largest micro batch that fits
 COMPILE_WARMUP = 1  # compile=true: step 0 compiles forward and backward; later steps reuse it (measured)
-LAUNCHERS = ("local", "dryrun", "slurm", "kubernetes")
-ADMISSIONS = ("harness", "slurm")  # cluster.slurm.admission
-_SWEEP_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+LAUNCHERS = ("local", "dryrun", "slurm", "kubernetes")  # the built-in launchers (bench/launchers/__init__.py)
+Admission = Literal["harness", "slurm"]
+ADMISSIONS: tuple[Admission, ...] = get_args(Admission)  # cluster.slurm.admission
+PreflightMode = Literal["auto", "on", "warn", "off"]
+PREFLIGHT_MODES: tuple[PreflightMode, ...] = get_args(PreflightMode)  # preflight.mode
 
 
 class ConfigError(ValueError):
@@ -49,98 +55,179 @@ EXIT_CONFIG = 2  # every command's exit status for a ConfigError
 
 @dataclass
 class SlurmClusterConfig:
-    partition: str | None = None  # sbatch --partition; None = the cluster's default partition
-    account: str | None = None  # sbatch --account
-    time_limit: str = "02:00:00"  # sbatch --time (admission=slurm: the limit of a run with no prediction)
-    # who packs the study's runs onto nodes: "harness" (the runner submits what fits launcher.max_nodes, the
-    # largest first) or "slurm" (every run submitted at once with --time from its prediction, Slurm's
-    # backfill packs them within the partition): benchmarks/schedule_slurm.py measures both
-    admission: str = "harness"
-    exclusive: bool = True  # sbatch --exclusive: no other job shares a benchmarked node
-    gpus_per_node: int | None = None  # --gpus-per-node; None = the cluster's GPUs/node; 0 = no GRES request
-    container_image: str | None = None  # pyxis/enroot image (e.g. a .sqsh); None = run on the host
-    container_mounts: str | None = None  # pyxis SRC:DST[,...]: must cover results_root, or nothing comes back
-    container_workdir: str = "/workspace/fsdpbench"  # the project inside the image (Dockerfile WORKDIR)
-    extra_sbatch: list[str] = field(default_factory=list)  # extra "#SBATCH ..." options, e.g. "--qos=high"
-    conf: str | None = None  # SLURM_CONF for the client commands; None = the environment's
-    # all_reduce_perf on GPU clusters (CPU clusters use the torch probe); all_gather_perf and
-    # reduce_scatter_perf are taken from beside it (bench.probes.command.perf_binary)
+    """How the Slurm launcher submits each run: sbatch's options and the pyxis/enroot container."""
+
+    partition: str | None = None
+    """sbatch --partition; null: the cluster's default partition."""
+    account: str | None = None
+    """sbatch --account; null: the user's default account."""
+    time_limit: str = "02:00:00"
+    """sbatch --time of each run (Slurm's time format, e.g. HH:MM:SS); with admission=slurm only of a run
+    that has no prediction, the others getting twice their predicted duration."""
+    admission: Admission = "harness"
+    """Who packs the study's runs onto nodes: `harness` (the runner submits what fits launcher.max_nodes,
+    the largest first) or `slurm` (every run submitted at once, each with --time from its prediction, and
+    Slurm's backfill packs them within the partition); `benchmarks/schedule_slurm.py` measures both."""
+    exclusive: bool = True
+    """sbatch --exclusive: no other job shares a benchmarked node."""
+    gpus_per_node: int | None = None
+    """sbatch --gpus-per-node; null: the cluster's GPUs per node where it names a GPU; 0: no GRES request
+    (a cluster without GPU GRES)."""
+    container_image: str | None = None
+    """The pyxis/enroot image each run's srun starts in (e.g. a .sqsh file); null: run on the host."""
+    container_mounts: str | None = None
+    """pyxis mounts, SRC:DST[,...]: they must cover results_root, or nothing comes back."""
+    container_workdir: str = "/workspace/fsdpbench"
+    """The project's directory inside the image (the Dockerfile's WORKDIR)."""
+    extra_sbatch: list[str] = field(default_factory=list)
+    """Further `#SBATCH` options, one `--option[=value]` each, e.g. `--qos=high`."""
+    conf: str | None = None
+    """SLURM_CONF for the client commands (sbatch, squeue, sacct, ...); null: the environment's."""
     nccl_tests_binary: str = "all_reduce_perf"
-    mpi: str = "pmix"  # srun --mpi for nccl-tests
+    """nccl-tests' all-reduce binary, a name on the nodes' PATH or a path (GPU clusters; CPU clusters use
+    the torch probe); all_gather_perf and reduce_scatter_perf are taken from beside it."""
+    mpi: str = "pmix"
+    """srun --mpi for the nccl-tests probes (one MPI rank per GPU)."""
 
 
 @dataclass
 class K8sClusterConfig:
+    """How the Kubernetes launcher creates each run: a Kubeflow PyTorchJob per training run, an MPIJob per
+    nccl-tests probe."""
+
     namespace: str = "default"
-    image: str | None = None  # your worker image (Dockerfile in this repo); required to launch
-    instance_type_label: str = "node.kubernetes.io/instance-type"  # node label the pods select on
-    shm_size: str = "64Gi"  # /dev/shm of each worker (NCCL and data loaders need more than the default)
-    hf_token_secret: str | None = None  # name of a Secret with key "token"; referenced, never inlined
+    """The namespace the jobs are created in (an RFC 1123 label)."""
+    image: str | None = None
+    """Your worker image, built from this repository's Dockerfile (registry/repo:tag); needed to launch."""
+    instance_type_label: str = "node.kubernetes.io/instance-type"
+    """The node label the pods select on, with the value cluster.instance_type."""
+    shm_size: str = "64Gi"
+    """Size of each worker's /dev/shm (a Kubernetes quantity; NCCL and data loaders need more than the
+    default)."""
+    hf_token_secret: str | None = None
+    """Name of a Secret with key `token` (a Hugging Face token), referenced by the pods, never inlined;
+    null: none."""
     image_pull_secret: str | None = None
+    """Name of the Secret the pods pull the image with; null: none."""
     service_account: str | None = None
+    """The ServiceAccount the pods run as; null: the namespace's default."""
 
 
 @dataclass
 class ClusterConfig:
-    """One file of sweeps/cluster/: the machine type and how many of it there are."""
+    """One file of sweeps/cluster/, chosen with cluster=NAME: the machine type and how many of it there
+    are."""
 
     name: str = MISSING
+    """The cluster's name, in every run's spec and label and in messages."""
     instance_type: str = MISSING
-    gpus_per_node: int = MISSING  # worker processes per node (local: per simulated node)
-    max_nodes: int = MISSING  # the reservation's size: no run or budget may exceed it
-    gpu: str | None = None  # a row of bench/core/hardware.py; None = no peak: no MFU, no memory pruning
-    gpu_memory_gib: float | None = None  # None = runs are never pruned as infeasible by the estimate
-    host_memory_gib: float | None = None  # per node; bounds what offload=cpu may put there (None: unchecked)
-    efa_per_node: int = 0  # EFA adapters per node (0 = TCP sockets)
-    price_per_hour: float | None = None  # USD per instance-hour, dated in the file; None = the report asks
-    socket_ifname: str | None = None  # NCCL_SOCKET_IFNAME on every launcher, e.g. "^lo,docker,veth"
+    """The machine type, e.g. p5.48xlarge (Kubernetes: the value of the node label the pods select on)."""
+    gpus_per_node: int = MISSING
+    """Worker processes per node (locally: per simulated node)."""
+    max_nodes: int = MISSING
+    """The reservation's size in nodes: no run, probe or node budget may exceed it."""
+    gpu: str | None = None
+    """The GPU, a row of `bench/core/hardware.py` (e.g. H100-SXM): MFU's peak and the predictions' device;
+    null: on a remote cluster no peak, no MFU and no step-time prediction, on this machine its own GPU
+    where a run fits on it, else its CPU."""
+    gpu_memory_gib: float | None = None
+    """GPU memory per GPU in GiB, what a run's predicted need must fit; null: no run is pruned as
+    infeasible."""
+    host_memory_gib: float | None = None
+    """Host memory per node in GiB, what offload=cpu's state must fit; null: unchecked."""
+    efa_per_node: int = 0
+    """EFA adapters per node; 0: TCP sockets."""
+    price_per_hour: float | None = None
+    """On-demand price in USD per instance-hour, dated in the file; null: no dollars (the report asks for
+    --price)."""
+    energy_price: float | None = None
+    """USD per kWh of the GPUs' measured energy (the report's energy cost to train); null: not priced, the
+    kWh still shown."""
+    socket_ifname: str | None = None
+    """NCCL_SOCKET_IFNAME on every launcher, e.g. `^lo,docker,veth`; null: NCCL's choice."""
     slurm: SlurmClusterConfig = field(default_factory=SlurmClusterConfig)
     kubernetes: K8sClusterConfig = field(default_factory=K8sClusterConfig)
 
 
 @dataclass
 class LauncherConfig:
-    """One file of sweeps/launcher/."""
+    """One file of sweeps/launcher/, chosen with launcher=NAME: how each run is started, watched and ended."""
 
-    name: str = MISSING  # local, dryrun, slurm or kubernetes
-    timeout_s: float = 900  # run time, counted from when the job really runs; past it: timeout
-    # a collective that waits longer fails the run (NCCL's watchdog, gloo's timeout) and its ranks leave
-    # flight-recorder dumps naming who lagged; None = 2/3 of timeout_s, so it fires before the harness's
+    name: str = MISSING
+    """The launcher, by name (the launcher file sets it): a built-in one (`bench.core.config.LAUNCHERS`), or
+    one registered as docs/launchers.md says; an unknown name is refused when the sweep starts."""
+    timeout_s: float = 900
+    """Seconds a run may run, counted from when its job really runs (each execution of a requeued job from
+    its own start); past it the run is ended: timeout."""
     collective_timeout_s: float | None = None
-    queue_timeout_s: float = 6 * 3600  # time a job may wait in the scheduler's queue; past it: launch_error
-    grace_s: float = 10  # SIGTERM (or delete) -> SIGKILL
+    """Seconds a collective may wait before it fails the run (NCCL's watchdog, gloo's timeout) and its
+    ranks leave flight-recorder dumps naming who lagged; null: 2/3 of timeout_s, so it fires before the
+    harness's."""
+    queue_timeout_s: float = 6 * 3600
+    """Seconds a job may wait in the scheduler's queue, each wait of a requeued job apart; past it:
+    launch_error."""
+    grace_s: float = 10
+    """Seconds between SIGTERM (or delete) and SIGKILL when a run is ended."""
     poll_s: float = 0.2
-    max_nodes: int | None = None  # node budget of runs in flight; None: the cluster's (local: one at a time)
-    probes_alone: bool = True  # nccl probes run with nothing else in flight (a shared fabric distorts them)
-    rendezvous_timeout_s: float = 1800  # torchrun c10d join/read timeouts: nodes that start apart still meet
-    python: str | None = None  # interpreter on the nodes; None = this one (pyxis: the image's)
-    workdir: str | None = None  # project checkout on the nodes; None = this checkout
-    kubeconfig: str | None = None  # None = $KUBECONFIG or ~/.kube/config, or the in-cluster config
+    """Seconds between two looks at the runs in flight."""
+    max_nodes: int | None = None
+    """Node budget of the runs in flight at once; null: the cluster's max_nodes on Slurm and Kubernetes,
+    one run at a time locally."""
+    probes_alone: bool = True
+    """nccl probes run with nothing else in flight (a shared fabric distorts them)."""
+    rendezvous_timeout_s: float = 1800
+    """Seconds torchrun's c10d rendezvous waits for every node to join and answer, so nodes that start
+    apart (image pulls) still meet."""
+    python: str | None = None
+    """The interpreter on the nodes; null: this one (pyxis: the image's `python`)."""
+    workdir: str | None = None
+    """The project checkout on the nodes; null: this checkout."""
+    kubeconfig: str | None = None
+    """The kubeconfig file; null: $KUBECONFIG, else ~/.kube/config, else the in-cluster config."""
     context: str | None = None
+    """The kubeconfig context; null: its current context."""
 
 
 @dataclass
 class Axes:
     """The study's axes: the plan is their cartesian product minus `exclude`."""
 
-    model: list[str] = field(default_factory=lambda: ["tiny_llama"])  # presets of bench/core/models.py, files
-    # in sweeps/model/, or paths to a Hugging Face config.json (bench.core.models.model_source)
+    model: list[str] = field(default_factory=lambda: ["tiny_llama"])
+    """Models: presets of `bench/core/models.py`, files of sweeps/model/ (by name), or paths to a Hugging
+    Face config.json or its directory (`bench.core.models.model_source`)."""
     nodes: list[int] = field(default_factory=lambda: [1])
-    gpus_per_node: list[int | None] = field(default_factory=lambda: [None])  # None = the cluster's
-    sharding: list[str] = field(default_factory=lambda: ["FULL_SHARD"])
-    precision: list[str] = field(default_factory=lambda: ["bf16_mixed"])
-    activation_checkpointing: list[str] = field(default_factory=lambda: ["none"])
-    wrap_policy: list[str] = field(default_factory=lambda: ["transformer_block"])
-    compile: list[bool] = field(default_factory=lambda: [False])  # torch.compile each block (regional)
-    offload: list[str] = field(default_factory=lambda: ["none"])  # cpu: FSDP2 CPUOffloadPolicy
-    micro_batch: list[Any] = field(default_factory=lambda: [1])  # per GPU; `auto`: the largest that fits
-    # (and, with a global batch, divides each rank's share of it)
-    # sequences per optimizer step over all ranks, the same at every node count (strong scaling): micro batch
-    # x accumulation steps x ranks equals it; None = one micro batch per rank per step (weak scaling)
+    """Node counts."""
+    gpus_per_node: list[int | None] = field(default_factory=lambda: [None])
+    """Ranks per node; null: the cluster's gpus_per_node."""
+    sharding: list[Sharding] = field(default_factory=lambda: ["FULL_SHARD"])
+    """FSDP2 sharding strategies (docs/architecture.md, "FSDP2 mapping")."""
+    precision: list[Precision] = field(default_factory=lambda: ["bf16_mixed"])
+    """Mixed-precision policies; fp8_tensorwise: bf16_mixed with torchao's Float8 linears (FP8 GPUs only)."""
+    activation_checkpointing: list[ACMode] = field(default_factory=lambda: ["none"])
+    """Activation checkpointing: full (every block), selective (every second block), selective_op (every
+    block, by operator)."""
+    wrap_policy: list[WrapPolicy] = field(default_factory=lambda: ["transformer_block"])
+    """FSDP units: each transformer block, or the whole model as one."""
+    compile: list[bool] = field(default_factory=lambda: [False])
+    """torch.compile each block (regional, after AC and before sharding); needs warmup_steps >= 1."""
+    offload: list[Offload] = field(default_factory=lambda: ["none"])
+    """cpu: FSDP2's CPUOffloadPolicy (parameters, gradients and optimizer state in host memory)."""
+    micro_batch: list[int | Auto] = field(default_factory=lambda: [1])
+    """Sequences per GPU per forward; auto: the largest that fits (and, with a global batch, divides each
+    rank's share of it)."""
     global_batch: list[int | None] = field(default_factory=lambda: [None])
-    accumulation: list[str] = field(default_factory=lambda: ["sync_each"])  # bench.core.schema.ACCUMULATIONS
+    """Sequences per optimizer step over all ranks, the same at every node count (strong scaling): micro
+    batch x accumulation steps x ranks equals it; null: one micro batch per rank per step (weak scaling)."""
+    accumulation: list[Accumulation] = field(default_factory=lambda: ["sync_each"])
+    """How a step of several micro-batches syncs, as FSDP2 sets it: sync_each reduce-scatters every
+    micro-batch; sync_once holds gradients unsharded until the last one (set_requires_gradient_sync);
+    allreduce_once runs HYBRID_SHARD's all-reduce across nodes once per step (set_requires_all_reduce);
+    keep_gathered keeps parameters gathered between micro-batches (set_reshard_after_backward). Anything
+    but sync_each needs a global batch."""
     seq_len: list[int] = field(default_factory=lambda: [128])
-    efa_per_node: list[int | None] = field(default_factory=lambda: [None])  # None = the cluster's adapters
+    """Sequence lengths in tokens."""
+    efa_per_node: list[int | None] = field(default_factory=lambda: [None])
+    """EFA adapters per node a run uses (at most the cluster's); null: the cluster's efa_per_node."""
 
 
 AXES: tuple[str, ...] = tuple(f.name for f in fields(Axes))
@@ -152,37 +239,55 @@ class NcclSweepConfig:
     run per collective, node count, EFA count and repeat."""
 
     enabled: bool = False
-    nodes: list[int] | None = None  # None = the training axes' nodes
-    efa_per_node: list[int] | None = None  # None = [the cluster's EFA count]
-    gpus_per_node: list[int] | None = None  # None = the cluster's
+    """Run the probes."""
+    nodes: list[int] | None = None
+    """Node counts probed; null: the training axes' nodes."""
+    efa_per_node: list[int] | None = None
+    """EFA adapters per node probed; null: the cluster's count alone."""
+    gpus_per_node: list[int] | None = None
+    """Ranks per node probed; null: the cluster's gpus_per_node."""
     min_bytes: int = 8
+    """Smallest message in bytes of the doubling sweep."""
     max_bytes: int = 1 << 26
+    """Largest message in bytes of the doubling sweep."""
     iters: int = 20
-    split_per_node: bool = False  # NCCL_TESTS_SPLIT="MOD <gpus/node>": inter-node bandwidth only
-    # which collectives each probe point measures (bench.core.schema.COLLECTIVES): all-reduce, and the
-    # all-gather and reduce-scatter FULL_SHARD and SHARD_GRAD_OP run, at the study's own message sizes too
-    collectives: list[str] = field(default_factory=lambda: list(COLLECTIVES))
+    """Timed iterations per message size."""
+    split_per_node: bool = False
+    """NCCL_TESTS_SPLIT="MOD <gpus/node>": measure the bandwidth between nodes only."""
+    collectives: list[Collective] = field(default_factory=lambda: list(COLLECTIVES))
+    """The collectives each probe point measures: the all-reduce, and the all-gather and reduce-scatter
+    FULL_SHARD and SHARD_GRAD_OP run, at the study's own message sizes too."""
 
 
 @dataclass
 class MicroBatchSearch:
-    """`micro_batch: auto`: the run starts at the largest power of two the estimate fits (at most `max`); on
+    """`micro_batch: auto`: the run starts at the largest size the measured memory fits (at most `max`); on
     OOM, short runs of `steps` at the smaller sizes find the one that fits."""
 
     max: int = 64
+    """The largest micro batch the search considers."""
     steps: int = 4
+    """Steps of each trial run after an OOM."""
     warmup_steps: int = 1
+    """Steps of each trial run before its timed window."""
 
 
 @dataclass
 class MemoryConfig:
-    """How the planner knows each run's memory before launch (bench/predict/memory.py): the worker's own step
-    on fake tensors, per distinct configuration, cached; the lower bound of the state where it cannot run."""
+    """How the planner knows each run's memory before launch (`bench/predict/memory.py`): the worker's own
+    step on fake tensors, per distinct configuration, cached; the lower bound of the state where it cannot
+    run."""
 
-    measure: bool = True  # false: the lower bound only (instant; prunes only what surely cannot fit)
-    cache_dir: str | None = None  # None = $XDG_CACHE_HOME/fsdpbench, else ~/.cache/fsdpbench
-    workers: int = 2  # measuring processes side by side (each holds ~0.5 GiB; no GPU needed)
-    timeout_s: float = 900  # per configuration; past it that run is planned on the lower bound
+    measure: bool = True
+    """Measure each configuration's peak; false: the lower bound only (instant; prunes only what surely
+    cannot fit)."""
+    cache_dir: str | None = None
+    """Where measurements and censuses are cached; null: $XDG_CACHE_HOME/fsdpbench, else
+    ~/.cache/fsdpbench."""
+    workers: int = 2
+    """Measuring processes side by side (each holds about 0.5 GiB; no GPU needed)."""
+    timeout_s: float = 900
+    """Seconds per configuration; past it that run is planned on the lower bound."""
 
 
 @dataclass
@@ -190,70 +295,95 @@ class StudyConfig:
     """What a team sizing a training run asks of a strong-scaling study: days and dollars to train a token
     budget at its global batch, per node count, and the knee past which more nodes buy little."""
 
-    train_tokens: float | None = None  # tokens to train, e.g. 1e12; None: the report shows no days or dollars
-    # the knee: the node count past which going to the next planned one buys less than this share of the
-    # time linear scaling would save (1: as much, 0: nothing)
+    train_tokens: float | None = None
+    """Tokens the team will train, e.g. 1e12: the answer's days, dollars and kWh are for this budget; null:
+    1e12, the plan saying it is unset (the report's --train-tokens overrides either)."""
     knee_share: float = 0.5
+    """The knee: the node count past which going to the next planned one buys less than this share of the
+    time linear scaling would save (1: as much, 0: nothing); in (0, 1]."""
 
 
 @dataclass
 class TraceConfig:
-    """Each training run's profiler trace (trainer/trace.py): steps recorded after the timed ones, kept in
+    """Each training run's profiler trace (`trainer/trace.py`): steps recorded after the timed ones, kept in
     the attempt dir and split into where the step went. Recording only: not in the run id."""
 
     enabled: bool = True
-    ranks: str = "all"  # all: every rank; per_node: each node's local rank 0 (large studies)
-    steps: int = 2  # profiled steps per run (each costs a step and its trace's size: docs/architecture.md)
-
-
-PREFLIGHT_MODES = ("auto", "on", "warn", "off")
+    """Record a trace of each training run."""
+    ranks: TraceRanks = "all"
+    """Which ranks record: all, or per_node (each node's local rank 0: large studies)."""
+    steps: int = 2
+    """Profiled steps per run (each costs a step and its trace's size: docs/architecture.md)."""
 
 
 @dataclass
 class PreflightConfig:
-    """Nodes checked before a study spends its reservation (bench/preflight.py): one short job per node,
+    """Nodes checked before a study spends its reservation (`bench/preflight.py`): one short job per node,
     then all-reduce between pairs of nodes; a node that differs from the others refuses the study."""
 
-    # auto: on for launchers that reach several machines (slurm, kubernetes), off for local and dryrun;
-    # on: refuse a study whose nodes disagree; warn: show the table and go on; off: no preflight
-    mode: str = "auto"
-    # a node this fraction below the median (local workload, pair bandwidth) is named; in a run, a node
-    # whose compute per step is this fraction above the others' median is named its straggler
+    mode: PreflightMode = "auto"
+    """auto: on for launchers that reach several machines (slurm, kubernetes), off for local and dryrun;
+    on: refuse a study whose nodes disagree; warn: show the table and go on; off: no preflight."""
     tolerance: float = 0.25
-    seconds: float = 2.0  # the timed local workload per node
-    timeout_s: float = 300  # per round of jobs, queueing included: a node silent past it is named
-    pair_bytes: int = 1 << 25  # the largest all-reduce between a pair of nodes
-    nodes: list[str] | None = None  # the nodes to check; None: every node the launcher can reach
+    """A node this fraction below the median (local workload, pair bandwidth) is named; in a run, a node
+    whose compute per step is this fraction above the others' median is named its straggler."""
+    seconds: float = 2.0
+    """Seconds of the timed local workload per node."""
+    timeout_s: float = 300
+    """Seconds per round of jobs, queueing included: a node silent past it is named."""
+    pair_bytes: int = 1 << 25
+    """The largest all-reduce between a pair of nodes, in bytes."""
+    nodes: list[str] | None = None
+    """The nodes to check; null: every node the launcher can reach."""
 
 
 @dataclass
 class FaultRule:
-    """Test hook: inject a worker fault into the runs whose spec matches every key of `match`."""
+    """Test hook: each entry of `faults` injects a worker fault into the runs whose spec matches every key of
+    `match`."""
 
-    match: dict[str, Any] = field(default_factory=dict)  # run spec field -> value or list of values
-    fault: str = MISSING  # one of bench.core.schema.FAULTS
+    match: dict[str, Any] = field(default_factory=dict)
+    """Run spec field -> a value or a list of values; the rule applies to the runs matching every key."""
+    fault: Fault = MISSING
+    """The fault to inject."""
     step: int = 1
-    seconds: float = 0.0  # sleep: instead of working; slow_collective, slow_compute: the delay per call
-    rank: int | None = None  # only this global rank (a lagging rank); None = every rank
-    collective: str = "all_gather"  # slow_collective: the one delayed, of bench.core.schema.FAULT_COLLECTIVES
+    """The step at which the fault fires."""
+    seconds: float = 0.0
+    """sleep: seconds slept instead of working; slow_collective, slow_compute: the delay per call."""
+    rank: int | None = None
+    """Only this global rank (a lagging rank); null: every rank."""
+    collective: FaultCollective = "all_gather"
+    """slow_collective: the collective delayed."""
 
 
 @dataclass
 class SweepConfig:
     """The whole sweep: sweeps/config.yaml, a sweep of sweeps/sweep/, a cluster, a launcher, overrides."""
 
-    sweep_name: str | None = None  # set by the chosen sweep (+sweep=NAME); also the sweep dir's name
+    sweep_name: str | None = None
+    """Set by the chosen sweep (+sweep=NAME); also the sweep dir's name under results_root."""
     results_root: str = "results"
-    dry_run: bool = False  # plan, render every submission, launch nothing (also: --dry-run)
-    rerun_failed: bool = False  # retry runs that ended other than ok (also: --rerun-failed)
-    force: bool = False  # redo every run, finished ones too (also: --force)
+    """The directory the sweep dir is made in."""
+    dry_run: bool = False
+    """Plan, render every submission, launch nothing (also: --dry-run)."""
+    rerun_failed: bool = False
+    """Retry runs that ended other than ok (also: --rerun-failed)."""
+    force: bool = False
+    """Redo every run, finished ones too (also: --force)."""
     progress: bool = True
+    """Show live progress (a bar on a terminal, a line per event otherwise)."""
     axes: Axes = field(default_factory=Axes)
-    exclude: list[dict[str, Any]] = field(default_factory=list)  # each removes the runs matching all its keys
+    exclude: list[dict[str, Any]] = field(default_factory=list)
+    """Each entry maps axis names to a value or a list of values and removes the runs matching all its
+    keys."""
     repeats: int = 1
+    """Runs of each configuration (and probe point)."""
     steps: int = 10
-    warmup_steps: int = 3  # steps before the timed window (compile and allocator warm-up)
+    """Training steps per run, warm-up included."""
+    warmup_steps: int = 3
+    """Steps before the timed window (compile and allocator warm-up)."""
     seed: int = 0
+    """Seed of the model's weights and of the generated batches."""
     nccl: NcclSweepConfig = field(default_factory=NcclSweepConfig)
     micro_batch_search: MicroBatchSearch = field(default_factory=MicroBatchSearch)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
@@ -265,233 +395,15 @@ class SweepConfig:
     launcher: LauncherConfig = MISSING
 
 
-def register_schema() -> None:
-    """Make SweepConfig the schema of sweeps/config.yaml (its defaults list names `sweep_schema`)."""
-    from hydra.core.config_store import ConfigStore
-    ConfigStore.instance().store(name="sweep_schema", node=SweepConfig)
+def literal_choices(hint: Any) -> tuple[Any, ...] | None:
+    """The values a Literal type (or an optional one) allows; None for any other type."""
+    if get_origin(hint) is Literal:
+        return get_args(hint)
+    if is_union(hint):
+        args = [a for a in get_args(hint) if a is not type(None)]
+        return literal_choices(args[0]) if len(args) == 1 else None
+    return None
 
 
-def omegaconf_message(e: OmegaConfBaseException) -> str:
-    """OmegaConf's error as one line naming the key, and for a typo the keys that exist there."""
-    key = getattr(e, "full_key", None)
-    owner = getattr(e, "object_type", None)
-    if isinstance(e, (ConfigKeyError, ConfigAttributeError)) and key and is_dataclass(owner):
-        return f"unknown key {key}; known there: {', '.join(f.name for f in fields(owner))}"
-    msg = (getattr(e, "msg", None) or str(e)).strip().splitlines()[0]
-    if "is not a ListConfig, list or tuple" in msg:
-        msg = "must be a list, e.g. [4]"
-    return f"{key}: {msg}" if key else msg
-
-
-def from_dict(raw: dict[str, Any]) -> SweepConfig:
-    """A composed config (OmegaConf.to_container) as a validated SweepConfig."""
-    try:
-        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SweepConfig), raw))
-    except OmegaConfBaseException as e:
-        raise ConfigError(omegaconf_message(e)) from None
-    assert isinstance(cfg, SweepConfig)
-    validate(cfg)
-    return cfg
-
-
-def _positive(where: str, value: float | None, kind: str = "integer") -> None:
-    if value is not None and value <= 0:
-        raise ConfigError(f"{where} must be a positive {kind}, got {value!r}")
-
-
-def _check_models(axes: Axes) -> None:
-    """Every model reference resolves to a model the harness can train (each run's sequence length is
-    checked against it when the plan is expanded: excludes may leave the long ones out)."""
-    for ref in axes.model:
-        try:
-            model_source(ref)
-        except ModelError as e:
-            raise ConfigError(f"axes.model: {e}") from None
-
-
-def _check_axes(axes: Axes, cluster: ClusterConfig) -> None:
-    _check_models(axes)
-    choices = {"sharding": SHARDINGS, "precision": PRECISIONS,
-               "activation_checkpointing": AC_MODES, "wrap_policy": WRAP_POLICIES, "offload": OFFLOADS,
-               "accumulation": ACCUMULATIONS}
-    for name, known in choices.items():
-        for v in getattr(axes, name):
-            if v not in known:
-                raise ConfigError(f"axes.{name}: unknown value {v!r}; known: {', '.join(sorted(known))}")
-    for name in ("nodes", "seq_len", "gpus_per_node", "global_batch"):
-        for v in getattr(axes, name):
-            _positive(f"axes.{name}", v)
-    if set(axes.accumulation) != {"sync_each"} and None in axes.global_batch:
-        raise ConfigError(f"axes.accumulation {list(axes.accumulation)} needs axes.global_batch: without one "
-                          "a step is one micro batch, with nothing to accumulate")
-    for v in axes.micro_batch:
-        if v != AUTO and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise ConfigError(f"axes.micro_batch must be a positive integer or {AUTO}, got {v!r}")
-    for v in axes.efa_per_node:
-        if v is not None and v < 0:
-            raise ConfigError(f"axes.efa_per_node: {v!r} is not a count of adapters")
-        if v is not None and cluster.efa_per_node and v > cluster.efa_per_node:
-            raise ConfigError(f"axes.efa_per_node: {v} EFA adapters per node, but {cluster.instance_type} "
-                              f"has {cluster.efa_per_node} (cluster {cluster.name})")
-    if too_many := [n for n in axes.nodes if n > cluster.max_nodes]:
-        raise ConfigError(f"axes.nodes: {too_many} exceed cluster {cluster.name}'s max_nodes="
-                          f"{cluster.max_nodes}")
-    if too_many := [g for g in axes.gpus_per_node if g is not None and g > cluster.gpus_per_node]:
-        raise ConfigError(f"axes.gpus_per_node: {too_many} exceed cluster {cluster.name}'s gpus_per_node="
-                          f"{cluster.gpus_per_node}")
-    if "HYBRID_SHARD" in axes.sharding and axes.model and cluster.gpus_per_node < 2:
-        raise ConfigError(f"HYBRID_SHARD needs >= 2 GPUs per node to shard within a node; cluster "
-                          f"{cluster.name} has gpus_per_node={cluster.gpus_per_node}")
-    if "fp8_tensorwise" in axes.precision and cluster.gpu is not None and not supports_fp8(cluster.gpu):
-        raise ConfigError(f"axes.precision: fp8_tensorwise needs FP8 tensor cores (H100, H200, L4, B200); "
-                          f"cluster {cluster.name} has {cluster.gpu}")
-    if "cpu" in axes.offload and cluster.gpu is None:
-        raise ConfigError(f"axes.offload: cpu moves training state from GPU to host memory; cluster "
-                          f"{cluster.name} names no GPU (set cluster.gpu on a GPU machine)")
-
-
-# What the Kubernetes API accepts (RFC 1123 labels and subdomains, resource quantities, image references),
-# checked here so a bad value is one line before anything is written, not a refused create per run.
-_RFC1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_RFC1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
-_IMAGE = re.compile(r"^(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-                    r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
-                    r"(?:@sha256:[0-9a-f]{64})?$")
-
-
-def _check_kubernetes(k: K8sClusterConfig) -> None:
-    checks = [("namespace", k.namespace, _RFC1123_LABEL, "an RFC 1123 label (lower-case letters, digits, -)"),
-              ("shm_size", k.shm_size, _QUANTITY, "a quantity such as 64Gi"),
-              ("image", k.image, _IMAGE, "an image reference such as registry/repo:tag"),
-              ("hf_token_secret", k.hf_token_secret, _RFC1123_SUBDOMAIN, "a Secret name"),
-              ("image_pull_secret", k.image_pull_secret, _RFC1123_SUBDOMAIN, "a Secret name"),
-              ("service_account", k.service_account, _RFC1123_SUBDOMAIN, "a ServiceAccount name")]
-    for key, value, pattern, what in checks:
-        if value is not None and (not pattern.match(value) or len(value) > 253):
-            raise ConfigError(f"cluster.kubernetes.{key}={value!r} is not {what}")
-
-
-def _check_probes(nccl: NcclSweepConfig, cluster: ClusterConfig) -> None:
-    """Collectives the probes know, at least one; EFA counts the instance has (a cluster file that names
-    its adapters: more than it has would measure nothing, or another count mislabelled)."""
-    if unknown := [c for c in nccl.collectives if c not in COLLECTIVES]:
-        raise ConfigError(f"nccl.collectives: unknown collective(s) {unknown}; known: "
-                          f"{', '.join(COLLECTIVES)}")
-    if nccl.enabled and not nccl.collectives:
-        raise ConfigError("nccl.collectives is empty: name at least one of " + ", ".join(COLLECTIVES))
-    for v in nccl.efa_per_node or ():
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ConfigError(f"nccl.efa_per_node: {v!r} is not a count of adapters")
-        if cluster.efa_per_node and v > cluster.efa_per_node:
-            raise ConfigError(f"nccl.efa_per_node: {v} EFA adapters per node, but {cluster.instance_type} "
-                              f"has {cluster.efa_per_node} (cluster {cluster.name})")
-
-
-def _check_cluster(cluster: ClusterConfig) -> None:
-    _positive("cluster.gpus_per_node", cluster.gpus_per_node)
-    _positive("cluster.max_nodes", cluster.max_nodes)
-    if cluster.gpu is not None and cluster.gpu not in GPUS:
-        raise ConfigError(f"cluster.gpu: unknown GPU {cluster.gpu!r}; known: {', '.join(GPUS)}")
-    _check_kubernetes(cluster.kubernetes)
-
-
-def _check_launcher(launcher: LauncherConfig) -> None:
-    if launcher.name not in LAUNCHERS:
-        raise ConfigError(f"launcher.name: {launcher.name!r}; known: {', '.join(LAUNCHERS)}")
-    for key in ("timeout_s", "queue_timeout_s", "rendezvous_timeout_s", "grace_s", "poll_s"):
-        _positive(f"launcher.{key}", getattr(launcher, key), "number of seconds")
-    _positive("launcher.max_nodes", launcher.max_nodes)
-
-
-def _check_admission(cfg: SweepConfig) -> None:
-    admission = cfg.cluster.slurm.admission
-    if admission not in ADMISSIONS:
-        raise ConfigError(f"cluster.slurm.admission={admission!r} is not one of: {', '.join(ADMISSIONS)}")
-    if admission == "slurm" and cfg.launcher.name == "slurm" and cfg.launcher.max_nodes is not None:
-        raise ConfigError("cluster.slurm.admission=slurm leaves the node cap to Slurm: name a partition "
-                          "(cluster.slurm.partition), or a --qos or --reservation in "
-                          "cluster.slurm.extra_sbatch, instead of launcher.max_nodes")
-
-
-def _check_faults(faults: list[FaultRule]) -> None:
-    for f in faults:
-        if unknown := sorted(set(f.match) - set(SPEC_FIELDS)):  # a misspelt key would silently never fire
-            raise ConfigError(f"faults: unknown match key(s) {', '.join(unknown)}; keys are run spec fields: "
-                              f"{', '.join(SPEC_FIELDS)}")
-        if f.fault not in FAULTS:
-            raise ConfigError(f"faults: unknown fault {f.fault!r}; known: {', '.join(FAULTS)}")
-        if f.collective not in FAULT_COLLECTIVES:
-            raise ConfigError(f"faults: unknown collective {f.collective!r}; known: "
-                              f"{', '.join(FAULT_COLLECTIVES)}")
-
-
-def _check_trace(t: TraceConfig) -> None:
-    if t.ranks not in TRACE_RANKS:
-        raise ConfigError(f"trace.ranks={t.ranks!r} is not one of: {', '.join(TRACE_RANKS)}")
-    if t.steps < 1:
-        raise ConfigError(f"trace.steps={t.steps} must be >= 1 (trace.enabled=false records none)")
-
-
-def _check_preflight(p: PreflightConfig) -> None:
-    if p.mode not in PREFLIGHT_MODES:
-        raise ConfigError(f"preflight.mode={p.mode!r} is not one of: {', '.join(PREFLIGHT_MODES)}")
-    if not 0 < p.tolerance < 1:
-        raise ConfigError(f"preflight.tolerance={p.tolerance} must be a fraction between 0 and 1")
-    for name in ("seconds", "timeout_s", "pair_bytes"):
-        if getattr(p, name) <= 0:
-            raise ConfigError(f"preflight.{name} must be > 0, got {getattr(p, name)}")
-
-
-def validate(cfg: SweepConfig) -> None:
-    """The rules a type cannot express; the first one broken is a ConfigError."""
-    if not cfg.sweep_name:
-        raise ConfigError("no sweep chosen")
-    if not _SWEEP_NAME.match(cfg.sweep_name) or cfg.sweep_name in (".", ".."):
-        raise ConfigError(f"sweep_name={cfg.sweep_name!r}: a plain name (letters, digits, ._-), so the sweep "
-                          "dir stays under results_root")
-    _check_cluster(cfg.cluster)
-    _check_launcher(cfg.launcher)
-    _check_admission(cfg)
-    _check_preflight(cfg.preflight)
-    _check_axes(cfg.axes, cfg.cluster)
-    for i, rule in enumerate(cfg.exclude):
-        if set(rule) - set(AXES):
-            raise ConfigError(f"exclude[{i}] must map axis names ({', '.join(AXES)}) to values: {rule!r}")
-    _positive("repeats", cfg.repeats)
-    if not 0 <= cfg.warmup_steps < cfg.steps:
-        raise ConfigError(f"need 0 <= warmup_steps < steps, got warmup_steps={cfg.warmup_steps}, "
-                          f"steps={cfg.steps}")
-    if True in cfg.axes.compile and cfg.warmup_steps < COMPILE_WARMUP:
-        raise ConfigError(f"axes.compile: the first step compiles every block; warmup_steps="
-                          f"{cfg.warmup_steps} would time it (need >= {COMPILE_WARMUP})")
-    nccl = cfg.nccl
-    for key in ("nodes", "gpus_per_node"):
-        for v in getattr(nccl, key) or ():
-            _positive(f"nccl.{key}", v)
-    if nccl.enabled and nccl.nodes and max(nccl.nodes) > cfg.cluster.max_nodes:
-        raise ConfigError(f"nccl.nodes {list(nccl.nodes)} exceed cluster {cfg.cluster.name}'s max_nodes="
-                          f"{cfg.cluster.max_nodes}")
-    _check_probes(nccl, cfg.cluster)
-    _check_faults(cfg.faults)
-    _check_trace(cfg.trace)
-    search = cfg.micro_batch_search
-    _positive("micro_batch_search.max", search.max)
-    _positive("micro_batch_search.steps", search.steps)
-    if not 0 <= search.warmup_steps < search.steps:
-        raise ConfigError("micro_batch_search: need 0 <= warmup_steps < steps")
-    _positive("launcher.collective_timeout_s", cfg.launcher.collective_timeout_s, "number")
-    if (cfg.launcher.collective_timeout_s or 0) >= cfg.launcher.timeout_s:
-        raise ConfigError(f"launcher.collective_timeout_s={cfg.launcher.collective_timeout_s:g} must be "
-                          f"below launcher.timeout_s={cfg.launcher.timeout_s:g}: a hung collective must fail "
-                          "(and dump) before the harness stops the run")
-    tokens, price = cfg.study.train_tokens, cfg.cluster.price_per_hour
-    if tokens is not None and not (math.isfinite(tokens) and tokens > 0):
-        raise ConfigError(f"study.train_tokens must be a positive number of tokens, e.g. 1e12, got "
-                          f"{tokens!r}")
-    if price is not None and not (math.isfinite(price) and price >= 0):
-        raise ConfigError(f"cluster.price_per_hour must be USD per instance-hour (>= 0), got {price!r}")
-    if not 0 < cfg.study.knee_share <= 1:
-        raise ConfigError(f"study.knee_share must be in (0, 1], got {cfg.study.knee_share!r}")
-    _positive("memory.workers", cfg.memory.workers)
-    _positive("memory.timeout_s", cfg.memory.timeout_s, "number")
+def is_union(hint: Any) -> bool:
+    return get_origin(hint) in (Union, types.UnionType)

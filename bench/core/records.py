@@ -22,7 +22,9 @@ from bench.core.schema import SCHEMA_VERSION
 RECORD_PREFIX = "@@fsdpbench@@ "
 # memory, flight and census: the worker commands' answers
 # trace: a rank's profiled steps and their split (trainer/trace.py)
-RECORD_KINDS = ("meta", "step", "summary", "nvml", "nccl", "memory", "flight", "census", "preflight", "trace")
+# system: what one node ran with (bench/core/system.py), one per node and run
+RECORD_KINDS = ("meta", "step", "summary", "nvml", "nccl", "memory", "flight", "census", "preflight", "trace",
+                "system")
 RECORDS_DIR = "records"
 TRACE_DIR = "trace"
 # The worker's process-group timeout, from the harness (bench.launchers.base.job_env): a collective that
@@ -100,6 +102,24 @@ def parse_records(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
             continue
         if isinstance(obj, dict) and obj.get("kind") in RECORD_KINDS:
             yield obj
+
+
+def unreadable_records(lines: Iterable[str], kind: str) -> Iterator[str]:
+    """Lines that carry a record of `kind` (its prefix and kind) but no readable one: cut short by a crash
+    or a full disk, or garbled; each as its first 120 characters. parse_records skips them silently."""
+    mark = f'"kind":"{kind}"'
+    for line in lines:
+        at = line.find(RECORD_PREFIX)
+        if at < 0 or mark not in line:
+            continue
+        text = _ANSI.sub("", line[at + len(RECORD_PREFIX):]).strip()
+        try:
+            obj, _ = _DECODER.raw_decode(text)
+        except json.JSONDecodeError:
+            yield text[:120]
+            continue
+        if not isinstance(obj, dict) or obj.get("kind") not in RECORD_KINDS:  # another kind's is readable
+            yield text[:120]
 
 
 class Emitter:

@@ -13,33 +13,47 @@ import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Literal, get_args
 
 from bench.core.models import ModelArch, arch_of
 
 SCHEMA_VERSION = 1
 
-SHARDINGS = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
-PRECISIONS = ("fp32", "bf16_mixed", "fp16_mixed", "bf16_pure", "fp8_tensorwise")  # fp8: bf16_mixed + Float8
-OFFLOADS = ("none", "cpu")  # cpu: FSDP2's CPUOffloadPolicy (parameters, gradients, optimizer state on host)
-AC_MODES = ("none", "full", "selective", "selective_op")  # selective: every 2nd block; _op: by operator
-WRAP_POLICIES = ("transformer_block", "whole_model")
+# Each list of allowed values is a Literal type (the config's fields are typed with it) and the tuple of its
+# values, the one read from the other (typing.get_args)
+Sharding = Literal["FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"]
+SHARDINGS: tuple[Sharding, ...] = get_args(Sharding)
+Precision = Literal["fp32", "bf16_mixed", "fp16_mixed", "bf16_pure", "fp8_tensorwise"]
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)  # fp8: bf16_mixed + Float8
+# cpu: FSDP2's CPUOffloadPolicy (parameters, gradients, optimizer state on host)
+Offload = Literal["none", "cpu"]
+OFFLOADS: tuple[Offload, ...] = get_args(Offload)
+ACMode = Literal["none", "full", "selective", "selective_op"]  # selective: every 2nd block; _op: by operator
+AC_MODES: tuple[ACMode, ...] = get_args(ACMode)
+WrapPolicy = Literal["transformer_block", "whole_model"]
+WRAP_POLICIES: tuple[WrapPolicy, ...] = get_args(WrapPolicy)
 # How gradients are synchronised when a step accumulates several micro-batches (global_batch): named for what
 # each does, as FSDP2 sets it (trainer/parallel.py accumulate): every micro-batch reduce-scattered (and, for
 # HYBRID_SHARD, all-reduced across nodes); once per step, gradients held unsharded until the last
 # micro-batch (set_requires_gradient_sync); HYBRID_SHARD's all-reduce across nodes once per step, its
 # reduce-scatter within a node every micro-batch (set_requires_all_reduce); parameters kept gathered from
 # one micro-batch's backward to the next one's forward (set_reshard_after_backward)
-ACCUMULATIONS = ("sync_each", "sync_once", "allreduce_once", "keep_gathered")
+Accumulation = Literal["sync_each", "sync_once", "allreduce_once", "keep_gathered"]
+ACCUMULATIONS: tuple[Accumulation, ...] = get_args(Accumulation)
 RUN_KINDS = ("train", "nccl", "preflight")  # preflight: one node's facts and speed alone
 # What an nccl probe measures: the all-reduce (NO_SHARD, HYBRID_SHARD's replicate step) and the two
 # collectives FULL_SHARD and SHARD_GRAD_OP run (nccl-tests' <name>_perf binaries, bench/probes/command.py)
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+Collective = Literal["all_reduce", "all_gather", "reduce_scatter"]
+COLLECTIVES: tuple[Collective, ...] = get_args(Collective)
 # test hook; sleep: no work, just the time; slow_collective: every step, before issuing each collective of
 # one kind (FAULT_COLLECTIVES), the rank sleeps (outside compute); slow_compute: one rank computes longer
-FAULTS = ("none", "oom", "nan", "hang", "crash", "sleep", "slow_collective", "slow_compute")
-FAULT_COLLECTIVES = COLLECTIVES  # FSDP2's torch.distributed calls: the three the probes measure
-TRACE_RANKS = ("all", "per_node")  # which ranks of a run record a profiler trace (per_node: local rank 0)
+Fault = Literal["none", "oom", "nan", "hang", "crash", "sleep", "slow_collective", "slow_compute"]
+FAULTS: tuple[Fault, ...] = get_args(Fault)
+FaultCollective = Collective  # FSDP2's torch.distributed calls: the three the probes measure
+FAULT_COLLECTIVES: tuple[FaultCollective, ...] = get_args(FaultCollective)
+# which ranks of a run record a profiler trace (per_node: local rank 0)
+TraceRanks = Literal["all", "per_node"]
+TRACE_RANKS: tuple[TraceRanks, ...] = get_args(TraceRanks)
 
 STATUSES = ("ok", "oom", "timeout", "nccl_error", "rendezvous_error", "launch_error", "nan_loss",
             "failed", "infeasible", "cancelled")
@@ -308,6 +322,11 @@ class RunSummary:
     nvml_mem_used_gib: float | None = None  # max over GPUs and samples
     nvml_util_pct: float | None = None  # mean
     nvml_power_w: float | None = None  # mean per GPU
+    # The GPUs' energy per token trained over the timed steps: every GPU's joules (NVML's energy counter,
+    # else its power samples integrated) over the run's tokens; energy_source says which, or why there is
+    # none (a CPU run: not measured)
+    energy_j_per_token: float | None = None
+    energy_source: str | None = None
     compile_s: float | None = None  # compile=true: warm-up time beyond steady steps (compilation)
     loss_first: float | None = None
     loss_last: float | None = None

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.core.config import ConfigError, from_dict
+from bench.core.config import ConfigError
 from bench.core.gpus import agent_devices, local_gpus, parse_nvidia_smi_list
+from bench.core.load_config import from_dict
 from bench.core.schema import RunSpec
 from bench.launchers.local import LocalLauncher
 from bench.study.plan import expand
@@ -60,23 +61,29 @@ def test_each_simulated_node_gets_its_own_gpus() -> None:
 
 
 def _smoke(*overrides: str):
-    return from_dict(compose(["+sweep=smoke", *overrides])[0])
+    sweep = [] if any(o.startswith("+sweep=") for o in overrides) else ["+sweep=smoke"]
+    return from_dict(compose([*sweep, *overrides])[0])
 
 
 def _agent_env(launcher: LocalLauncher, spec: RunSpec) -> list[str]:
     return [argv[1] for argv in launcher.render(spec, Path("/tmp/r")).argvs]
 
 
-def test_the_smoke_sweep_fits_a_one_gpu_machine() -> None:
-    """One GPU: every one-rank run (each precision, each AC mode, the one-rank probe) gets the GPU; runs of
+@pytest.mark.parametrize("sweep", ["smoke", "smoke_full"])
+def test_the_smoke_sweep_fits_a_one_gpu_machine(sweep: str) -> None:
+    """One GPU: every one-rank run gets the GPU (the quick smoke: each precision with AC full, bf16 without,
+    eager and compiled; smoke_full: each precision with and without AC, and the one-rank probes); runs of
     more ranks run on CPU; the plan says so."""
-    cfg = _smoke()
+    cfg = _smoke(f"+sweep={sweep}")
     plan = [p.spec for p in expand(cfg)]
     launcher = LocalLauncher(cfg, gpus=["0"])
     on_gpu = [s for s in plan if _agent_env(launcher, s) == ["CUDA_VISIBLE_DEVICES=0"]]
+    modes = ("full",) if sweep == "smoke" else ("none", "full")
     assert {(s.precision, s.activation_checkpointing) for s in on_gpu if s.kind == "train"} == {
-        (p, ac) for p in ("fp32", "bf16_mixed", "fp16_mixed", "bf16_pure") for ac in ("none", "full")}
-    assert any(s.kind == "nccl" for s in on_gpu) and all(s.world_size == 1 for s in on_gpu)
+        (p, ac) for p in ("fp32", "bf16_mixed", "fp16_mixed", "bf16_pure") for ac in modes} | {
+        ("bf16_mixed", "none")}
+    assert any(s.kind == "nccl" for s in on_gpu) == (sweep == "smoke_full")
+    assert all(s.world_size == 1 for s in on_gpu)
     for spec in plan:
         if spec.world_size > 1:
             assert set(_agent_env(launcher, spec)) == {"CUDA_VISIBLE_DEVICES="}  # CPU, gloo
@@ -113,14 +120,16 @@ def test_workers_of_each_simulated_node_see_only_their_devices(tmp_path) -> None
 import sys
 sys.path.insert(0, {str(ROOT)!r})
 from pathlib import Path
-from bench.core.config import from_dict
+from bench.core.load_config import from_dict
 from bench.launchers.local import LocalLauncher
 from bench.study.plan import expand
 from bench.run.runner import execute
-from bench.sweep import compose
+from bench.sweep import compose, study_from
 cfg = from_dict(compose(["+sweep=smoke", "results_root={tmp_path}"])[0])
 plan = [p for p in expand(cfg) if p.spec.kind == "train" and p.spec.world_size == 4][:1]
-execute(cfg, plan, LocalLauncher(cfg, gpus=["0", "1", "2", "3"]), Path({str(tmp_path)!r}) / "smoke")
+sweep_dir = Path({str(tmp_path)!r}) / "smoke"
+launcher = LocalLauncher(cfg, gpus=["0", "1", "2", "3"])
+execute(study_from(cfg, launcher.placement(cfg), sweep_dir), plan, launcher, sweep_dir)
 """
     subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True, timeout=300, capture_output=True)
     from bench.core import rundir

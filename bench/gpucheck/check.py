@@ -76,8 +76,8 @@ def _echo_lines(stream: Any, log: Path, prefix: str) -> None:
 
 
 # Cores the prewarming plans leave to the GPU step running beside them (its launch, the worker's Python that
-# feeds the GPU, NCCL's and the NVML sampler's threads): a host-bound run measured under 16 busy planning
-# processes ran 34% below its prediction (the H200's second evidence, gpucheck_memory bf16 mb 2).
+# feeds the GPU, NCCL's and the NVML sampler's threads), so that planning does not slow a host-bound step
+# (benchmarks/evidence/README.md, "Step budgets").
 GPU_STEP_CORES = 4
 
 

@@ -33,6 +33,16 @@ MFU_MIN = 0.35  # the best llama3_2_1b bf16 row on an H100/H200 (torchtitan's Ll
 MFU_GPUS = ("H100-SXM", "H100-PCIe", "H100-NVL", "H200")  # where MFU_MIN is a claim
 MEMORY_TOLERANCE = 0.05  # |fake-tensor peak / torch.cuda.max_memory_allocated - 1|
 TRACE_TOLERANCE = 0.05  # |a traced step's parts / its perf_counter time - 1| (trainer/trace.py)
+POWER_MARGIN = 1.05  # energy against the power limit x the window: a mean can brush the cap (test_gpu.py)
+ENERGY_MIN_WINDOW_S = 1.0  # a shorter timed window may see NVML's energy counter not move: not judged
+# NVML's utilisation is the whole percent of a sample period in which a kernel ran. A run's MFU is a lower
+# bound on that share (no kernel computes above the peak), so at an MFU of 1% or more a kernel ran for at
+# least 1% of the run and utilisation reads above 0; below it (a host-bound run of a tiny model, whose
+# kernels fill a few percent of its step) every sample may read 0: not judged
+UTIL_VISIBLE_MFU = 0.01
+# what a GPU run's system record must hold (bench/core/system.py), read through the sampler's NVML path
+SYSTEM_FACTS = ("gpu_model", "gpu_count", "gpu_driver", "cuda_driver", "cuda_runtime", "nccl",
+                "gpu_power_limit_w")
 TOTAL_BUDGET_S = 540  # within 10 minutes a command, with a minute left for installing and the evidence
 
 
@@ -223,13 +233,21 @@ def check_outside_allocator(runs: list[RunSummary]) -> Check:
                            f"{NCCL_GIB_PER_COMMUNICATOR:g} GiB per NCCL communicator", rows, " GiB")
 
 
+def _util_visible(s: RunSummary) -> bool:
+    """Whether the run kept a kernel running long enough for NVML's utilisation to read above 0."""
+    return s.mfu is None or s.mfu >= UTIL_VISIBLE_MFU
+
+
 def check_nvml(runs: list[RunSummary]) -> Check:
-    threshold = "power, utilisation, memory used > 0 and below the GPU's limits (NVML's power limit, memory)"
+    threshold = ("power, utilisation, memory used > 0 and below the GPU's limits (NVML's power limit, "
+                 f"memory); utilisation 0 allowed below MFU {UTIL_VISIBLE_MFU:.0%}")
     rows = [s for s in _trains(_ran(runs)) if on_gpu(s)]
     bad = []
     for s in rows:
         power, util, used = s.nvml_power_w, s.nvml_util_pct, s.nvml_mem_used_gib
         cap, total = _limit(s, "nvml_power_limit_w"), _limit(s, "nvml_mem_total_gib")
+        if util == 0 and not _util_visible(s):
+            util = None if util is None else 1.0  # idle in every sample is what such a run reads
         if not (power and util and used):
             bad.append(f"{s.spec.label}: power {power}, util {util}, used {used} "
                        f"({s.extra.get('nvml_reason') or 'no reading'})")
@@ -239,7 +257,9 @@ def check_nvml(runs: list[RunSummary]) -> Check:
     if not rows:
         return Check("NVML readings during a run", threshold, "no GPU run", False, ["no GPU run"])
     powers = [s.nvml_power_w for s in rows if s.nvml_power_w]
+    idle = sum(1 for s in rows if s.nvml_util_pct == 0 and not _util_visible(s))
     measured = (f"{len(rows) - len(bad)} of {len(rows)} runs; mean power up to {max(powers):.0f} W"
+                + (f"; {idle} run(s) below MFU {UTIL_VISIBLE_MFU:.0%} read 0% utilisation" if idle else "")
                 if powers else f"0 of {len(rows)} runs read")
     return Check("NVML readings during a run", threshold, measured, not bad, bad)
 
@@ -287,9 +307,75 @@ def check_trace(runs: list[RunSummary]) -> Check:
     return Check("trace: parts add up to the step", threshold, measured, not bad, bad)
 
 
+def _window(s: RunSummary) -> tuple[float, float] | None:
+    """(joules the power limit allows over the timed window, summed over the ranks; the longest rank's
+    window in seconds) from the per-rank NVML figures; None where a rank lacks one."""
+    ranks = [r for r in s.extra.get("per_rank", []) if isinstance(r, dict)]
+    pairs = [(r.get("nvml_power_limit_w"), r.get("nvml_energy_window_s")) for r in ranks]
+    if not pairs or any(w is None or lim is None for lim, w in pairs):
+        return None
+    return sum(lim * w for lim, w in pairs), max(w for _, w in pairs)
+
+
+def check_energy(runs: list[RunSummary]) -> Check:
+    """Every GPU training run's energy per token over its timed steps (trainer/nvml.py: NVML's energy
+    counter, else its power samples integrated): above 0, and at most what the GPUs' power limit allows in
+    that time (limit x window, over the tokens trained in it)."""
+    threshold = (f"GPU runs timed for {ENERGY_MIN_WINDOW_S:g} s or more: energy per token > 0 and <= NVML's "
+                 f"power limit x GPUs x the timed window / tokens (x{POWER_MARGIN})")
+    rows = [s for s in _trains(_ran(runs)) if on_gpu(s)]
+    bad, judged, ratios = [], 0, []
+    for s in rows:
+        window = _window(s)
+        tokens = s.spec.sequences_per_step * s.spec.seq_len * (s.steps_timed or 0)
+        if s.energy_j_per_token is None:
+            if window is not None and window[1] < ENERGY_MIN_WINDOW_S:
+                continue  # too short for the counter: its energy_source says so
+            bad.append(f"{s.spec.label}: no energy figure ({s.energy_source or 'no reason recorded'})")
+            continue
+        judged += 1
+        allowed = window[0] / tokens if window and tokens else None
+        if s.energy_j_per_token <= 0 or allowed is None or s.energy_j_per_token > allowed * POWER_MARGIN:
+            bad.append(f"{s.spec.label}: {s.energy_j_per_token:.4g} J/token, the power limit allows "
+                       f"{allowed if allowed is None else format(allowed, '.4g')} ({s.energy_source})")
+        else:
+            ratios.append(s.energy_j_per_token / allowed)
+    if not rows:
+        return Check("energy per token", threshold, "no GPU run", False, ["no GPU run"])
+    measured = (f"{judged} runs judged, {len(bad)} failed; up to {max(ratios):.0%} of the power limit"
+                if ratios else f"{judged} runs judged, {len(bad)} failed")
+    return Check("energy per token", threshold, measured, judged > 0 and not bad,
+                 bad or ([] if judged else ["no GPU run's timed window was long enough to judge"]))
+
+
+def check_system(runs: list[RunSummary]) -> Check:
+    """Every GPU run's system record holds the GPU's facts (model, count, driver, CUDA, NCCL, power limit),
+    read through the same NVML path as the sampler, and names the GPU the run reports."""
+    threshold = f"every GPU run's system record has {', '.join(SYSTEM_FACTS)}; its GPU is the run's device"
+    rows = [s for s in _ran(runs) if on_gpu(s)]
+    bad = []
+    for s in rows:
+        entries = [e for e in s.extra.get("system") or [] if isinstance(e, dict)]
+        facts = next((e["facts"] for e in entries if isinstance(e.get("facts"), dict)), None)
+        if facts is None:
+            why = next((e.get("unreadable") for e in entries if e.get("unreadable")), "no system record")
+            bad.append(f"{s.spec.label}: {why}")
+            continue
+        lost = [f"{k} ({facts[k]['missing']})" if isinstance(facts.get(k), dict) else f"{k} (absent)"
+                for k in SYSTEM_FACTS if isinstance(facts.get(k), dict) or k not in facts]
+        if lost:
+            bad.append(f"{s.spec.label}: missing {', '.join(lost)}")
+        elif facts["gpu_model"] != s.device_name:
+            bad.append(f"{s.spec.label}: record names {facts['gpu_model']}, the run {s.device_name}")
+    if not rows:
+        return Check("system record", threshold, "no GPU run", False, ["no GPU run"])
+    return Check("system record", threshold, f"{len(rows) - len(bad)} of {len(rows)} GPU runs complete",
+                 not bad, bad)
+
+
 CHECKS: tuple[Callable[[list[RunSummary]], Check], ...] = (
     check_gpu_nccl, check_mfu, check_fake_peak, check_fragmentation, check_outside_allocator, check_nvml,
-    check_trace)
+    check_trace, check_energy, check_system)
 
 
 def all_checks(runs: list[RunSummary], steps: list[StepResult]) -> list[Check]:
@@ -358,12 +444,14 @@ def render_markdown(meta: dict[str, Any], checks: list[Check], runs: list[RunSum
                       _f(s.tokens_per_s_per_gpu, ",.0f"),
                       _error(s.pred_tokens_per_s_per_gpu, s.tokens_per_s_per_gpu), _f(s.pred_mfu, ".3f"),
                       _f(s.mfu, ".3f"), s.pred_bound or "-"] for s in _trains(runs)])
-    lines += ["## NVML during each run (means over the run's samples; memory: the maximum)", ""]
+    lines += ["## NVML during each run (means over the run's samples; memory: the maximum; energy over the "
+              "timed steps)", ""]
     lines += _table(["run", "model", "options", "power W", "power limit W", "util %", "used GiB",
-                     "total GiB"],
+                     "total GiB", "J/token"],
                     [[s.sweep, s.spec.model, _options(s), _f(s.nvml_power_w, ".0f"),
                       _f(_limit(s, "nvml_power_limit_w"), ".0f"), _f(s.nvml_util_pct, ".0f"),
-                      _f(s.nvml_mem_used_gib, ".1f"), _f(_limit(s, "nvml_mem_total_gib"), ".1f")]
+                      _f(s.nvml_mem_used_gib, ".1f"), _f(_limit(s, "nvml_mem_total_gib"), ".1f"),
+                      _f(s.energy_j_per_token, ".4g")]
                      for s in _trains(runs)])
     return "\n".join(lines)
 
@@ -382,7 +470,7 @@ def prediction_sentence(runs: list[RunSummary]) -> str:
 RUN_COLUMNS = ("sweep", "status", "error", "device_name", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu",
                "compile_s", "pred_tokens_per_s_per_gpu", "pred_mfu", "pred_bound", "pred_mem_gib",
                "pred_mem_source", "mem_peak_alloc_gib", "mem_peak_reserved_gib", "nvml_mem_used_gib",
-               "nvml_util_pct", "nvml_power_w", "torch_version")
+               "nvml_util_pct", "nvml_power_w", "energy_j_per_token", "energy_source", "torch_version")
 
 
 def evidence_json(meta: dict[str, Any], checks: list[Check], runs: list[RunSummary],

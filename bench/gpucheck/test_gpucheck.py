@@ -112,9 +112,24 @@ def test_nvml_readings_must_be_nonzero_and_within_the_gpus_limits() -> None:
     spec = _specs(1)[0]
     assert evidence.check_nvml([_run(spec)]).passed is True
     for bad in ({"nvml_power_w": None}, {"nvml_power_w": 720.0}, {"nvml_mem_used_gib": 80.0},
-                {"nvml_util_pct": 0.0}):
+                {"nvml_util_pct": 0.0}, {"nvml_util_pct": 0.0, "mfu": 0.3}):
         check = evidence.check_nvml([_run(spec, **bad)])
         assert check.passed is False and check.failures[0].startswith(spec.label), bad
+
+
+def test_a_host_bound_runs_zero_utilisation_is_what_nvml_reads_not_a_fault() -> None:
+    """The H200's gpucheck of 2026-11-28: two one-rank tiny_llama smoke runs (MFU 4e-5: kernels in a few
+    percent of a host-bound step) read 0% utilisation in every NVML sample, beside power and memory. Below
+    MFU 1% that is what NVML's whole-percent utilisation shows; at MFU 0.3 it would be a fault."""
+    rows = json.loads((evidence.EVIDENCE_DIR / "NVIDIA-H200_torch-2.11.0-cu130_2026-11-28.json").read_text())
+    idle = [r for r in rows["runs"] if r["nvml_util_pct"] == 0.0]
+    assert len(idle) == 2 and all(r["mfu"] < evidence.UTIL_VISIBLE_MFU for r in idle)
+    spec = _specs(1)[0]
+    runs = [_run(spec, nvml_util_pct=0.0, mfu=r["mfu"], nvml_power_w=r["nvml_power_w"],
+                 nvml_mem_used_gib=r["nvml_mem_used_gib"]) for r in idle]
+    check = evidence.check_nvml(runs)
+    assert check.passed is True and "2 run(s) below MFU 1% read 0% utilisation" in check.measured
+    assert evidence.check_nvml([_run(spec, nvml_util_pct=0.0, mfu=0.3)]).passed is False
 
 
 def test_without_a_gpu_it_says_so_and_measures_nothing(tmp_path: Path) -> None:
@@ -143,7 +158,7 @@ def test_evidence_from_a_smoke_sweep_names_every_check_and_threshold(smoke_resul
     proc = subprocess.run([sys.executable, "-m", "bench.gpucheck", "--from", str(smoke_results), "--out",
                            str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    summaries = [rundir.read_summary(d) for d in rundir.iter_run_dirs(smoke_results / "smoke")]
+    summaries = [rundir.read_summary(d) for d in rundir.iter_run_dirs(smoke_results / "smoke_full")]
     torch_version, date = summaries[0].torch_version, max(s.started_at for s in summaries)[:10]
     name = f"cpu_torch-{torch_version.replace('+', '-')}_{date}"  # e.g. cpu_torch-2.13.0-cpu_2026-11-25
     md, js = tmp_path / f"{name}.md", tmp_path / f"{name}.json"

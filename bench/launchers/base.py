@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from bench.core.config import SweepConfig
 from bench.core.records import COLLECTIVE_TIMEOUT_ENV
 from bench.core.schema import RunSpec
+from bench.core.system import IMAGE_ENV
 from bench.probes.command import nccl_env, split_env
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -65,6 +66,40 @@ class Outcome:
 
 PENDING, RUNNING, DONE = "pending", "running", "done"
 
+# A run's cost beyond its steps, as a plan counts it (its time, cost and schedule): on a cluster, a job's
+# scheduling, image start, rendezvous and materialisation, and a probe's size sweep after it; on this
+# machine, a torchrun's start-up (the smoke sweep's runs: benchmarks/run_cost.py prints where it goes).
+CLUSTER_STARTUP_S = 120.0
+CLUSTER_PROBE_S = 60.0
+MACHINE_STARTUP_S = 8.0
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where and how a study's runs run, as its launcher answers for its cluster: resolved once when the
+    sweep starts (`Launcher.placement`) and handed to every layer that asks, so none of them tells
+    launchers apart by name."""
+
+    startup_s: float
+    """What a run costs beyond its steps (seconds): launch, rendezvous, model materialisation."""
+    probe_s: float = 0.0
+    """What a collective probe's size sweep adds to its start-up (seconds)."""
+    launches: bool = True
+    """Whether the launcher submits anything (a dry-run launcher plans and renders only)."""
+    run_launcher: str = ""
+    """The launcher each run records in its spec (and so in its run id)."""
+    this_machine: bool = False
+    """The runs run on this machine's devices (its GPUs where a run fits them, else its CPU cores): what
+    predictions are made for where the cluster file names no GPU."""
+    one_host: bool = False
+    """Every node of a run is this one host, so one loopback network joins them all."""
+    node_budget: int | None = None
+    """Nodes the runs in flight may hold together; None: one run at a time."""
+    admits_all: bool = False
+    """Every run is submitted at once and the scheduler packs them (else the harness admits what fits)."""
+    preflight: bool = False
+    """preflight.mode=auto checks every node first (a launcher that reaches several machines)."""
+
 
 @dataclass
 class Poll:
@@ -80,6 +115,12 @@ class Launcher(Protocol):
     defaults."""
 
     name: str
+
+    @classmethod
+    def placement(cls, cfg: SweepConfig) -> Placement:
+        """Where and how this launcher runs the study's runs on its cluster (bench.launchers.launcher_for
+        finds the class by launcher.name; the sweep asks this once)."""
+        ...
 
     def render(self, spec: RunSpec, run_dir: Path, seconds: float | None = None) -> Submission:
         """The run's job, ready to submit; `seconds`, its predicted duration where known, is for a scheduler
@@ -123,6 +164,17 @@ class Launcher(Protocol):
         return []
 
 
+def cluster_placement(cfg: SweepConfig, name: str, admits_all: bool = False) -> Placement:
+    """A scheduler's placement: runs side by side up to the node budget (launcher.max_nodes, else the
+    cluster's), every node checked first. Where its nodes are this machine (instance type "local": the local
+    Slurm test cluster) a run starts as a local one does and is predicted on this machine's devices."""
+    here = cfg.cluster.instance_type == "local"
+    budget = cfg.launcher.max_nodes if cfg.launcher.max_nodes is not None else cfg.cluster.max_nodes
+    return Placement(startup_s=MACHINE_STARTUP_S if here else CLUSTER_STARTUP_S,
+                     probe_s=0.0 if here else CLUSTER_PROBE_S, run_launcher=name, this_machine=here,
+                     node_budget=budget, admits_all=admits_all, preflight=True)
+
+
 def worker_module_argv(spec: RunSpec, run_dir: Path | None, extra: list[str]) -> list[str]:
     """`-m trainer ...` or `-m nccl.probe ...`: the module half of a worker command line."""
     module = {"train": "trainer", "nccl": "nccl.probe", "preflight": "trainer.preflight"}[spec.kind]
@@ -141,12 +193,14 @@ def rendezvous_conf(cfg: SweepConfig) -> dict[str, str]:
 
 
 def torchrun_argv(python: str, spec: RunSpec, endpoint: str, rdzv_id: str,
-                  rdzv_conf: dict[str, str]) -> list[str]:
-    """One torchrun agent (one per node) with c10d rendezvous at `endpoint`."""
+                  rdzv_conf: dict[str, str], monitor_s: float = 0.5) -> list[str]:
+    """One torchrun agent (one per node) with c10d rendezvous at `endpoint`; it looks at its workers every
+    `monitor_s` seconds, so a run's exit is seen that much later at most."""
     return [python, "-m", "torch.distributed.run", f"--nnodes={spec.nodes}",
             f"--nproc-per-node={spec.gpus_per_node}", "--rdzv-backend=c10d",
             f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}", "--max-restarts=0",
-            "--monitor-interval=0.5", "--rdzv-conf=" + ",".join(f"{k}={v}" for k, v in rdzv_conf.items())]
+            f"--monitor-interval={monitor_s:g}",
+            "--rdzv-conf=" + ",".join(f"{k}={v}" for k, v in rdzv_conf.items())]
 
 
 _PR_SET_PDEATHSIG = 1
@@ -164,9 +218,14 @@ def job_env(cfg: SweepConfig, spec: RunSpec, run_dir: str | None) -> dict[str, s
     Training runs keep torch's NCCL flight recorder (as AWS's reference PyTorchJob does): on a watchdog
     timeout each rank dumps its last collectives to `<run_dir>/nccl_trace_rank_<N>` (run_dir as the worker
     sees it; None where the worker has no shared run dir, then torch's default under /tmp), which says
-    which rank lagged. GPU clusters get the NCCL/EFA environment of the run's adapter count.
+    which rank lagged. GPU clusters get the NCCL/EFA environment of the run's adapter count. A worker in a
+    container learns its image (FSDPBENCH_IMAGE, for its system record: bench/core/system.py).
     """
     env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    image = {"kubernetes": cfg.cluster.kubernetes.image, "slurm": cfg.cluster.slurm.container_image}.get(
+        cfg.launcher.name)
+    if image:
+        env[IMAGE_ENV] = image
     if spec.kind == "train":
         env.update({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_NCCL_TRACE_BUFFER_SIZE": "20000",
                     "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",

@@ -37,6 +37,15 @@ SSH_PORT = 22
 # Ranks started over ssh get no login environment: pass the launcher's PATH and LD_LIBRARY_PATH so orted,
 # libfabric and the aws-ofi-nccl plugin are found on the workers (as AWS's reference MPIJob does).
 MPIRUN_PASS_ENV = ("PATH", "LD_LIBRARY_PATH")
+# nccl-tests writes no system record: each rank runs this before the binary (sh -c SCRIPT NAME RUN_ID
+# BINARY ARGS...), and each node's first one (Open MPI's local rank 0) writes the node's record from the
+# project in the image, through mpirun's tagged output into the launcher's log; then it becomes the binary.
+# A node where it cannot run says so on stderr and still probes. Arguments only: no config value is in it.
+# sh, not bash: bash started over ssh with -c reads ~/.bashrc, which may change PATH under the binary.
+SYSTEM_THEN_EXEC = ('run_id=$1; shift; if [ "${OMPI_COMM_WORLD_LOCAL_RANK:-0}" = 0 ]; then '
+                    f'(cd {IMAGE_WORKDIR} && {IMAGE_PYTHON} -m trainer.system --run-id "$run_id" '
+                    '--source nccl-tests) || echo "fsdpbench: no system record on $(hostname)" >&2; fi; '
+                    'exec "$@"')
 
 
 def deadline_s(cfg: SweepConfig) -> int:
@@ -153,6 +162,7 @@ def mpijob(cfg: SweepConfig, spec: RunSpec, name: str) -> dict[str, Any]:
         command += ["-x", key]
     for key in sorted(env):
         command += ["-x", f"{key}={env[key]}"]
+    command += ["sh", "-c", SYSTEM_THEN_EXEC, "fsdpbench-system", spec.run_id]
     command += perf_argv(spec, binary=NCCL_TESTS)
     image = _image(cfg)
     launcher = {"name": "mpi-launcher", "image": image, "imagePullPolicy": "IfNotPresent", "command": command}

@@ -20,7 +20,17 @@ import yaml
 from bench.core import rundir
 from bench.core.config import ConfigError, SweepConfig
 from bench.core.schema import RunSpec
-from bench.launchers.base import DONE, PENDING, RUNNING, Launcher, Outcome, Poll, Submission
+from bench.launchers.base import (
+    DONE,
+    PENDING,
+    RUNNING,
+    Launcher,
+    Outcome,
+    Placement,
+    Poll,
+    Submission,
+    cluster_placement,
+)
 from bench.launchers.k8s_manifests import MPIJOB, PYTORCHJOB, RUN_ID_LABEL, manifest
 from bench.launchers.k8s_schema import CRD_NAMES, validate
 
@@ -141,6 +151,10 @@ def pod_executions(pods: list[Any], final: str) -> list[dict[str, Any]]:
 
 class KubernetesLauncher(Launcher):
     name = "kubernetes"
+
+    @classmethod
+    def placement(cls, cfg: SweepConfig) -> Placement:
+        return cluster_placement(cfg, cls.name)
 
     def __init__(self, cfg: SweepConfig, custom: Any = None, core: Any = None, version: Any = None,
                  extensions: Any = None) -> None:

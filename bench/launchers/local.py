@@ -18,7 +18,7 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -29,9 +29,11 @@ from bench.core.records import process_start_time
 from bench.core.schema import RunSpec
 from bench.launchers.base import (
     DONE,
+    MACHINE_STARTUP_S,
     RUNNING,
     Launcher,
     Outcome,
+    Placement,
     Poll,
     Submission,
     die_with_parent,
@@ -45,6 +47,7 @@ from bench.launchers.base import (
 )
 
 PORT_TOKEN = "@RDZV_PORT@"  # replaced by a free port when the run is submitted (render stays pure)
+MONITOR_S = 0.1  # torchrun's look at its workers: a local run lasts seconds, its exit is seen within this
 
 
 def free_port() -> int:
@@ -68,6 +71,13 @@ class LocalLauncher(Launcher):
     def __init__(self, cfg: SweepConfig, gpus: list[str] | None = None) -> None:
         self.cfg = cfg
         self.gpus = local_gpus() if gpus is None else gpus
+
+    @classmethod
+    def placement(cls, cfg: SweepConfig) -> Placement:
+        """Every simulated node on this machine, one run at a time unless launcher.max_nodes says how many
+        nodes' worth may run side by side; no preflight (one machine)."""
+        return Placement(startup_s=MACHINE_STARTUP_S, run_launcher="local", this_machine=True, one_host=True,
+                         node_budget=cfg.launcher.max_nodes)
 
     def devices(self, spec: RunSpec) -> list[str]:
         """CUDA_VISIBLE_DEVICES of each agent: its own GPUs, or "" (CPU) when the run does not fit them."""
@@ -93,7 +103,8 @@ class LocalLauncher(Launcher):
     def render(self, spec: RunSpec, run_dir: Path, seconds: float | None = None) -> Submission:
         py = python_executable(self.cfg)
         worker = worker_module_argv(spec, run_dir, fault_args(self.cfg, spec) + trace_args(self.cfg, spec))
-        agent = torchrun_argv(py, spec, f"127.0.0.1:{PORT_TOKEN}", spec.run_id, rendezvous_conf(self.cfg))
+        agent = torchrun_argv(py, spec, f"127.0.0.1:{PORT_TOKEN}", spec.run_id, rendezvous_conf(self.cfg),
+                              MONITOR_S)
         # `env` sets each agent's devices without a shell, and a simulated node's name where there are
         # several (one host name for all of them otherwise); torchrun's workers inherit them
         argvs = tuple(tuple(["env", f"CUDA_VISIBLE_DEVICES={devices}",
@@ -169,3 +180,14 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+class DryRunLauncher(LocalLauncher):
+    """launcher=dryrun: the local launcher's plan and submissions, nothing launched (the runs it plans are
+    the local launcher's, with their run ids)."""
+
+    name = "dryrun"
+
+    @classmethod
+    def placement(cls, cfg: SweepConfig) -> Placement:
+        return replace(super().placement(cfg), launches=False)

@@ -16,7 +16,18 @@ from typing import Any
 from bench.core import rundir
 from bench.core.config import ConfigError, SweepConfig
 from bench.core.schema import RunSpec
-from bench.launchers.base import DONE, PENDING, RUNNING, Launcher, Outcome, Poll, Submission, job_env
+from bench.launchers.base import (
+    DONE,
+    PENDING,
+    RUNNING,
+    Launcher,
+    Outcome,
+    Placement,
+    Poll,
+    Submission,
+    cluster_placement,
+    job_env,
+)
 from bench.launchers.slurm_script import (
     EFA_LIMIT,
     EFA_LIMIT_SCRIPT,
@@ -53,6 +64,11 @@ DOWN_STATES = ("down", "drain", "fail", "no_respond", "not_responding")  # sinfo
 
 class SlurmLauncher(Launcher):
     name = "slurm"
+
+    @classmethod
+    def placement(cls, cfg: SweepConfig) -> Placement:
+        """cluster.slurm.admission=slurm: every run submitted at once, Slurm's backfill packing them."""
+        return cluster_placement(cfg, cls.name, admits_all=cfg.cluster.slurm.admission == "slurm")
 
     def __init__(self, cfg: SweepConfig) -> None:
         self.cfg = cfg

@@ -177,6 +177,18 @@ def worker_command(cfg: SweepConfig, spec: RunSpec, run_dir: Path) -> str:
                 .replace("@RDZV_ID@", '"${SLURM_JOB_ID}"'))
 
 
+def system_command(cfg: SweepConfig, spec: RunSpec) -> list[str]:
+    """nccl-tests writes no system record: each node's from `python -m trainer.system` first (one task per
+    node, in the probe's container, its output in the job's log); a node where it cannot run is named in
+    the log and the probe still runs."""
+    if not uses_nccl_tests(cfg, spec):
+        return []
+    argv = _srun_prefix(cfg, 1) + [_python(cfg), "-m", "trainer.system", "--run-id", spec.run_id,
+                                   "--source", "nccl-tests"]
+    said = 'echo "fsdpbench: python -m trainer.system failed on a node of $SLURM_JOB_NODELIST" >&2'
+    return [f"if ! {shlex.join(argv)}; then {said}; fi"]
+
+
 def render_script(cfg: SweepConfig, spec: RunSpec, run_dir: Path, env: dict[str, str]) -> str:
     """The batch script of one run (pure: the same inputs give the same text)."""
     workdir = cfg.launcher.workdir or str(PROJECT_ROOT)
@@ -192,6 +204,7 @@ def render_script(cfg: SweepConfig, spec: RunSpec, run_dir: Path, env: dict[str,
         'head_addr=${head_addr:-$head_node}',
         "rdzv_port=$((29500 + SLURM_JOB_ID % 20000))",
         'echo "fsdpbench: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous ${head_addr}:${rdzv_port}"',
+        *system_command(cfg, spec),
         worker_command(cfg, spec, run_dir),
     ]
     return "\n".join(body) + "\n"

@@ -16,7 +16,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench.core.config import ConfigError, from_dict
+from bench.core.config import ConfigError
+from bench.core.load_config import from_dict
 from bench.launchers.base import Outcome
 from bench.launchers.slurm import SlurmLauncher, _parse_job_record
 from bench.launchers.slurm_script import render_script
@@ -264,7 +265,8 @@ def test_missing_sbatch_says_what_to_do(capsys, monkeypatch) -> None:
 
 
 def run_sweep(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={tmp_path}",
+    return subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=smoke_full",
+                           f"results_root={tmp_path}",
                            *SMOKE_SHAPE, *UNTRACED, "launcher.poll_s=0.5", "preflight.mode=off", *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
 
@@ -277,8 +279,8 @@ def test_smoke_on_slurm_matches_the_local_launcher(slurm_cluster, tmp_path: Path
     assert slurm.returncode == 0, slurm.stdout[-2000:] + slurm.stderr[-2000:]
     local = run_sweep(tmp_path / "local", *axes)
     assert local.returncode == 0, local.stderr[-2000:]
-    a = pd.read_csv(tmp_path / "slurm" / "smoke" / "results.csv")
-    b = pd.read_csv(tmp_path / "local" / "smoke" / "results.csv")
+    a = pd.read_csv(tmp_path / "slurm" / "smoke_full" / "results.csv")
+    b = pd.read_csv(tmp_path / "local" / "smoke_full" / "results.csv")
     assert list(a.columns) == list(b.columns)
     assert (a.status == "ok").all() and (b.status == "ok").all()
     key = ["kind", "model", "nodes", "gpus_per_node", "sharding", "precision"]
@@ -286,7 +288,7 @@ def test_smoke_on_slurm_matches_the_local_launcher(slurm_cluster, tmp_path: Path
     assert set(a.launcher) == {"slurm"} and set(a.cluster) == {"slurm_local"}
     two_nodes = a[(a.kind == "train") & (a.nodes == 2)].iloc[0]
     assert two_nodes.world_size == 4 and two_nodes.tokens_per_s > 0
-    runs = tmp_path / "slurm" / "smoke" / "runs"
+    runs = tmp_path / "slurm" / "smoke_full" / "runs"
     log = next(runs.glob(f"*-{two_nodes.run_id}/attempt-1/logs/slurm-*.log"))
     assert "on node[1-2]" in log.read_text()  # really spread over two Slurm nodes
 
@@ -302,7 +304,7 @@ def test_failures_on_slurm_are_classified(slurm_cluster, tmp_path: Path) -> None
                      "faults=[{match:{precision:fp32},fault:crash,step:1},"
                      "{match:{precision:bf16_mixed},fault:hang,step:1}]")
     assert proc.returncode == 1, proc.stderr[-2000:]
-    frame = pd.read_csv(tmp_path / "smoke" / "results.csv")
+    frame = pd.read_csv(tmp_path / "smoke_full" / "results.csv")
     status = dict(zip(frame.precision, frame.status))
     assert status == {"fp32": "failed", "bf16_mixed": "timeout"}
     assert "injected crash" in frame[frame.precision == "fp32"].iloc[0].error
@@ -327,7 +329,7 @@ def test_slurm_runs_share_the_cluster_and_probes_and_full_width_runs_run_alone(
                      "axes.precision=[fp32,bf16_mixed]", "nccl.nodes=[2]", "nccl.collectives=[all_reduce]",
                      "faults=[{match:{},fault:sleep,seconds:8}]")
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]  # sleep mode: no summaries
-    spans = _spans(tmp_path / "smoke")
+    spans = _spans(tmp_path / "smoke_full")
     assert len(spans) == 5, spans
     two = [v for v in spans.values() if v[2] == 2 and v[3] == "train"]
     assert len(two) == 2 and overlaps(*two)  # two 2-node runs side by side on the 4 nodes
@@ -342,17 +344,17 @@ def test_a_job_held_in_the_queue_is_given_up_and_a_running_one_times_out(slurm_c
     base = ["cluster=slurm_local", "launcher=slurm", *[a for a in ONE_RUN]]
     held = run_sweep(tmp_path / "held", *base, "cluster.slurm.extra_sbatch=['--hold']",
                      "launcher.queue_timeout_s=4", "launcher.timeout_s=1")
-    row = pd.read_csv(tmp_path / "held" / "smoke" / "results.csv").iloc[0]
+    row = pd.read_csv(tmp_path / "held" / "smoke_full" / "results.csv").iloc[0]
     assert held.returncode == 1 and row.status == "launch_error", row.error
     assert "in the queue" in row.error and "JobHeldUser" in row.error  # Slurm's own reason, kept
     assert row.queue_s >= 4 and pd.isna(row.wall_s)  # never ran: no run time
     hung = run_sweep(tmp_path / "hung", *base, "faults=[{match:{},fault:sleep,seconds:600}]",
                      "launcher.timeout_s=6")
-    row = pd.read_csv(tmp_path / "hung" / "smoke" / "results.csv").iloc[0]
+    row = pd.read_csv(tmp_path / "hung" / "smoke_full" / "results.csv").iloc[0]
     assert hung.returncode == 1 and row.status == "timeout" and 6 <= row.wall_s < 30, row.error
     assert row.error.startswith("no result within the run's time limit (6 s); killed by the harness")
     from bench.core import rundir
-    summary = rundir.read_summary(next((tmp_path / "hung" / "smoke" / "runs").iterdir()))
+    summary = rundir.read_summary(next((tmp_path / "hung" / "smoke_full" / "runs").iterdir()))
     [execution] = summary.extra["executions"]  # Slurm's own record of it, read once it left the queue
     assert execution["state"] == "CANCELLED" and execution["start"] and execution["end"]
     assert subprocess.run(["squeue", "-h"], capture_output=True, text=True,
@@ -372,10 +374,11 @@ def test_a_rerun_reattaches_to_the_job_a_killed_sweep_left_running(slurm_cluster
 
     from bench.core import rundir
     args = ["cluster=slurm_local", "launcher=slurm", *ONE_RUN, "faults=[{match:{},fault:sleep,seconds:20}]"]
-    first = subprocess.Popen([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={tmp_path}",
+    first = subprocess.Popen([sys.executable, "-m", "bench.sweep", "+sweep=smoke_full",
+                              f"results_root={tmp_path}",
                               *SMOKE_SHAPE, *UNTRACED, "launcher.poll_s=0.5", "preflight.mode=off", *args],
                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    runs = tmp_path / "smoke" / "runs"
+    runs = tmp_path / "smoke_full" / "runs"
     deadline = time.monotonic() + 120
     while not any((rundir.read_ledger(d) or [{}])[-1].get("job") for d in runs.glob("*")):
         assert time.monotonic() < deadline, "never submitted"
@@ -458,7 +461,8 @@ def test_a_node_that_stops_answering_under_a_run_is_on_the_record(slurm_cluster,
             "axes.activation_checkpointing=[none]", "axes.precision=[fp32]", "nccl.enabled=false",
             "steps=200", "warmup_steps=1"]  # about 75 s here: longer than Slurm takes to miss the node
     # (fp32: a CPU without 16-bit units emulates bf16 at about a third of fp32's speed, past the timeout)
-    sweep = subprocess.Popen([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={tmp_path}",
+    sweep = subprocess.Popen([sys.executable, "-m", "bench.sweep", "+sweep=smoke_full",
+                              f"results_root={tmp_path}",
                               *SMOKE_SHAPE, *UNTRACED, "launcher.poll_s=0.5", "preflight.mode=off", *args],
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline, seen = time.monotonic() + 180, None
@@ -480,18 +484,19 @@ def test_a_node_that_stops_answering_under_a_run_is_on_the_record(slurm_cluster,
         sweep.kill()
         _restart_slurmd(failed)
     assert sweep.returncode == 0, out[-3000:]
-    d = next((tmp_path / "smoke" / "runs").iterdir())
+    d = next((tmp_path / "smoke_full" / "runs").iterdir())
     summary = rundir.read_summary(d)
     assert summary.status == "ok" and summary.restarts == 1, (summary.status, summary.error)
     first, last = summary.extra["executions"]
     assert first["state"] == "NODE_FAIL" and last["state"] == "COMPLETED" and failed in first["failed_nodes"]
     assert summary.restart_lost_s > 60
-    assert summary.restart_lost_s + summary.wall_s > 150  # past where the old clock would have killed it
+    # past timeout_s from the first start: each execution has its own timeout_s from its own start
+    assert summary.restart_lost_s + summary.wall_s > 150
     assert rundir.read_ledger(d)[-1]["executions"] == summary.extra["executions"]
-    report = subprocess.run([sys.executable, "-m", "analysis.report", str(tmp_path / "smoke")], cwd=ROOT,
+    report = subprocess.run([sys.executable, "-m", "analysis.report", str(tmp_path / "smoke_full")], cwd=ROOT,
                             capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stderr[-2000:]
-    text = (tmp_path / "smoke" / "report" / "report.md").read_text()
+    text = (tmp_path / "smoke_full" / "report" / "report.md").read_text()
     assert "restarted" in text and failed in text
 
 
@@ -499,11 +504,12 @@ CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
 
 
 def _preflight(tmp_path: Path, *args: str) -> tuple[int, dict]:
-    proc = subprocess.run([sys.executable, "-m", "bench.preflight", "+sweep=smoke", "cluster=slurm_local",
+    proc = subprocess.run([sys.executable, "-m", "bench.preflight", "+sweep=smoke_full",
+                           "cluster=slurm_local",
                            "launcher=slurm", f"results_root={tmp_path}", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=600,
                           env={**os.environ, "SLURM_CONF": SLURM_CONF})
-    verdict = json.loads((tmp_path / "smoke" / "preflight.json").read_text())
+    verdict = json.loads((tmp_path / "smoke_full" / "preflight.json").read_text())
     return proc.returncode, verdict
 
 
@@ -554,7 +560,7 @@ def test_the_preflight_names_the_node_slowed_from_outside_and_no_other(slurm_clu
 
 def _train_4_nodes(root: Path, repeats: int) -> tuple[subprocess.CompletedProcess, list]:
     from bench.core import rundir
-    proc = subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=smoke", "cluster=slurm_local",
+    proc = subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=smoke_full", "cluster=slurm_local",
                            "launcher=slurm", f"results_root={root}", "preflight.mode=off", *UNTRACED,
                            "axes.nodes=[4]",
                            "axes.gpus_per_node=[1]", "axes.global_batch=[null]", "axes.sharding=[FULL_SHARD]",
@@ -562,7 +568,7 @@ def _train_4_nodes(root: Path, repeats: int) -> tuple[subprocess.CompletedProces
                            "axes.compile=[false]", "nccl.enabled=false", "steps=8", "warmup_steps=2",
                            f"repeats={repeats}"], cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "SLURM_CONF": SLURM_CONF})
-    return proc, [rundir.read_summary(d) for d in rundir.iter_run_dirs(root / "smoke")]
+    return proc, [rundir.read_summary(d) for d in rundir.iter_run_dirs(root / "smoke_full")]
 
 
 @pytest.mark.slurm

@@ -9,7 +9,10 @@ paying: going from n nodes to the next count n' saves T_n - T_n' of each step; l
 T_n (1 - n/n'). Their ratio is the share of a linear gain that step buys (1: as much, 0: nothing, below 0:
 slower). The knee is the first n whose next step buys less than the threshold (`study.knee_share`); where
 every step buys at least that, it lies beyond the planned node counts. Where the global batch grows with
-the node count (weak scaling) a step up also changes what a step trains, so there is no knee.
+the node count (weak scaling) a step up also changes what a step trains, so there is no knee. Where a node
+count's runs measured their GPUs' energy per token (NVML, trainer/nvml.py), the budget's energy too: kWh =
+tokens x joules per token / 3.6e6, and its cost at `cluster.energy_price` (USD per kWh). It is the GPUs'
+board energy only: the hosts, the network and the cooling are not in it.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import math
 from dataclasses import dataclass, replace
 
 SECONDS_PER_DAY = 86400.0
+JOULES_PER_KWH = 3.6e6
 DEFAULT_TRAIN_TOKENS = 1e12  # the budget where study.train_tokens is unset (said so wherever it is used)
 DEFAULT_KNEE_SHARE = 0.5  # bench.core.config.StudyConfig.knee_share's default, for callers without a config
 
@@ -30,6 +34,7 @@ class Point:
     step_time_s: float | None  # one optimizer step; None: no figure (infeasible, failed unpredicted)
     source: str  # "measured", "predicted (<its constants>)", or the status that left it without a figure
     spread: float | None = None  # a calibrated prediction's ~90% half-width in log units (perf.Prediction)
+    j_per_token: float | None = None  # the GPUs' measured joules per token trained; None: not measured
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,8 @@ class Row:
     next_speedup: float | None = None  # this step time over the next's: above 1 the step up is faster
     days: float | None = None  # to train the budget
     usd: float | None = None  # None without a price
+    kwh: float | None = None  # the GPUs' energy to train the budget; None where not measured
+    energy_usd: float | None = None  # that energy at the energy price; None without one
 
     @property
     def node_hours(self) -> float | None:
@@ -84,6 +91,16 @@ def days_at(train_tokens: float, tokens_per_s: float) -> float:
     return train_tokens / tokens_per_s / SECONDS_PER_DAY
 
 
+def kwh_to_train(train_tokens: float, j_per_token: float) -> float:
+    """The GPUs' energy to train the budget at a measured energy per token, in kWh."""
+    return train_tokens * j_per_token / JOULES_PER_KWH
+
+
+def energy_usd(kwh: float | None, price_per_kwh: float | None) -> float | None:
+    """That energy at a price per kWh; None without either."""
+    return None if kwh is None or price_per_kwh is None else kwh * price_per_kwh
+
+
 def usd_to_train(days: float, nodes: int, price_per_hour: float | None) -> float | None:
     """Every node of the run paid for the whole time; None without a price."""
     return None if price_per_hour is None else days * 24 * nodes * price_per_hour
@@ -120,8 +137,9 @@ def check_knee_share(value: float) -> None:
 
 
 def answer(points: list[Point], train_tokens: float, price_per_hour: float | None,
-           knee_share: float = DEFAULT_KNEE_SHARE) -> Answer:
-    """The rows of one configuration (one point per node count) and its fastest, cheapest and knee."""
+           knee_share: float = DEFAULT_KNEE_SHARE, energy_price: float | None = None) -> Answer:
+    """The rows of one configuration (one point per node count) and its fastest, cheapest and knee; the
+    energy to train where a point measured its joules per token (energy_price: USD per kWh)."""
     points = sorted(points, key=lambda p: p.nodes)
     known = [p for p in points if p.step_time_s is not None and math.isfinite(p.step_time_s)
              and p.step_time_s > 0]
@@ -130,6 +148,10 @@ def answer(points: list[Point], train_tokens: float, price_per_hour: float | Non
         days = days_to_train(train_tokens, p.tokens_per_step, p.step_time_s)  # type: ignore[arg-type]
         rows[id(p)] = Row(p, efficiency=efficiency(known[0], p), days=days,
                           usd=usd_to_train(days, p.nodes, price_per_hour))
+    for p in points:
+        if p.j_per_token is not None and math.isfinite(p.j_per_token):
+            kwh = kwh_to_train(train_tokens, p.j_per_token)
+            rows[id(p)] = replace(rows[id(p)], kwh=kwh, energy_usd=energy_usd(kwh, energy_price))
     strong = len({p.tokens_per_step for p in known}) <= 1
     if strong:
         for p, nxt in zip(known, known[1:]):

@@ -27,9 +27,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from bench.core.config import ClusterConfig
 from bench.core.hardware import GpuSpec, compute_dtype
 from bench.core.models import ModelArch
 from bench.core.schema import RunSpec, RunSummary
+from bench.launchers.base import Placement
 from bench.predict.comm import Network
 from bench.predict.network import probes_of
 from bench.predict.perf import CALIBRATION, Calibration, Predictor, Stack, predict, unmodeled
@@ -222,7 +224,7 @@ def observations(predictor: Predictor, summaries: Iterable[RunSummary]) -> list[
     for s in summaries:
         spec = s.spec
         if (s.status != "ok" or spec is None or spec.kind != "train" or not s.tokens_per_s_per_gpu
-                or spec.micro_batch < 1 or spec.cluster != predictor.cfg.cluster.name):
+                or spec.micro_batch < 1 or spec.cluster != predictor.cluster.name):
             continue
         where = predictor.setting(spec)
         if (where is None or (s.device_name == "cpu") != (where[0].family == "cpu")
@@ -259,15 +261,15 @@ def extrapolation(observations: list[Observation], prior: Calibration = CALIBRAT
 
 # --- the study's file ---------------------------------------------------------------------------------
 
-def identity(cfg: Any) -> dict[str, Any]:
+def cluster_key(cluster: ClusterConfig) -> dict[str, Any]:
     """What a calibration belongs to: the cluster as the sweep names it."""
-    c = cfg.cluster
-    return {"name": c.name, "instance_type": c.instance_type, "gpu": c.gpu}
+    return {"name": cluster.name, "instance_type": cluster.instance_type, "gpu": cluster.gpu}
 
 
-def to_json(fit_: Fit, cfg: Any, summaries: list[RunSummary], extra: list[dict[str, Any]]) -> dict[str, Any]:
+def to_json(fit_: Fit, cluster: ClusterConfig, summaries: list[RunSummary],
+            extra: list[dict[str, Any]]) -> dict[str, Any]:
     used = [s for s in summaries if s.run_id in set(fit_.runs)]
-    return {"format": FORMAT, "cluster": identity(cfg), "models": sorted({s.spec.model for s in used}),
+    return {"format": FORMAT, "cluster": cluster_key(cluster), "models": sorted({s.spec.model for s in used}),
             "constants": asdict(fit_.calibration), "prior": asdict(fit_.prior),
             "parameters": list(fit_.names),
             "theta": list(fit_.theta), "covariance": [list(r) for r in fit_.covariance],
@@ -280,16 +282,16 @@ def to_json(fit_: Fit, cfg: Any, summaries: list[RunSummary], extra: list[dict[s
             "extrapolation": extra}
 
 
-def from_json(path: Path, cfg: Any, models: Iterable[str]) -> Fit:
+def from_json(path: Path, cluster: ClusterConfig, models: Iterable[str]) -> Fit:
     """The fit a study's file holds, or Refused naming the file and why."""
     try:
         data = json.loads(path.read_text())
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise Refused(f"{path}: not a calibration file of format {FORMAT}")
-        if data["cluster"] != identity(cfg):
+        if data["cluster"] != cluster_key(cluster):
             raise Refused(f"{path}: fitted on cluster {data['cluster'].get('name')!r} "
                           f"({data['cluster'].get('instance_type')}, gpu {data['cluster'].get('gpu')}), "
-                          f"not this sweep's {cfg.cluster.name!r}")
+                          f"not this sweep's {cluster.name!r}")
         if not set(data["models"]) & set(models):
             raise Refused(f"{path}: fitted on models {', '.join(data['models'])}, none of which this sweep "
                           "trains")
@@ -311,19 +313,21 @@ def from_json(path: Path, cfg: Any, models: Iterable[str]) -> Fit:
         raise Refused(f"{path}: unreadable ({type(e).__name__}: {e})") from None
 
 
-def study_predictor(cfg: Any, sweep_dir: Path) -> tuple[Predictor, str | None]:
-    """The sweep's predictor: the study's probes, and its calibration (refitted and written when runs
-    finished since the file was written); with a one-line note: what it is calibrated on, or why the file
-    was refused (then the published constants; the file is left as it is)."""
+def study_predictor(cluster: ClusterConfig, placement: Placement, models: Iterable[str],
+                    sweep_dir: Path) -> tuple[Predictor, str | None]:
+    """The sweep's predictor for the runs of `models` on its cluster, as its launcher places them: the
+    study's probes, and its calibration (refitted and written when runs finished since the file was
+    written); with a one-line note: what it is calibrated on, or why the file was refused (then the
+    published constants; the file is left as it is)."""
     from bench.core import rundir
     summaries = rundir.read_summaries(sweep_dir)  # once: the probes and the runs both come from them
     probes = probes_of(summaries)
-    published = Predictor(cfg, probes)
+    published = Predictor(cluster, placement, probes)
     path = sweep_dir / rundir.CALIBRATION_JSON
     stored = None
     if path.exists():
         try:
-            stored = from_json(path, cfg, cfg.axes.model)
+            stored = from_json(path, cluster, models)
         except Refused as e:
             return published, (f"calibration: refusing {e}; predicting with the published constants (delete "
                                "the file to refit on this study's runs)")
@@ -334,6 +338,6 @@ def study_predictor(cfg: Any, sweep_dir: Path) -> tuple[Predictor, str | None]:
     if current is None:
         current = fit(seen)
         assert current is not None
-        rundir.atomic_write_text(path, json.dumps(to_json(current, cfg, summaries, extrapolation(seen)),
+        rundir.atomic_write_text(path, json.dumps(to_json(current, cluster, summaries, extrapolation(seen)),
                                                   indent=1))
-    return Predictor(cfg, probes, current), f"predictions {current.line}: {path.name}"
+    return Predictor(cluster, placement, probes, current), f"predictions {current.line}: {path.name}"

@@ -1,8 +1,9 @@
 """What a sweep will cost before it launches: instance-hours, GPU-hours and dollars from the price table.
 
 A run's time is a fixed start-up (launch, rendezvous, model materialisation, which dominate short benchmark
-runs) plus its steps at the step time the performance model predicts (bench/predict/perf.py). The timeout
-gives a hard upper bound that assumes nothing.
+runs: the launcher's Placement says how long where it runs them) plus its steps at the step time the
+performance model predicts (bench/predict/perf.py). The timeout gives a hard upper bound that assumes
+nothing.
 """
 from __future__ import annotations
 
@@ -11,11 +12,8 @@ from typing import Protocol
 
 from bench.core.config import ClusterConfig
 from bench.core.schema import RunSpec
+from bench.launchers.base import Placement
 from bench.predict.perf import Prediction
-
-STARTUP_S = 120.0  # scheduling, image start, rendezvous and materialisation of a cluster job
-LOCAL_STARTUP_S = 8.0  # torchrun on this machine (the smoke sweep's runs: 2-11 s each, steps included)
-PROBE_S = 60.0  # an all-reduce size sweep after start-up
 
 
 class Costed(Protocol):
@@ -29,27 +27,13 @@ class Costed(Protocol):
     def perf(self) -> Prediction | None: ...
 
 
-def startup_of(instance_type: str, launcher: str) -> str:
-    """Whose start-up a run pays: this machine's torchrun where the cluster is this machine (the local
-    launcher, or Slurm's test cluster slurm_local, instance type "local"), else the launcher's."""
-    return "local" if instance_type == "local" else launcher
-
-
-def overhead_s(launcher: str, kind: str = "train") -> float:
-    """What a run costs beyond its steps: a cluster job's start-up (and a probe's size sweep); on this
-    machine, a torchrun's."""
-    if launcher in ("local", "dryrun"):
-        return LOCAL_STARTUP_S
-    return STARTUP_S + (PROBE_S if kind == "nccl" else 0.0)
-
-
-def estimated_seconds(planned: Costed, launcher: str) -> float | None:
+def estimated_seconds(planned: Costed, placement: Placement) -> float | None:
     """Wall time of one run; None where nothing predicts its steps (GPUs the cluster file does not name)."""
     if planned.first_spec.kind == "nccl":
-        return overhead_s(launcher, "nccl")
+        return placement.startup_s + placement.probe_s
     if planned.perf is None:
         return None
-    return overhead_s(launcher) + planned.first_spec.steps * planned.perf.step_time_s
+    return placement.startup_s + planned.first_spec.steps * planned.perf.step_time_s
 
 
 @dataclass(frozen=True)
@@ -60,7 +44,7 @@ class PlanCost:
     usd: float | None  # None without a price
     usd_at_timeout: float | None  # every run reaching its timeout: the bound that assumes nothing
     price_per_hour: float | None
-    overhead_s: float = STARTUP_S  # per run, beyond its steps
+    overhead_s: float  # per run, beyond its steps
 
     def line(self, cluster: str) -> str:
         hours = (f"{self.gpu_hours:,.1f} GPU-hours ({self.instance_hours:,.2f} instance-hours)"
@@ -77,11 +61,12 @@ def _usd(instance_s: float | None, price: float | None) -> float | None:
     return None if instance_s is None or price is None else instance_s / 3600 * price
 
 
-def plan_cost(planned: list[Costed], cluster: ClusterConfig, timeout_s: float, launcher: str) -> PlanCost:
-    """Cost of launching these runs (infeasible ones excluded by the caller) on this cluster; GPU-hours only
-    for a cluster that names its GPU."""
+def plan_cost(planned: list[Costed], cluster: ClusterConfig, timeout_s: float,
+              placement: Placement) -> PlanCost:
+    """Cost of launching these runs (infeasible ones excluded by the caller) on this cluster, as its launcher
+    places them; GPU-hours only for a cluster that names its GPU."""
     specs = [p.first_spec for p in planned]
-    seconds = [estimated_seconds(p, launcher) for p in planned]
+    seconds = [estimated_seconds(p, placement) for p in planned]
     known = None not in seconds and cluster.gpu is not None
     instance_s = sum(s.nodes * t for s, t in zip(specs, seconds)) if known else None  # type: ignore[operator]
     gpu_s = sum(s.world_size * t for s, t in zip(specs, seconds)) if known else None  # type: ignore[operator]
@@ -89,4 +74,4 @@ def plan_cost(planned: list[Costed], cluster: ClusterConfig, timeout_s: float, l
     return PlanCost(runs=len(specs), instance_hours=None if instance_s is None else instance_s / 3600,
                     gpu_hours=None if gpu_s is None else gpu_s / 3600, usd=_usd(instance_s, price),
                     usd_at_timeout=_usd(sum(s.nodes for s in specs) * timeout_s, price), price_per_hour=price,
-                    overhead_s=overhead_s(launcher))
+                    overhead_s=placement.startup_s)

@@ -48,6 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from bench.core.config import ClusterConfig
 from bench.core.flops import (
     attention_square_flops_per_token,
     checkpointed_blocks,
@@ -58,6 +59,7 @@ from bench.core.flops import (
 from bench.core.hardware import GPUS, GpuSpec, compute_dtype, gpu_spec
 from bench.core.models import ModelArch, block_params, count_params, float8_linear_params
 from bench.core.schema import RunSpec
+from bench.launchers.base import Placement
 from bench.predict.comm import Curve, Network, collective_s, step_collectives
 from bench.predict.cpu import (
     CPU,
@@ -267,22 +269,21 @@ class StudyFit(Protocol):
 
 
 class Predictor:
-    """Predictions for one sweep: each run on the cluster's GPU (a local cluster: this machine's GPU where
-    the run fits on its GPUs, else its CPU cores), over the study's own all-reduce probe at the run's node
-    and EFA count where the sweep dir has one, else the instance's published measurement; with the study's
-    own calibration where it has one (bench/predict/calibrate.py), else the published constants."""
+    """Predictions for one sweep: each run on the cluster's GPU (where the runs run on this machine: its GPU
+    where the run fits on its GPUs, else its CPU cores), over the study's own all-reduce probe at the run's
+    node and EFA count where the sweep dir has one, else the instance's published measurement; with the
+    study's own calibration where it has one (bench/predict/calibrate.py), else the published constants."""
 
-    def __init__(self, cfg: Any, probes: dict[tuple[int, int], Network] | None = None,
-                 fit: StudyFit | None = None) -> None:
-        self.cfg, self.probes, self.fit = cfg, probes or {}, fit
+    def __init__(self, cluster: ClusterConfig, placement: Placement,
+                 probes: dict[tuple[int, int], Network] | None = None, fit: StudyFit | None = None) -> None:
+        self.cluster, self.placement, self.probes, self.fit = cluster, placement, probes or {}, fit
         self._local: tuple[list[str], str | None] | None = None
 
     def device(self, spec: RunSpec) -> GpuSpec | None:
-        if self.cfg.cluster.gpu:
-            return GPUS[self.cfg.cluster.gpu]
-        if self.cfg.launcher.name not in ("local", "dryrun") and self.cfg.cluster.instance_type != "local":
+        if self.cluster.gpu:
+            return GPUS[self.cluster.gpu]
+        if not self.placement.this_machine:
             return None  # GPUs the cluster file does not name: no peak to predict against
-        # this machine: the local launcher, or a scheduler whose nodes are this machine (slurm_local)
         if self._local is None:
             from bench.core.gpus import local_gpu_name, local_gpus
             self._local = (local_gpus(), local_gpu_name())
@@ -300,15 +301,14 @@ class Predictor:
         curves = probe.curves if probe else ()
         if probe is not None and math.isnan(probe.node_gbs):  # gather/reduce-scatter probes, no all-reduce
             probe = None
-        network = network_for(self.cfg.cluster.instance_type, spec.efa_per_node, probe, spec.nodes)
+        network = network_for(self.cluster.instance_type, spec.efa_per_node, probe, spec.nodes)
         if curves:
             network = replace(network, curves=curves)
         if intra := self._intra(spec.efa_per_node):
             network = replace(network, intra=intra)
-        local = self.cfg.launcher.name in ("local", "dryrun")
         near = sorted(k for k, v in self.probes.items()
                       if k[1] == spec.efa_per_node and not math.isnan(v.node_gbs))
-        if probe is None and local and near:
+        if probe is None and self.placement.one_host and near:
             # one machine: every simulated node's loopback is the same, so the nearest probe's latency holds
             borrowed = self.probes[min(near, key=lambda k: abs(k[0] - spec.nodes))]
             network = replace(network, step_latency_s=borrowed.step_latency_s,

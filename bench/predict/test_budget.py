@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.core.config import from_dict
+from bench.core.load_config import from_dict
 from bench.predict.budget import Point, answer, days_to_train, step_up
 from bench.study.plan import answer_points, expand
 from bench.sweep import answer_table, compose, format_answer

@@ -8,14 +8,16 @@ import math
 import os
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bench.core import rundir
-from bench.core.config import from_dict
 from bench.core.hardware import GPUS
+from bench.core.load_config import from_dict
 from bench.core.models import get_arch
 from bench.core.schema import RunSpec, RunSummary
+from bench.launchers import placement_of
 from bench.predict import calibrate, perf
 from bench.predict.calibrate import Observation, fit
 from bench.predict.comm import Network
@@ -36,6 +38,14 @@ TRUE_CPU = replace(CALIBRATION, matmul_efficiency={"cpu": 0.35}, elementwise_byt
 # A 1B model's step on an H100 is the GPU's at micro batch 8; at 2 it is its host's (perf.HOST_BLOCK_PASS_S),
 # which no calibrated constant moves.
 MICRO_BATCH = 8
+
+
+def _predictor(cfg: Any) -> Predictor:
+    return Predictor(cfg.cluster, placement_of(cfg))
+
+
+def _study_predictor(cfg: Any, sweep_dir: Path) -> tuple[Predictor, str | None]:
+    return calibrate.study_predictor(cfg.cluster, placement_of(cfg), cfg.axes.model, sweep_dir)
 
 
 def _runs(cal: object, gpu: object, network: Network, nodes: int, model: str = "llama3_2_1b",
@@ -90,8 +100,8 @@ def test_the_prior_holds_what_runs_cannot_see_and_one_run_moves_only_its_own() -
 
 def test_a_16_bit_dtype_the_study_has_not_run_takes_its_siblings_measured_speed() -> None:
     """A CPU emulates fp16 and bf16 alike, several times slower than fp32 (this machine's smoke: bf16 at 1/5.6
-    of fp32): the study's first fp16 run is predicted from its bf16 runs, not from its fp32 runs (the smoke
-    report's largest miss was that run at 5.2x)."""
+    of fp32): the study's first fp16 run is predicted from its bf16 runs, not from its fp32 runs (from which
+    it would be predicted about 5x too fast)."""
     cpu_truth = replace(TRUE_CPU, matmul_efficiency={"cpu:fp32": 0.35, "cpu:bf16": 0.06, "cpu:fp16": 0.06})
     seen = [o for p in ("fp32", "bf16_mixed")
             for o in _runs(cpu_truth, CPU, LOOPBACK, 1, "tiny_llama", gpus=1, shardings=("FULL_SHARD",),
@@ -109,8 +119,8 @@ def test_a_16_bit_dtype_the_study_has_not_run_takes_its_siblings_measured_speed(
 
 def test_a_cpu_study_predicts_its_first_16_bit_run_from_its_fp32_runs(monkeypatch) -> None:
     """Before any 16-bit run, a CPU without 16-bit units is taken at CPU_EMULATED_16BIT of its fp32 figure
-    (the smoke's second run, bf16 after one fp32 run, was its report's largest miss at 3.6x); a CPU with
-    them at its fp32 figure."""
+    (at its fp32 figure the smoke's bf16 run after one fp32 run is predicted several times too fast); a CPU
+    with them at its fp32 figure."""
     emulated = 0.35 * perf.CPU_EMULATED_16BIT
     cpu_truth = replace(TRUE_CPU, matmul_efficiency={"cpu:fp32": 0.35, "cpu:bf16": emulated})
     one_rank = {"gpus": 1, "shardings": ("FULL_SHARD",)}
@@ -166,14 +176,14 @@ def test_a_study_writes_its_calibration_and_predicts_with_it(tmp_path: Path, mon
     monkeypatch.setattr(perf, "cpu_runs_natively", lambda dtype: True)
     cfg = _cfg(tmp_path)
     sweep_dir = tmp_path / "smoke"
-    predictor, note = calibrate.study_predictor(cfg, sweep_dir)
+    predictor, note = _study_predictor(cfg, sweep_dir)
     assert predictor.fit is None and note is None  # no runs yet: the published constants
     _finished(sweep_dir, cfg, 1, 1, 7000.0)
     _finished(sweep_dir, cfg, 1, 2, 3700.0)
     gpu_run = _finished(sweep_dir, cfg, 2, 2, 1500.0)
     gpu_run.extra["nccl_version"] = "2.27.5"  # what collect takes from a GPU worker's meta record
     rundir.write_summary(rundir.run_dir(sweep_dir, gpu_run.spec), gpu_run)
-    predictor, note = calibrate.study_predictor(cfg, sweep_dir)
+    predictor, note = _study_predictor(cfg, sweep_dir)
     assert note == "predictions calibrated on 3 runs at 1-2 nodes of this study " \
                    f"(residual {predictor.fit.residual:.0%}): calibration.json"
     data = json.loads((sweep_dir / rundir.CALIBRATION_JSON).read_text())
@@ -185,10 +195,10 @@ def test_a_study_writes_its_calibration_and_predicts_with_it(tmp_path: Path, mon
     pred = predictor.predict(spec)
     assert pred.source == "this study's 3 runs" and pred.fields()["pred_source"] == pred.source
     assert pred.interval[0] < pred.tokens_per_s_per_gpu < pred.interval[1]
-    published = Predictor(cfg).predict(spec).tokens_per_s_per_gpu
+    published = _predictor(cfg).predict(spec).tokens_per_s_per_gpu
     # it learnt 2 x 2 ranks
     assert published / 1500 > 1.5 and abs(pred.tokens_per_s_per_gpu / 1500 - 1) < 0.25
-    again, _ = calibrate.study_predictor(cfg, sweep_dir)  # read back from the file: the same fit
+    again, _ = _study_predictor(cfg, sweep_dir)  # read back from the file: the same fit
     assert again.fit == predictor.fit
 
 
@@ -205,12 +215,12 @@ def test_a_foreign_or_corrupt_calibration_is_refused_in_one_line(tmp_path: Path,
     cfg = _cfg(tmp_path)
     sweep_dir = tmp_path / "smoke"
     _finished(sweep_dir, cfg, 1, 1, 7000.0)
-    calibrate.study_predictor(cfg, sweep_dir)
+    _study_predictor(cfg, sweep_dir)
     path = sweep_dir / rundir.CALIBRATION_JSON
     bad = damage(json.loads(path.read_text()))
     path.write_text(bad if isinstance(bad, str) else json.dumps(bad))
     before = path.read_text()
-    predictor, note = calibrate.study_predictor(cfg, sweep_dir)
+    predictor, note = _study_predictor(cfg, sweep_dir)
     assert predictor.fit is None and "\n" not in note
     assert note.startswith(f"calibration: refusing {path}: ") and why in note
     assert "published constants" in note and path.read_text() == before  # left for the user to judge
@@ -226,7 +236,7 @@ def test_runs_of_another_cluster_or_device_are_not_evidence(tmp_path: Path) -> N
     gpu_run = _finished(sweep_dir, cfg, 1, 1, 50000.0, precision="fp32")
     gpu_run.device_name = "NVIDIA H100 80GB HBM3"  # ran on a GPU this machine does not have now
     rundir.write_summary(rundir.run_dir(sweep_dir, gpu_run.spec), gpu_run)
-    seen = calibrate.observations(Predictor(cfg), rundir.read_summaries(sweep_dir))
+    seen = calibrate.observations(_predictor(cfg), rundir.read_summaries(sweep_dir))
     assert [o.run_id for o in seen] == [s.run_id for s in rundir.read_summaries(sweep_dir)
                                         if s.run_id not in (other.run_id, gpu_run.run_id)]
     assert math.isclose(seen[0].tokens_per_s_per_gpu, 7000.0)
@@ -243,7 +253,7 @@ def test_a_cpu_offload_run_is_predicted_as_a_floor_and_is_no_evidence(tmp_path: 
     for run in runs:
         run.device_name = "NVIDIA H100 80GB HBM3"
         rundir.write_summary(rundir.run_dir(sweep_dir, run.spec), run)
-    predictor = Predictor(cfg)
+    predictor = _predictor(cfg)
     seen = calibrate.observations(predictor, rundir.read_summaries(sweep_dir))
     assert [o.run_id for o in seen] == [runs[0].run_id]
     plain, offload = (predictor.predict(r.spec) for r in runs)
@@ -254,7 +264,7 @@ def test_a_cpu_offload_run_is_predicted_as_a_floor_and_is_no_evidence(tmp_path: 
     assert predict(runs[1].spec, CPU, Network(1.0, "loopback")).unmodeled is None  # a CPU study: host is all
     line = format_plan([PlannedRun(runs[1].spec, None, True, perf=offload)]).splitlines()[-1]
     assert f"<={offload.tokens_per_s_per_gpu:,.0f}" in line and f"<={offload.mfu:.2f}" in line
-    calibrated, _ = calibrate.study_predictor(cfg, sweep_dir)  # fitted on the plain run alone
+    calibrated, _ = _study_predictor(cfg, sweep_dir)  # fitted on the plain run alone
     assert calibrated.fit.runs == (runs[0].run_id,)
     assert calibrated.predict(runs[0].spec).interval is not None
     assert calibrated.predict(runs[1].spec).interval is None  # a floor has no interval about it

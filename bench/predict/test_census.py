@@ -68,7 +68,7 @@ def test_a_model_type_transformers_does_not_know_stops_the_sweep_before_anything
 
 @pytest.mark.slow
 def test_p5_scaling_plans_a_qwen3_config_like_a_preset(tmp_path: Path) -> None:
-    """The issue's dry run with a family the planner has no formula for: every training run gets a measured
+    """p5_scaling's dry run with a family the planner has no formula for: every training run gets a measured
     memory peak and a prediction (about a minute cold on two cores, census included)."""
     config = ROOT / "bench" / "core" / "testdata" / "hf" / "qwen3_0_6b" / "config.json"
     proc = subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=p5_scaling", f"axes.model=[{config}]",

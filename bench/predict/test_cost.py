@@ -3,10 +3,14 @@ from __future__ import annotations
 
 import pytest
 
-from bench.core.config import from_dict
 from bench.core.flops import model_flops_per_token
+from bench.core.load_config import from_dict
 from bench.core.models import get_arch
-from bench.predict.cost import LOCAL_STARTUP_S, STARTUP_S, estimated_seconds, plan_cost
+from bench.launchers import placement_of
+from bench.launchers.base import CLUSTER_STARTUP_S, MACHINE_STARTUP_S
+from bench.launchers.local import LocalLauncher
+from bench.launchers.slurm import SlurmLauncher
+from bench.predict.cost import estimated_seconds, plan_cost
 from bench.study.plan import expand
 from bench.sweep import compose, main
 
@@ -20,7 +24,7 @@ def test_timeout_bound_and_gpu_hours_have_exact_answers() -> None:
     cfg = cfg_for("+sweep=p5_scaling", "axes.model=[llama2_7b]", "axes.nodes=[1,2]",
                   "axes.sharding=[FULL_SHARD]", "nccl.enabled=false", "launcher.timeout_s=900",
                   "cluster.price_per_hour=98.32")
-    cost = plan_cost(expand(cfg), cfg.cluster, cfg.launcher.timeout_s, cfg.launcher.name)
+    cost = plan_cost(expand(cfg), cfg.cluster, cfg.launcher.timeout_s, placement_of(cfg))
     assert cost.price_per_hour == 98.32
     assert cost.usd_at_timeout == pytest.approx(3 * 0.25 * 98.32)  # 1 + 2 nodes, 15 minutes each
     assert cost.gpu_hours == pytest.approx(8 * cost.instance_hours)
@@ -40,8 +44,9 @@ def test_run_time_is_start_up_plus_steps_at_the_predicted_step_time() -> None:
                   "axes.micro_batch=[2]", "nccl.enabled=false")
     runs = {p.spec.activation_checkpointing: p for p in expand(cfg)}
     none, full = runs["none"], runs["full"]
-    assert estimated_seconds(none, "slurm") == pytest.approx(STARTUP_S + 30 * none.perf.step_time_s)
-    assert estimated_seconds(none, "local") == pytest.approx(LOCAL_STARTUP_S + 30 * none.perf.step_time_s)
+    on_slurm, here = SlurmLauncher.placement(cfg), LocalLauncher.placement(cfg)
+    assert estimated_seconds(none, on_slurm) == pytest.approx(CLUSTER_STARTUP_S + 30 * none.perf.step_time_s)
+    assert estimated_seconds(none, here) == pytest.approx(MACHINE_STARTUP_S + 30 * none.perf.step_time_s)
     assert full.perf.step_time_s > none.perf.step_time_s  # recompute costs time
     # a step at the 6N rule's FLOPs could not beat the H100's peak: the prediction is physical
     assert none.perf.step_time_s > 2 * 4096 * flops / 989.4e12

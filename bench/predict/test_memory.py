@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import bench.predict.memory as memory
-from bench.core.config import from_dict
+from bench.core.load_config import from_dict
 from bench.core.models import count_params, get_arch
 from bench.core.schema import RunSpec
 from bench.predict.memory import MemoryPlanner, fingerprint, memory_key
@@ -30,9 +30,10 @@ def cfg_for(tmp_path: Path, *overrides: str):
 
 
 def test_each_configuration_is_measured_once_then_read_from_the_cache(tmp_path: Path, capsys) -> None:
-    cfg = cfg_for(tmp_path, "+sweep=smoke", "axes.nodes=[1]", "axes.gpus_per_node=[2]", "nccl.enabled=false",
-                  "axes.precision=[bf16_mixed]", "axes.compile=[false]", "axes.sharding=[FULL_SHARD]",
-                  "axes.activation_checkpointing=[none,full]", "axes.global_batch=[null]")
+    cfg = cfg_for(tmp_path, "+sweep=smoke_full", "axes.nodes=[1]", "axes.gpus_per_node=[2]",
+                  "nccl.enabled=false", "axes.precision=[bf16_mixed]", "axes.compile=[false]",
+                  "axes.sharding=[FULL_SHARD]", "axes.activation_checkpointing=[none,full]",
+                  "axes.global_batch=[null]")
     first = MemoryPlanner(cfg)
     plan = expand(cfg, first)
     assert first.measured == 2 and first.cached == 0
@@ -66,7 +67,7 @@ def test_a_measurement_past_its_time_limit_is_planned_on_the_lower_bound(tmp_pat
 def test_without_torch_where_the_sweep_plans_every_figure_is_a_lower_bound_and_says_why(tmp_path: Path,
                                                                                         monkeypatch) -> None:
     monkeypatch.setattr(memory.importlib.util, "find_spec", lambda name: None)
-    cfg = cfg_for(tmp_path, "+sweep=smoke", "nccl.enabled=false")
+    cfg = cfg_for(tmp_path, "+sweep=smoke_full", "nccl.enabled=false")
     plan = expand(cfg, MemoryPlanner(cfg))
     assert {p.memory.source for p in plan} == {"lower bound"}
     assert {p.memory.note for p in plan} == {"not measured: torch is not installed where the sweep plans "
@@ -167,8 +168,9 @@ def test_on_a_gpu_the_figure_holds_cublas_workspaces_beside_the_tensors(tmp_path
     (the H200's evidence: every run 64 MiB above its fake-tensor peak): a GPU cluster's figure adds them,
     the CPU's (cluster.gpu unset) does not. Each is measured as its device runs it (its own cache entry:
     the worker's --cuda), which for bf16 attention is the same peak."""
-    overrides = ("+sweep=smoke", "axes.nodes=[1]", "axes.gpus_per_node=[1]", "axes.precision=[bf16_mixed]",
-                 "axes.activation_checkpointing=[none]", "axes.compile=[false]")
+    overrides = ("+sweep=smoke_full", "axes.nodes=[1]", "axes.gpus_per_node=[1]",
+                 "axes.precision=[bf16_mixed]", "axes.activation_checkpointing=[none]",
+                 "axes.compile=[false]")
     cpu = MemoryPlanner(cfg_for(tmp_path, *overrides))
     spec = next(p.spec for p in expand(cpu.cfg) if p.spec.kind == "train")
     gpu = MemoryPlanner(cfg_for(tmp_path, *overrides, "cluster.gpu=H200"))

@@ -9,7 +9,10 @@ It reads line by line. Each line first loses its launcher prefix (`strip_prefix`
 character decides its kind: `#` lines are headers, config, versions, device ("Rank") lines and footers;
 a digit starts a table row; anything else may be an NCCL INFO line (network, transport, NIC count), the
 NCCL version or an error. A table's column layout comes from its own header; an excerpt without one
-falls back to the layout its token count implies. A stream may hold several runs (concatenated logs):
+falls back to the layout its token count implies. A prefix no launcher here writes (a log shipper's
+timestamp and pod, any text) is read past too: a `#` line is found where its known text begins
+(`comment_start`), and once a table header has given the layout, a row is its line's last tokens when
+they make one (`_Reader.row_tokens`). A stream may hold several runs (concatenated logs):
 a header, config or version line after table rows starts the next one. Real outputs are a few KB; this
 parses a whole 8 B - 16 GiB sweep in well under a millisecond (benchmarks/parse_nccl.py).
 """
@@ -52,11 +55,20 @@ _TRANSPORT_HINT = re.compile(r"NCCL INFO (?:NET/OFI Selected [Pp]rovider is \S+|
 # 2.17+ names the binary before its table: "# Collective test starting: all_gather_perf"
 _STARTING = re.compile(r"Collective test starting:\s*(\S+)")
 _NICS = re.compile(r"\(found (\d+) nics\)")  # aws-ofi-nccl: "Selected Provider is efa (found 4 nics)"
+# What NCCL prints of itself with NCCL_DEBUG=INFO or VERSION ("NCCL version 2.12.7+cuda11.4" on its own line
+# before 2.14 or so, "host:pid:tid [0] NCCL INFO NCCL version 2.26.2+cuda12.2" since), and the plugin's
+# "NET/OFI Initializing aws-ofi-nccl 1.14.0" ("NET/OFI Using aws-ofi-nccl 1.5.0aws" before 1.7)
+_NCCL_VERSION = re.compile(r"\bNCCL version (\d\S*)")
+_OFI_VERSION = re.compile(r"NET/OFI (?:Initializing|Using) aws-ofi-nccl (\d\S*)")
+# The comment lines the reader takes something from, as their text begins after "#" (comment_start)
+_KNOWN_COMMENTS = re.compile(r"#+\s*(?:Rank\s|Avg bus bandwidth|Out of bounds values|nThread|"
+                             r"nccl-tests version|Collective test starting|size\s+count\b)")
 _FALLBACK_LAYOUTS = {  # token count of a full row -> header columns
     13: "size count type redop root time algbw busbw #wrong time algbw busbw #wrong",
     12: "size count type redop time algbw busbw error time algbw busbw error",
     11: "size count type time algbw busbw error time algbw busbw error",
 }
+_FALLBACK_WIDTHS = tuple(_FALLBACK_LAYOUTS)
 
 
 class NcclRow(NamedTuple):
@@ -176,6 +188,28 @@ def strip_prefix(line: str) -> str:
     return _TAG.sub("", line) if ">:" in line else line
 
 
+def comment_start(line: str) -> int | None:
+    """Where an nccl-tests comment line the reader knows begins inside a line with an unknown prefix (the
+    first `#` that starts one: a `#` in the prefix is passed over); None if there is none."""
+    at = line.find("#")
+    while at >= 0:
+        if _KNOWN_COMMENTS.match(line, at):
+            return at
+        at = line.find("#", at + 1)
+    return None
+
+
+def printed_versions(text: str) -> dict[str, list[str]]:
+    """The NCCL and aws-ofi-nccl versions a log stream printed (every distinct one, in order: nodes that
+    differ show as two)."""
+    out: dict[str, list[str]] = {"nccl": [], "aws_ofi_nccl": []}
+    for key, pattern in (("nccl", _NCCL_VERSION), ("aws_ofi_nccl", _OFI_VERSION)):
+        for found in pattern.finditer(text):
+            if found.group(1) not in out[key]:
+                out[key].append(found.group(1))
+    return out
+
+
 @dataclass(frozen=True)
 class _Layout:
     """Column positions of a data row, read once per distinct table header."""
@@ -183,6 +217,10 @@ class _Layout:
     prefix: tuple[str, ...]  # the columns before the first time column, in order
     groups: tuple[tuple[int, int, int, int | None, int | None], ...]  # time, algbw, busbw, #wrong, error
     group_len: int
+
+    def widths(self) -> tuple[int, int]:
+        """A row's token count: both placements, and in-place only (trace replay)."""
+        return len(self.prefix) + 2 * self.group_len, len(self.prefix) + self.group_len
 
 
 @lru_cache(maxsize=64)
@@ -327,20 +365,55 @@ class _Reader:
                 self.run.transport_evidence.append(line[-200:])
             if nics := _NICS.search(line):
                 self.run.nics = max(self.run.nics or 0, int(nics.group(1)))
-        elif line.startswith("NCCL version"):
-            self.run.nccl_version = _word(line, 2) or self.run.nccl_version
-        elif _ERROR.search(line):
+            if version := _NCCL_VERSION.search(line):
+                self.run.nccl_version = version.group(1)
+            return
+        if version := _NCCL_VERSION.search(line):
+            self.run.nccl_version = version.group(1)
+        if _ERROR.search(line):
             self.run.errors.append(line[:300])
+
+    def row_tokens(self, line: str) -> list[str] | None:
+        """A table row at the end of a line whose prefix no launcher here writes: the last tokens that make
+        a full row (or an in-place one) of the current header's layout, its size and count whole numbers
+        and its type a name (float, int8); None without a header or where they make none."""
+        layout, tokens = self.header, line.split()
+        if layout is None:
+            return None
+        for width in layout.widths():
+            row = tokens[-width:]
+            cells = dict(zip(layout.prefix, row))
+            if (len(tokens) > width and row[0].isdecimal() and row[1].isdecimal()
+                    and cells.get("type", "x")[:1].isalpha() and _rows(row, layout)):
+                return row
+        return None
+
+    def add_row(self, tokens: list[str]) -> None:
+        self.table.append(tokens)
+        self.rows_since_opening += 1
 
     def line(self, raw: str) -> None:
         line = strip_prefix(raw.strip()).strip()
         if line.startswith("#"):
             self.comment(line)
-        elif line[:1].isdigit() and "NCCL INFO" not in line:  # a host name may start with a digit
-            self.table.append(line.split())
-            self.rows_since_opening += 1
-        elif line:
+        elif "#" in line and (at := comment_start(line)) is not None:  # a prefix nobody here writes
+            self.comment(line[at:])
+        elif "NCCL INFO" in line:  # a host name may start with a digit
             self.other(line)
+        elif not line:
+            return
+        elif line[:1].isdigit() and len(tokens := line.split()) in self.widths():
+            self.add_row(tokens)  # a row (or, before any header, one an excerpt's width names)
+        elif row := self.row_tokens(line):  # a row after a prefix nobody here writes
+            self.add_row(row)
+        elif self.header is not None and line[:1].isdigit() and tokens[0].isdecimal():
+            self.add_row(tokens)  # a row cut short (a crash mid-write): dropped, but it ends what came before
+        else:
+            self.other(line)
+
+    def widths(self) -> tuple[int, ...]:
+        """The token counts a row may have: its header's, else those of the layouts without one."""
+        return self.header.widths() if self.header is not None else _FALLBACK_WIDTHS
 
     def finish(self) -> list[NcclResult]:
         self.end_table()

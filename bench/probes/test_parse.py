@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import random
 import re
+from pathlib import Path
 
 import pytest
 
 from bench.core.schema import RunSpec
-from bench.probes.parse import parse, parse_all, parse_json, strip_prefix
+from bench.probes.parse import parse, parse_all, parse_json, printed_versions, strip_prefix
 from bench.probes.records import check_transport, records_from_output
 
 COMPLETE = ["sample_01.txt", "sample_05.txt", "sample_06.txt", "sample_07.txt", "sample_08.txt",
@@ -326,3 +327,58 @@ def test_nics_found_are_read_from_nccl_info(shared_data) -> None:
     more = text(shared_data, "sample_01.txt").replace("(found 1 nics)", "(found 4 nics)", 1)
     assert parse(more).nics == 4
     assert parse(text(shared_data, "sample_06.txt")).nics is None  # no aws-ofi-nccl there
+
+
+# Prefixes of log shippers and launchers the parser has no pattern for, each built per line i: containerd's
+# CRI log line, fluent-bit's tag, docker compose's service column, journald's, a prefix holding a "#", and one
+# that starts with numbers (so a row and a noise line both start with a digit)
+UNKNOWN_PREFIXES = ["2026-11-22T16:20:11.{i:09d}Z stdout F ",
+                    "[{i}] kube.var.log.containers.nccl-{w}_default: ", "nccl-worker-{w}  | ",
+                    "Nov 22 16:20:{s:02d} ip-10-0-0-{w} fsdpbench[{p}]: ", "job#{w} rank{w}> ",
+                    "{i} {p} node-{w} | "]
+FIXTURES = sorted([f"nccl-tests/{n}" for n in COMPLETE + ["sample_02.txt", "sample_03.txt", "sample_04.txt",
+                                                          "sample_10.txt", "sample_14.txt", "sample_15.txt"]]
+                  + [f"testdata/{p.name}" for p in (Path(__file__).parent / "testdata").glob("*.txt")])
+
+
+def _fixture(shared_data, name: str) -> str:
+    kind, file = name.split("/")
+    return (shared_data / kind / file if kind == "nccl-tests" else Path(__file__).parent / kind / file
+            ).read_text()
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_unfamiliar_prefixes_on_every_line_of_every_fixture_change_nothing(shared_data, name: str) -> None:
+    """Read through a prefix of any text, anchored on the table's header: every run the clean output gives,
+    with the same rows, footer, versions, network and status."""
+    clean = _fixture(shared_data, name)
+    want = parse_all(clean)
+    assert want and all(r.rows for r in want)
+    for prefix in UNKNOWN_PREFIXES:
+        prefixed = "\n".join(prefix.format(i=i, w=i % 3, s=i % 60, p=1000 + i) + line
+                             for i, line in enumerate(clean.splitlines()))
+        got = parse_all(prefixed)
+        assert len(got) == len(want), (prefix, [len(r.rows) for r in got])
+        for a, b in zip(got, want):
+            _same(a, b)
+            assert (a.tests_version, a.binary, a.collective, a.nics, a.groups, len(a.errors)) == (
+                b.tests_version, b.binary, b.collective, b.nics, b.groups, len(b.errors)), prefix
+
+
+def test_the_versions_nccl_and_its_plugin_print_are_read_from_a_log(shared_data) -> None:
+    """NCCL's own line before 2.14 ("NCCL version 2.12.7+cuda11.4", sample_01, under mpirun tags) and its
+    INFO line since; aws-ofi-nccl's "Using" (before 1.7, sample_01) and "Initializing" lines. The INFO lines
+    are from aws-samples/awsome-distributed-training's FSDP Slurm guide (srun -l, NCCL 2.26.2, aws-ofi-nccl
+    1.14.0 on p5); two nodes that differ show as two versions."""
+    assert printed_versions(text(shared_data, "sample_01.txt")) == {"nccl": ["2.12.7+cuda11.4"],
+                                                                    "aws_ofi_nccl": ["1.5.0aws"]}
+    hyperpod = ("1: p5-dy-gpu-2:62571:62571 [1] NCCL INFO NCCL version 2.26.2+cuda12.2\n"
+                "1: p5-dy-gpu-2:62574:62574 [4] NCCL INFO cudaDriverVersion 12040\n"
+                "2: p5-dy-gpu-3:60823:61204 [2] NCCL INFO NET/OFI Initializing aws-ofi-nccl 1.14.0\n"
+                "2: p5-dy-gpu-3:60823:61204 [2] NCCL INFO NET/OFI Using Libfabric version 1.22\n")
+    assert printed_versions(hyperpod) == {"nccl": ["2.26.2+cuda12.2"], "aws_ofi_nccl": ["1.14.0"]}
+    mixed = hyperpod + hyperpod.replace("2.26.2+cuda12.2", "2.27.3+cuda12.8")
+    assert printed_versions(mixed)["nccl"] == ["2.26.2+cuda12.2", "2.27.3+cuda12.8"]
+    table = text(shared_data, "sample_06.txt")  # no version line of its own
+    assert parse(hyperpod + table).nccl_version == "2.26.2+cuda12.2"  # the parser reads the INFO form too
+    assert printed_versions("NCCL version\n") == {"nccl": [], "aws_ofi_nccl": []}  # cut short: none

@@ -12,14 +12,16 @@ from typing import Any
 
 from bench.core import rundir
 from bench.core.config import PreflightConfig
-from bench.core.records import parse_records
+from bench.core.records import RECORDS_DIR, parse_records, unreadable_records
 from bench.core.schema import SUMMARY_COLUMNS, RunSpec, RunSummary
 from bench.launchers.base import PROJECT_ROOT, TRACE_PREFIX, Outcome
+from bench.probes.parse import printed_versions
 from bench.probes.records import check_transport, records_from_logs
 from bench.run import straggler
 from bench.run.classify import classify
 
 _LOG_TAIL_BYTES = 64 * 1024
+_LOG_HEAD_BYTES = 256 * 1024  # where NCCL and its plugin print their versions: at init, early in a log
 _SUMMARY_FIELDS = {f.name for f in fields(RunSummary)} - {"run_id", "sweep", "status", "spec", "error",
                                                           "extra", "run_dir", "schema_version", "trace_split",
                                                           "trace_collectives", "trace_note"}
@@ -68,7 +70,8 @@ def trace_split(summary: RunSummary, traces: list[dict[str, Any]]) -> None:
     summary.extra["trace_per_rank"] = [
         {k: r.get(k) for k in ("rank", "node", "file", "bytes", "record_s", "analyse_s", "step_times_s",
                                "error")}
-        | {k: (r.get("split") or {}).get(k) for k in ("parts", "overlapped", "step_s", "unclassified")}
+        | {k: (r.get("split") or {}).get(k) for k in ("parts", "overlapped", "step_s", "unclassified",
+                                                     "waiting_by_kind", "waiting_duration_rule", "premise")}
         for r in traces]
     splits = [r["split"] for r in traces if r.get("split")]
     failed = [f"rank {r.get('rank')}: {r.get('error')}" for r in traces if not r.get("split")]
@@ -82,11 +85,22 @@ def trace_split(summary: RunSummary, traces: list[dict[str, Any]]) -> None:
                   for k in splits[0]["overlapped"]}
     summary.trace_split = {**parts, **overlapped, "step_s": statistics.median(s["step_s"] for s in splits),
                            "unclassified": max(s["unclassified"] for s in splits)}
+    if all("waiting_duration_rule" in s for s in splits):  # the other reading of waiting, and its premise
+        summary.trace_split["waiting_duration_rule"] = statistics.median(
+            s["waiting_duration_rule"] for s in splits)
+        summary.trace_split |= {f"premise_{k}": max(s["premise"][k] for s in splits)
+                                for k in ("checked", "contradicted", "at_stake_s")}
     kinds = sorted({k for s in splits for k in s["collectives"]})
     summary.trace_collectives = {
         k: {"bytes": max(s["collectives"].get(k, {}).get("bytes", 0) for s in splits),
             "s": statistics.median(s["collectives"][k]["s"] for s in splits if k in s["collectives"]),
             "count": max(s["collectives"].get(k, {}).get("count", 0) for s in splits)} for k in kinds}
+    for k, rec in summary.trace_collectives.items():  # the waits in them and their group's ranks, if read
+        if waits := [s["collectives"][k]["wait_s"] for s in splits
+                     if "wait_s" in s["collectives"].get(k, {})]:
+            rec["wait_s"] = statistics.median(waits)
+        if ranks := max(s["collectives"].get(k, {}).get("ranks") or 0 for s in splits):
+            rec["ranks"] = ranks
 
 
 def _when(text: str | None) -> dt.datetime | None:
@@ -94,6 +108,58 @@ def _when(text: str | None) -> dt.datetime | None:
         return dt.datetime.fromisoformat(text) if text else None
     except ValueError:  # "Unknown", "None": Slurm's words for a time it does not have
         return None
+
+
+def log_head(run_dir_: Path) -> str:
+    """The start of every log of the run: where NCCL prints its version (NCCL_DEBUG=INFO), at init."""
+    parts = []
+    for path in sorted((run_dir_ / rundir.LOGS_DIR).glob("*.log")):
+        with open(path, "rb") as f:
+            parts.append(f.read(_LOG_HEAD_BYTES).decode(errors="replace"))
+    return "\n".join(parts)
+
+
+def _record_lines(run_dir_: Path) -> list[str]:
+    """The lines rundir.read_records reads records from (the rank files, else the logs): where a record
+    cut short is found."""
+    attempt = rundir.current_attempt_dir(run_dir_)
+    files = (sorted((attempt / RECORDS_DIR).glob("*.jsonl"))
+             or sorted((attempt / rundir.LOGS_DIR).glob("*.log")))
+    lines: list[str] = []
+    for path in files:
+        with open(path, errors="replace") as f:
+            lines.extend(f)
+    return lines
+
+
+def system_entries(run_dir_: Path, records: list[dict[str, Any]], printed: dict[str, list[str]],
+                   backend: str | None) -> list[dict[str, Any]]:
+    """One entry per node from the run's `system` records (bench/core/system.py), the last a node wrote:
+    {"node", "source", "facts"}, the facts completed with what NCCL and aws-ofi-nccl printed in the logs
+    (nccl_printed; aws_ofi_nccl where the plugin's file did not name it). A record cut short, garbled or
+    without facts is an entry {"node", "unreadable": why}: the run keeps its status, the report says so."""
+    by_node: dict[str, dict[str, Any]] = {}
+    for r in records:
+        if r["kind"] != "system":
+            continue
+        node = str(r.get("node") or f"rank {r.get('rank')}")
+        facts = r.get("facts")
+        if not isinstance(facts, dict):
+            why = r.get("error") or "no facts in the record"
+            by_node[node] = {"node": node, "source": r.get("source"), "unreadable": f"the worker wrote {why}"}
+            continue
+        facts = dict(facts)
+        facts["nccl_printed"] = ", ".join(printed.get("nccl", [])) or {"missing": (
+            "no NCCL: the gloo backend (CPU)" if backend == "gloo" else
+            "NCCL printed no version (NCCL_DEBUG=INFO or VERSION makes it)")}
+        ofi = printed.get("aws_ofi_nccl", [])
+        if ofi and isinstance(facts.get("aws_ofi_nccl"), dict):
+            facts["aws_ofi_nccl"] = ", ".join(ofi)
+        by_node[node] = {"node": node, "source": r.get("source"), "facts": facts}
+    entries = list(by_node.values())
+    entries += [{"node": None, "unreadable": f"cut short or garbled: {text}"}
+                for text in unreadable_records(_record_lines(run_dir_), "system")]
+    return entries
 
 
 def log_tail(run_dir_: Path) -> str:
@@ -142,6 +208,12 @@ def summarize_run(spec: RunSpec, sweep: str, run_dir_: Path, outcome: Outcome, *
         if source.get(key) is not None:
             setattr(summary, f"nccl_{key}", source[key])
     summary.extra = {k: source[k] for k in _EXTRA_KEYS if k in source}
+    printed = printed_versions(log_head(run_dir_))
+    if source.get("nccl_version") and source["nccl_version"] not in printed["nccl"]:  # nccl-tests' header
+        printed["nccl"].append(source["nccl_version"])
+    systems = system_entries(run_dir_, records, printed, source.get("backend"))
+    if systems:  # one per node: what it ran with (the report's system section, analysis/system.py)
+        summary.extra["system"] = systems
     _restarts(summary, outcome, metas)
     if status == "ok":
         _straggler(summary, tolerance)

@@ -20,19 +20,18 @@ import subprocess
 import sys
 import threading
 from collections import Counter
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from bench.core import rundir
-from bench.core.config import SweepConfig
+from bench.core.config import LauncherConfig, MicroBatchSearch
 from bench.core.schema import RETRYABLE_STATUSES, RunSpec, RunSummary
-from bench.launchers.base import PROJECT_ROOT, Launcher, Outcome
-from bench.predict.calibrate import study_predictor
-from bench.predict.cost import estimated_seconds, startup_of
+from bench.launchers.base import PROJECT_ROOT, Launcher, Outcome, Placement
 from bench.predict.memory import lower_bound
+from bench.predict.perf import Predictor
 from bench.run import schedule, straggler
 from bench.run.collect import infeasible_summary, summarize_run, write_results
 from bench.run.progress import Progress
@@ -56,30 +55,29 @@ def git_revision() -> str | None:
         return None
 
 
-def should_run(previous: RunSummary | None, cfg: SweepConfig) -> bool:
+@dataclass(frozen=True)
+class Study:
+    """What running a plan reads of the sweep's configuration (bench.sweep builds it once): the study's
+    name and options, its launcher's settings and placement, and its predictor as of now, refitted on the
+    runs it has finished."""
+
+    name: str
+    launcher: LauncherConfig
+    placement: Placement
+    predictor: Callable[[], Predictor]
+    search: MicroBatchSearch = field(default_factory=MicroBatchSearch)
+    tolerance: float = 0.25
+    """A run's node this fraction slower than the others' median is its straggler (preflight.tolerance)."""
+    force: bool = False
+    rerun_failed: bool = False
+    progress: bool = True
+
+
+def should_run(previous: RunSummary | None, study: Study) -> bool:
     """Resume rule: redo nothing finished, unless --force; failed runs only with --rerun-failed."""
-    if cfg.force or previous is None or previous.status == "cancelled":
+    if study.force or previous is None or previous.status == "cancelled":
         return True
-    return cfg.rerun_failed and previous.status in RETRYABLE_STATUSES
-
-
-def node_budget(cfg: SweepConfig) -> int | None:
-    """Nodes that runs in flight may hold together; None: one run at a time (the local default)."""
-    if cfg.launcher.max_nodes is not None:
-        return cfg.launcher.max_nodes
-    return cfg.cluster.max_nodes if cfg.launcher.name in ("slurm", "kubernetes") else None
-
-
-def admits_all(cfg: SweepConfig) -> bool:
-    """Slurm packs the study itself (cluster.slurm.admission=slurm): every run is submitted at once, probes
-    still first and alone."""
-    return cfg.launcher.name == "slurm" and cfg.cluster.slurm.admission == "slurm"
-
-
-def as_job(cfg: SweepConfig, planned: PlannedRun) -> schedule.Job:
-    spec = planned.spec
-    seconds = estimated_seconds(planned, startup_of(cfg.cluster.instance_type, cfg.launcher.name))
-    return schedule.Job(spec.run_id, spec.nodes, spec.kind == "nccl", seconds)
+    return study.rerun_failed and previous.status in RETRYABLE_STATUSES
 
 
 @contextmanager
@@ -103,27 +101,26 @@ def stop_on_signals() -> Iterator[threading.Event]:
 
 
 class _Sweep:
-    """What the runs of one invocation share: config, launcher, sweep dir, stop event, progress."""
+    """What the runs of one invocation share: the study, launcher, sweep dir, stop event, progress."""
 
-    def __init__(self, cfg: SweepConfig, launcher: Launcher, sweep_dir: Path, stop: threading.Event,
+    def __init__(self, study: Study, launcher: Launcher, sweep_dir: Path, stop: threading.Event,
                  progress: Progress, plan: list[PlannedRun]) -> None:
-        self.cfg, self.launcher, self.sweep_dir = cfg, launcher, sweep_dir
+        self.study, self.launcher, self.sweep_dir = study, launcher, sweep_dir
         self.stop, self.progress, self.plan = stop, progress, plan
         self.rev = git_revision()
         self.counts: Counter[str] = Counter()
-        self.predictor = study_predictor(cfg, sweep_dir)[0]
+        self.predictor = study.predictor()
         self.learned = False  # a run ended ok since the waiting runs were last predicted
         self.walls: dict[int, list[float]] = {}  # finished training runs' wall times, by node count
 
     def end(self, planned: PlannedRun, summary: RunSummary) -> None:
-        rd = rundir.run_dir(self.sweep_dir, planned.spec)
-        rundir.write_summary(rd, summary)
+        rundir.write_summary(rundir.run_dir(self.sweep_dir, planned.spec), summary)
         write_results(self.sweep_dir)
         self.counts[summary.status] += 1
         self.progress.finish(planned.spec.label, summary.status, summary.wall_s,
                              summary.error if summary.status != "ok" else straggler.note(summary))
         if summary.status == "ok":  # a probe or a training run: the study's calibration learns from it
-            self.predictor = study_predictor(self.cfg, self.sweep_dir)[0]
+            self.predictor = self.study.predictor()
             self.learned = True
             if planned.spec.kind == "train" and summary.wall_s:
                 self.walls.setdefault(planned.spec.nodes, []).append(summary.wall_s)
@@ -131,7 +128,7 @@ class _Sweep:
     def job(self, planned: PlannedRun) -> schedule.Job:
         """The run as the schedule orders it: its predicted duration, else (no prediction: GPUs the cluster
         file does not name) the median wall time of the study's finished runs at its node count."""
-        job = as_job(self.cfg, planned)
+        job = schedule.job_of(planned, self.study.placement)
         if job.seconds is None and (walls := self.walls.get(planned.spec.nodes)):
             job = replace(job, seconds=statistics.median(walls))
         return job
@@ -146,11 +143,11 @@ class _Sweep:
         return [fresh.get(p.spec.run_id, p) for p in waiting]
 
 
-def execute(cfg: SweepConfig, plan: list[PlannedRun], launcher: Launcher, sweep_dir: Path) -> dict[str, int]:
+def execute(study: Study, plan: list[PlannedRun], launcher: Launcher, sweep_dir: Path) -> dict[str, int]:
     """Run the plan; returns counts by status of this invocation (skipped runs under 'skipped')."""
-    budget = node_budget(cfg)
-    with stop_on_signals() as stop, Progress(len(plan), cfg.progress, budget) as progress:
-        sweep = _Sweep(cfg, launcher, sweep_dir, stop, progress, plan)
+    budget = study.placement.node_budget
+    with stop_on_signals() as stop, Progress(len(plan), study.progress, budget) as progress:
+        sweep = _Sweep(study, launcher, sweep_dir, stop, progress, plan)
         active: dict[str, tuple[PlannedRun, RunSteps]] = {}
         full = False
         try:
@@ -161,7 +158,7 @@ def execute(cfg: SweepConfig, plan: list[PlannedRun], launcher: Launcher, sweep_
             stop.set()
             for planned, steps in active.values():
                 steps.close()
-                sweep.end(planned, RunSummary(run_id=planned.spec.run_id, sweep=cfg.sweep_name,
+                sweep.end(planned, RunSummary(run_id=planned.spec.run_id, sweep=study.name,
                                               status="cancelled", spec=planned.spec,
                                               error="cancelled by a second interrupt",
                                               run_dir=str(rundir.run_dir(sweep_dir, planned.spec))))
@@ -182,28 +179,29 @@ def _admit(sweep: _Sweep, plan: list[PlannedRun]) -> list[PlannedRun]:
     """Skip finished runs, record infeasible ones; the rest, in submission order, to be launched."""
     todo: list[PlannedRun] = []
     for planned in plan:
-        rd = rundir.run_dir(sweep.sweep_dir, planned.spec)
-        previous = rundir.read_summary(rd)
-        if not should_run(previous, sweep.cfg):
+        run_dir = rundir.run_dir(sweep.sweep_dir, planned.spec)
+        previous = rundir.read_summary(run_dir)
+        if not should_run(previous, sweep.study):
             sweep.progress.finish(planned.spec.label, f"skip ({previous.status})", None)
             sweep.counts["skipped"] += 1
             continue
-        rundir.write_spec(rd, planned.spec)
+        rundir.write_spec(run_dir, planned.spec)
         if planned.feasible:
             todo.append(planned)
         else:
-            sweep.end(planned, infeasible_summary(planned.spec, sweep.cfg.sweep_name, rd, planned.predicted(),
-                                                  planned.reason))
+            sweep.end(planned, infeasible_summary(planned.spec, sweep.study.name, run_dir,
+                                                  planned.predicted(), planned.reason))
     by_id = {p.spec.run_id: p for p in todo}
-    return [by_id[job.key] for job in schedule.order([as_job(sweep.cfg, p) for p in todo])]
+    return [by_id[job.key] for job in schedule.order([schedule.job_of(p, sweep.study.placement)
+                                                      for p in todo])]
 
 
 def _drive(sweep: _Sweep, waiting: list[PlannedRun], active: dict[str, tuple[PlannedRun, RunSteps]],
            budget: int | None) -> None:
     """Start what fits, step every run in flight, end what finished; until nothing waits or runs."""
-    cfg = sweep.cfg
+    settings = sweep.study.launcher
     jobs = {p.spec.run_id: sweep.job(p) for p in waiting}
-    admitting = sys.maxsize if admits_all(cfg) else budget  # Slurm's admission: all at once
+    admitting = sys.maxsize if sweep.study.placement.admits_all else budget  # the scheduler packs them
     while waiting or active:
         if sweep.stop.is_set():
             waiting.clear()
@@ -213,7 +211,7 @@ def _drive(sweep: _Sweep, waiting: list[PlannedRun], active: dict[str, tuple[Pla
             by_id = {p.spec.run_id: p for p in fresh}
             waiting[:] = [by_id[j.key] for j in schedule.order([jobs[p.spec.run_id] for p in fresh])]
         for job in schedule.pick([jobs[p.spec.run_id] for p in waiting], in_flight, admitting,
-                                 cfg.launcher.probes_alone):
+                                 settings.probes_alone):
             planned = next(p for p in waiting if p.spec.run_id == job.key)
             waiting.remove(planned)
             active[job.key] = (planned, _run(sweep, planned))
@@ -227,89 +225,92 @@ def _drive(sweep: _Sweep, waiting: list[PlannedRun], active: dict[str, tuple[Pla
             except rundir.NoSpace:  # not the run's failure: the sweep stops (execute)
                 raise
             except Exception as e:  # a defect outside the launcher calls: the run fails, the sweep goes on
-                summary = RunSummary(run_id=planned.spec.run_id, sweep=cfg.sweep_name, status="failed",
+                summary = RunSummary(run_id=planned.spec.run_id, sweep=sweep.study.name, status="failed",
                                      spec=planned.spec, error=f"harness error: {type(e).__name__}: {e}",
                                      run_dir=str(rundir.run_dir(sweep.sweep_dir, planned.spec)))
             del active[key]
             sweep.end(planned, summary)
         if active:
-            sweep.stop.wait(cfg.launcher.poll_s)
+            sweep.stop.wait(settings.poll_s)
 
 
 def _run(sweep: _Sweep, planned: PlannedRun) -> RunSteps:
-    rd = rundir.run_dir(sweep.sweep_dir, planned.spec)
+    run_dir = rundir.run_dir(sweep.sweep_dir, planned.spec)
     if planned.spec.auto_micro_batch:
-        return (yield from _search_micro_batch(sweep, planned, rd))
-    return (yield from _attempt(sweep, planned, rd))
+        return (yield from _search_micro_batch(sweep, planned, run_dir))
+    return (yield from _attempt(sweep, planned, run_dir))
 
 
-def _attempt(sweep: _Sweep, planned: PlannedRun, rd: Path) -> RunSteps:
+def _attempt(sweep: _Sweep, planned: PlannedRun, run_dir: Path) -> RunSteps:
     """One submission of a run (or the re-attached job of an earlier sweep), watched to its end."""
-    cfg, launcher, spec = sweep.cfg, sweep.launcher, planned.spec
+    study, launcher, spec = sweep.study, sweep.launcher, planned.spec
     started = now_iso()
-    handle, attempt = _reattach(sweep, rd)
+    handle, attempt = _reattach(sweep, run_dir)
     if handle is None:
         attempt += 1
-    ad = rundir.attempt_dir(rd, attempt)
+    attempt_dir = rundir.attempt_dir(run_dir, attempt)
     outcome = Outcome(returncodes=[])
     if handle is None:
-        handle, outcome = _submit(sweep, spec, rd, ad, attempt, started, sweep.job(planned).seconds)
+        handle, outcome = _submit(sweep, spec, run_dir, attempt_dir, attempt, started,
+                                  sweep.job(planned).seconds)
     try:
         if handle is not None:
-            outcome = yield from watch(cfg, launcher, handle, sweep.stop)
-            launcher.logs(handle, ad)
+            outcome = yield from watch(study.launcher, launcher, handle, sweep.stop)
+            launcher.logs(handle, attempt_dir)
     except Exception as e:  # the launcher failed while the job ran: API error, command timeout ...
         outcome = Outcome(returncodes=[], error=f"launcher {launcher.name}: {type(e).__name__}: {e}")
     finally:
         if handle is not None:
-            _cleanup(launcher, handle, rd, attempt)
+            _cleanup(launcher, handle, run_dir, attempt)
     if handle is not None and (outcome.timed_out or outcome.cancelled or outcome.launch_error):
         # ended by us (a timeout, Ctrl-C): the scheduler's own record of its executions, now it is out
         outcome.executions = _executions(launcher, handle) or outcome.executions
-    rundir.record_attempt(rd, attempt=attempt, ended_at=now_iso(),
+    rundir.record_attempt(run_dir, attempt=attempt, ended_at=now_iso(),
                           **({"executions": outcome.executions} if outcome.executions else {}))
-    summary = summarize_run(spec, cfg.sweep_name, ad, outcome, predicted=planned.predicted(),
-                            git_rev=sweep.rev, started_at=started, tolerance=cfg.preflight.tolerance)
-    summary.run_dir, summary.attempt = str(rd), attempt
+    summary = summarize_run(spec, study.name, attempt_dir, outcome, predicted=planned.predicted(),
+                            git_rev=sweep.rev, started_at=started, tolerance=study.tolerance)
+    summary.run_dir, summary.attempt = str(run_dir), attempt
     return summary
 
 
-def _submit(sweep: _Sweep, spec: RunSpec, rd: Path, ad: Path, attempt: int, started: str,
+def _submit(sweep: _Sweep, spec: RunSpec, run_dir: Path, attempt_dir: Path, attempt: int, started: str,
             seconds: float | None) -> tuple[Any, Outcome]:
     """Render, write, record and submit one attempt: (handle, no outcome yet), or (None, its launch_error)."""
     launcher = sweep.launcher
     try:
-        submission = launcher.render(spec, ad, seconds)
-        rundir.write_submission(ad, submission)
-        rundir.record_attempt(rd, attempt=attempt, launcher=launcher.name, submitted_at=started, job=None)
-        handle = launcher.submit(submission, ad)
-        rundir.record_attempt(rd, attempt=attempt, job=launcher.locate(handle))
+        submission = launcher.render(spec, attempt_dir, seconds)
+        rundir.write_submission(attempt_dir, submission)
+        rundir.record_attempt(run_dir, attempt=attempt, launcher=launcher.name, submitted_at=started,
+                              job=None)
+        handle = launcher.submit(submission, attempt_dir)
+        rundir.record_attempt(run_dir, attempt=attempt, job=launcher.locate(handle))
         return handle, Outcome(returncodes=[])
     except Exception as e:  # invalid manifest, sbatch refused, API rejected the job, binary missing ...
         return None, Outcome(returncodes=[], launch_error=f"{type(e).__name__}: {e}")
 
 
-def _reattach(sweep: _Sweep, rd: Path) -> tuple[Any, int]:
+def _reattach(sweep: _Sweep, run_dir: Path) -> tuple[Any, int]:
     """(handle on the job an earlier sweep left unfinished, or None; the ledger's last attempt number).
 
     A job still known to the scheduler is waited on again, never submitted twice; under --force or
     --rerun-failed it is cancelled first and a new attempt starts."""
-    ledger = rundir.read_ledger(rd)
+    ledger = rundir.read_ledger(run_dir)
     last = ledger[-1] if ledger else None
     attempt = last["attempt"] if last else 0
     if not last or last.get("ended_at") or not last.get("job"):
         return None, attempt
     try:
-        handle = sweep.launcher.attach(last["job"], rundir.attempt_dir(rd, attempt))
+        handle = sweep.launcher.attach(last["job"], rundir.attempt_dir(run_dir, attempt))
     except Exception:  # noqa: BLE001 - cannot tell: treat as gone, a new attempt starts
         handle = None
-    if handle is not None and (sweep.cfg.force or sweep.cfg.rerun_failed):
-        _cleanup(sweep.launcher, handle, rd, attempt)
+    if handle is not None and (sweep.study.force or sweep.study.rerun_failed):
+        _cleanup(sweep.launcher, handle, run_dir, attempt)
         handle = None
     if handle is None:
-        rundir.record_attempt(rd, attempt=attempt, ended_at=now_iso(), note="job gone or cancelled on resume")
+        rundir.record_attempt(run_dir, attempt=attempt, ended_at=now_iso(),
+                              note="job gone or cancelled on resume")
     else:
-        rundir.record_attempt(rd, attempt=attempt, reattached_at=now_iso())
+        rundir.record_attempt(run_dir, attempt=attempt, reattached_at=now_iso())
     return handle, attempt
 
 
@@ -322,23 +323,23 @@ def _executions(launcher: Launcher, handle: Any) -> list[dict[str, Any]]:
         return []
 
 
-def _cleanup(launcher: Launcher, handle: Any, rd: Path, attempt: int) -> None:
+def _cleanup(launcher: Launcher, handle: Any, run_dir: Path, attempt: int) -> None:
     """cleanup() may fail too (API down); the failure is kept in the ledger, never raised past the run."""
     try:
         launcher.cleanup(handle)
     except Exception as e:  # noqa: BLE001
-        rundir.record_attempt(rd, attempt=attempt, cleanup_error=f"{type(e).__name__}: {e}")
+        rundir.record_attempt(run_dir, attempt=attempt, cleanup_error=f"{type(e).__name__}: {e}")
 
 
-def _search_micro_batch(sweep: _Sweep, planned: PlannedRun, rd: Path) -> RunSteps:
+def _search_micro_batch(sweep: _Sweep, planned: PlannedRun, run_dir: Path) -> RunSteps:
     """micro_batch auto: the real run at the planned start, which the plan measured to fit, so a run that
     fits launches once (a job, a queue wait and a start-up on a cluster; ~20 s on one GPU). On OOM, short
-    trial runs (in rd/search/mbN) at the next smaller sizes (half; with a global batch, the next that divides
-    each rank's share), then the real run again at the size that fitted. The search is recorded in the
+    trial runs (in <run dir>/search/mbN) at the next smaller sizes (half; with a global batch, the next that
+    divides each rank's share), then the real run again at the size that fitted. The search is recorded in the
     summary's extra, the first entry being the real run's own attempt."""
-    spec, search = planned.spec, sweep.cfg.micro_batch_search
+    spec, search = planned.spec, sweep.study.search
     start = planned.micro_batch_start or 1
-    first = yield from _attempt(sweep, replace(planned, spec=replace(spec, micro_batch=start)), rd)
+    first = yield from _attempt(sweep, replace(planned, spec=replace(spec, micro_batch=start)), run_dir)
     trials = [_trial_row(start, first)]
     last, m = first, start
     while last.status == "oom" and not sweep.stop.is_set():
@@ -346,17 +347,17 @@ def _search_micro_batch(sweep: _Sweep, planned: PlannedRun, rd: Path) -> RunStep
         if m < 1:
             break
         trial = replace(spec, micro_batch=m, steps=search.steps, warmup_steps=search.warmup_steps)
-        last = yield from _attempt(sweep, PlannedRun(trial, None, True), rd / SEARCH_DIR / f"mb{m}")
+        last = yield from _attempt(sweep, PlannedRun(trial, None, True), run_dir / SEARCH_DIR / f"mb{m}")
         trials.append(_trial_row(m, last))
     summary = first
     if last is not first and last.status == "ok":  # below the planned start: no figure was made for this size
         final = replace(spec, micro_batch=m)
         found = PlannedRun(final, lower_bound(final, "not measured: below the planned start"), True,
                            perf=sweep.predictor.predict(final))
-        summary = yield from _attempt(sweep, found, rd)
+        summary = yield from _attempt(sweep, found, run_dir)
     elif last is not first:  # another failure or a stop: the run ends as its last trial did
         summary = last
-        summary.spec, summary.run_id, summary.run_dir = spec, spec.run_id, str(rd)
+        summary.spec, summary.run_id, summary.run_dir = spec, spec.run_id, str(run_dir)
     if last.status == "oom":
         sizes = ", ".join(str(t["micro_batch"]) for t in trials)
         summary.error = f"micro batch search: out of memory at micro batch {sizes}"

@@ -13,6 +13,10 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from bench.launchers.base import Placement
+from bench.predict.cost import estimated_seconds
+from bench.study.plan import PlannedRun
+
 
 @dataclass(frozen=True)
 class Job:
@@ -20,6 +24,12 @@ class Job:
     nodes: int
     probe: bool = False
     seconds: float | None = None  # estimated duration; None where unknown (CPU clusters)
+
+
+def job_of(planned: PlannedRun, placement: Placement) -> Job:
+    """A planned run as the schedule orders it: its nodes and its predicted duration where it runs."""
+    spec = planned.spec
+    return Job(spec.run_id, spec.nodes, spec.kind == "nccl", estimated_seconds(planned, placement))
 
 
 def order(jobs: Sequence[Job]) -> list[Job]:

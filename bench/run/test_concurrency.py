@@ -28,7 +28,7 @@ SLEEP_LINE = re.compile(r"fsdpbench test mode: sleeping .* from (\d+\.\d+)|slept
 
 
 def sweep_argv(results: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={results}", *SMOKE_SHAPE,
+    return [sys.executable, "-m", "bench.sweep", "+sweep=smoke_full", f"results_root={results}", *SMOKE_SHAPE,
             *args]
 
 
@@ -75,7 +75,7 @@ def test_runs_overlap_within_the_budget_and_full_width_runs_and_probes_run_alone
     """Budget 2 nodes: the 1-node runs share it, a 2-node run (the whole budget) and every probe run alone."""
     proc = run_sweep(tmp_path, *SLEEPY, "launcher.max_nodes=2")
     assert proc.returncode == 1, proc.stderr[-2000:]  # sleep-mode runs report no summary: failed, by design
-    spans = intervals(tmp_path / "smoke")
+    spans = intervals(tmp_path / "smoke_full")
     assert len(spans) == 6  # 4 training runs, 2 probes, every one really ran
     small = [v for v in spans.values() if v[3] == "train" and v[2] == 1]
     assert len(small) == 2 and overlaps(*small)
@@ -90,7 +90,7 @@ def test_without_a_budget_local_runs_one_at_a_time(tmp_path: Path) -> None:
     proc = run_sweep(tmp_path, *SLEEPY[:-1], "faults=[{match:{},fault:sleep,seconds:2}]",
                      "nccl.enabled=false", "axes.precision=[fp32]")
     assert proc.returncode == 1, proc.stderr[-2000:]
-    spans = list(intervals(tmp_path / "smoke").values())
+    spans = list(intervals(tmp_path / "smoke_full").values())
     assert len(spans) == 2 and not overlaps(*spans)
 
 
@@ -124,7 +124,7 @@ def test_kill_9_leaves_no_worker_a_table_and_one_attempt_on_resume(tmp_path: Pat
               "{match:{activation_checkpointing:none},fault:hang}]")
     sweep = subprocess.Popen(sweep_argv(tmp_path, *ONE_NODE, faults), cwd=ROOT, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
-    runs = tmp_path / "smoke" / "runs"
+    runs = tmp_path / "smoke_full" / "runs"
     hung = lambda: [d for d in runs.glob("*-noac-*") if any(  # noqa: E731
         r["kind"] == "step" for r in rundir.read_records(d))]
     _wait_for(lambda: runs.is_dir() and hung(), 240, "the hanging run never trained")
@@ -134,8 +134,8 @@ def test_kill_9_leaves_no_worker_a_table_and_one_attempt_on_resume(tmp_path: Pat
     _wait_for(lambda: not any(_group_alive(g) for g in job["pgids"]), 60, "workers outlived the sweep")
     assert not subprocess.run(["pgrep", "-f", str(runs)], capture_output=True, text=True).stdout.split()
     # The table was written after the first run ended, and matches the run dirs' summaries.
-    table = pd.read_csv(tmp_path / "smoke" / rundir.RESULTS_CSV)
-    summaries = [s for d in rundir.iter_run_dirs(tmp_path / "smoke") if (s := rundir.read_summary(d))]
+    table = pd.read_csv(tmp_path / "smoke_full" / rundir.RESULTS_CSV)
+    summaries = [s for d in rundir.iter_run_dirs(tmp_path / "smoke_full") if (s := rundir.read_summary(d))]
     assert sorted(table.run_id) == sorted(s.run_id for s in summaries) and len(summaries) == 1
     # The lock died with the sweep: the same command resumes; the killed run gets a second attempt, and
     # its summary, records and logs are that attempt's alone.
@@ -155,7 +155,7 @@ def test_a_second_sweep_on_the_same_dir_exits_2_and_launches_nothing(tmp_path: P
     first = subprocess.Popen(sweep_argv(tmp_path, *ONE_NODE, "faults=[{match:{},fault:hang}]"), cwd=ROOT,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        runs = tmp_path / "smoke" / "runs"
+        runs = tmp_path / "smoke_full" / "runs"
         _wait_for(lambda: any(runs.glob("*/ledger.json")), 120, "the first sweep never submitted")
         started = time.monotonic()
         second = run_sweep(tmp_path, *ONE_NODE, timeout=60)

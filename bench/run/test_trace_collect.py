@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.core.config import from_dict
+from bench.core.load_config import from_dict
 from bench.core.records import RECORDS_DIR, format_record
 from bench.core.schema import RunSpec
 from bench.launchers.base import Outcome

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from bench.core.config import from_dict
+from bench.core.load_config import from_dict
 from bench.launchers.base import DONE, PENDING, RUNNING, Outcome, Poll
 from bench.run import watch
 from bench.run.classify import classify
@@ -40,7 +40,7 @@ def _watched(script: list[tuple[str, int]], monkeypatch, timeout_s: float = 120,
     monkeypatch.setattr(watch.time, "monotonic", lambda: clock[0])
     cfg = from_dict(compose(["+sweep=smoke"])[0])
     cfg = replace(cfg, launcher=replace(cfg.launcher, timeout_s=timeout_s, queue_timeout_s=queue_timeout_s))
-    steps = watch.watch(cfg, Scripted(script, clock), object(), threading.Event())
+    steps = watch.watch(cfg.launcher, Scripted(script, clock), object(), threading.Event())
     try:
         while True:
             next(steps)

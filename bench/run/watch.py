@@ -12,7 +12,7 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.core.config import SweepConfig
+from bench.core.config import LauncherConfig
 from bench.launchers.base import DONE, PENDING, RUNNING, Launcher, Outcome
 
 
@@ -42,20 +42,20 @@ class Clock:
             self.executions[-1] |= {"state": "requeued", "end": now_iso()}
             self.running_since, self.pending_since = None, now
 
-    def overrun(self, cfg: SweepConfig, now: float, reason: str | None) -> Outcome | None:
+    def overrun(self, settings: LauncherConfig, now: float, reason: str | None) -> Outcome | None:
         """The queue timeout (each spell in the queue, a requeued job's too) or the run timeout (each
         execution from its own start): the harness's decision to end the job, or None."""
         again = f" (requeued after execution {len(self.executions)})" if self.executions else ""
-        if self.running_since is None and now - self.pending_since > cfg.launcher.queue_timeout_s:
+        if self.running_since is None and now - self.pending_since > settings.queue_timeout_s:
             return Outcome(returncodes=[], queue_timed_out=True, launch_error=(
                 f"gave up after {now - self.pending_since:.0f} s in the queue{again} "
                 f"(launcher.queue_timeout_s): {reason or 'pending'}"))
-        if self.running_since is not None and now - self.running_since > cfg.launcher.timeout_s:
+        if self.running_since is not None and now - self.running_since > settings.timeout_s:
             return Outcome(returncodes=[], timed_out=True)
         return None
 
 
-def watch(cfg: SweepConfig, launcher: Launcher, handle: Any, stop: threading.Event,
+def watch(settings: LauncherConfig, launcher: Launcher, handle: Any, stop: threading.Event,
           ) -> Generator[None, None, Outcome]:
     """Poll until the job is done, the stop event, the queue timeout (while pending) or the run timeout
     (counted from when the job runs, each execution of a requeued job from its own start). Deciding to stop
@@ -71,7 +71,7 @@ def watch(cfg: SweepConfig, launcher: Launcher, handle: Any, stop: threading.Eve
         if stop.is_set():
             outcome = Outcome(returncodes=[], cancelled=True)
             break
-        if outcome := clock.overrun(cfg, now, poll.reason):
+        if outcome := clock.overrun(settings, now, poll.reason):
             break
         yield
     if clock.running_since is None:

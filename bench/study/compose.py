@@ -1,10 +1,13 @@
 """From command-line overrides to a sweep's resolved config (Hydra over sweeps/), and the launcher its
-`launcher.name` picks: what `python -m bench.sweep` and `python -m bench.preflight` both start from."""
+`launcher.name` picks (bench.launchers.launcher_for): what `python -m bench.sweep` and `python -m
+bench.preflight` both start from."""
 from __future__ import annotations
 
 from typing import Any
 
-from bench.core.config import ConfigError, SweepConfig, omegaconf_message, register_schema
+from bench.core.config import ConfigError, SweepConfig
+from bench.core.load_config import omegaconf_message, register_schema
+from bench.launchers import launcher_for
 from bench.launchers.base import PROJECT_ROOT, Launcher
 
 CONFIG_DIR = PROJECT_ROOT / "sweeps"
@@ -53,12 +56,5 @@ def hydra_message(text: str) -> str:
 
 
 def make_launcher(cfg: SweepConfig) -> Launcher:
-    name = cfg.launcher.name
-    if name in ("local", "dryrun"):
-        from bench.launchers.local import LocalLauncher
-        return LocalLauncher(cfg)
-    if name == "slurm":
-        from bench.launchers.slurm import SlurmLauncher
-        return SlurmLauncher(cfg)
-    from bench.launchers.kubernetes import KubernetesLauncher
-    return KubernetesLauncher(cfg)
+    """The launcher launcher.name names, for this study's cluster (its placement: `launcher.placement`)."""
+    return launcher_for(cfg.launcher.name)(cfg)

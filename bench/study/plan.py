@@ -13,6 +13,8 @@ from typing import Any, Protocol
 from bench.core.config import AUTO, AXES, ConfigError, SweepConfig
 from bench.core.models import float8_linear_params, model_source
 from bench.core.schema import COLLECTIVES, RunSpec
+from bench.launchers import placement_of
+from bench.launchers.base import Placement
 from bench.predict import census
 from bench.predict.budget import Point
 from bench.predict.comm import unit_messages
@@ -80,7 +82,7 @@ def _train_points(cfg: SweepConfig) -> list[dict[str, Any]]:
     return [p for p in points if not any(_matches(p, rule) for rule in cfg.exclude)]
 
 
-def _spec(cfg: SweepConfig, point: dict[str, Any], repeat: int, **override: Any) -> RunSpec:
+def _spec(cfg: SweepConfig, point: dict[str, Any], repeat: int, launcher: str, **override: Any) -> RunSpec:
     efa, gpus = point.get("efa_per_node"), point.get("gpus_per_node")
     model, config = model_source(point["model"]) if "model" in point else ("none", "")
     census.ensure(model, config, cfg.memory.cache_dir)  # a family with no formula: counted from the model
@@ -90,8 +92,7 @@ def _spec(cfg: SweepConfig, point: dict[str, Any], repeat: int, **override: Any)
               "efa_per_node": cfg.cluster.efa_per_node if efa is None else efa,
               "gpus_per_node": cfg.cluster.gpus_per_node if gpus is None else gpus, "steps": cfg.steps,
               "warmup_steps": cfg.warmup_steps, "seed": cfg.seed, "cluster": cfg.cluster.name,
-              # launcher=dryrun previews the local launcher: its run ids are the ones a launch will use
-              "launcher": "local" if cfg.launcher.name == "dryrun" else cfg.launcher.name, "repeat": repeat,
+              "launcher": launcher, "repeat": repeat,
               "nccl_min_bytes": cfg.nccl.min_bytes, "nccl_max_bytes": cfg.nccl.max_bytes,
               "nccl_iters": cfg.nccl.iters, **override}
     try:
@@ -239,7 +240,7 @@ def study_sizes(train: list[RunSpec]) -> dict[str, str]:
     return {kind: ",".join(map(str, sorted(values))) for kind, values in sizes.items()}
 
 
-def _probe_specs(cfg: SweepConfig, train: list[RunSpec]) -> list[RunSpec]:
+def _probe_specs(cfg: SweepConfig, train: list[RunSpec], launcher: str) -> list[RunSpec]:
     """One probe per collective, node count, GPUs per node, EFA count and repeat; all-reduce first."""
     if not cfg.nccl.enabled:
         return []
@@ -248,22 +249,24 @@ def _probe_specs(cfg: SweepConfig, train: list[RunSpec]) -> list[RunSpec]:
     gpus = cfg.nccl.gpus_per_node or (None,)
     collectives = sorted(cfg.nccl.collectives, key=COLLECTIVES.index)
     own = study_sizes(train)
-    return [_spec(cfg, {"nodes": n, "gpus_per_node": g, "efa_per_node": e}, r, kind="nccl", model="none",
-                  steps=1, warmup_steps=0, collective=c, nccl_sizes=own.get(c, ""))
+    return [_spec(cfg, {"nodes": n, "gpus_per_node": g, "efa_per_node": e}, r, launcher, kind="nccl",
+                  model="none", steps=1, warmup_steps=0, collective=c, nccl_sizes=own.get(c, ""))
             for c in collectives for n in nodes for g in gpus for e in efas for r in range(cfg.repeats)]
 
 
-def expand(cfg: SweepConfig, memory: MemorySource | None = None,
-           predictor: Predictor | None = None) -> list[PlannedRun]:
+def expand(cfg: SweepConfig, memory: MemorySource | None = None, predictor: Predictor | None = None,
+           placement: Placement | None = None) -> list[PlannedRun]:
     """The plan: training runs (each with its memory figure and performance prediction) then all-reduce
     probes; duplicates removed. Without a memory source every figure is the lower bound (instant);
     with one, every distinct configuration is measured (in parallel, cached) before the runs are judged.
-    Predictions use the cluster's published network figures unless the predictor holds the study's probes."""
+    Predictions use the cluster's published network figures unless the predictor holds the study's probes.
+    Where the runs run is the placement's (by default the one launcher.name's launcher answers)."""
+    placement = placement or placement_of(cfg)
     specs: list[RunSpec] = []
     seen: set[str] = set()
     for point in _train_points(cfg):
         for repeat in range(cfg.repeats):
-            spec = _spec(cfg, point, repeat)
+            spec = _spec(cfg, point, repeat, placement.run_launcher)
             if spec.run_id not in seen:
                 seen.add(spec.run_id)
                 specs.append(spec)
@@ -280,8 +283,8 @@ def expand(cfg: SweepConfig, memory: MemorySource | None = None,
         else:
             figure, ok, reason = feasibility(cfg, spec, memory)
             plan.append(PlannedRun(spec, figure, ok, reason))
-    plan = with_predictions(plan, predictor or Predictor(cfg))
-    for spec in _probe_specs(cfg, specs):
+    plan = with_predictions(plan, predictor or Predictor(cfg.cluster, placement))
+    for spec in _probe_specs(cfg, specs, placement.run_launcher):
         if spec.run_id not in seen:
             seen.add(spec.run_id)
             plan.append(PlannedRun(spec, None, True))

@@ -7,9 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from bench.core.config import ConfigError, from_dict
+from bench.core.config import ConfigError
+from bench.core.load_config import from_dict
 from bench.core.models import block_params, count_params, get_arch
 from bench.core.schema import RunSpec
+from bench.launchers import placement_of
 from bench.predict.memory import MemoryFigure, states_gib
 from bench.study.plan import auto_starts, expand, feasibility, micro_batch_sizes
 from bench.sweep import compose, main
@@ -20,8 +22,8 @@ def plan_for(*overrides: str):
     return expand(from_dict(raw))
 
 
-def test_smoke_plan_is_the_product_minus_exclusions() -> None:
-    plan = plan_for("+sweep=smoke")
+def test_smoke_full_plan_is_the_product_minus_exclusions() -> None:
+    plan = plan_for("+sweep=smoke_full")
     train = [p.spec for p in plan if p.spec.kind == "train"]
     two = [s for s in train if s.gpus_per_node == 2]
     # 2 GPUs/node: 2 nodes x (FULL_SHARD: 2 precisions x 2 AC + 3 other strategies x bf16 x no AC), and the
@@ -54,6 +56,28 @@ def test_smoke_plan_is_the_product_minus_exclusions() -> None:
     assert {s.study_sizes for s in probes if s.collective == "all_gather"} == {(2 * block, 4 * block)}
     assert {s.study_sizes for s in probes if s.collective == "reduce_scatter"} == {(2 * block, 4 * block)}
     assert all(s.cluster == "local" for s in train)
+
+
+def test_the_quick_smoke_keeps_every_strategy_precision_ac_mode_compile_and_collective() -> None:
+    """The smoke a CI runs on every push: 22 runs of smoke_full's 37, each axis value still in it."""
+    full = {p.spec.run_id for p in plan_for("+sweep=smoke_full")}
+    plan = plan_for("+sweep=smoke")
+    assert {p.spec.run_id for p in plan} <= full and len(plan) == 22
+    train = [p.spec for p in plan if p.spec.kind == "train"]
+    two = [s for s in train if s.gpus_per_node == 2]
+    # every strategy at 1 and 2 nodes in bf16 without AC, and the strong-scaling pair
+    strategies = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
+    assert sorted((s.sharding, s.nodes) for s in two if not s.global_batch) == sorted(
+        (sharding, n) for sharding in strategies for n in (1, 2))
+    assert {(s.precision, s.activation_checkpointing) for s in two} == {("bf16_mixed", "none")}
+    assert sorted((s.nodes, s.global_batch) for s in two if s.global_batch) == [(1, 8), (2, 8)]
+    # one rank: every precision with AC full, bf16 without, eager and compiled
+    one = sorted((s.precision, s.activation_checkpointing, s.compile) for s in train if s.gpus_per_node == 1)
+    assert one == sorted([(p, "full", False) for p in ("fp32", "bf16_mixed", "fp16_mixed", "bf16_pure")]
+                         + [("bf16_mixed", "none", False), ("bf16_mixed", "none", True)])
+    probes = [p.spec for p in plan if p.spec.kind == "nccl"]
+    assert sorted((s.collective, s.nodes, s.gpus_per_node) for s in probes) == sorted(
+        (c, n, 2) for c in ("all_reduce", "all_gather", "reduce_scatter") for n in (1, 2))
 
 
 def test_run_ids_are_stable_and_unique() -> None:
@@ -351,7 +375,7 @@ def test_offload_moves_the_states_to_host_memory_and_checks_it() -> None:
 
 def test_new_axes_keep_the_run_ids_of_existing_studies() -> None:
     from bench.core.schema import RunSpec
-    # ids the harness gave before compile and offload existed (v1, commit 7d0af07): finished runs stay done
+    # schema v1's ids, pinned: a field added at its default (ADDED_DEFAULTS) keeps them, finished runs done
     assert RunSpec().run_id == "af7c06e5bab4"
     assert RunSpec(model="llama3_2_1b", nodes=2, gpus_per_node=8, activation_checkpointing="full").run_id == \
         "4e470e409415"
@@ -371,8 +395,8 @@ def test_new_axes_keep_the_run_ids_of_existing_studies() -> None:
 def test_the_schedule_line_names_its_node_budget_in_words() -> None:
     from bench.sweep import schedule_line
     for budget, words in ((1, "1 node in flight"), (4, "4 nodes in flight")):
-        raw, _ = compose(["+sweep=smoke", f"launcher.max_nodes={budget}"])
-        assert schedule_line(from_dict(raw), []).startswith(f"schedule: {words};")
+        cfg = from_dict(compose(["+sweep=smoke", f"launcher.max_nodes={budget}"])[0])
+        assert schedule_line(cfg, placement_of(cfg), []).startswith(f"schedule: {words};")
 
 
 def test_probe_specs_keep_their_run_ids_through_the_summary_and_the_table() -> None:
