@@ -19,9 +19,7 @@ from bench import preflight
 from bench.core import config_doc, rundir
 from bench.core.config import EXIT_CONFIG, ConfigError, SweepConfig
 from bench.core.load_config import from_dict
-from bench.core.schema import RunSpec
 from bench.launchers.base import Launcher, Placement
-from bench.predict.budget import DEFAULT_TRAIN_TOKENS, Answer, Row, answer, step_up
 from bench.predict.calibrate import study_predictor
 from bench.predict.cost import plan_cost
 from bench.predict.memory import (
@@ -33,8 +31,9 @@ from bench.predict.memory import (
 )
 from bench.run import schedule
 from bench.run.runner import Study, execute
+from bench.study.answer import format_answer
 from bench.study.compose import available_sweeps, compose, make_launcher
-from bench.study.plan import PlannedRun, answer_points, expand
+from bench.study.plan import PlannedRun, expand
 
 FLAGS = {"--dry-run": "dry_run=true", "--rerun-failed": "rerun_failed=true", "--force": "force=true"}
 EXIT_OK, EXIT_RUN_FAILED, EXIT_INTERRUPTED = 0, 1, 130  # and EXIT_CONFIG (2), bench.core.config's
@@ -91,99 +90,6 @@ def format_plan(plan: list[PlannedRun]) -> str:
     return "\n".join([PLAN_MEMORY, *off, PLAN_PERF, *(f"network: {n}" for n in networks), *lines])
 
 
-def config_label(spec: RunSpec) -> str:
-    """A configuration as the answer names it: "llama2_7b FULL_SHARD bf16_mixed + full AC, 8 GPUs/node,
-    s4096, global batch 1024 sync_each" (analysis.scaling.configuration_label's words)."""
-    ac = "" if spec.activation_checkpointing == "none" else f" + {spec.activation_checkpointing} AC"
-    options = (" + compile" if spec.compile else "") + (
-        f" + offload {spec.offload}" if spec.offload != "none" else "")
-    batch = (f"global batch {spec.global_batch} {spec.accumulation}" if spec.global_batch else
-             f"micro batch {spec.micro_batch or 'auto'} per GPU")
-    return (f"{spec.model} {spec.sharding} {spec.precision}{ac}{options}, {spec.gpus_per_node} GPUs/node, "
-            f"s{spec.seq_len}, {batch}")
-
-
-def _day(days: float) -> str:
-    return f"{days:,.1f}" if days >= 10 else f"{days:.3g}"
-
-
-def _days(row: Row) -> str:
-    """"412.9", with its ~90% interval where the study's own runs calibrate the prediction."""
-    if row.days is None:
-        return "-"
-    low_high = f" ({_day(row.days_range[0])}-{_day(row.days_range[1])})" if row.days_range else ""
-    return _day(row.days) + low_high
-
-
-def answer_table(ans: Answer) -> list[str]:
-    """One line per node count, right-aligned columns; where a node count has no figure, why."""
-    head = ("nodes", "tokens/step", "step (s)", "efficiency", "next node count", "days", "USD", "source")
-    rows = [head]
-    for r in ans.rows:
-        p = r.point
-        cells = (str(p.nodes), f"{p.tokens_per_step:,.0f}",
-                 "-" if p.step_time_s is None else f"{p.step_time_s:.3g}",
-                 "-" if r.efficiency is None else f"{r.efficiency:.0%}",
-                 step_up(r), _days(r),
-                 "-" if r.usd is None else f"${r.usd:,.0f}", p.source)
-        rows.append(cells)
-    if not ans.strong:  # the next node count trains another batch: no share of a linear gain
-        rows = [r[:4] + r[5:] for r in rows]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    return ["  " + "  ".join([*(c.rjust(w) for c, w in zip(r[:-1], widths)), r[-1]]) for r in rows]
-
-
-def _nodes(n: int) -> str:
-    return f"{n} node{'' if n == 1 else 's'}"
-
-
-def _at(row: Row | None, what: str) -> str:
-    if row is None:
-        return "-"
-    usd = f", ${row.usd:,.0f}" if row.usd is not None else ""
-    return f"{_nodes(row.point.nodes)} ({what}{usd})"
-
-
-def answer_summary(ans: Answer) -> str:
-    """Fastest, cheapest and the knee in one line, the threshold named."""
-    fastest = _at(ans.fastest, f"{_days(ans.fastest)} days" if ans.fastest else "")
-    cheapest = _at(ans.cheapest, f"{ans.cheapest.node_hours:,.0f} node-hours" if ans.cheapest else "")
-    text = f"  fastest {fastest}; cheapest {cheapest}; "
-    if not ans.strong:
-        return text + ("no knee: the global batch grows with the node count (weak scaling), so a step up "
-                       "changes what a step trains, not only how fast")
-    share = f"{ans.knee_share:.0%} of the time linear scaling would save (study.knee_share)"
-    if ans.knee is None:
-        return text + "no knee: fewer than two node counts with a figure"
-    if ans.knee_beyond:
-        return text + f"knee beyond {_nodes(ans.knee.point.nodes)}: every step up buys at least {share}"
-    assert ans.knee_next is not None
-    how = ("is slower" if (ans.knee.next_share or 0) < 0 else
-           f"buys {ans.knee.next_share:.0%}, less than {share}")
-    return text + f"knee {_nodes(ans.knee.point.nodes)}: going to {ans.knee_next.point.nodes} {how}"
-
-
-def format_answer(cfg: SweepConfig, plan: list[PlannedRun]) -> str:
-    """The question the study is for, before anything is paid: per configuration and node count, days and
-    dollars to train study.train_tokens, the fastest, the cheapest and the knee (bench/predict/budget.py,
-    the report's definition)."""
-    tokens = cfg.study.train_tokens or DEFAULT_TRAIN_TOKENS
-    unset = "" if cfg.study.train_tokens else " (study.train_tokens unset: set it to your budget)"
-    price = cfg.cluster.price_per_hour
-    lines = [f"the answer (predicted): days and dollars to train {tokens:.3g} tokens{unset} per node count"]
-    for spec, points in answer_points(plan):
-        ans = answer(points, tokens, price, cfg.study.knee_share)
-        kind = ("one global batch" if spec.global_batch else
-                "weak scaling: the global batch grows with the nodes")
-        lines += [f"{config_label(spec)} ({kind}):", *answer_table(ans), answer_summary(ans)]
-    if len(lines) == 1:
-        return ""
-    if price is None:
-        lines.append(f"no dollars: set a price (cluster.price_per_hour=USD per {cfg.cluster.name} "
-                     "instance-hour)")
-    return "\n".join(lines)
-
-
 def write_plan(sweep_dir: Path, plan: list[PlannedRun], yaml_text: str) -> None:
     import pandas as pd
     rundir.atomic_write_text(sweep_dir / rundir.SWEEP_CONFIG, yaml_text)
@@ -213,24 +119,6 @@ def dry_run(launcher: Launcher, placement: Placement, plan: list[PlannedRun], sw
         attempt_dir = rundir.attempt_dir(run_dir, len(rundir.read_ledger(run_dir)) + 1)
         seconds = schedule.job_of(p, placement).seconds
         rundir.write_submission(attempt_dir, launcher.render(p.first_spec, attempt_dir, seconds))
-
-
-def schedule_line(cfg: SweepConfig, placement: Placement, plan: list[PlannedRun]) -> str:
-    """Estimated makespan and what the cluster is held for, beside what the runs use."""
-    jobs = [schedule.job_of(p, placement) for p in plan if p.feasible]
-    budget = placement.node_budget
-    where = (f"{budget} node{'' if budget == 1 else 's'} in flight" if budget is not None
-             else "one run at a time")
-    if not jobs or any(j.seconds is None for j in jobs):
-        return (f"schedule: {where}; no run-time estimate for {cfg.cluster.name} (no prediction without a "
-                "named GPU: set cluster.gpu)")
-    span = schedule.makespan(jobs, budget, cfg.launcher.probes_alone)
-    held = (budget or max(j.nodes for j in jobs)) * span / 3600
-    used = sum(j.nodes * (j.seconds or 0) for j in jobs) / 3600
-    one_by_one = sum(j.seconds or 0 for j in jobs) / 3600
-    return (f"schedule: {where}, estimated makespan {span / 3600:.2f} h "
-            f"(one run at a time: {one_by_one:.2f} h); cluster held {held:,.1f} node-hours "
-            f"for {used:,.1f} node-hours of runs ({used / held:.0%} busy)")
 
 
 def _make_sweep_dir(sweep_dir: Path) -> None:
@@ -310,36 +198,38 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
-def study_from(cfg: SweepConfig, placement: Placement, sweep_dir: Path) -> Study:
-    """What the runner reads of this sweep: its options, its launcher's settings and placement, and its
-    predictor as of now (refitted on the study's finished runs)."""
-    return Study(name=cfg.sweep_name or "", launcher=cfg.launcher, placement=placement,
-                 predictor=lambda: study_predictor(cfg.cluster, placement, cfg.axes.model, sweep_dir)[0],
-                 search=cfg.micro_batch_search, tolerance=cfg.preflight.tolerance, force=cfg.force,
-                 rerun_failed=cfg.rerun_failed, progress=cfg.progress)
+def study_from(cfg: SweepConfig, placement: Placement) -> Study:
+    """What the runner reads of this sweep: its options, its launcher's settings and placement, and what
+    its predictor is refitted for (the cluster, the models)."""
+    return Study(name=cfg.sweep_name or "", launcher=cfg.launcher, placement=placement, cluster=cfg.cluster,
+                 models=tuple(cfg.axes.model), search=cfg.micro_batch_search,
+                 tolerance=cfg.preflight.tolerance, force=cfg.force, rerun_failed=cfg.rerun_failed,
+                 progress=cfg.progress)
 
 
 def _plan_and_launch(cfg: SweepConfig, placement: Placement, plan: list[PlannedRun], launcher: Launcher,
                      sweep_dir: Path, yaml_text: str) -> int:
+    """Write the plan and say what it holds, then launch it: the preflight first where the placement asks,
+    then the runner. Each layer is handed what it reads, from the top layer down."""
     write_plan(sweep_dir, plan, yaml_text)
-    infeasible = sum(not p.feasible for p in plan)
-    print(f"sweep {cfg.sweep_name}: {len(plan)} runs planned ({infeasible} infeasible) on {cfg.cluster.name} "
-          f"with launcher {launcher.name} -> {sweep_dir}")
-    cost = plan_cost([p for p in plan if p.feasible], cfg.cluster, cfg.launcher.timeout_s, placement)
-    print(cost.line(cfg.cluster.name))
-    print(schedule_line(cfg, placement, plan))
-    if answer_text := format_answer(cfg, plan):
-        print(answer_text)
-    if note := launcher.plan_note([p.first_spec for p in plan if p.feasible]):
-        print(note)
+    study, mode = study_from(cfg, placement), preflight.mode_of(cfg.preflight.mode, placement)
+    nodes = preflight.nodes_of(cfg, placement) if mode != "off" else None
+    feasible = [p for p in plan if p.feasible]
+    held = schedule.makespan_line(cfg.cluster.name, placement, plan, cfg.launcher.probes_alone)
+    answer_text = format_answer(cfg.study, cfg.cluster.name, cfg.cluster.price_per_hour, plan)
+    cost = plan_cost(feasible, cfg.cluster, cfg.launcher.timeout_s, placement)
+    note = launcher.plan_note([p.first_spec for p in feasible])
+    print(f"sweep {cfg.sweep_name}: {len(plan)} runs planned ({len(plan) - len(feasible)} infeasible) on "
+          f"{cfg.cluster.name} with launcher {launcher.name} -> {sweep_dir}")
+    print("\n".join(line for line in (cost.line(cfg.cluster.name), held, answer_text, note) if line))
     if cfg.dry_run or not placement.launches:
         print(format_plan(plan))
         dry_run(launcher, placement, plan, sweep_dir)
         print(f"dry run: submissions written under {sweep_dir / rundir.RUNS_DIR}/*/"
               f"{rundir.ATTEMPT_PREFIX}*/{rundir.SUBMISSION_DIR}/")
         return EXIT_OK
-    if (mode := preflight.mode_of(cfg.preflight.mode, placement)) != "off":
-        verdict = preflight.check(preflight.nodes_of(cfg, placement), launcher, sweep_dir, out=sys.stdout)
+    if nodes is not None:
+        verdict = preflight.check(nodes, launcher, sweep_dir, out=sys.stdout)
         print(preflight.format_verdict(verdict))
         if (named := preflight.problems(verdict)) and mode == "on":
             more = f" (and {len(named) - 1} more)" if len(named) > 1 else ""
@@ -347,7 +237,7 @@ def _plan_and_launch(cfg: SweepConfig, placement: Placement, plan: list[PlannedR
                   "(\"cluster.slurm.extra_sbatch=['--exclude=NODE']\") or accept it with preflight.mode=warn",
                   file=sys.stderr)
             return preflight.EXIT_REFUSED
-    counts = execute(study_from(cfg, placement, sweep_dir), plan, launcher, sweep_dir)
+    counts = execute(study, plan, launcher, sweep_dir)
     interrupted = counts.pop("interrupted")
     print("done: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) +
           f"; table: {sweep_dir / rundir.RESULTS_CSV}; report: python -m analysis.report {sweep_dir}")
@@ -355,7 +245,6 @@ def _plan_and_launch(cfg: SweepConfig, placement: Placement, plan: list[PlannedR
         print("interrupted: finished runs are kept; run the same command again to resume", file=sys.stderr)
         return EXIT_INTERRUPTED
     return _exit_status(sweep_dir, plan)
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -117,7 +117,7 @@ class InHouseLauncher(LocalLauncher):
 ONE_RANK = ["+sweep=smoke", "launcher.name=inhouse", "axes.gpus_per_node=[1]", "axes.nodes=[1]",
             "axes.precision=[bf16_mixed]", "axes.activation_checkpointing=[none]", "axes.compile=[false]",
             "axes.global_batch=[null]", "nccl.enabled=false", "trace.enabled=false", "steps=3",
-            "warmup_steps=1", "progress=false"]
+            "warmup_steps=1", "progress=false", "memory.measure=false"]
 
 
 def test_a_fourth_launcher_plans_dry_runs_and_runs_a_study_with_no_other_edit(tmp_path: Path, capsys) -> None:

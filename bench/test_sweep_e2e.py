@@ -105,7 +105,7 @@ def test_sigterm_mid_sweep_leaves_a_consistent_store(tmp_path: Path) -> None:
 
 
 def test_dry_run_renders_and_launches_nothing(tmp_path: Path) -> None:
-    proc = sweep(tmp_path, "--dry-run")
+    proc = sweep(tmp_path, "--dry-run", "memory.measure=false")  # what is rendered, not what is measured
     assert proc.returncode == 0, proc.stderr
     sub_files = list((tmp_path / "smoke_full" / "runs").glob("*/attempt-1/submission/submission.json"))
     # the two-ranks-per-node smoke: 16 training runs (2 strong scaling), 2 probes of each of 3 collectives

@@ -66,8 +66,9 @@ def _lag(args: list[str]) -> None:
 
     from bench.core.records import Emitter, exit_now
     from trainer.clock import ComputeClock, timed_modules
-    from trainer.main import Trainer, init_process_group, rank_device
+    from trainer.main import init_process_group, rank_device
     from trainer.model import transformer_blocks
+    from trainer.trainer import Trainer
     parsed = parse_args(args)
     device = rank_device()
     init_process_group(device)

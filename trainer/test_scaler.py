@@ -29,7 +29,7 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 x = torch.linspace(-1, 1, 32).reshape(4, 8)
 scaled, opt = build()
-scaler = ShardedGradScaler(device="cpu", init_scale=1024.0)  # what trainer/main.py uses for fp16_mixed
+scaler = ShardedGradScaler(device="cpu", init_scale=1024.0)  # what trainer/parallel.py grad_scaler makes
 steps = []
 for step in range(2):
     before = local(scaled)

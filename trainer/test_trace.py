@@ -1,11 +1,11 @@
-"""The step split from each run's own profiler trace (trainer/trace.py). On real gloo FSDP2 ranks under
-torchrun: a rank held back before its collectives leaves its peer waiting that long, and no exposed
-communication more; a rank that computes longer leaves its peer waiting for that work; a one-rank run
-sends nothing and exposes nothing; NO_SHARD's gradient all-reduce is an all-reduce; the parts add up to the
-step for every strategy and accumulation mode, every collective the flight recorder saw has a kind, and a
-rank held to a fifth of a core from outside is the one waited for. On synthetic traces in the shapes
-torch.profiler writes on a CPU and on CUDA: each part's rule, and waits read within each collective's own
-process group. A bad trace leaves the run without a split and says why."""
+"""The step split from each run's own profiler trace (trainer/trace.py, trace_split.py, trace_waits.py). On
+real gloo FSDP2 ranks under torchrun: a rank held back before its collectives leaves its peer waiting that
+long, and no exposed communication more; a rank that computes longer leaves its peer waiting for that work;
+a one-rank run sends nothing and exposes nothing; NO_SHARD's gradient all-reduce is an all-reduce; the
+parts add up to the step for every strategy and accumulation mode, every collective the flight recorder
+saw has a kind, and a rank held to a fifth of a core from outside is the one waited for. On synthetic
+traces in the shapes torch.profiler writes on a CPU and on CUDA: each part's rule, and waits read within
+each collective's own process group. A bad trace leaves the run without a split and says why."""
 from __future__ import annotations
 
 import contextlib
@@ -24,7 +24,7 @@ import torch
 
 from bench.core.records import parse_records
 from conftest import ROOT, SERIES
-from trainer import trace
+from trainer import trace, trace_split, trace_waits
 
 pytestmark = pytest.mark.xdist_group("series")  # its runs train in the one series of their world size
 
@@ -102,7 +102,7 @@ def _held_back(plain: dict[int, dict], held: dict[int, dict], rank: int, kind: s
     added = held[rank]["split"]["collectives"][kind]["count"] * HOLD_S
     for r in held:
         before, after = plain[r]["split"], held[r]["split"]
-        grew = {k: after["parts"][k] - before["parts"][k] for k in trace.PARTS}
+        grew = {k: after["parts"][k] - before["parts"][k] for k in trace_split.PARTS}
         waited = after["waiting_by_kind"][kind] - before["waiting_by_kind"][kind]
         assert grew["compute"] < 0.2 * added and grew[f"exposed_{kind}"] < 0.1 * added, (r, grew)
         if r == rank:
@@ -128,7 +128,7 @@ def test_a_rank_that_computes_longer_leaves_its_peer_waiting_for_that_work() -> 
     split = _splits(SLOWED, 2)
     busy, peer = split[1]["split"], split[0]["split"]
     added = 4 * BUSY_S  # each block's forward, once a step
-    more = {k: busy["parts"][k] - peer["parts"][k] for k in trace.PARTS}
+    more = {k: busy["parts"][k] - peer["parts"][k] for k in trace_split.PARTS}
     excess = sum(more[k] for k in ("compute", "collective_copies", "optimizer", "other"))
     assert more["compute"] > 0.75 * added and -more["waiting"] > 0.75 * added, (more, added)
     gathers = peer["waiting_by_kind"]["all_gather_fwd"], busy["waiting_by_kind"]["all_gather_fwd"]
@@ -281,7 +281,7 @@ def test_a_bad_trace_leaves_no_split_and_says_why(tmp_path: Path) -> None:
              "no step": _write(tmp_path / "empty.json.gz", good)}
     whole = gzip.compress(json.dumps(good).encode())
     cases["truncated"].write_bytes(whole[:len(whole) // 2])
-    why = {name: trace.analyse(path, _exchange) for name, path in cases.items()}
+    why = {name: trace_split.analyse(path, _exchange) for name, path in cases.items()}
     assert all(split is None for split, _ in why.values())
     assert "no trace" in why["missing"][1]
     assert "unreadable" in why["truncated"][1]
@@ -349,9 +349,9 @@ def _peer(rank: int, flights: dict[str, list[tuple[float, float]]], host: str = 
 
 def _alone(tl: trace.Timeline, groups: dict | None = None) -> dict:
     """The split where this rank's peers ran every collective exactly as it did: no waits."""
-    mine = trace.exchanged(tl, 0, groups, "host")
-    trace.set_waits(tl, mine, [mine])
-    return trace.split(tl)
+    mine = trace_waits.exchanged(tl, 0, groups, "host")
+    trace_waits.set_waits(tl, mine, [mine])
+    return trace_split.split(tl)
 
 
 def test_each_part_of_a_cpu_step_by_its_rule() -> None:
@@ -400,13 +400,13 @@ def test_waits_are_read_within_each_collectives_own_group() -> None:
     a wait of rank 0's. All ranks share one host's clock and left each collective together: the duration
     rule reads the same, and nothing contradicts it."""
     tl = trace.timeline(_cpu_trace())
-    mine = trace.exchanged(tl, 0, HYBRID_GROUPS[0], "host")
+    mine = trace_waits.exchanged(tl, 0, HYBRID_GROUPS[0], "host")
     gather, rs, ar = "all_gather_fwd", "reduce_scatter", "all_reduce"
     peers = [_peer(1, {gather: [(20.0, 29.0)], rs: [(65.0, 71.0)], ar: [(82.0, 84.0)]}),
              _peer(2, {gather: [(17.0, 29.0)], rs: [(65.0, 71.0)], ar: [(80.0, 84.0)]}),
              _peer(3, {gather: [(25.0, 29.0)], rs: [(70.0, 71.0)], ar: [(83.0, 84.0)]})]
-    trace.set_waits(tl, mine, [mine, *peers])
-    got = trace.split(tl)
+    trace_waits.set_waits(tl, mine, [mine, *peers])
+    got = trace_split.split(tl)
     assert got["parts"]["waiting"] == pytest.approx(8e-6)
     assert got["waiting_by_kind"] == pytest.approx({gather: 4e-6, "all_gather_bwd": 0.0, rs: 0.0, ar: 4e-6})
     assert got["parts"]["exposed_all_gather_fwd"] == pytest.approx(9e-6)
@@ -425,9 +425,9 @@ def test_arrivals_on_one_clock_read_the_wait_where_the_durations_mislead() -> No
     got = {}
     for host in ("host", "another host"):
         tl = trace.timeline(_cpu_trace())
-        mine = trace.exchanged(tl, 0, {**HYBRID_GROUPS[0], "all_reduce": [0]}, "host")
-        trace.set_waits(tl, mine, [mine, _peer(1, flights, host)])
-        got[host] = trace.split(tl)
+        mine = trace_waits.exchanged(tl, 0, {**HYBRID_GROUPS[0], "all_reduce": [0]}, "host")
+        trace_waits.set_waits(tl, mine, [mine, _peer(1, flights, host)])
+        got[host] = trace_split.split(tl)
     shared, apart = got["host"], got["another host"]
     assert shared["parts"]["waiting"] == pytest.approx(4e-6) and shared["waiting_duration_rule"] == 0
     assert shared["premise"] == {"checked": 2, "contradicted": 1, "at_stake_s": pytest.approx(4e-6)}
@@ -436,10 +436,10 @@ def test_arrivals_on_one_clock_read_the_wait_where_the_durations_mislead() -> No
 
 def test_a_group_whose_ranks_disagree_on_a_kinds_count_gets_no_waits() -> None:
     tl = trace.timeline(_cpu_trace())
-    mine = trace.exchanged(tl, 0, HYBRID_GROUPS[0], "host")
+    mine = trace_waits.exchanged(tl, 0, HYBRID_GROUPS[0], "host")
     peer = _peer(1, {"all_gather_fwd": [(20.0, 29.0), (40.0, 45.0)], "reduce_scatter": [(60.0, 71.0)]})
-    trace.set_waits(tl, mine, [mine, peer])
-    got = trace.split(tl)
+    trace_waits.set_waits(tl, mine, [mine, peer])
+    got = trace_split.split(tl)
     assert got["unmatched"] == 1 and got["waiting_by_kind"]["all_gather_fwd"] == 0
 
 
@@ -512,11 +512,11 @@ def test_a_peer_that_came_late_is_waiting_on_a_gpu() -> None:
     """The same step where a peer (another host: no shared clock) spent 5 us in the exposed all-gather:
     this rank's first 15 us of its 20 waited for it, by the duration rule."""
     tl = trace.timeline(_gpu_trace())
-    mine = trace.exchanged(tl, 0, None, "host")
+    mine = trace_waits.exchanged(tl, 0, None, "host")
     peer = {**mine, "rank": 1, "host": "another host",
             "flights": {**mine["flights"], "all_gather_bwd": [(1055.0, 1060.0)]}}
-    trace.set_waits(tl, mine, [mine, peer])
-    parts = trace.split(tl)["parts"]
+    trace_waits.set_waits(tl, mine, [mine, peer])
+    parts = trace_split.split(tl)["parts"]
     assert parts["waiting"] == pytest.approx(15e-6)
     assert parts["exposed_all_gather_bwd"] == pytest.approx(5e-6)
 
@@ -573,7 +573,7 @@ def test_a_trace_that_cannot_be_written_leaves_the_steps_and_says_why(tmp_path: 
     assert why is not None and why.startswith(f"trace not written to {blocker}")
     assert blocker.read_text() == "a file, not a folder"
     exchanged: list[object] = []
-    split, error = trace.analyse(None, lambda mine: exchanged.append(mine) or [mine])
+    split, error = trace_split.analyse(None, lambda mine: exchanged.append(mine) or [mine])
     assert split is None and error is None and exchanged == [None]
     kept = tmp_path / "ok" / "rank0.pt.trace.json.gz"
     _, none = trace.record(ran.append, range(5, 6), kept, False, {})

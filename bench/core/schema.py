@@ -366,7 +366,7 @@ class RunSummary:
     nccl_busbw_max_gbs: float | None = None
     nccl_algbw_max_gbs: float | None = None
     nccl_transport: str | None = None
-    # The profiled steps' split (trainer/trace.py), seconds per step, each part the median over the ranks
+    # The profiled steps' split (trainer/trace_split.py), seconds per step, each part the median over ranks
     # that recorded a trace: compute, exposed_<kind>, waiting, optimizer, other (they add up to step_s,
     # the profiled step's median), overlapped_<kind> beside them; the per-rank splits are in extra
     trace_split: dict[str, float] | None = None

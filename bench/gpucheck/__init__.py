@@ -1,2 +1,2 @@
 """`python -m bench.gpucheck`: the GPU claims proven on a one-GPU machine (check.py runs the sweeps,
-evidence.py holds the checks and writes the evidence files)."""
+judge.py holds the checks, evidence.py writes the evidence files)."""

@@ -5,10 +5,10 @@ Three sweeps run through the same launch path as any study (`python -m bench.swe
 worker), each under a time budget (STEPS): the smoke sweep's one-rank runs on the GPU with NCCL; Llama 3.2 1B
 at the largest micro batch that fits, then compiled in bf16 and in Float8 (`sweeps/sweep/gpucheck_mfu.yaml`);
 six memory configurations (`gpucheck_memory.yaml`). The later sweeps plan on the CPU while the first has
-the GPU. Then every run is checked
-(bench/gpucheck/evidence.py: each check with its threshold) and the evidence written. Exit 0 when every check
-holds; 1 naming each failed line; 2 bad input (an unknown GPU, a results dir without runs); 130
-interrupted. Without a CUDA GPU it says so in one line and exits 0, measuring nothing.
+the GPU. Then every run is checked (bench/gpucheck/judge.py: each check with its threshold) and the
+evidence written (bench/gpucheck/evidence.py). Exit 0 when every check holds; 1 naming each failed line; 2
+bad input (an unknown GPU, a results dir without runs); 130 interrupted. Without a CUDA GPU it says so in
+one line and exits 0, measuring nothing.
 
 `--from RESULTS_ROOT` renders the evidence of runs already made (a CI artifact, an earlier gpucheck), without
 running anything: the same checks, the same files.
@@ -31,7 +31,8 @@ from typing import Any
 from bench.core import rundir
 from bench.core.gpus import local_gpu_memory_gib, local_gpu_name, local_gpus
 from bench.core.hardware import GPUS, gpu_spec
-from bench.gpucheck.evidence import EVIDENCE_DIR, EXIT_OK, STEPS_JSON, StepResult, load_runs, write_evidence
+from bench.gpucheck.evidence import EVIDENCE_DIR, EXIT_OK, write_evidence
+from bench.gpucheck.judge import STEPS_JSON, StepResult, load_runs
 from bench.launchers.base import PROJECT_ROOT
 
 EXIT_INPUT, EXIT_INTERRUPTED = 2, 130

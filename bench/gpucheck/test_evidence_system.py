@@ -1,4 +1,4 @@
-"""The GPU check's energy and system-record lines (bench/gpucheck/evidence.py) on known figures: a run's
+"""The GPU check's energy and system-record lines (bench/gpucheck/judge.py) on known figures: a run's
 energy per token must be above 0 and within NVML's power limit x its GPUs x its timed window; a GPU run's
 system record must hold the GPU's facts and name the run's GPU."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench.core.schema import RunSpec, RunSummary
-from bench.gpucheck import evidence
+from bench.gpucheck import judge
 
 H100 = "NVIDIA H100 80GB HBM3"
 SPEC = RunSpec(model="llama3_2_1b", seq_len=2048, micro_batch=4)  # 8192 tokens a step on one GPU
@@ -26,29 +26,29 @@ def _run(energy: float | None, window: float = 2.0, steps: int = 10, **extra) ->
 def test_energy_per_token_within_the_power_limit_over_the_window_passes() -> None:
     # 700 W x 2 s over 10 steps of 8192 tokens: at most 0.0171 J/token
     limit = 700.0 * 2.0 / 81920
-    check = evidence.check_energy([_run(0.9 * limit)])
+    check = judge.check_energy([_run(0.9 * limit)])
     assert check.passed is True and "up to 90% of the power limit" in check.measured
 
 
 @pytest.mark.parametrize("energy", [0.0, 1.06 * 700.0 * 2.0 / 81920])
 def test_no_energy_or_more_than_the_gpu_can_draw_fails(energy: float) -> None:
-    check = evidence.check_energy([_run(energy or -1.0)])
+    check = judge.check_energy([_run(energy or -1.0)])
     assert check.passed is False and check.failures[0].startswith(SPEC.label)
 
 
 def test_a_window_too_short_for_the_counter_is_not_judged_a_long_one_is() -> None:
-    short = evidence.check_energy([_run(None, window=0.2)])
+    short = judge.check_energy([_run(None, window=0.2)])
     assert short.passed is False and short.failures == ["no GPU run's timed window was long enough to judge"]
-    long = evidence.check_energy([_run(None, window=3.0), _run(0.01)])
+    long = judge.check_energy([_run(None, window=3.0), _run(0.01)])
     assert long.passed is False and f"no energy figure ({NOT_MOVED})" in long.failures[0]
 
 
 def test_the_system_record_must_hold_the_gpus_facts_and_name_its_gpu() -> None:
-    assert evidence.check_system([_run(0.01)]).passed is True
+    assert judge.check_system([_run(0.01)]).passed is True
     lost = _run(0.01, system=[{"node": "n0", "facts": {**FACTS, "gpu_driver": {"missing": "NVML: boom"}}}])
-    assert evidence.check_system([lost]).failures == [f"{SPEC.label}: missing gpu_driver (NVML: boom)"]
+    assert judge.check_system([lost]).failures == [f"{SPEC.label}: missing gpu_driver (NVML: boom)"]
     other = _run(0.01, system=[{"node": "n0", "facts": {**FACTS, "gpu_model": "NVIDIA H200"}}])
-    [failure] = evidence.check_system([other]).failures
+    [failure] = judge.check_system([other]).failures
     assert "record names NVIDIA H200, the run NVIDIA H100 80GB HBM3" in failure
     unreadable = _run(0.01, system=[{"node": None, "unreadable": "cut short or garbled: {..."}])
-    assert evidence.check_system([unreadable]).failures == [f"{SPEC.label}: cut short or garbled: {{..."]
+    assert judge.check_system([unreadable]).failures == [f"{SPEC.label}: cut short or garbled: {{..."]

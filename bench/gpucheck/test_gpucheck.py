@@ -1,7 +1,7 @@
-"""bench.gpucheck and bench.gpucheck.evidence where no GPU is: the no-GPU path, the checks on known figures,
-the evidence rendered from a real smoke sweep, and the steps driven end to end behind a stand-in nvidia-smi
-(the one boundary a CPU machine cannot cross: its output is the one a real H100 printed, see
-bench/core/test_gpus.py), workers on CPU."""
+"""bench.gpucheck, bench.gpucheck.judge and bench.gpucheck.evidence where no GPU is: the no-GPU path, the
+checks on known figures, the evidence rendered from a real smoke sweep, and the steps driven end to end
+behind a stand-in nvidia-smi (the one boundary a CPU machine cannot cross: its output is the one a real
+H100 printed, see bench/core/test_gpus.py), workers on CPU."""
 from __future__ import annotations
 
 import json
@@ -15,7 +15,7 @@ import pytest
 
 from bench.core import rundir
 from bench.core.schema import RunSpec, RunSummary
-from bench.gpucheck import check as gpucheck, evidence
+from bench.gpucheck import check as gpucheck, evidence, judge
 from bench.gpucheck.check import Step
 from conftest import ROOT
 
@@ -38,61 +38,61 @@ def _specs(n: int) -> list[RunSpec]:
     return [RunSpec(model="llama3_2_1b", seq_len=2048, micro_batch=m) for m in range(1, n + 1)]
 
 
-def _by_name(runs: list[RunSummary]) -> dict[str, evidence.Check]:
-    return {c.name: c for c in evidence.all_checks(runs, [])}
+def _by_name(runs: list[RunSummary]) -> dict[str, judge.Check]:
+    return {c.name: c for c in judge.all_checks(runs, [])}
 
 
 def test_mfu_is_judged_on_the_best_bf16_row_of_an_h100_only() -> None:
     rows = [_run(s, "gpucheck_mfu", mfu=m) for s, m in zip(_specs(2), (0.34, 0.36))]
     fp8 = _run(replace(_specs(3)[2], precision="fp8_tensorwise"), "gpucheck_mfu", mfu=0.50)
-    assert evidence.check_mfu(rows + [fp8]).passed is True  # 0.36 counts; Float8's 0.50 is not a bf16 row
-    low = evidence.check_mfu(rows[:1] + [fp8])
+    assert judge.check_mfu(rows + [fp8]).passed is True  # 0.36 counts; Float8's 0.50 is not a bf16 row
+    low = judge.check_mfu(rows[:1] + [fp8])
     assert low.passed is False and "0.340" in low.failures[0] and "< 0.35" in low.failures[0]
-    a100 = evidence.check_mfu([_run(_specs(1)[0], "gpucheck_mfu", mfu=0.2,
+    a100 = judge.check_mfu([_run(_specs(1)[0], "gpucheck_mfu", mfu=0.2,
                                     device_name="NVIDIA A100-SXM4-80GB")])
     assert a100.passed is None and a100.verdict == "not judged"
-    assert evidence.check_mfu([]).passed is False  # nothing measured is no proof
+    assert judge.check_mfu([]).passed is False  # nothing measured is no proof
 
 
 def test_the_memory_check_holds_every_run_to_five_percent_and_wants_six() -> None:
     six = [_run(s, pred_mem_gib=10.49) for s in _specs(6)]  # +4.9%
-    check = evidence.check_fake_peak(six)
+    check = judge.check_fake_peak(six)
     assert check.passed is True and "+4.9%" in check.measured
     off = six[:5] + [_run(_specs(6)[5], pred_mem_gib=10.51)]
-    failed = evidence.check_fake_peak(off)
+    failed = judge.check_fake_peak(off)
     assert failed.passed is False and failed.failures == [f"{_specs(6)[5].label}: predicted +5.1%"]
-    assert evidence.check_fake_peak(six[:5]).failures == ["only 5 configurations (at least 6)"]
+    assert judge.check_fake_peak(six[:5]).failures == ["only 5 configurations (at least 6)"]
     # a compiled run is planned at its eager peak, a bound from above: 16% over passes, 6% under fails
     compiled = [_run(replace(s, compile=True), pred_mem_gib=p) for s, p in zip(_specs(2), (11.6, 9.4))]
-    mixed = evidence.check_fake_peak(six[:4] + compiled)
+    mixed = judge.check_fake_peak(six[:4] + compiled)
     assert mixed.passed is False and mixed.failures == [f"{compiled[1].spec.label}: predicted -6.0%"]
-    assert evidence.check_fake_peak(six[:4] + compiled[:1] + six[4:5]).passed is True
+    assert judge.check_fake_peak(six[:4] + compiled[:1] + six[4:5]).passed is True
     bound = [_run(s, pred_mem_source="lower bound", pred_mem_gib=3.0) for s in _specs(6)]
-    assert evidence.check_fake_peak(bound).passed is False  # a lower bound is not a prediction to check
+    assert judge.check_fake_peak(bound).passed is False  # a lower bound is not a prediction to check
 
 
 def test_the_headroom_checks_use_the_plans_constants() -> None:
     spec = _specs(1)[0]
     # fragmentation, judged where the allocated peak is half the GPU (79.6 GiB) or more: 1.20x allowed
     full = dict(pred_mem_gib=50.0, mem_peak_alloc_gib=50.0)
-    assert evidence.check_fragmentation([_run(spec, **full, mem_peak_reserved_gib=59.5)]).passed is True
-    frag = evidence.check_fragmentation([_run(spec, **full, mem_peak_reserved_gib=60.5)])  # 1.21 > 1.20
+    assert judge.check_fragmentation([_run(spec, **full, mem_peak_reserved_gib=59.5)]).passed is True
+    frag = judge.check_fragmentation([_run(spec, **full, mem_peak_reserved_gib=60.5)])  # 1.21 > 1.20
     assert frag.passed is False and "1.21x > 1.20x" in frag.failures[0]
     # a compiled run is planned at its eager peak: what the plan holds for it is that peak times 1.20
     compiled = replace(spec, compile=True)
-    bound = evidence.check_fragmentation([_run(compiled, pred_mem_gib=57.0, mem_peak_alloc_gib=44.0,
+    bound = judge.check_fragmentation([_run(compiled, pred_mem_gib=57.0, mem_peak_alloc_gib=44.0,
                                                mem_peak_reserved_gib=53.7)])  # 1.22x of 44, 0.94x of 57
     assert bound.passed is True and "0.94x" in bound.measured
-    over_plan = evidence.check_fragmentation([_run(compiled, pred_mem_gib=44.0, mem_peak_alloc_gib=44.0,
+    over_plan = judge.check_fragmentation([_run(compiled, pred_mem_gib=44.0, mem_peak_alloc_gib=44.0,
                                                    mem_peak_reserved_gib=53.7)])
     assert over_plan.passed is False and "1.22x > 1.20x" in over_plan.failures[0]
-    small = evidence.check_fragmentation([_run(spec, mem_peak_reserved_gib=15.0)])  # 1.5x of 10 GiB
+    small = judge.check_fragmentation([_run(spec, mem_peak_reserved_gib=15.0)])  # 1.5x of 10 GiB
     assert small.passed is False and small.failures == ["no GPU run allocated half its GPU"]
     # outside the allocator: 1.5 GiB context + 0.5 per communicator; FULL_SHARD holds 1, HYBRID_SHARD 3
-    over = evidence.check_outside_allocator([_run(spec, nvml_mem_used_gib=12.7)])  # 2.2 > 2.0
+    over = judge.check_outside_allocator([_run(spec, nvml_mem_used_gib=12.7)])  # 2.2 > 2.0
     assert over.passed is False and "2.20 GiB > 2.00 GiB" in over.failures[0]
     hybrid = replace(spec, sharding="HYBRID_SHARD", nodes=2, gpus_per_node=2)
-    assert evidence.check_outside_allocator([_run(hybrid, nvml_mem_used_gib=12.7)]).passed is True
+    assert judge.check_outside_allocator([_run(hybrid, nvml_mem_used_gib=12.7)]).passed is True
 
 
 def test_runs_that_did_not_end_ok_fail_only_the_first_check() -> None:
@@ -102,7 +102,7 @@ def test_runs_that_did_not_end_ok_fail_only_the_first_check() -> None:
     cancelled = _run(replace(spec, micro_batch=9), "smoke", status="cancelled", device_name=None,
                      nvml_power_w=None)
     ok = _run(spec, "smoke")
-    checks = {c.name: c for c in evidence.all_checks([ok, cancelled], [])}
+    checks = {c.name: c for c in judge.all_checks([ok, cancelled], [])}
     assert checks["every run ends ok"].passed is False
     assert checks["smoke one-rank runs on the GPU with NCCL"].passed is True
     assert checks["NVML readings during a run"].passed is True
@@ -110,10 +110,10 @@ def test_runs_that_did_not_end_ok_fail_only_the_first_check() -> None:
 
 def test_nvml_readings_must_be_nonzero_and_within_the_gpus_limits() -> None:
     spec = _specs(1)[0]
-    assert evidence.check_nvml([_run(spec)]).passed is True
+    assert judge.check_nvml([_run(spec)]).passed is True
     for bad in ({"nvml_power_w": None}, {"nvml_power_w": 720.0}, {"nvml_mem_used_gib": 80.0},
                 {"nvml_util_pct": 0.0}, {"nvml_util_pct": 0.0, "mfu": 0.3}):
-        check = evidence.check_nvml([_run(spec, **bad)])
+        check = judge.check_nvml([_run(spec, **bad)])
         assert check.passed is False and check.failures[0].startswith(spec.label), bad
 
 
@@ -123,13 +123,13 @@ def test_a_host_bound_runs_zero_utilisation_is_what_nvml_reads_not_a_fault() -> 
     MFU 1% that is what NVML's whole-percent utilisation shows; at MFU 0.3 it would be a fault."""
     rows = json.loads((evidence.EVIDENCE_DIR / "NVIDIA-H200_torch-2.11.0-cu130_2026-11-28.json").read_text())
     idle = [r for r in rows["runs"] if r["nvml_util_pct"] == 0.0]
-    assert len(idle) == 2 and all(r["mfu"] < evidence.UTIL_VISIBLE_MFU for r in idle)
+    assert len(idle) == 2 and all(r["mfu"] < judge.UTIL_VISIBLE_MFU for r in idle)
     spec = _specs(1)[0]
     runs = [_run(spec, nvml_util_pct=0.0, mfu=r["mfu"], nvml_power_w=r["nvml_power_w"],
                  nvml_mem_used_gib=r["nvml_mem_used_gib"]) for r in idle]
-    check = evidence.check_nvml(runs)
+    check = judge.check_nvml(runs)
     assert check.passed is True and "2 run(s) below MFU 1% read 0% utilisation" in check.measured
-    assert evidence.check_nvml([_run(spec, nvml_util_pct=0.0, mfu=0.3)]).passed is False
+    assert judge.check_nvml([_run(spec, nvml_util_pct=0.0, mfu=0.3)]).passed is False
 
 
 def test_without_a_gpu_it_says_so_and_measures_nothing(tmp_path: Path) -> None:
@@ -211,7 +211,7 @@ def test_steps_run_under_their_budgets_and_an_overrun_is_stopped_and_named(stand
     assert gpucheck.measure(root, steps) == gpucheck.EXIT_OK
     out = capsys.readouterr().out
     assert "gpucheck: NVIDIA H100 80GB HBM3 (H100-SXM)" in out and "[smoke] " in out  # the sweep's own lines
-    recorded = evidence.load_steps(root)
+    recorded = judge.load_steps(root)
     assert [r.name for r in recorded] == ["smoke", "slow"]
     assert recorded[0].returncode == 0 and recorded[1].returncode is None
     assert recorded[0].budget_s == 90  # the second step has its own 12 s and what the first left unused
@@ -238,7 +238,7 @@ def test_steps_run_under_their_budgets_and_an_overrun_is_stopped_and_named(stand
 
 
 def test_the_steps_fit_the_total_and_the_prewarm_leaves_the_gpu_step_its_cores() -> None:
-    assert sum(step.budget_s for step in gpucheck.STEPS) <= evidence.TOTAL_BUDGET_S
+    assert sum(step.budget_s for step in gpucheck.STEPS) <= judge.TOTAL_BUDGET_S
     assert gpucheck.prewarm_workers(2, cores=16) == 6  # 12 of 16 cores planning, 4 beside the GPU's run
     assert gpucheck.prewarm_workers(2, cores=4) == 1 and gpucheck.prewarm_workers(1, cores=2) == 1
 
@@ -265,15 +265,15 @@ def test_a_one_gpu_runs_trace_parts_must_add_up_to_its_traced_step() -> None:
             run.extra["trace_per_rank"] = [{"rank": 0, "parts": {"compute": parts_s - 0.1, "other": 0.1},
                                             "step_times_s": [0.99, 1.01]}]
         return run
-    assert evidence.check_trace([traced(1.04)]).passed is True
-    failed = evidence.check_trace([traced(1.07)])
+    assert judge.check_trace([traced(1.04)]).passed is True
+    failed = judge.check_trace([traced(1.07)])
     assert failed.passed is False and failed.failures == [f"{spec.label}: parts +7.0% off the traced step"]
     unsplit = traced(0, "rank 0: unreadable trace rank0.pt.trace.json.gz (EOFError: ...)")
     unsplit.extra["trace_per_rank"] = [{"rank": 0, "parts": None, "step_times_s": [1.0]}]
-    missing = evidence.check_trace([unsplit])
+    missing = judge.check_trace([unsplit])
     assert missing.passed is False and "unreadable trace" in missing.failures[0]
     # the memory and MFU steps' runs trace nothing (trace.enabled=false): judged by the runs that traced
-    assert evidence.check_trace([traced(1.04), traced(0, "no trace recorded")]).passed is True
-    none = evidence.check_trace([traced(0, "no trace recorded")])
+    assert judge.check_trace([traced(1.04), traced(0, "no trace recorded")]).passed is True
+    none = judge.check_trace([traced(0, "no trace recorded")])
     assert none.passed is False and "no one-GPU run recorded a trace" in none.failures[0]
-    assert evidence.check_trace([traced(1.5, device_name="cpu")]).passed is None
+    assert judge.check_trace([traced(1.5, device_name="cpu")]).passed is None

@@ -286,7 +286,7 @@ def run_one(tmp_path: Path, shared_data: Path, scenario: str, sweep: str = "p5_s
     launcher = KubernetesLauncher(cfg, custom=fake, core=fake, version=fake)
     plan = [p for p in expand(cfg) if p.feasible][:1]
     sweep_dir = tmp_path / cfg.sweep_name
-    execute(study_from(cfg, placement_of(cfg), sweep_dir), plan, launcher, sweep_dir)
+    execute(study_from(cfg, placement_of(cfg)), plan, launcher, sweep_dir)
     frame = pd.read_csv(tmp_path / cfg.sweep_name / "results.csv")
     assert not fake.jobs, "the job was left behind"
     assert fake.deleted and all(p == "Foreground" for _, p in fake.deleted)
@@ -371,7 +371,7 @@ def test_pending_pods_do_not_count_against_the_run_timeout(tmp_path, shared_data
             return super().list_namespaced_pod(namespace, label_selector)
     cfg = cfg_for("p5_scaling", "launcher.timeout_s=0.2", "launcher.queue_timeout_s=60")
     fake = BusyCluster("ok", shared_data, finish_after=33)
-    execute(study_from(cfg, placement_of(cfg), tmp_path / "s"), [p for p in expand(cfg) if p.feasible][:1],
+    execute(study_from(cfg, placement_of(cfg)), [p for p in expand(cfg) if p.feasible][:1],
             KubernetesLauncher(cfg, custom=fake, core=fake, version=fake), tmp_path / "s")
     row = pd.read_csv(tmp_path / "s" / "results.csv").iloc[0]
     assert row.status == "ok" and row.queue_s > 0.2 and row.wall_s < row.queue_s
@@ -407,7 +407,7 @@ def test_an_api_error_fails_the_run_deletes_the_job_and_the_sweep_goes_on(tmp_pa
     launcher = KubernetesLauncher(cfg, custom=fake, core=fake, version=fake)
     plan = [p for p in expand(cfg) if p.feasible][:2]
     sweep_dir = tmp_path / cfg.sweep_name
-    execute(study_from(cfg, placement_of(cfg), sweep_dir), plan, launcher, sweep_dir)
+    execute(study_from(cfg, placement_of(cfg)), plan, launcher, sweep_dir)
     frame = pd.read_csv(tmp_path / cfg.sweep_name / "results.csv")
     # both runs were tried: the first did not abort the sweep
     assert list(frame.status) == ["failed", "failed"]
@@ -424,13 +424,13 @@ def test_a_job_left_by_a_dead_sweep_is_reattached_not_created_again(tmp_path, sh
     stop = threading.Event()
     from bench.run.progress import Progress
     from bench.run.runner import _run, _Sweep
-    study = study_from(cfg, placement_of(cfg), sweep_dir)
+    study = study_from(cfg, placement_of(cfg))
     steps = _run(_Sweep(study, launcher, sweep_dir, stop, Progress(1, False), plan), plan[0])
     next(steps)  # submitted and watched once; then the sweep "dies": its generator is simply dropped
     created = list(fake.jobs)
     assert len(created) == 1
     fake.finish_after = 0  # the job finishes while no sweep watches it
-    execute(study_from(cfg, placement_of(cfg), sweep_dir), plan, launcher, sweep_dir)
+    execute(study_from(cfg, placement_of(cfg)), plan, launcher, sweep_dir)
     row = pd.read_csv(sweep_dir / "results.csv").iloc[0]
     assert row.status == "ok" and row.attempt == 1 and row.tokens_per_s == 48000.0
     assert [name for name, _ in fake.deleted] == created and not fake.jobs

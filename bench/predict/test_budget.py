@@ -11,8 +11,9 @@ import pytest
 
 from bench.core.load_config import from_dict
 from bench.predict.budget import Point, answer, days_to_train, step_up
+from bench.study.answer import answer_table, format_answer
 from bench.study.plan import answer_points, expand
-from bench.sweep import answer_table, compose, format_answer
+from bench.sweep import compose
 
 TOKENS_PER_STEP = 1024 * 4096  # a global batch of 1024 sequences of 4096 tokens
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,7 +96,7 @@ def test_the_plan_of_p5_strong_answers_in_days_from_its_own_predicted_tokens_per
             assert row.usd == pytest.approx(days * 24 * row.point.nodes * 50)
             assert row.point.source == "predicted (published constants)"
             assert row.efficiency == pytest.approx(planned.pred_efficiency, rel=1e-9)
-    text = format_answer(cfg, plan)
+    text = format_answer(cfg.study, cfg.cluster.name, cfg.cluster.price_per_hour, plan)
     assert "days and dollars to train 2e+12 tokens per node count" in text
     # the published constants scale 98-100% to 16 nodes: every step buys more than the 50% bar
     assert text.count("knee beyond 16 nodes: every step up buys at least 50% of the time linear scaling") == 4

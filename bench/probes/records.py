@@ -8,7 +8,8 @@ from typing import Any
 
 from bench.core.schema import RunSpec
 from bench.probes.command import expected_network
-from bench.probes.parse import NcclResult, parse, parse_all, parse_json
+from bench.probes.parse import parse, parse_all, parse_json
+from bench.probes.result import NcclResult
 
 JSON_FILE = "nccl-tests.json"  # where launchers point the nccl-tests binary's -J, inside the run dir
 

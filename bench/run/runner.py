@@ -20,16 +20,17 @@ import subprocess
 import sys
 import threading
 from collections import Counter
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from bench.core import rundir
-from bench.core.config import LauncherConfig, MicroBatchSearch
+from bench.core.config import ClusterConfig, LauncherConfig, MicroBatchSearch
 from bench.core.schema import RETRYABLE_STATUSES, RunSpec, RunSummary
 from bench.launchers.base import PROJECT_ROOT, Launcher, Outcome, Placement
+from bench.predict.calibrate import study_predictor
 from bench.predict.memory import lower_bound
 from bench.predict.perf import Predictor
 from bench.run import schedule, straggler
@@ -58,13 +59,14 @@ def git_revision() -> str | None:
 @dataclass(frozen=True)
 class Study:
     """What running a plan reads of the sweep's configuration (bench.sweep builds it once): the study's
-    name and options, its launcher's settings and placement, and its predictor as of now, refitted on the
-    runs it has finished."""
+    name and options, its launcher's settings and placement, and what its predictor is refitted for after
+    each run that ends ok (the cluster, the models it trains)."""
 
     name: str
     launcher: LauncherConfig
     placement: Placement
-    predictor: Callable[[], Predictor]
+    cluster: ClusterConfig
+    models: tuple[str, ...] = ()
     search: MicroBatchSearch = field(default_factory=MicroBatchSearch)
     tolerance: float = 0.25
     """A run's node this fraction slower than the others' median is its straggler (preflight.tolerance)."""
@@ -109,7 +111,7 @@ class _Sweep:
         self.stop, self.progress, self.plan = stop, progress, plan
         self.rev = git_revision()
         self.counts: Counter[str] = Counter()
-        self.predictor = study.predictor()
+        self._predictor: Predictor | None = None  # refitted when first asked after a run ended ok
         self.learned = False  # a run ended ok since the waiting runs were last predicted
         self.walls: dict[int, list[float]] = {}  # finished training runs' wall times, by node count
 
@@ -120,10 +122,19 @@ class _Sweep:
         self.progress.finish(planned.spec.label, summary.status, summary.wall_s,
                              summary.error if summary.status != "ok" else straggler.note(summary))
         if summary.status == "ok":  # a probe or a training run: the study's calibration learns from it
-            self.predictor = self.study.predictor()
+            self._predictor = None
             self.learned = True
             if planned.spec.kind == "train" and summary.wall_s:
                 self.walls.setdefault(planned.spec.nodes, []).append(summary.wall_s)
+
+    @property
+    def predictor(self) -> Predictor:
+        """The study's predictor as of now: its probes, and its calibration on the runs it has finished
+        (the plan was predicted with the same until a run ends ok)."""
+        if self._predictor is None:
+            study = self.study
+            self._predictor = study_predictor(study.cluster, study.placement, study.models, self.sweep_dir)[0]
+        return self._predictor
 
     def job(self, planned: PlannedRun) -> schedule.Job:
         """The run as the schedule orders it: its predicted duration, else (no prediction: GPUs the cluster

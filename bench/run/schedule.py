@@ -74,3 +74,22 @@ def lower_bound(jobs: Sequence[Job], budget: int) -> float:
     job."""
     return max(sum(j.nodes * (j.seconds or 0.0) for j in jobs) / budget,
                max((j.seconds or 0.0 for j in jobs), default=0.0))
+
+
+def makespan_line(cluster: str, placement: Placement, plan: list[PlannedRun], probes_alone: bool) -> str:
+    """Estimated makespan of the plan on `cluster` and what the cluster is held for, beside what the runs
+    use."""
+    jobs = [job_of(p, placement) for p in plan if p.feasible]
+    budget = placement.node_budget
+    where = (f"{budget} node{'' if budget == 1 else 's'} in flight" if budget is not None
+             else "one run at a time")
+    if not jobs or any(j.seconds is None for j in jobs):
+        return (f"schedule: {where}; no run-time estimate for {cluster} (no prediction without a "
+                "named GPU: set cluster.gpu)")
+    span = makespan(jobs, budget, probes_alone)
+    held = (budget or max(j.nodes for j in jobs)) * span / 3600
+    used = sum(j.nodes * (j.seconds or 0) for j in jobs) / 3600
+    one_by_one = sum(j.seconds or 0 for j in jobs) / 3600
+    return (f"schedule: {where}, estimated makespan {span / 3600:.2f} h "
+            f"(one run at a time: {one_by_one:.2f} h); cluster held {held:,.1f} node-hours "
+            f"for {used:,.1f} node-hours of runs ({used / held:.0%} busy)")

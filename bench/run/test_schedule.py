@@ -66,7 +66,7 @@ def test_runs_without_a_prediction_are_ordered_by_the_studys_finished_runs(tmp_p
     cfg = from_dict(compose(["+sweep=p5_scaling", "axes.model=[llama2_7b]", "axes.sharding=[FULL_SHARD]",
                              "cluster.gpu=null", "nccl.enabled=false", "memory.measure=false"])[0])
     plan = {p.spec.nodes: p for p in expand(cfg)}
-    study = study_from(cfg, placement_of(cfg), tmp_path)
+    study = study_from(cfg, placement_of(cfg))
     sweep = _Sweep(study, None, tmp_path, threading.Event(), None, list(plan.values()))
     assert sweep.job(plan[2]).seconds is None  # nothing finished yet: no estimate
     sweep.walls = {2: [100.0, 300.0, 260.0], 4: [50.0]}

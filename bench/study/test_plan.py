@@ -393,10 +393,11 @@ def test_new_axes_keep_the_run_ids_of_existing_studies() -> None:
 
 
 def test_the_schedule_line_names_its_node_budget_in_words() -> None:
-    from bench.sweep import schedule_line
+    from bench.run.schedule import makespan_line
     for budget, words in ((1, "1 node in flight"), (4, "4 nodes in flight")):
         cfg = from_dict(compose(["+sweep=smoke", f"launcher.max_nodes={budget}"])[0])
-        assert schedule_line(cfg, placement_of(cfg), []).startswith(f"schedule: {words};")
+        line = makespan_line(cfg.cluster.name, placement_of(cfg), [], cfg.launcher.probes_alone)
+        assert line.startswith(f"schedule: {words};")
 
 
 def test_probe_specs_keep_their_run_ids_through_the_summary_and_the_table() -> None:
