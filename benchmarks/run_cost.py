@@ -14,8 +14,8 @@ Phases (wall-clock times; the worker's from its summary's `timeline`, rank 0's v
   exit             -> the harness sees the agent exit (summary, barrier, teardown, the agent's exit)
   harness          the harness's own work after a run (logs, collection, the results table, calibration)
                    until it starts the next one
-The fixed cost is the wall time less the warm-up, timed steps and trace (the issue's target: <= 4 s median
-for a one-rank run on this 2-core machine).
+The fixed cost is the wall time less the warm-up, timed steps and trace: what a run costs that is not the
+study, paid by every run of a smoke study in a user's CI.
 
     python benchmarks/run_cost.py [--repeats 5] [--against HEAD~3]
     python benchmarks/run_cost.py --quick     # 2 one-rank runs and 1 2x2 run, this checkout only

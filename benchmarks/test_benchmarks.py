@@ -162,3 +162,15 @@ def test_trace_cost_prints_what_a_trace_adds_to_a_run() -> None:
     row = next(line.split() for line in out.splitlines() if line.split()[:1] == ["2"])
     plain, traced, traces, mib = float(row[1]), float(row[2]), int(row[6]), float(row[7])
     assert plain > 0 and traced > 0 and traces == 2 and mib > 0
+
+
+@pytest.mark.slow
+def test_run_cost_prints_where_a_runs_wall_time_goes() -> None:
+    """Every phase of a one-rank and a 2x2 run, from the runs' own timelines, and the fixed cost."""
+    out = quick("run_cost.py")
+    for phase in ("launcher start", "worker imports", "process group", "model + wrap", "warmup",
+                  "timed steps", "trace", "exit", "harness", "fixed"):
+        assert re.search(rf"^{re.escape(phase)}\s+[\d.]+", out, re.M), phase
+    one, two = (_figure(rf"fixed cost {shape} at this checkout: ([\d.]+) s median", out)
+                for shape in ("1x1", "2x2"))
+    assert 0 < one < two  # four ranks on two simulated nodes start more than one

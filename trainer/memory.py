@@ -59,9 +59,14 @@ CATEGORIES = {"Sharded Param": "params", "Unsharded Param": "params", "Buffer": 
 OFFLOADED = ("Sharded Param", "Sharded Grad", "OptState")
 
 
+def _name(key: Any) -> str:
+    """A tracker snapshot's key as its category's name (the tracker keys by enum member, and "Total")."""
+    return str(getattr(key, "value", key))
+
+
 def _named(snapshot: dict[Any, int]) -> dict[str, int]:
-    """A tracker snapshot keyed by category name (the tracker keys by enum member)."""
-    return {str(getattr(k, "value", k)): v for k, v in snapshot.items()}
+    """A tracker snapshot keyed by category name."""
+    return {_name(k): v for k, v in snapshot.items()}
 
 
 class _PlacePeaks(TorchDispatchMode):
@@ -96,13 +101,13 @@ class _PlacePeaks(TorchDispatchMode):
             return NotImplemented  # let DTensor run its local operators, which come back here one by one
         out = func(*args, **(kwargs or {}))
         for snapshot in self._current():  # one device: the CPU
-            named = _named(snapshot)  # a copy, which a new peak keeps
-            host = sum(named.get(c, 0) for c in OFFLOADED) if self.offloaded else 0
+            host = sum(v for k, v in snapshot.items() if _name(k) in OFFLOADED) if self.offloaded else 0
+            device = snapshot.get(TOTAL, 0) - host
             for place in self.at:
                 peak = self.peaks.setdefault(place, Peak())
                 peak.host = max(peak.host, host)
-                if named.get(TOTAL, 0) - host > peak.device:
-                    peak.device, peak.snapshot = named[TOTAL] - host, named
+                if device > peak.device:
+                    peak.device, peak.snapshot = device, _named(snapshot)  # a copy, which the peak keeps
         return out
 
 
