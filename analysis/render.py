@@ -9,11 +9,17 @@ from pathlib import Path
 import pandas as pd
 
 
+def number(value: float) -> str:
+    """A figure as the pages print it: four significant figures, thousands grouped from 10,000 on (days
+    to train, tokens/s: never "1.151e+04")."""
+    return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+
+
 def _fmt(value: object) -> str:
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return ""
     if isinstance(value, float):
-        return f"{value:.4g}" if abs(value) < 1e5 else f"{value:,.0f}"
+        return number(value)
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
@@ -58,7 +64,7 @@ def page_html(sections: list[tuple[str, object]], out: Path) -> str:
     for title, body in sections:
         parts.append(f"<h2>{html.escape(title)}</h2>")
         if isinstance(body, pd.DataFrame):
-            parts.append(body.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}")
+            parts.append(body.to_html(index=False, na_rep="", float_format=number)
                          if not body.empty else "<p><i>none</i></p>")
         elif isinstance(body, tuple):
             parts.append(_inline_svg(out / f"{body[1]}.svg", title))

@@ -8,12 +8,32 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
 import pandas as pd
 
 from analysis import plots, system
+from analysis.columns import (
+    ABLATION_COLUMNS,
+    ACHIEVED_COLUMNS,
+    COMM_COLUMNS,
+    COMM_SHORT,
+    COST_COLUMNS,
+    EFA_COLUMNS,
+    EXTRAPOLATION_COLUMNS,
+    HEADLINE_COLUMNS,
+    MEMORY_COLUMNS,
+    NCCL_COLUMNS,
+    NCCL_SHORT,
+    PARITY_COLUMNS,
+    PREDICTED_COLUMNS,
+    SCALING_COLUMNS,
+    SCALING_SHORT,
+    SWEEP_COST_COLUMNS,
+    WEAK_COLUMNS,
+)
 from analysis.comm import achieved, achieved_sentences, comm_model
 from analysis.cost import (
     config_costs,
@@ -26,6 +46,7 @@ from analysis.cost import (
     with_energy,
 )
 from analysis.definitions import DEFINITIONS
+from analysis.first_screen import answer_sentences, best_peak, with_mfu_peak
 from analysis.load import Loaded, NoResults, load
 from analysis.nodes import preflight_table, straggler_notes
 from analysis.parity import departures, loss_parity
@@ -37,12 +58,10 @@ from analysis.predicted import (
     memory_table,
     throughput_table,
 )
-from analysis.render import markdown, page_html
+from analysis.render import markdown, number, page_html
 from analysis.scaling import (
-    CONFIG,
     ablation,
     aggregate,
-    configuration_label,
     headline,
     missing_baselines,
     nccl_sizes,
@@ -53,99 +72,10 @@ from analysis.scaling import (
 )
 from analysis.split import COLUMNS as SPLIT_COLUMNS, charted, lost_sentences, split_table
 from analysis.strong import COLUMNS as STRONG_COLUMNS, knee_sentences, strong_rows, sweep_study
-from bench.core.hardware import compute_dtype, gpu_spec
+from analysis.winback import change, verdicts
 from bench.core.schema import ADDED_DEFAULTS, COLLECTIVES
 from bench.predict.budget import DEFAULT_KNEE_SHARE, DEFAULT_TRAIN_TOKENS, check_knee_share
 
-# What each MFU was divided by, beside it: the GPU's dense peak for the run's compute dtype (no 2:4 sparsity)
-MFU_PEAK = "MFU of (dense peak TFLOPS/GPU)"
-SCALING_COLUMNS = {
-    "sweep": "sweep", "model": "model", "sharding": "sharding", "precision": "precision",
-    "activation_checkpointing": "AC", "wrap_policy": "wrap", "compile": "compile", "offload": "offload",
-    "batch": "batch", "micro_batch": "micro batch", "seq_len": "seq len", "gpus_per_node": "GPUs/node",
-    "nodes": "nodes", "status": "status", "compile_s": "compile time (s)",
-    "ok_runs": "ok runs", "tokens_per_s": "tokens/s", "tokens_per_s_min": "tokens/s min",
-    "tokens_per_s_max": "tokens/s max", "samples_per_s": "samples/s", "tflops_per_gpu": "TFLOPS/GPU",
-    "mfu": "MFU", "mfu_peak": MFU_PEAK, "hfu": "HFU", "step_time_s": "step time (s)",
-    "step_time_s_std": "step time std (s)",
-    "mem_peak_alloc_gib": "peak alloc (GiB/GPU)", "mem_peak_reserved_gib": "peak reserved (GiB/GPU)",
-    "nvml_mem_used_gib": "NVML used (GiB/GPU)", "mem_rss_gib": "host RSS (GiB/proc)",
-    "pred_mem_gib": "predicted (GiB/GPU)", "scaling_efficiency": "scaling efficiency",
-    "base_nodes": "base nodes",
-}
-# What a reader compares; the full-width table stays in scaling.csv.
-SCALING_SHORT = {"model": "model", "sharding": "sharding", "precision": "precision",
-                 "activation_checkpointing": "AC", "compile": "compile", "offload": "offload",
-                 "batch": "batch", "gpus_per_node": "GPUs/node", "nodes": "nodes",
-                 "tokens_per_s_per_gpu": "tokens/s/GPU", "mfu": "MFU", "mfu_peak": MFU_PEAK,
-                 "mem_peak_alloc_gib": "peak alloc (GiB/GPU)",
-                 "mem_rss_gib": "host RSS (GiB/proc)", "scaling_efficiency": "scaling efficiency",
-                 "straggler": "straggler", "status": "status"}
-HEADLINE_COLUMNS = {"model": "model", "configuration": "configuration", "nodes": "nodes",
-                    "tokens_per_s_per_gpu": "tokens/s/GPU", "tflops_per_gpu": "TFLOPS/GPU", "mfu": "MFU",
-                    "mfu_peak": MFU_PEAK, "mem_peak_alloc_gib": "peak alloc (GiB/GPU)",
-                    "scaling_efficiency": "scaling efficiency",
-                    "straggler": "straggler", "status": "status"}
-# The EFA table: each collective's bus bandwidth side by side (all-reduce's columns keep their names)
-EFA_COLUMNS = {"nodes": "nodes", "gpus_per_node": "GPUs/node", "efa_per_node": "EFA adapters",
-               "transport": "transport (NCCL)", "nics": "NICs found", "busbw_avg_gbs": "avg busbw (GB/s)",
-               "busbw_max_gbs": "max busbw (GB/s)",
-               "busbw_avg_gbs_all_gather": "all-gather avg busbw (GB/s)",
-               "busbw_max_gbs_all_gather": "all-gather max busbw (GB/s)",
-               "busbw_avg_gbs_reduce_scatter": "reduce-scatter avg busbw (GB/s)",
-               "busbw_max_gbs_reduce_scatter": "reduce-scatter max busbw (GB/s)", "ok_runs": "ok runs"}
-ABLATION_COLUMNS = {"factor": "factor", "baseline": "baseline", "optimised": "optimised", "model": "model",
-                    "nodes": "nodes", "held_fixed": "held fixed",
-                    "baseline_tokens_per_s": "baseline tokens/s",
-                    "optimised_tokens_per_s": "optimised tokens/s",
-                    "gain_pct": "gain (%)", "baseline_mem_gib": "baseline mem (GiB/GPU)",
-                    "optimised_mem_gib": "optimised mem (GiB/GPU)"}
-NCCL_COLUMNS = {"sweep": "sweep", "cluster": "cluster", "collective": "collective", "nodes": "nodes",
-                "gpus_per_node": "GPUs/node",
-                "efa_per_node": "EFA/node", "runs": "runs", "ok_runs": "ok runs", "transport": "transport",
-                "busbw_avg_gbs": "avg busbw (GB/s)", "busbw_max_gbs": "max busbw (GB/s)",
-                "busbw_max_gbs_min": "max busbw min (GB/s)", "busbw_max_gbs_max": "max busbw max (GB/s)",
-                "algbw_max_gbs": "max algbw (GB/s)"}
-# What the page shows of it (at most 8 columns; nccl.csv keeps every one)
-NCCL_SHORT = {"collective": "collective", "nodes": "nodes", "gpus_per_node": "GPUs/node",
-              "efa_per_node": "EFA/node",
-              "transport": "transport", "ok_runs": "ok runs", "busbw_avg_gbs": "avg busbw (GB/s)",
-              "busbw_max_gbs": "max busbw (GB/s)"}
-PARITY_COLUMNS = {"model": "model", "nodes": "nodes", "precision": "precision", "reference": "reference run",
-                  "run": "run", "steps_compared": "steps compared",
-                  "max_rel_deviation": "max relative deviation", "tolerance": "tolerance",
-                  "verdict": "verdict"}
-COMM_COLUMNS = {"sweep": "sweep", "model": "model", "sharding": "sharding", "precision": "precision",
-                "activation_checkpointing": "AC", "nodes": "nodes", "comm_gb_per_gpu": "comm (GB/GPU/step)",
-                "busbw_gbs": "busbw used (GB/s)", "busbw_all_gather_gbs": "all-gather busbw (GB/s)",
-                "busbw_reduce_scatter_gbs": "reduce-scatter busbw (GB/s)",
-                "busbw_all_reduce_gbs": "all-reduce busbw (GB/s)", "fed_by": "probes used",
-                "comm_s": "modelled comm (s)",
-                "step_time_s": "step time (s)", "comm_fraction": "comm / step",
-                "lost_s": "step time lost vs base (s)", "comm_growth_s": "comm growth vs base (s)",
-                "verdict": "verdict"}
-ACHIEVED_COLUMNS = {"model": "model", "sharding": "sharding", "nodes": "nodes", "efa_per_node": "EFA/node",
-                    "kind": "collective", "ranks": "group ranks", "message_bytes": "bytes per call",
-                    "achieved_busbw_gbs": "busbw (GB/s)",
-                    "probe_busbw_gbs": "probe busbw (GB/s)", "share": "of the probe", "probe": "probe",
-                    "probe_placement": "probe over (nodes x GPUs)", "run_id": "run"}
-COMM_SHORT = {"model": "model", "sharding": "sharding", "nodes": "nodes",
-              "fed_by": "probes used", "comm_s": "modelled comm (s)",
-              "step_time_s": "step time (s)", "comm_fraction": "comm / step",
-              "verdict": "verdict"}  # comm_model.csv keeps every column
-MEMORY_COLUMNS = {"model": "model", "configuration": "configuration", "placement": "nodes x GPUs",
-                  "pred_mem_gib": "predicted (GiB/GPU)",
-                  "mem_peak_alloc_gib": "measured peak alloc (GiB/GPU)",
-                  "mem_error": "error", "reserved_ratio": "reserved / allocated",
-                  "outside_allocator_gib": "NVML - reserved (GiB)"}
-PREDICTED_COLUMNS = {"model": "model", "configuration": "configuration", "placement": "nodes x GPUs",
-                     "pred_tokens_per_s_per_gpu": "predicted tokens/s/GPU",
-                     "tokens_per_s_per_gpu": "measured tokens/s/GPU", "error": "error",
-                     "pred_scaling_efficiency": "predicted efficiency (of the base, predicted with)",
-                     "scaling_efficiency": "measured efficiency"}
-EXTRAPOLATION_COLUMNS = {"sweep": "sweep", "label": "run", "base_nodes": "calibrated at nodes",
-                         "nodes": "nodes", "predicted": "predicted tokens/s/GPU",
-                         "measured": "measured tokens/s/GPU", "error": "error"}
 TRAIN_TOKENS = DEFAULT_TRAIN_TOKENS
 DEFINITIONS_ADDED = """\
 - **MFU's denominator** is named beside every MFU ("989.4 dense bf16 (H100-SXM)"): the datasheet's dense
@@ -159,18 +89,6 @@ DEFINITIONS_ADDED = """\
   NCCL, libfabric, aws-ofi-nccl, RDMA devices, topology, instance type, image, versions, git); a study whose
   nodes are not one system says so first, because its efficiency then mixes machines.
 """
-WEAK_COLUMNS = {**STRONG_COLUMNS, "efficiency": "scaling efficiency"}  # no next share: no knee
-del WEAK_COLUMNS["next_step"], WEAK_COLUMNS["grad_accum"]
-COST_COLUMNS = {"sweep": "sweep", "model": "model", "sharding": "sharding", "precision": "precision",
-                "activation_checkpointing": "AC", "nodes": "nodes",
-                "price_per_hour": "price (USD/instance-h)", "tokens_per_s": "tokens/s",
-                "usd_per_run": "USD per run", "usd_per_million_tokens": "USD per 1M tokens",
-                "days_to_train": "days to train", "usd_to_train": "USD to train",
-                "energy_j_per_token": "GPU J/token", "energy_price": "energy price (USD/kWh)",
-                "kwh_to_train": "GPU kWh to train", "energy_usd_to_train": "energy USD to train"}
-SWEEP_COST_COLUMNS = {"sweep": "sweep", "cluster": "cluster", "price_per_hour": "price (USD/instance-h)",
-                      "runs": "runs", "instance_hours": "instance-hours", "gpu_hours": "GPU-hours",
-                      "usd": "USD"}
 FIGURES = {
     "throughput_vs_nodes": ("Throughput vs nodes", plots.throughput_vs_nodes, "agg"),
     "efficiency_vs_nodes": ("Scaling efficiency vs nodes", plots.efficiency_vs_nodes, "agg"),
@@ -254,49 +172,6 @@ def study_kinds(frame: pd.DataFrame) -> str:
     return "; ".join(kinds) or "no training runs"
 
 
-def with_mfu_peak(agg: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
-    """Each configuration and node count's MFU denominator as the page names it beside the figure: the
-    peak its ok runs divided by (peak_tflops_per_gpu), "989.4 dense bf16 (H100-SXM)"; None on a CPU."""
-    keys = [*CONFIG, "nodes"]
-    ok = (frame["kind"] == "train") & (frame["status"] == "ok")
-    runs = frame[ok & frame["peak_tflops_per_gpu"].notna()]
-    if runs.empty or agg.empty:
-        return agg.assign(mfu_peak=None)
-    labels = runs.assign(mfu_peak=[peak_label(p, d, q) for p, d, q in zip(
-        runs["peak_tflops_per_gpu"], runs["device_name"], runs["precision"])])
-    peaks = labels.groupby(keys, dropna=False)["mfu_peak"].agg(lambda s: ", ".join(sorted(set(s))))
-    peaks = peaks.reset_index()
-    return agg.drop(columns="mfu_peak", errors="ignore").merge(peaks, on=keys, how="left")
-
-
-def _best_peak(best: pd.DataFrame, agg: pd.DataFrame) -> pd.DataFrame:
-    """The headline rows with their MFU's denominator (headline() keeps a few columns of agg)."""
-    if best.empty or "mfu_peak" not in agg:
-        return best
-    peaks = agg.assign(configuration=agg.apply(configuration_label, axis=1) if len(agg) else None)
-    peaks = peaks[["model", "configuration", "nodes", "mfu_peak"]].drop_duplicates(
-        ["model", "configuration", "nodes"])
-    return best.merge(peaks, on=["model", "configuration", "nodes"], how="left")
-
-
-def peak_label(peak: float, device: object, precision: str) -> str:
-    """"989.4 dense bf16 (H100-SXM)": the TFLOPS an MFU was divided by, its dtype and the GPU's table row."""
-    spec = gpu_spec(str(device)) if isinstance(device, str) else None
-    return f"{float(peak):g} dense {compute_dtype(precision)}" + (f" ({spec.name})" if spec else "")
-
-
-def mfu_sentence(frame: pd.DataFrame) -> list[str]:
-    """On the first screen, beside the MFU it quotes: what every MFU of the study was divided by."""
-    runs = frame[(frame["kind"] == "train") & (frame["status"] == "ok") & frame["mfu"].notna()
-                 & frame["peak_tflops_per_gpu"].notna()]
-    if runs.empty:
-        return []
-    peaks = sorted({peak_label(p, d, q) for p, d, q in zip(runs["peak_tflops_per_gpu"], runs["device_name"],
-                                                            runs["precision"])})
-    return [f"MFU is model TFLOPS/GPU over the GPU's dense peak (no 2:4 sparsity; bench/core/hardware.py): "
-            f"{'; '.join(p.replace(' dense', ' TFLOPS') for p in peaks)}"]
-
-
 def system_tables(frame: pd.DataFrame) -> tuple[dict[str, pd.DataFrame], list[str], list[str], pd.DataFrame]:
     """Per study, its table of distinct systems and of the environment its runs saw; the first screen's
     lines for studies that span systems; the section's notes; every node's facts (system.csv)."""
@@ -325,6 +200,44 @@ def provenance(frame: pd.DataFrame) -> list[str]:
             f"generated: {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}"]
 
 
+@dataclass
+class _Study:
+    """What the report's tables, charts, notes and sentences are computed from, computed once."""
+
+    loaded: Loaded
+    agg: pd.DataFrame
+    answers: pd.DataFrame  # analysis/strong.py's rows, strong and weak
+    best: pd.DataFrame  # the headline's rows
+    probes: pd.DataFrame
+    split: pd.DataFrame
+    sizes: pd.DataFrame
+    got: pd.DataFrame  # what each run got of the network (analysis/comm.py achieved)
+    price_table: dict[str, float | None]
+    energy_prices: dict[str, float | None]
+    train_tokens: float
+    knee_share: float
+
+    @property
+    def frame(self) -> pd.DataFrame:
+        return self.loaded.frame
+
+
+def _study(loaded: Loaded, prices: dict[str, float] | None, train_tokens: float | None,
+           knee_share: float | None) -> _Study:
+    frame = loaded.frame
+    agg = with_mfu_peak(with_energy(aggregate(frame), frame), frame)
+    energy_prices = sweep_energy_prices(loaded.sweeps)
+    price_table = {**sweep_prices(loaded.sweeps), **(prices or {})}
+    study = sweep_study(loaded.sweeps)
+    train_tokens = train_tokens or study.get("train_tokens") or TRAIN_TOKENS
+    knee_share = knee_share or study.get("knee_share", DEFAULT_KNEE_SHARE)
+    answers = strong_rows(agg, price_table, train_tokens, knee_share, loaded.plan, energy_prices)
+    sizes = nccl_sizes(frame)
+    got = achieved(frame, sizes) if not sizes.empty else pd.DataFrame()
+    return _Study(loaded, agg, answers, best_peak(headline(agg)[1], agg), nccl_summary(frame),
+                  split_table(frame), sizes, got, price_table, energy_prices, train_tokens, knee_share)
+
+
 def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
           train_tokens: float | None = None, knee_share: float | None = None) -> Path:
     """Write every table, chart and the two report pages; returns the Markdown path.
@@ -333,62 +246,93 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
     study.train_tokens (default TRAIN_TOKENS); knee_share its study.knee_share.
     """
     out.mkdir(parents=True, exist_ok=True)
-    frame = loaded.frame
-    agg = with_mfu_peak(with_energy(aggregate(frame), frame), frame)
-    energy_prices = sweep_energy_prices(loaded.sweeps)
-    parity = loss_parity(frame)
-    price_table = {**sweep_prices(loaded.sweeps), **(prices or {})}
-    runs_cost = run_costs(frame, price_table)
-    study = sweep_study(loaded.sweeps)
-    train_tokens = train_tokens or study.get("train_tokens") or TRAIN_TOKENS
-    knee_share = knee_share or study.get("knee_share", DEFAULT_KNEE_SHARE)
-    answers = strong_rows(agg, price_table, train_tokens, knee_share, loaded.plan, energy_prices)
-    strong, weak = answers[answers["scaling"] == "strong"], answers[answers["scaling"] == "weak"]
-    sentences, best = headline(agg)
-    best = _best_peak(best, agg)
+    st = _study(loaded, prices, train_tokens, knee_share)
+    frame = st.frame
     systems, spanning, system_notes, nodes = system_tables(frame)
-    sentences = spanning + knee_sentences(answers, train_tokens, knee_share) + sentences + mfu_sentence(frame)
-    probes = nccl_summary(frame)
-    sentences = sentences or probe_sentences(probes)  # a probe-only study: what each EFA count gave
-    split = split_table(frame)
-    sentences = sentences + (lost_sentences(split) if not split.empty else [])
-    answered = [t[["model", "configuration"]] for t in (best, strong) if not t.empty]
-    named = pd.concat(answered) if answered else pd.DataFrame(columns=["model", "configuration"])
-    shown = charted(split, named)  # the chart: the configurations the answer names, where there are many
-    rest = split if len(shown) < len(split) else pd.DataFrame()
-    one_rank = probes[probes["nodes"] * probes["gpus_per_node"] == 1] if not probes.empty else probes
-    tables = {"headline": _present(_percent(best, "scaling_efficiency"), HEADLINE_COLUMNS),
-              "efa": _present(efa_table(probes.drop(one_rank.index)), EFA_COLUMNS),
-              "scaling": _present(agg, SCALING_COLUMNS),
-              "scaling_short": _present(_percent(agg, "scaling_efficiency"), SCALING_SHORT),
-              "ablation": _present(ablation(agg), ABLATION_COLUMNS),
-              "nccl": _present(probes, NCCL_COLUMNS), "nccl_short": _present(probes, NCCL_SHORT),
-              "status": status_table(frame),
-              "loss_parity": parity.rename(columns=PARITY_COLUMNS),
-              "cost_sweeps": _present(sweep_costs(runs_cost), SWEEP_COST_COLUMNS),
-              "cost": _present(config_costs(agg, runs_cost, price_table, train_tokens, energy_prices),
-                               COST_COLUMNS).rename(columns=_budget_names(train_tokens))}
-    budget = _budget_names(train_tokens)
-    if not strong.empty:  # the CSV keeps the numbers, the page the percentages
-        tables["strong"] = _present(strong, STRONG_COLUMNS).rename(columns=budget)
-        tables["strong_short"] = _present(_percent(strong, "efficiency"),
-                                          STRONG_COLUMNS).rename(columns=budget)
-    if not weak.empty:
-        tables["weak"] = _present(weak, WEAK_COLUMNS).rename(columns=budget)
-        tables["weak_short"] = _present(_percent(weak, "efficiency"), WEAK_COLUMNS).rename(columns=budget)
+    judged = verdicts(frame, st.split, loaded.sweeps) if not st.split.empty else []
+    sentences = answer_sentences(spanning, knee_sentences(st.answers, st.train_tokens, st.knee_share),
+                                 headline(st.agg)[0], frame, probe_sentences(st.probes), st.best, judged)
+    runs_cost = run_costs(frame, st.price_table)
     runs_cost.to_csv(out / "cost_runs.csv", index=False)
-    sizes = nccl_sizes(frame)
+    tables = {**_first_tables(st), **_cost_tables(st, runs_cost), **_network_tables(st)}
+    model_tables, model_notes = _model_tables(st)
+    tables.update({**model_tables, **systems})
+    for name, table in tables.items():
+        table.to_csv(out / f"{name}.csv", index=False)
+    if not nodes.empty:
+        nodes.to_csv(out / "system.csv", index=False)
+    parity = loss_parity(frame)
+    notes = loaded.notes + missing_baselines(st.agg) + departures(parity) + model_notes + _notes(st)
+    split_sentences = [f"{a}: {change(v)}" if round(v.lost) >= 1 else a
+                       for a, v in zip(lost_sentences(st.split), judged)] if judged else []
+    sections = _sections(frame, {**tables, "loss_parity": parity.rename(columns=PARITY_COLUMNS)},
+                         _charts(st, out), notes, sentences, system_notes, split_sentences)
+    md = out / "report.md"
+    md.write_text(markdown(sections))
+    (out / "report.html").write_text(page_html(sections, out))
+    return md
+
+
+def _first_tables(st: _Study) -> dict[str, pd.DataFrame]:
+    """The answer's tables: the headline, days and dollars (strong and weak scaling), the EFA table."""
+    budget = _budget_names(st.train_tokens)
+    one_rank = _one_rank(st.probes)
+    tables = {"headline": _present(_percent(st.best, "scaling_efficiency"), HEADLINE_COLUMNS),
+              "efa": _present(efa_table(st.probes.drop(one_rank.index)), EFA_COLUMNS),
+              "scaling": _present(st.agg, SCALING_COLUMNS),
+              "scaling_short": _present(_percent(st.agg, "scaling_efficiency"), SCALING_SHORT),
+              "ablation": _present(ablation(st.agg), ABLATION_COLUMNS),
+              "status": status_table(st.frame)}
+    for kind, columns in (("strong", STRONG_COLUMNS), ("weak", WEAK_COLUMNS)):
+        rows = st.answers[st.answers["scaling"] == kind]
+        if not rows.empty:  # the CSV keeps the numbers, the page the percentages and days as it words them
+            tables[kind] = _present(rows, columns).rename(columns=budget)
+            days = [None if pd.isna(d) else number(d) for d in rows["days_to_train"]]
+            shown = _percent(rows, "efficiency").assign(days_to_train=days)
+            tables[f"{kind}_short"] = _present(shown, columns).rename(columns=budget)
+    return tables
+
+
+def _one_rank(probes: pd.DataFrame) -> pd.DataFrame:
+    """One-rank probes: no network to measure (bus bandwidth is 0 on one rank)."""
+    return probes[probes["nodes"] * probes["gpus_per_node"] == 1] if len(probes) else probes
+
+
+def _cost_tables(st: _Study, runs_cost: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    costs = config_costs(st.agg, runs_cost, st.price_table, st.train_tokens, st.energy_prices)
+    return {"cost_sweeps": _present(sweep_costs(runs_cost), SWEEP_COST_COLUMNS),
+            "cost": _present(costs, COST_COLUMNS).rename(columns=_budget_names(st.train_tokens))}
+
+
+def _network_tables(st: _Study) -> dict[str, pd.DataFrame]:
+    """The probes' tables, what each run got of the network, the communication model, the step split."""
+    tables = {"nccl": _present(st.probes, NCCL_COLUMNS), "nccl_short": _present(st.probes, NCCL_SHORT)}
+    sizes = st.sizes
     if not sizes.empty:
         tables["nccl_sizes"] = _sizes_by_column(sizes)
         most = sizes[sizes["nodes"] == sizes["nodes"].max()]
         if most["collective"].nunique() > 1:  # the collectives side by side at the most adapters
             most = most[most["efa_per_node"] == most["efa_per_node"].max()]
         tables["nccl_sizes_short"] = _sizes_by_column(most).iloc[:, :8]  # the page: size + at most 7 columns
-    preflight, preflight_notes = preflight_table(loaded.sweeps)
+        comm = comm_model(st.agg, sizes)
+        if not comm.empty:
+            tables["comm_model"] = _present(comm, COMM_COLUMNS)
+            tables["comm_model_short"] = _present(comm, COMM_SHORT)
+        if not st.got.empty:
+            tables["network_achieved"] = _present(_percent(st.got, "share"), ACHIEVED_COLUMNS)
+    if not st.split.empty:
+        tables["step_split"] = _present(_percent(st.split, "exposed_comm_error"), SPLIT_COLUMNS)
+    return tables
+
+
+def _model_tables(st: _Study) -> tuple[dict[str, pd.DataFrame], list[str]]:
+    """Predicted beside measured: memory, throughput, the extrapolation; the preflight; and their notes."""
+    tables: dict[str, pd.DataFrame] = {}
+    preflight, preflight_notes = preflight_table(st.loaded.sweeps)
     if not preflight.empty:
         tables["preflight"] = preflight
-    memory, predicted = memory_table(agg), throughput_table(agg)  # every column in memory.csv, predicted.csv
-    extrapolated, unreadable = extrapolation_table(loaded.sweeps)
+    memory, predicted = memory_table(st.agg), throughput_table(st.agg)  # every column in their CSVs
+    extrapolated, unreadable = extrapolation_table(st.loaded.sweeps)
     if not extrapolated.empty:
         tables["extrapolation"] = _present(_percent(extrapolated, "error"), EXTRAPOLATION_COLUMNS)
     if not memory.empty:
@@ -398,46 +342,45 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
         tables["predicted"] = predicted
         tables["predicted_short"] = _present(_with_base(_percent(predicted, "error", "scaling_efficiency"),
                                                         predicted), PREDICTED_COLUMNS)
-    comm = comm_model(agg, sizes) if not sizes.empty else pd.DataFrame()
-    if not comm.empty:
-        tables["comm_model"] = _present(comm, COMM_COLUMNS)
-        tables["comm_model_short"] = _present(comm, COMM_SHORT)
-    got = achieved(frame, sizes) if not sizes.empty else pd.DataFrame()
-    if not got.empty:
-        tables["network_achieved"] = _present(_percent(got, "share"), ACHIEVED_COLUMNS)
-    if not split.empty:
-        tables["step_split"] = _present(_percent(split, "exposed_comm_error"), SPLIT_COLUMNS)
-    tables.update(systems)
-    for name, table in tables.items():
-        table.to_csv(out / f"{name}.csv", index=False)
-    if not nodes.empty:
-        nodes.to_csv(out / "system.csv", index=False)
+    cpu = st.frame["device_name"].fillna("").eq("cpu").any()
+    notes = (memory_notes(memory) + largest_miss(predicted, cpu) + extrapolation_sentence(extrapolated)
+             + preflight_notes + unreadable)
+    return tables, notes
+
+
+def _charts(st: _Study, out: Path) -> dict[str, str]:
+    """Every chart with something to draw, as PNG and SVG; by name, its title."""
+    strong = st.answers[st.answers["scaling"] == "strong"]
+    answered = [t[["model", "configuration"]] for t in (st.best, strong) if not t.empty]
+    named = pd.concat(answered) if answered else pd.DataFrame(columns=["model", "configuration"])
+    shown = charted(st.split, named)  # the chart: the configurations the answer names, where there are many
+    rest = st.split if len(shown) < len(st.split) else pd.DataFrame()
     charts = {}
     for name, (title, make, source) in FIGURES.items():
-        fig = make({"agg": agg, "sizes": sizes, "split": shown, "split_all": rest}[source])
+        fig = make({"agg": st.agg, "sizes": st.sizes, "split": shown, "split_all": rest}[source])
         if fig is not None:
             fig.savefig(out / f"{name}.png", dpi=110)
             fig.set_layout_engine("none")  # keep the layout the PNG computed: the SVG need not redo it
             with matplotlib.rc_context({"svg.fonttype": "none"}):  # text stays text: searchable, selectable
                 fig.savefig(out / f"{name}.svg", dpi=110)
             charts[name] = title
-    cpu = frame["device_name"].fillna("").eq("cpu").any()
-    notes = (loaded.notes + missing_baselines(agg) + departures(parity) + memory_notes(memory)
-             + largest_miss(predicted, cpu) + extrapolation_sentence(extrapolated) + restart_notes(frame)
-             + straggler_notes(frame) + preflight_notes + unreadable + achieved_sentences(got)
-             + energy_notes(frame, energy_prices))
+    return charts
+
+
+def _notes(st: _Study) -> list[str]:
+    """The notes of the runs themselves: restarts, stragglers, the network, energy, probes, prices."""
+    frame = st.frame
+    notes = (restart_notes(frame) + straggler_notes(frame) + achieved_sentences(st.got)
+             + energy_notes(frame, st.energy_prices))
+    one_rank = _one_rank(st.probes)
     if not one_rank.empty:
         notes.append(f"{len(one_rank)} one-rank all-reduce probe(s) measured no network (bus bandwidth is 0 "
                      "by definition on one rank): left out of the EFA table, kept in nccl.csv")
-    unpriced = sorted(c for c in frame["cluster"].dropna().unique() if price_table.get(c) is None)
+    unpriced = sorted(c for c in frame["cluster"].dropna().unique() if st.price_table.get(c) is None)
     if unpriced:
         notes.append(f"no price for cluster(s) {', '.join(map(str, unpriced))}: costs are left empty "
                      "(set cluster.price_per_hour in the sweep, or pass --price USD to the report)")
-    sections = _sections(frame, tables, charts, notes, sentences, system_notes)
-    md = out / "report.md"
-    md.write_text(markdown(sections))
-    (out / "report.html").write_text(page_html(sections, out))
-    return md
+    return notes
 
 
 def _budget_names(train_tokens: float) -> dict[str, str]:
@@ -448,7 +391,7 @@ def _budget_names(train_tokens: float) -> dict[str, str]:
 
 def _sections(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], charts: dict[str, str],
               notes: list[str], sentences: list[str], system_notes: list[str] | None = None,
-              ) -> list[tuple[str, object]]:
+              split_sentences: list[str] | None = None) -> list[tuple[str, object]]:
     """The answer first (sentence, its configuration per node count, the throughput chart, the EFA table),
     then the details, then how the numbers are defined and where they come from."""
     ok = int((frame["status"] == "ok").sum())
@@ -477,6 +420,11 @@ def _sections(frame: pd.DataFrame, tables: dict[str, pd.DataFrame], charts: dict
                          "the duration rule column says where the two are apart by more than 2% of the step "
                          "or the durations contradict its premise; the model's exposed communication beside "
                          "the measured)", tables["step_split"]))
+    if split_sentences:
+        sections.append(("Where the points went from each configuration's smallest to its largest node "
+                         "count, and the change the model predicts wins the most back "
+                         "(bench/predict/split.py, the code the plan's --dry-run prints its prediction with; "
+                         "measured beside where the study ran the change)", split_sentences))
     if "step_split" in charts:
         sections.append((charts["step_split"], ("chart", "step_split")))
     if "step_split_all" in charts:  # many configurations: the chart above draws those the answer names

@@ -8,8 +8,8 @@ strong); so the points lost, 1 - efficiency, are the sum over parts of (p_n - (W
 parts of the lost points add up to it exactly.
 
 Waiting is read from arrival times where a collective's group shares one host clock, else by the duration
-rule (trainer/trace.py set_waits); the table keeps the duration rule's reading beside it and says where the
-two are apart or the durations contradict the rule's premise.
+rule (trainer/trace_waits.py set_waits); the table keeps the duration rule's reading beside it and says
+where the two are apart or the durations contradict the rule's premise.
 """
 from __future__ import annotations
 
@@ -20,15 +20,9 @@ import numpy as np
 import pandas as pd
 
 from analysis.scaling import CONFIG, configuration_label, describe, node_count, train_rows
+from bench.predict.split import LABELS, PARTS, Split, lost_points as split_points, words
 
-PARTS = ("compute", "exposed_all_gather_fwd", "exposed_all_gather_bwd", "exposed_reduce_scatter",
-         "exposed_all_reduce", "waiting", "collective_copies", "optimizer", "other")
-LABELS = {"compute": "compute", "exposed_all_gather_fwd": "exposed all-gather (forward)",
-          "exposed_all_gather_bwd": "exposed all-gather (backward)",
-          "exposed_reduce_scatter": "exposed reduce-scatter", "exposed_all_reduce": "exposed all-reduce",
-          "waiting": "waiting for a peer", "collective_copies": "FSDP's copies around collectives",
-          "optimizer": "optimizer", "other": "other (host, data, idle)"}
-# the scaling table's configuration columns (analysis/report.py SCALING_SHORT), then the split's
+# the scaling table's configuration columns (analysis/columns.py SCALING_SHORT), then the split's
 COLUMNS = {"model": "model", "sharding": "sharding", "precision": "precision",
            "activation_checkpointing": "AC", "compile": "compile", "offload": "offload", "batch": "batch",
            "gpus_per_node": "GPUs/node", "nodes": "nodes",
@@ -85,7 +79,8 @@ def split_table(frame: pd.DataFrame) -> pd.DataFrame:
         if parts is None:
             continue
         tokens = run["tokens_per_s_per_gpu"] * run["step_time_s"]  # per GPU per step
-        rows.append({**{c: run.get(c) for c in (*CONFIG, "nodes", "pred_exposed_comm_s", "slowest_node")},
+        rows.append({**{c: run.get(c) for c in (*CONFIG, "nodes", "pred_exposed_comm_s", "slowest_node",
+                                                 "straggler", "run_dir")},
                      **parts, "step_time_s": run["step_time_s"], "tokens_per_gpu_step": tokens})
     if not rows:
         return pd.DataFrame()
@@ -94,7 +89,8 @@ def split_table(frame: pd.DataFrame) -> pd.DataFrame:
     numbers = [*PARTS, *SCALED_READINGS, "step_time_s", "tokens_per_gpu_step", "pred_exposed_comm_s"]
     table = runs.groupby(keys, dropna=False).agg(
         **{c: (c, "median") for c in numbers}, traced_runs=("step_time_s", "count"),
-        slowest_node=("slowest_node", "first"), premise_checked=("premise_checked", "max"),
+        slowest_node=("slowest_node", "first"), straggler=("straggler", "first"),
+        run_dir=("run_dir", "first"), premise_checked=("premise_checked", "max"),
         premise_contradicted=("premise_contradicted", "max")).reset_index()
     table["exposed_comm_s"] = table[[p for p in PARTS if p.startswith("exposed_")]].sum(axis=1)
     table["exposed_comm_error"] = table["pred_exposed_comm_s"] / table["exposed_comm_s"] - 1
@@ -121,42 +117,46 @@ def duration_rule(row: pd.Series) -> str | None:
             f"({1e3 * row['premise_at_stake_s']:.3g} ms at stake)")
 
 
-def _rounded(points: dict[str, float], total: int) -> dict[str, int]:
-    """Whole points per part that add up to the rounded total (largest remainders)."""
-    floors = {k: int(np.floor(v)) for k, v in points.items()}
-    left = total - sum(floors.values())
-    order = sorted(points, key=lambda k: points[k] - floors[k], reverse=left > 0)
-    for k in order[:abs(left)]:
-        floors[k] += 1 if left > 0 else -1
-    return floors
+def measured(row: pd.Series) -> Split:
+    """A split table row as the model's formula reads it (bench/predict/split.py)."""
+    return Split({k: float(row[k]) for k in PARTS}, float(row["step_time_s"]),
+                 float(row["tokens_per_gpu_step"]))
 
 
 def lost_points(base: pd.Series, top: pd.Series) -> tuple[float, dict[str, float]]:
     """1 - efficiency from base to top in points, and per part (module docstring); they add up."""
-    work = top["tokens_per_gpu_step"] / base["tokens_per_gpu_step"]
-    parts = {k: 100 * (top[k] - work * base[k]) / top["step_time_s"] for k in PARTS}
-    return 100 * (1 - work * base["step_time_s"] / top["step_time_s"]), parts
+    return split_points(measured(base), measured(top))
+
+
+def peer(row: pd.Series) -> str | None:
+    """The node a row's ranks waited for (its slowest), where the run names one."""
+    return row["slowest_node"] if isinstance(row.get("slowest_node"), str) else None
+
+
+def ends(table: pd.DataFrame) -> list[tuple[tuple, pd.Series, pd.Series]]:
+    """Per configuration traced at two node counts or more: its key, smallest and largest node count's
+    rows."""
+    out = []
+    for key, group in table.groupby(CONFIG, dropna=False):
+        if group["nodes"].nunique() >= 2:
+            out.append((key, group.loc[group["nodes"].idxmin()], group.loc[group["nodes"].idxmax()]))
+    return out
+
+
+def lost_sentence(key: tuple, base: pd.Series, top: pd.Series) -> str:
+    """Where the points lost from a configuration's smallest to its largest node count went, e.g. "from 1
+    to 16 nodes 13 points lost: 9 exposed reduce-scatter, 3 waiting for node7, 1 other"."""
+    lost, parts = lost_points(base, top)
+    named = words(parts, peer(top))
+    verb = "lost" if round(lost) >= 0 else "gained"
+    return (f"{describe(dict(zip(CONFIG, key)))}: from {node_count(base['nodes'])} to "
+            f"{node_count(top['nodes'])} {abs(round(lost))} points of per-GPU efficiency {verb}"
+            + (f": {', '.join(named)}" if named else "") + " (measured in each run's trace)")
 
 
 def lost_sentences(table: pd.DataFrame) -> list[str]:
-    """Per configuration traced at two node counts or more: where the points lost from the smallest to the
-    largest went, e.g. "from 1 to 16 nodes 13 points lost: 9 exposed reduce-scatter, 3 waiting for
-    node7, 1 other"."""
-    out = []
-    for key, group in table.groupby(CONFIG, dropna=False):
-        if group["nodes"].nunique() < 2:
-            continue
-        base, top = group.loc[group["nodes"].idxmin()], group.loc[group["nodes"].idxmax()]
-        lost, parts = lost_points(base, top)
-        whole = _rounded(parts, round(lost))
-        named = {k: v for k, v in sorted(whole.items(), key=lambda kv: -abs(kv[1])) if v}
-        peer = f"waiting for {top['slowest_node']}" if isinstance(top["slowest_node"], str) else None
-        words = [f"{v} {peer if k == 'waiting' and peer else LABELS[k]}" for k, v in named.items()]
-        verb = "lost" if round(lost) >= 0 else "gained"
-        out.append(f"{describe(dict(zip(CONFIG, key)))}: from {node_count(base['nodes'])} to "
-                   f"{node_count(top['nodes'])} {abs(round(lost))} points of per-GPU efficiency {verb}"
-                   + (f": {', '.join(words)}" if words else "") + " (measured in each run's trace)")
-    return out
+    """Per configuration traced at two node counts or more: its lost_sentence."""
+    return [lost_sentence(key, base, top) for key, base, top in ends(table)]
 
 
 MAX_CHARTED = 6  # configurations the step split chart draws legibly on the report's first screens

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from analysis.render import number
 from analysis.scaling import CONFIG, configuration_label, node_count
 from bench.core import rundir
 from bench.predict.budget import DEFAULT_KNEE_SHARE, Answer, Point, Row, answer, step_up
@@ -184,4 +185,5 @@ def _cost(row: Row, train_tokens: float) -> str:
         usd += f" (${row.energy_usd:,.0f})" if row.energy_usd is not None else ""
     mark = "" if row.point.source == "measured" else f", {row.point.source}"
     verb = "trains" if row.point.nodes == 1 else "train"
-    return f"{node_count(row.point.nodes)} {verb} {train_tokens:.3g} tokens in {row.days:.1f} days{usd}{mark}"
+    days = number(row.days)
+    return f"{node_count(row.point.nodes)} {verb} {train_tokens:.3g} tokens in {days} days{usd}{mark}"

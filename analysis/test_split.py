@@ -59,8 +59,11 @@ def test_the_points_lost_are_decomposed_into_parts_that_add_up(tmp_path: Path) -
     build(load(sweep), out)
     md = (out / "report.md").read_text()
     answer = md.split("## The answer", 1)[1].split("##", 1)[0]
+    assert ("llama2_7b, FULL_SHARD bf16_mixed at 2 nodes loses 20 points of per-GPU efficiency against 1 "
+            "node (measured), 16 of them exposed reduce-scatter") in answer
+    points = md.split("## Where the points went", 1)[1].split("##", 1)[0]
     assert ("from 1 node to 2 nodes 20 points of per-GPU efficiency lost: 16 exposed reduce-scatter, "
-            "12 waiting for node7, -8 other (host, data, idle)") in answer
+            "12 waiting for node7, -8 other (host, data, idle)") in points
     assert "## Where the step went" in md and (out / "step_split.png").is_file()
     assert (out / "step_split.csv").read_text().count("\n") == 3  # header and two node counts
 

@@ -54,11 +54,12 @@ def test_days_dollars_efficiency_and_knee_from_the_step_times() -> None:
     (sentence,) = knee_sentences(every, 1e12, 0.5)
     # 4 -> 8 nodes buys 52% of a linear gain, 8 -> 16 only 20%: the knee is at 8 nodes
     assert sentence.startswith("llama2_7b, FULL_SHARD bf16_mixed + full AC, global batch 1024 sync_each: "
-                               f"8 nodes train 1e+12 tokens in {steps * 20 / 86400:.1f} days, "
+                               f"8 nodes train 1e+12 tokens in {steps * 20 / 86400:.4g} days, "
                                f"${steps * 20 / 3600 * 8 * 100:,.0f}")
     assert "past 8 nodes another node buys less than 50%" in sentence and "16 nodes buy 20%" in sentence
     days, usd = steps * 18 / 86400, steps * 18 / 3600 * 16 * 100
-    assert f"16 nodes train 1e+12 tokens in {days:.1f} days, ${usd:,.0f}, predicted; ran: timeout" in sentence
+    # days as every figure on the page: four significant figures (analysis/render.py number)
+    assert f"16 nodes train 1e+12 tokens in {days:.4g} days, ${usd:,.0f}, predicted; ran: timeout" in sentence
     assert "fastest: 16 nodes" in sentence and "cheapest: 1 node trains" in sentence
     (beyond,) = knee_sentences(every, 1e12, 0.1)  # a lower bar: no knee within 16 nodes
     assert beyond.startswith("llama2_7b, FULL_SHARD bf16_mixed + full AC, global batch 1024 sync_each: "

@@ -27,7 +27,7 @@ from bench.core.config import ConfigError, PreflightConfig, SweepConfig
 from bench.core.records import error_line
 from bench.core.schema import RunSpec
 from bench.launchers.base import DONE, Launcher, Placement
-from bench.run.collect import run_records
+from bench.probes.records import run_records
 from bench.run.watch import now_iso
 
 EXIT_REFUSED = 3  # bench.sweep and this command: the nodes disagree (preflight.mode=on)

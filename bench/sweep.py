@@ -29,9 +29,10 @@ from bench.predict.memory import (
     NCCL_GIB_PER_COMMUNICATOR,
     MemoryPlanner,
 )
+from bench.predict.perf import Predictor
 from bench.run import schedule
 from bench.run.runner import Study, execute
-from bench.study.answer import format_answer
+from bench.study.answer import format_answer, predicted_split
 from bench.study.compose import available_sweeps, compose, make_launcher
 from bench.study.plan import PlannedRun, expand
 
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"planned in {time.perf_counter() - started:.1f} s; {memory.summary()}")
             if calibration:
                 print(calibration)
-            return _plan_and_launch(cfg, placement, plan, launcher, sweep_dir, yaml_text)
+            return _plan_and_launch(cfg, placement, plan, predictor, launcher, sweep_dir, yaml_text)
     except rundir.SweepDirBusy as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_CONFIG
@@ -207,8 +208,8 @@ def study_from(cfg: SweepConfig, placement: Placement) -> Study:
                  progress=cfg.progress)
 
 
-def _plan_and_launch(cfg: SweepConfig, placement: Placement, plan: list[PlannedRun], launcher: Launcher,
-                     sweep_dir: Path, yaml_text: str) -> int:
+def _plan_and_launch(cfg: SweepConfig, placement: Placement, plan: list[PlannedRun], predictor: Predictor,
+                     launcher: Launcher, sweep_dir: Path, yaml_text: str) -> int:
     """Write the plan and say what it holds, then launch it: the preflight first where the placement asks,
     then the runner. Each layer is handed what it reads, from the top layer down."""
     write_plan(sweep_dir, plan, yaml_text)
@@ -216,14 +217,16 @@ def _plan_and_launch(cfg: SweepConfig, placement: Placement, plan: list[PlannedR
     nodes = preflight.nodes_of(cfg, placement) if mode != "off" else None
     feasible = [p for p in plan if p.feasible]
     held = schedule.makespan_line(cfg.cluster.name, placement, plan, cfg.launcher.probes_alone)
+    dry = cfg.dry_run or not placement.launches
+    split = predicted_split(cfg.cluster, plan, predictor) if dry else ""
     answer_text = format_answer(cfg.study, cfg.cluster.name, cfg.cluster.price_per_hour, plan)
     cost = plan_cost(feasible, cfg.cluster, cfg.launcher.timeout_s, placement)
     note = launcher.plan_note([p.first_spec for p in feasible])
     print(f"sweep {cfg.sweep_name}: {len(plan)} runs planned ({len(plan) - len(feasible)} infeasible) on "
           f"{cfg.cluster.name} with launcher {launcher.name} -> {sweep_dir}")
     print("\n".join(line for line in (cost.line(cfg.cluster.name), held, answer_text, note) if line))
-    if cfg.dry_run or not placement.launches:
-        print(format_plan(plan))
+    if dry:
+        print("\n".join(line for line in (format_plan(plan), split) if line))
         dry_run(launcher, placement, plan, sweep_dir)
         print(f"dry run: submissions written under {sweep_dir / rundir.RUNS_DIR}/*/"
               f"{rundir.ATTEMPT_PREFIX}*/{rundir.SUBMISSION_DIR}/")

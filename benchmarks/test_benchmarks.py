@@ -66,8 +66,8 @@ def test_report_10k_reports_its_synthetic_tree_from_the_table_and_from_run_dirs(
 
 
 @pytest.mark.slow
-def test_perf_model_prints_every_section() -> None:
-    out = quick("perf_model.py")
+def test_perf_model_prints_every_section(smoke_results: Path) -> None:
+    out = quick("perf_model.py", "--study", str(smoke_results / "smoke_full"))
     sections = ("Calibration rows", "Check rows", "llm-foundry's whole table", "Calibrate on the smallest",
                 "one kernel figure moved")
     for section in sections:
@@ -84,6 +84,15 @@ def test_perf_model_prints_every_section() -> None:
     shipped = _figure(r"loss at +\d+ B a logit, as shipped .*median \|error\| ([\d.]+)%", out)
     assert shipped == pytest.approx(whole, abs=0.05) and "no loss term anywhere" in out
     assert "Exposed communication, predicted vs each GPU run's trace" in out
+    # the split against the measured: the GPU runs' traces, then the study's 2-node runs from its 1-node ones
+    gpu, study = out.split("The model's split against the measured, each recorded GPU run's trace")[1].split(
+        "a study calibrated on its smallest node count")
+    assert _figure(r"compute +(\d+) runs, median \|error\|", gpu) >= 4  # the H100's traced one-rank runs
+    for part in ("compute", "all-gather fwd", "all-gather bwd", "reduce-scatter", "waiting"):
+        assert _figure(rf"\n  {part} +(\d+) runs, median \|error\| +[\d.]+%", study) >= 3, part
+    assert _figure(r"tokens/s +(\d+) runs", study) >= 6  # smoke_full's 8 traced runs at 2 nodes
+    shipped = re.search(r"as shipped +(\d+)%", study)
+    assert shipped and "without the turns" in study and "before: no turns" in study
 
 
 @pytest.mark.slow

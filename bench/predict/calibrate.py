@@ -9,9 +9,13 @@ the whole sweep on the same results dir).
 The fit is a maximum a posteriori one in log space: each run's residual is log(predicted / measured) with
 a noise of SIGMA, and each constant's log departure from the published value is held by a prior of width
 PRIOR_WIDTH, so one run moves a constant only as far as its evidence goes and a constant the runs cannot
-see (contention on one-rank runs) stays where it was published. Levenberg-Marquardt on at most six
-constants: deterministic, well under a second for 100 runs. The inverse curvature at the optimum gives
-each later prediction an interval (`Fit.spread`): parameter uncertainty plus the runs' own scatter.
+see (contention on one-rank runs) stays where it was published. Where a run recorded its step's split
+(its profiler trace: RunSummary.trace_split), the parts that tell the constants apart are residuals too
+(FITTED_PARTS, at the noise SIGMA_PART): the compute's, which the step alone cannot tell from a CPU
+rank's host work (`cpu_host_s`), and that host work, fitted only where some run measured it.
+Levenberg-Marquardt on at most seven constants: deterministic, well under a second for 100
+runs. The inverse curvature at the optimum gives each later prediction an interval (`Fit.spread`):
+parameter uncertainty plus the runs' own scatter.
 
 The fit is kept with the study (calibration.json in the sweep dir, written only by this module through
 bench.core.rundir) and used for every later prediction of that cluster. A file from another cluster, another
@@ -22,7 +26,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -34,12 +38,18 @@ from bench.core.schema import RunSpec, RunSummary
 from bench.launchers.base import Placement
 from bench.predict.comm import Network
 from bench.predict.network import probes_of
-from bench.predict.perf import CALIBRATION, Calibration, Predictor, Stack, predict, unmodeled
+from bench.predict.perf import CALIBRATION, Calibration, Prediction, Predictor, Stack, predict, unmodeled
+from bench.predict.split import PARTS, comparable
 
 FORMAT = 1
 SIGMA = 0.05  # log scatter of one run's tokens/s about the model: repeats of a run differ by a few percent
+# log scatter of one part of a traced step about the model: a trace holds one or two profiled steps, and on
+# 2 shared cores one rank's compute and waiting trade places from step to step (docs/prediction.md)
+SIGMA_PART = 0.25
+FITTED_PARTS = {"gpu": ("compute",), "cpu": ("compute", "other", "waiting")}  # per device: a trace's
 PRIOR_WIDTH = {"efficiency": 0.3, "elementwise_bytes": 0.7, "contention": 0.7, "compile_traffic": 0.3,
-               "cpu_capacity": 1.0}  # log widths: how far the study's evidence may move each constant
+               "cpu_capacity": 1.0, "cpu_host_s": 1.0}  # log widths: how far the study may move each
+FRACTIONS = ("contention", "compile_traffic")  # constants held at most 1
 Z90 = 1.645  # a ~90% interval, two-sided
 STEP = 1e-4  # finite-difference step in log space
 
@@ -59,9 +69,18 @@ class Observation:
     arch: ModelArch
     tokens_per_s_per_gpu: float
     stack: Stack | None = None  # another training stack than this harness's (a published row; perf.Stack)
+    parts: Mapping[str, float] | None = None  # its traced split in the model's parts (split.comparable)
+
+    def prediction(self, cal: Calibration) -> Prediction:
+        return predict(self.spec, self.gpu, self.network, self.arch, cal, self.stack)
 
     def predicted(self, cal: Calibration) -> float:
-        return predict(self.spec, self.gpu, self.network, self.arch, cal, self.stack).tokens_per_s_per_gpu
+        return self.prediction(cal).tokens_per_s_per_gpu
+
+    def fitted_parts(self) -> list[tuple[str, float]]:
+        """The measured parts the fit reads (FITTED_PARTS; a part the trace saw none of is no evidence)."""
+        device = "cpu" if self.gpu.family == "cpu" else "gpu"
+        return [(k, self.parts[k]) for k in FITTED_PARTS[device] if self.parts and self.parts.get(k, 0) > 0]
 
 
 def _width(name: str) -> float:
@@ -80,6 +99,8 @@ def parameters(observations: list[Observation]) -> tuple[str, ...]:
         names.append("compile_traffic")
     if any(o.gpu.family == "cpu" for o in observations):
         names.append("cpu_capacity")
+    if any(o.gpu.family == "cpu" and dict(o.fitted_parts()).get("other") for o in observations):
+        names.append("cpu_host_s")
     return tuple(names)
 
 
@@ -100,7 +121,7 @@ def apply(prior: Calibration, names: tuple[str, ...], theta: Iterable[float], so
         if name.startswith("efficiency:"):
             efficiency[name.split(":", 1)[1]] = min(value, 1.0)
         else:
-            fields[name] = min(value, 1.0) if name in ("contention", "compile_traffic") else value
+            fields[name] = min(value, 1.0) if name in FRACTIONS else value
     return replace(prior, matmul_efficiency=efficiency, source=source, **fields)
 
 
@@ -154,9 +175,23 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float]:
 
 def _residuals(observations: list[Observation], prior: Calibration, names: tuple[str, ...],
                theta: list[float]) -> list[float]:
-    """Each run's log(predicted / measured) with the constants at theta."""
+    """Each run's log(predicted / measured) with the constants at theta, then its traced parts' (weighed
+    by SIGMA / SIGMA_PART: the cost divides every residual by SIGMA)."""
     cal = apply(prior, names, theta, "")
-    return [math.log(o.predicted(cal) / o.tokens_per_s_per_gpu) for o in observations]
+    out = []
+    for o in observations:
+        pred = o.prediction(cal)
+        out.append(math.log(pred.tokens_per_s_per_gpu / o.tokens_per_s_per_gpu))
+        floor = 1e-6 * pred.step_time_s  # a part the model has none of (no turns): a large residual, finite
+        out += [SIGMA / SIGMA_PART * math.log(max(pred.parts[k], floor) / measured)
+                for k, measured in o.fitted_parts()]
+    return out
+
+
+def _step_residual(observations: list[Observation], cal: Calibration) -> float:
+    """Root mean square of the runs' log(predicted / measured) tokens/s."""
+    runs = [math.log(o.predicted(cal) / o.tokens_per_s_per_gpu) for o in observations]
+    return math.sqrt(sum(r * r for r in runs) / len(runs))
 
 
 def _normal(observations: list[Observation], prior: Calibration, names: tuple[str, ...],
@@ -206,7 +241,7 @@ def fit(observations: list[Observation], prior: Calibration = CALIBRATION) -> Fi
             damping *= 10
             if damping > 1e9:
                 break
-    residual = math.sqrt(sum(r * r for r in runs) / len(runs))
+    residual = _step_residual(observations, apply(prior, names, theta, ""))
     # the constants are as sure as the runs agree: at their actual scatter where it exceeds SIGMA
     h, _ = _normal(observations, prior, names, theta, runs, max(residual, SIGMA))
     covariance = [_solve(h, [1.0 if i == j else 0.0 for i in range(len(names))]) for j in range(len(names))]
@@ -234,8 +269,21 @@ def observations(predictor: Predictor, summaries: Iterable[RunSummary]) -> list[
             arch = spec.arch
         except (KeyError, ValueError):
             continue
-        out.append(Observation(s.run_id, spec, where[0], where[1], arch, float(s.tokens_per_s_per_gpu)))
+        out.append(Observation(s.run_id, spec, where[0], where[1], arch, float(s.tokens_per_s_per_gpu),
+                               parts=traced_parts(s)))
     return sorted(out, key=lambda o: o.run_id)
+
+
+def traced_parts(summary: RunSummary) -> dict[str, float] | None:
+    """A run's traced split in the model's parts, each part's share of the profiled step times the measured
+    step (the trace's steps run slower under the profiler); None without one."""
+    split, step = summary.trace_split, summary.step_time_s
+    if not isinstance(split, Mapping) or not step:
+        return None
+    total = sum(float(split.get(k, 0.0)) for k in PARTS)
+    if total <= 0:
+        return None
+    return comparable({k: float(split.get(k, 0.0)) * step / total for k in PARTS})
 
 
 def extrapolation(observations: list[Observation], prior: Calibration = CALIBRATION) -> list[dict[str, Any]]:
@@ -314,11 +362,12 @@ def from_json(path: Path, cluster: ClusterConfig, models: Iterable[str]) -> Fit:
 
 
 def study_predictor(cluster: ClusterConfig, placement: Placement, models: Iterable[str],
-                    sweep_dir: Path) -> tuple[Predictor, str | None]:
+                    sweep_dir: Path, write: bool = True) -> tuple[Predictor, str | None]:
     """The sweep's predictor for the runs of `models` on its cluster, as its launcher places them: the
-    study's probes, and its calibration (refitted and written when runs finished since the file was
-    written); with a one-line note: what it is calibrated on, or why the file was refused (then the
-    published constants; the file is left as it is)."""
+    study's probes, and its calibration (refitted, and written unless `write` is off (the report reads a
+    study, it does not change it), when runs finished since the file was written); with a one-line note:
+    what it is calibrated on, or why the file was refused (then the published constants; the file is left
+    as it is)."""
     from bench.core import rundir
     summaries = rundir.read_summaries(sweep_dir)  # once: the probes and the runs both come from them
     probes = probes_of(summaries)
@@ -338,6 +387,7 @@ def study_predictor(cluster: ClusterConfig, placement: Placement, models: Iterab
     if current is None:
         current = fit(seen)
         assert current is not None
-        rundir.atomic_write_text(path, json.dumps(to_json(current, cluster, summaries, extrapolation(seen)),
-                                                  indent=1))
+        if write:
+            rundir.atomic_write_text(path, json.dumps(to_json(current, cluster, summaries,
+                                                              extrapolation(seen)), indent=1))
     return Predictor(cluster, placement, probes, current), f"predictions {current.line}: {path.name}"

@@ -26,6 +26,20 @@ One training step per GPU is modelled as
   finishes its work sooner waits for the CPU. HOST_BLOCK_PASS_S per block and pass (forward, two for the
   backward, one more where activation checkpointing recomputes): the floor of a small model's step.
 
+On a CPU (a local study's ranks on this machine's cores, bench/predict/cpu.py) three things differ, each
+what the CPU's own trace shows (docs/architecture.md, "Where the step went"): gloo's calls block the main
+thread, so every collective is exposed and nothing contends; the host's time per block and pass
+(`Calibration.cpu_host_s`: Python, FSDP2's hooks and its copies around collectives) is on the same thread
+as the compute, so it adds to the step instead of flooring it; and ranks that outnumber what the machine
+runs at full speed take turns: each runs its work at the speed of a machine running no more ranks than
+its capacity, and the rest of its share of the machine it waits for a peer (`waiting`; `cpu_turns`).
+
+The step's parts (`Prediction.parts`, bench/predict/split.py) are named as the trace names the measured
+ones (trainer/trace.py): compute (contention with it: the overlapped communication slows the kernels),
+each kind's exposed communication, the optimizer, on a CPU the turns' waiting, and `other`: on a GPU the
+host's time beyond the device's work, on a CPU the host's work. FSDP2's copies around collectives are not
+told apart (a GPU's are elementwise kernels, a CPU's the host's work).
+
 compile=true keeps a fraction of the elementwise traffic (inductor fuses a block's elementwise operators);
 fp8_tensorwise runs the block linears at the FP8 peak and gathers their weights in one byte (torchao's
 float8 all-gather). The calibrated constants (CALIBRATION: one per GPU family, three shared) were fitted
@@ -45,7 +59,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from bench.core.config import ClusterConfig
@@ -60,7 +74,7 @@ from bench.core.hardware import GPUS, GpuSpec, compute_dtype, gpu_spec
 from bench.core.models import ModelArch, block_params, count_params, float8_linear_params
 from bench.core.schema import RunSpec
 from bench.launchers.base import Placement
-from bench.predict.comm import Curve, Network, collective_s, step_collectives
+from bench.predict.comm import Collective, Curve, Network, collective_s, step_collectives
 from bench.predict.cpu import (
     CPU,
     CPU_EFFICIENCY,
@@ -85,6 +99,8 @@ class Calibration:
     compile_traffic: float  # fraction of the elementwise traffic left once torch.compile fuses each block
     cpu_capacity: float | None = None  # a local CPU cluster: ranks the machine runs at one rank's speed
     # (None: its core count; hyperthreads and memory bandwidth make it fewer)
+    cpu_host_s: float = 2.24e-3  # a CPU rank's own host time per block and pass (Python, FSDP2's hooks and
+    # copies), on the compute's thread: HOST_BLOCK_PASS_S as its prior, a study's traces refit it
     source: str = "published constants"  # or "this study's N runs": the results table's pred_source
 
     def efficiency(self, family: str, dtype: str) -> float:
@@ -157,13 +173,15 @@ class Prediction:
     matmul_s: float
     memory_s: float  # elementwise + optimizer: HBM-bandwidth bound
     comm_s: float  # every collective of the step, as if nothing overlapped
-    exposed_s: float  # communication the step waits for, contention included
+    exposed_s: float  # communication the step waits for (the exposed parts: the trace's definition)
     network: Network
     calibrated: bool  # False: a GPU family (or the CPU) that neither published rows nor the study calibrated
     source: str = CALIBRATION.source  # which constants: published, or this study's N runs
     spread: float | None = None  # half-width of the ~90% interval, log units: tokens/s x exp(+-spread)
     host_s: float = 0.0  # the CPU's floor under the step (HOST_BLOCK_PASS_S)
     unmodeled: str | None = None  # what the model leaves out of this run's step (unmodeled): a floor only
+    parts: dict[str, float] = field(default_factory=dict)  # seconds per step by part, adding up to the
+    # step (module docstring; bench/predict/split.py reads them)
 
     @property
     def interval(self) -> tuple[float, float] | None:
@@ -203,8 +221,57 @@ def stack_attention_s(spec: RunSpec, arch: ModelArch, stack: Stack, family: str,
     return kernel - square * (6 + rerun) / (efficiency * peak)
 
 
+EXPOSED_PARTS = ("exposed_all_gather_fwd", "exposed_all_gather_bwd", "exposed_reduce_scatter",
+                 "exposed_all_reduce")
+
+
+def exposed_part(c: Collective) -> str:
+    """The trace's part a collective's exposed time lands in: the all-gathers by the pass that issues them."""
+    if c.kind == "all_gather":
+        return "exposed_all_gather_fwd" if c.phase == "forward" else "exposed_all_gather_bwd"
+    return f"exposed_{c.kind}"
+
+
+def overlaps(gpu: GpuSpec) -> bool:
+    """Whether a device runs a collective beside its compute: a GPU's NCCL kernels on their own stream; a
+    CPU's gloo calls block the main thread that computes (docs/architecture.md, "Where the step went")."""
+    return gpu.family != "cpu"
+
+
+def exposed_by_part(spec: RunSpec, arch: ModelArch, gpu: GpuSpec, network: Network,
+                    window: dict[str, float]) -> tuple[dict[str, float], float, float]:
+    """Per exposed part the seconds a step waits for its collectives, the seconds hidden behind compute,
+    and every collective's seconds. FSDP2 prefetches the next unit's collective while a unit computes, so
+    of each pass only what outlasts its compute (`window`) is exposed, plus the first unit's gather and the
+    last unit's reduction; each kind of the pass shows its share of that. On a CPU gloo's calls block the
+    main thread: all of it is exposed."""
+    units = len(block_params(arch)) + 1  # each block and the root: what FSDP gathers one at a time
+    exposed, hidden, total = dict.fromkeys(EXPOSED_PARTS, 0.0), 0.0, 0.0
+    for comms, count in step_collectives(spec, arch):  # each micro-batch hides what it can behind its compute
+        for phase, budget in window.items():
+            times = [(exposed_part(c), collective_s(c, gpu, network, units))
+                     for c in comms if c.phase == phase]
+            comm = sum(t for _, t in times)
+            shown = min(comm, max(0.0, comm - budget) + comm / units) if overlaps(gpu) else comm
+            for part, t in times:
+                exposed[part] += count * shown * t / comm if comm else 0.0
+            hidden, total = hidden + count * (comm - shown), total + count * comm
+    return exposed, hidden, total
+
+
+def _host_s(spec: RunSpec, arch: ModelArch, gpu: GpuSpec, cal: Calibration, recompute: float) -> float:
+    """The host's time for a step's blocks and passes: on a GPU the floor under the step, on a CPU the
+    rank's own work beside its compute."""
+    per = cal.cpu_host_s if gpu.family == "cpu" else HOST_BLOCK_PASS_S
+    return per * arch.blocks * (3 + 3 * recompute) * spec.grad_accum
+
+
 def _step(spec: RunSpec, arch: ModelArch, gpu: GpuSpec, network: Network, peak: float, fp8_peak: float,
-          efficiency: float, cal: Calibration, stack: Stack | None) -> Prediction:
+          efficiency: float, cal: Calibration, stack: Stack | None,
+          turns: tuple[float, float] = (1.0, 1.0)) -> Prediction:
+    """The step on a device at these peaks; `turns`: on a CPU, a rank's speed while it runs (the peaks are
+    already its share) and how much longer the ranks' work takes for their taking turns on the machine
+    (cpu_turns; module docstring)."""
     tokens = spec.micro_batch * spec.seq_len
     hw_flops = hardware_flops_per_token(arch, spec.seq_len, spec.activation_checkpointing) * tokens
     linear8 = 6 * float8_linear_params(arch) * tokens if spec.precision == "fp8_tensorwise" else 0.0
@@ -220,27 +287,37 @@ def _step(spec: RunSpec, arch: ModelArch, gpu: GpuSpec, network: Network, peak: 
     params = count_params(arch)
     shard = shard_size(spec.sharding, spec.nodes, spec.gpus_per_node)
     optimizer = OPTIMIZER_BYTES * params / shard / hbm if spec.offload == "none" else 0.0
-    once = optimizer + accumulation_bytes(spec, params)[0] / hbm  # a step's, not its micro-batches' compute
+    adds = accumulation_bytes(spec, params)[0] / hbm  # a step's, not its micro-batches' compute
     compute = matmul + elementwise
     forward_share = model_flops_per_token(arch, spec.seq_len) / 3 / (hw_flops / tokens)
     window = {"forward": compute * forward_share, "backward": compute * (1 - forward_share)}
-    units = len(block_params(arch)) + 1  # each block and the root: what FSDP gathers one at a time
-    exposed = hidden = total = 0.0
-    for comms, count in step_collectives(spec, arch):  # each micro-batch hides what it can behind its compute
-        for phase, budget in window.items():
-            comm = sum(collective_s(c, gpu, network, units) for c in comms if c.phase == phase)
-            shown = min(comm, max(0.0, comm - budget) + comm / units)  # past its compute, + first/last unit
-            exposed, hidden = exposed + count * shown, hidden + count * (comm - shown)
-            total += count * comm
-    exposed += cal.contention * hidden
+    exposed, hidden, total = exposed_by_part(spec, arch, gpu, network, window)
     accum = spec.grad_accum
-    host = HOST_BLOCK_PASS_S * arch.blocks * (3 + 3 * recompute) * accum if gpu.family != "cpu" else 0.0
-    step = max(accum * compute + once + exposed, host)  # a CPU study's own cores are its compute
+    cpu = gpu.family == "cpu"
+    host = _host_s(spec, arch, gpu, cal, recompute) / turns[0]
+    parts = {"compute": accum * compute + adds + (0.0 if cpu else cal.contention * hidden), **exposed,
+             "optimizer": optimizer}
+    if cpu:  # the host's work on the compute's thread, and the turns: the rest of the rank's share, waited
+        work = parts["compute"] + optimizer + host
+        parts |= {"other": host, "waiting": work * (turns[1] - 1)}
+    else:  # a host slower than the device: the rest of the step the device idles
+        parts["other"] = max(0.0, host - sum(parts.values()))
+    step = sum(parts.values())
     model_flops = model_flops_per_token(arch, spec.seq_len) * tokens * accum
     calibrated = gpu.family in cal.matmul_efficiency or cal.source != CALIBRATION.source
     return Prediction(step, tokens * accum / step, model_flops / step / peak if peak else None,
-                      accum * matmul, accum * elementwise + once, total, exposed, network, calibrated,
-                      cal.source, host_s=host, unmodeled=unmodeled(spec, gpu))
+                      accum * matmul, accum * elementwise + adds + optimizer, total, sum(exposed.values()),
+                      network, calibrated, cal.source, host_s=0.0 if cpu else host,
+                      unmodeled=unmodeled(spec, gpu), parts=parts)
+
+
+def cpu_turns(ranks: int, capacity: float) -> tuple[float, float]:
+    """A CPU rank's speed while it runs (the share of one rank's solo speed a machine running no more ranks
+    than its capacity keeps: cpu_share), and how much longer its work takes in all: ranks beyond the
+    capacity take turns, each waiting for the peers that hold the cores (the trace's `waiting`: a peer not
+    yet arrived), so the work of the step's ranks takes their share of the machine (cpu_share of all)."""
+    running = cpu_share(min(ranks, capacity), capacity)
+    return running, running / cpu_share(ranks, capacity)
 
 
 def predict(spec: RunSpec, gpu: GpuSpec, network: Network, arch: ModelArch | None = None,
@@ -250,10 +327,10 @@ def predict(spec: RunSpec, gpu: GpuSpec, network: Network, arch: ModelArch | Non
     arch = arch or spec.arch
     efficiency = cal.efficiency(gpu.family, compute_dtype(spec.precision))
     if gpu.family == "cpu":  # every rank of a local study on this machine's cores: each gets its share
-        share = cpu_share(spec.world_size, cal.capacity())
-        cpu = replace(gpu, hbm_tbs=gpu.hbm_tbs * share)
-        return _step(spec, arch, cpu, network, cpu_peak_flops() * share, cpu_peak_flops() * share, efficiency,
-                     cal, stack)
+        running, turns = cpu_turns(spec.world_size, cal.capacity())
+        cpu = replace(gpu, hbm_tbs=gpu.hbm_tbs * running)
+        return _step(spec, arch, cpu, network, cpu_peak_flops() * running, cpu_peak_flops() * running,
+                     efficiency, cal, stack, (running, turns))
     peak = gpu.peak_tflops[compute_dtype(spec.precision)] * 1e12
     fp8_peak = gpu.peak_tflops.get("fp8", peak / 1e12) * 1e12
     return _step(spec, arch, gpu, network, peak, fp8_peak, efficiency, cal, stack)

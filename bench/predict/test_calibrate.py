@@ -268,3 +268,32 @@ def test_a_cpu_offload_run_is_predicted_as_a_floor_and_is_no_evidence(tmp_path: 
     assert calibrated.fit.runs == (runs[0].run_id,)
     assert calibrated.predict(runs[0].spec).interval is not None
     assert calibrated.predict(runs[1].spec).interval is None  # a floor has no interval about it
+
+
+def test_a_studys_traces_tell_its_compute_from_its_host_work_which_its_steps_cannot() -> None:
+    """A CPU study of the smoke's shape (tiny Llama, micro batch 2 of 128 tokens) whose ranks spend 6 ms a
+    block and pass on the host (Python, FSDP2's hooks and copies) and compute at 0.35 of the peak: its
+    steps alone fit any mix of the two that sums to the same steps (the host stays at the prior, the
+    compute takes the rest); its traced parts find both, and predict the 2-node runs' compute."""
+    from bench.predict.split import comparable
+    truth = replace(TRUE_CPU, cpu_host_s=6e-3, cpu_capacity=2.0)
+
+    def runs(nodes: int, gpus: int, traced: bool) -> list[Observation]:
+        out = []
+        for sharding in ("FULL_SHARD", "NO_SHARD") if gpus > 1 else ("FULL_SHARD",):
+            for ac in ("none", "full"):
+                spec = RunSpec(model="tiny_llama", nodes=nodes, gpus_per_node=gpus, sharding=sharding,
+                               activation_checkpointing=ac, micro_batch=2, seq_len=128)
+                pred = predict(spec, CPU, LOOPBACK, cal=truth)
+                out.append(Observation(spec.run_id, spec, CPU, LOOPBACK, spec.arch, pred.tokens_per_s_per_gpu,
+                                       parts=comparable(pred.parts) if traced else None))
+        return out
+    blind = fit(runs(1, 1, False) + runs(1, 2, False))
+    seeing = fit(runs(1, 1, True) + runs(1, 2, True))
+    assert blind is not None and seeing is not None
+    assert "cpu_host_s" not in blind.names and blind.calibration.cpu_host_s == CALIBRATION.cpu_host_s
+    assert seeing.calibration.cpu_host_s == pytest.approx(6e-3, rel=0.05)
+    for o in runs(2, 2, True):
+        compute = o.prediction(truth).parts["compute"]
+        assert o.prediction(seeing.calibration).parts["compute"] == pytest.approx(compute, rel=0.05)
+        assert o.prediction(blind.calibration).parts["compute"] > 1.2 * compute  # the host's time in it

@@ -217,8 +217,10 @@ def test_sync_once_pays_its_unsharded_adds_and_buys_them_back_only_where_reducti
     each, once = (predict(replace(one, accumulation=m), H100, node) for m in ("sync_each", "sync_once"))
     adds = accumulation_bytes(replace(one, accumulation="sync_once"), count_params(one.arch))[0]
     assert adds == count_params(one.arch) * (2 + 4 + 3 * (4 + 2 + 4))  # bf16 cast to fp32, then 3 adds
+    def shown(p: Any) -> float:  # exposed, and the contention of what overlaps (in the compute part)
+        return p.exposed_s + CALIBRATION.contention * (p.comm_s - p.exposed_s)
     assert once.step_time_s - each.step_time_s == pytest.approx(
-        adds / (H100.hbm_tbs * 1e12) + once.exposed_s - each.exposed_s, rel=1e-9)
+        adds / (H100.hbm_tbs * 1e12) + shown(once) - shown(each), rel=1e-9)
     assert once.step_time_s > each.step_time_s
     sixteen = replace(one, nodes=16, global_batch=16 * 32)
     net = network_for("p5.48xlarge", 32, None, 16)

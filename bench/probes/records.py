@@ -1,11 +1,12 @@
-"""Metric records for collective probes (all-reduce, all-gather, reduce-scatter): from nccl-tests output
-(text or -J JSON) or the torch probe, with the transport NCCL really used checked against the run's EFA
-setting."""
+"""A run's metric records, and those of collective probes (all-reduce, all-gather, reduce-scatter): from
+nccl-tests output (text or -J JSON) or the torch probe, with the transport NCCL really used checked against
+the run's EFA setting."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from bench.core import rundir
 from bench.core.schema import RunSpec
 from bench.probes.command import expected_network
 from bench.probes.parse import parse, parse_all, parse_json
@@ -91,3 +92,12 @@ def check_transport(summary: dict[str, Any], spec: RunSpec, log_text: str) -> di
                          f"{spec.efa_per_node} EFA per node: its bandwidth is not the "
                          f"{spec.efa_per_node}-EFA figure"}
     return summary
+
+
+def run_records(run_dir: Path, spec: RunSpec) -> list[dict[str, Any]]:
+    """The run's metric records; of an all-reduce probe that wrote none (the nccl-tests binary), those
+    parsed from its output."""
+    records = rundir.read_records(run_dir)
+    if spec.kind == "nccl" and not any(r["kind"] == "summary" for r in records):
+        records += records_from_logs(run_dir, spec)
+    return records

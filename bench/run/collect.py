@@ -16,7 +16,7 @@ from bench.core.records import RECORDS_DIR, parse_records, unreadable_records
 from bench.core.schema import SUMMARY_COLUMNS, RunSpec, RunSummary
 from bench.launchers.base import PROJECT_ROOT, TRACE_PREFIX, Outcome
 from bench.probes.parse import printed_versions
-from bench.probes.records import check_transport, records_from_logs
+from bench.probes.records import check_transport, run_records
 from bench.run import straggler
 from bench.run.classify import classify
 
@@ -171,15 +171,6 @@ def log_tail(run_dir_: Path) -> str:
             f.seek(max(0, f.tell() - _LOG_TAIL_BYTES))
             parts.append(f.read().decode(errors="replace"))
     return "\n".join(parts)
-
-
-def run_records(run_dir_: Path, spec: RunSpec) -> list[dict[str, Any]]:
-    """The run's metric records; of an all-reduce probe that wrote none (the nccl-tests binary), those
-    parsed from its output."""
-    records = rundir.read_records(run_dir_)
-    if spec.kind == "nccl" and not any(r["kind"] == "summary" for r in records):
-        records += records_from_logs(run_dir_, spec)
-    return records
 
 
 def summarize_run(spec: RunSpec, sweep: str, run_dir_: Path, outcome: Outcome, *,

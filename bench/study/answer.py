@@ -1,12 +1,36 @@
 """The answer a study is for, as the plan prints it before anything runs: per configuration and node count,
 days and dollars to train study.train_tokens, the fastest, the cheapest and the knee (the definition is
-bench/predict/budget.py's; the report renders the same from what the runs measured, analysis/strong.py)."""
+bench/predict/budget.py's; the report renders the same from what the runs measured, analysis/strong.py);
+and where each configuration's step is predicted to go (`--dry-run`): the predicted step and its parts per
+node count, the points of per-GPU efficiency lost against the smallest node count in those parts, and the
+change the model predicts wins the most of the largest node count's loss back (bench/predict/split.py).
+The report answers the same questions from the runs, with the same code (analysis/winback.py): asked here
+before anything is paid for.
+"""
 from __future__ import annotations
 
-from bench.core.config import StudyConfig
+from typing import Any
+
+from bench.core.config import ClusterConfig, StudyConfig
 from bench.core.schema import RunSpec
 from bench.predict.budget import DEFAULT_TRAIN_TOKENS, Answer, Row, answer, step_up
-from bench.study.plan import PlannedRun, answer_points
+from bench.predict.perf import Prediction, Predictor
+from bench.predict.split import (
+    MODELLED,
+    SHORT,
+    Known,
+    Options,
+    Split,
+    best_change,
+    largest,
+    lost_points,
+    memory_check,
+    rounded,
+    tokens_per_gpu_step,
+    win_back,
+    words,
+)
+from bench.study.plan import PlannedRun, _config, answer_points
 
 
 def config_label(spec: RunSpec) -> str:
@@ -98,3 +122,105 @@ def format_answer(study: StudyConfig, cluster: str, price: float | None, plan: l
     if price is None:
         lines.append(f"no dollars: set a price (cluster.price_per_hour=USD per {cluster} instance-hour)")
     return "\n".join(lines)
+
+
+# --- where the step goes, predicted --------------------------------------------------------------
+
+HEAD = ("where the step goes, predicted (bench/predict/split.py): ms per step by part, and the points of "
+        "per-GPU efficiency lost against the smallest node count in those parts (waiting: a CPU's ranks "
+        "taking turns on its cores; a GPU's straggler is not predicted; FSDP's copies are in other)")
+
+
+def ms(seconds: float) -> str:
+    """Milliseconds as the table prints them: "412", "3.25", "0.0812"; never an exponent."""
+    value = seconds * 1e3
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}" if value >= 1e-3 else "0"
+
+
+def scaled(pred: Prediction) -> dict[str, float]:
+    """The prediction's parts adding up to its step: a run held to linear scaling (bench/study/plan.py
+    at_most) keeps its parts' shares."""
+    total = sum(pred.parts.values())
+    return {k: v * pred.step_time_s / total for k, v in pred.parts.items()} if total else dict(pred.parts)
+
+
+def groups(plan: list[PlannedRun]) -> list[tuple[RunSpec, list[PlannedRun]]]:
+    """Per training configuration (the plan's, bench/study/plan.py), its feasible predicted runs, one per
+    node count, in node order."""
+    found: dict[tuple[Any, ...], dict[int, PlannedRun]] = {}
+    for p in plan:
+        if p.spec.kind == "train" and p.feasible and p.perf is not None and not p.perf.unmodeled:
+            found.setdefault(_config(p.spec), {}).setdefault(p.spec.nodes, p)
+    return [(runs[min(runs)].spec, [runs[n] for n in sorted(runs)]) for runs in found.values()]
+
+
+def table(runs: list[PlannedRun]) -> list[str]:
+    """A line per node count: the step, its modelled parts (those any node count has), the points lost."""
+    parts = {p.spec.run_id: scaled(p.perf) for p in runs if p.perf}
+    shown = [k for k in MODELLED if any(v.get(k, 0.0) > 0 for v in parts.values())]
+    rows = [("nodes", "step (ms)", *(SHORT[k] for k in shown), "lost (points)")]
+    base = runs[0]
+    for p in runs:
+        assert p.perf is not None and base.perf is not None
+        lost = "-"
+        if p is not base:
+            total, by_part = lost_points(_split(base), _split(p))
+            lost = f"{total:.0f}: " + ", ".join(words(by_part)) if round(total) else "0"
+        rows.append((str(p.spec.nodes), ms(p.perf.step_time_s),
+                     *(ms(parts[p.spec.run_id].get(k, 0.0)) for k in shown), lost))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return ["  " + "  ".join([*(c.rjust(w) for c, w in zip(r[:-1], widths)), r[-1]]) for r in rows]
+
+
+def one_line(p: PlannedRun) -> str:
+    """A run's predicted step and its parts in a line: "117 ms: compute 63.4, optimizer 1.44, other 52.5"."""
+    assert p.perf is not None
+    parts = scaled(p.perf)
+    return f"{ms(p.perf.step_time_s)} ms: " + ", ".join(f"{SHORT[k]} {ms(parts[k])}" for k in MODELLED
+                                                       if parts.get(k, 0.0) > 0)
+
+
+def _split(p: PlannedRun) -> Split:
+    assert p.perf is not None
+    return Split(scaled(p.perf), p.perf.step_time_s, tokens_per_gpu_step(p.first_spec))
+
+
+def options(cluster: ClusterConfig, plan: list[PlannedRun], predictor: Predictor, spec: RunSpec) -> Options:
+    """What the cluster allows a changed run: its adapters, its device, and the plan's memory figures."""
+    known = {p.first_spec.run_id: Known(p.first_spec, p.memory.gpu_gib, p.feasible,
+                                        p.memory.source == "measured")
+             for p in plan if p.spec.kind == "train" and p.memory is not None}
+    device = predictor.device(spec)
+    return Options(cluster.efa_per_node, device if device and device.family != "cpu" else None,
+                   memory_check(cluster.gpu_memory_gib, known))
+
+
+def change_line(cluster: ClusterConfig, plan: list[PlannedRun], predictor: Predictor,
+                runs: list[PlannedRun]) -> str:
+    """The change the model predicts wins the most of the largest node count's loss back, in one line."""
+    base, top = runs[0].first_spec, runs[-1].first_spec
+    allowed = options(cluster, plan, predictor, top)
+    found = best_change(base, top, predictor.predict, allowed)
+    if found is None:
+        return ""
+    lost, parts, gain = found
+    at = f"  at {top.nodes} nodes, {lost:.0f} points predicted lost"
+    if gain is None or round(lost) < 1:
+        return at + ": no change of the axes the project has is predicted to win back a point"
+    part = largest(parts)
+    return f"{at}, {rounded(parts, round(lost))[part]} of them {SHORT[part]}: " + win_back(gain, parts)
+
+
+def predicted_split(cluster: ClusterConfig, plan: list[PlannedRun], predictor: Predictor) -> str:
+    """The plan's predicted split per configuration (a table each, named as the answer names it, and its
+    change line where it has more than one node count), by the predictor the plan was made with."""
+    found = groups(plan)
+    if not found:
+        return ""
+    lines = [HEAD]
+    for spec, runs in found:
+        if len(runs) == 1:  # one node count: its split in a line
+            lines.append(f"{config_label(spec)}, {runs[0].spec.nodes} node(s): {one_line(runs[0])}")
+            continue
+        lines += [f"{config_label(spec)}:", *table(runs), change_line(cluster, plan, predictor, runs)]
+    return "\n".join(line for line in lines if line)
