@@ -256,17 +256,16 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
     runs_cost.to_csv(out / "cost_runs.csv", index=False)
     tables = {**_first_tables(st), **_cost_tables(st, runs_cost), **_network_tables(st)}
     model_tables, model_notes = _model_tables(st)
-    tables.update({**model_tables, **systems})
+    parity = loss_parity(frame)
+    tables.update({**model_tables, **systems, "loss_parity": parity.rename(columns=PARITY_COLUMNS)})
     for name, table in tables.items():
         table.to_csv(out / f"{name}.csv", index=False)
     if not nodes.empty:
         nodes.to_csv(out / "system.csv", index=False)
-    parity = loss_parity(frame)
     notes = loaded.notes + missing_baselines(st.agg) + departures(parity) + model_notes + _notes(st)
     split_sentences = [f"{a}: {change(v)}" if round(v.lost) >= 1 else a
                        for a, v in zip(lost_sentences(st.split), judged)] if judged else []
-    sections = _sections(frame, {**tables, "loss_parity": parity.rename(columns=PARITY_COLUMNS)},
-                         _charts(st, out), notes, sentences, system_notes, split_sentences)
+    sections = _sections(frame, tables, _charts(st, out), notes, sentences, system_notes, split_sentences)
     md = out / "report.md"
     md.write_text(markdown(sections))
     (out / "report.html").write_text(page_html(sections, out))

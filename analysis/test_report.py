@@ -327,6 +327,8 @@ def test_loss_parity_flags_the_strategy_that_trains_something_else(tmp_path: Pat
     assert set(parity["reference"]) == {"FULL_SHARD AC=none transformer_block r0"} and len(parity) == 2
     md = build(load(sweep), tmp_path / "out").read_text()
     assert "Loss parity across strategies" in md and "departs from FULL_SHARD" in md
+    written = pd.read_csv(tmp_path / "out" / "loss_parity.csv")  # the table beside the page, as a CSV
+    assert sorted(written["verdict"]) == ["DEPARTS", "same curve"]
 
 
 def test_cost_tables_known_answers(tmp_path: Path) -> None:

@@ -15,9 +15,12 @@ study whose nodes disagree unless preflight.mode=warn; the table is kept in the 
 """
 from __future__ import annotations
 
+import contextlib
+import shutil
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -162,7 +165,7 @@ def node_row(node: str, answer: Answer) -> dict[str, Any]:
     for key, _ in VERSIONS:
         row[key] = first.get(key)
     for key in ("gpus", "efa_adapters", "results_free_gib", "threads", "dtype", "ofi_plugin_loads",
-                "ofi_plugin_error"):
+                "ofi_plugin_error", "met"):
         row[key] = first.get(key)
     row["matmul_tflops"] = min(f["matmul_tflops"] for f in facts)
     row["copy_gbs"] = min(f["copy_gbs"] for f in facts)
@@ -237,6 +240,21 @@ def _slow_links(pairs: Pairs, tol: float, rows: list[dict[str, Any]]) -> list[st
             if bw is not None and bw < median * (1 - tol) and not {a, b} & slow_nodes]
 
 
+@contextlib.contextmanager
+def meeting(sweep_dir: Path, ranks: int) -> Iterator[None]:
+    """Where node jobs that share this machine meet before timing their workload (the launchers pass the
+    directory where the cluster is this machine: bench.launchers.base.preflight_args): how many ranks
+    come, written before any job starts; removed after."""
+    ready = rundir.preflight_ready_dir(sweep_dir)
+    shutil.rmtree(ready, ignore_errors=True)
+    ready.mkdir(parents=True)
+    (ready / "expected").write_text(str(ranks))
+    try:
+        yield
+    finally:
+        shutil.rmtree(ready, ignore_errors=True)
+
+
 def check(nodes: Nodes, launcher: Launcher, sweep_dir: Path, out: Any = sys.stderr) -> dict[str, Any]:
     """Run the preflight; write and return the verdict (rows, links, when, how long)."""
     started, settings = time.monotonic(), nodes.settings
@@ -245,7 +263,8 @@ def check(nodes: Nodes, launcher: Launcher, sweep_dir: Path, out: Any = sys.stde
         raise ConfigError("preflight: the launcher lists no nodes; name them with preflight.nodes=[...]")
     print(f"preflight: {len(names)} node(s) with {launcher.name}, one job each ...", file=out, flush=True)
     specs = {node: node_spec(nodes, node) for node in names}
-    answers = run_round(launcher, list(specs.values()), sweep_dir, settings.timeout_s)
+    with meeting(sweep_dir, len(specs) * nodes.gpus_per_node):
+        answers = run_round(launcher, list(specs.values()), sweep_dir, settings.timeout_s)
     rows = [node_row(node, answers[spec.run_id]) for node, spec in specs.items()]
     rows += [{"node": node, "answered": False, "problems": [f"down in the scheduler ({state})"]}
              for node, state in down.items()]

@@ -122,6 +122,13 @@ def test_the_preflight_of_this_machine_reports_what_it_runs(tmp_path: Path, caps
     (node,) = verdict["rows"]
     assert node["answered"] and node["torch"] == torch.__version__ and node["problems"] == []
     assert node["matmul_tflops"] > 0 and node["copy_gbs"] > 0 and node["efa_adapters"] == 0
+    assert node["met"] == 2  # its two ranks met before timing their workload (the cluster is this machine)
+    assert not rundir.preflight_ready_dir(tmp_path / "smoke").exists()  # the meeting is cleared away
+    (submission,) = (tmp_path / "smoke").glob("preflight/preflight-*/attempt-1/submission/submission.json")
+    argvs = json.loads(submission.read_text())["argvs"]
+    (worker,) = {tuple(a[a.index("trainer.preflight") + 1:]) for a in argvs}
+    assert worker[-4:] == ("--seconds", "0.5", "--ready-dir",
+                           str(rundir.preflight_ready_dir(tmp_path.absolute() / "smoke")))
     assert "no node stands apart" in capsys.readouterr().out
     local, slurm = cfg_of(), cfg_of("launcher=slurm")
     assert preflight.mode_of(local.preflight.mode, placement_of(local)) == "off"
@@ -148,3 +155,36 @@ def _read(path: Path) -> str:
         return path.read_bytes().decode(errors="replace")
     except OSError:  # the process ended meanwhile
         return ""
+
+
+def test_ranks_meet_before_timing_and_one_that_never_comes_is_not_waited_for(tmp_path: Path) -> None:
+    """The round's ranks on one machine meet before timing their workload: each waits for all that the
+    preflight expects; where one never comes (a node that did not start), gap_s after the last one came."""
+    import threading
+    import time
+
+    from trainer.preflight import meet
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    (ready / "expected").write_text("3")
+    came: dict[str, tuple[int, float]] = {}
+
+    def rank(name: str, after_s: float) -> None:
+        time.sleep(after_s)
+        came[name] = (meet(str(ready), name, gap_s=1.0), time.monotonic())
+
+    started = time.monotonic()
+    ranks = [threading.Thread(target=rank, args=(f"node{i}-0", 0.3 * i)) for i in range(2)]
+    for t in ranks:
+        t.start()
+    for t in ranks:
+        t.join()
+    # two of three came: both left together, a second after the second came (not at once, not forever)
+    assert [n for n, _ in came.values()] == [2, 2]
+    left = [at - started for _, at in came.values()]
+    assert 1.25 <= min(left) and max(left) - min(left) < 0.2 and max(left) < 2.5, left
+    third = threading.Thread(target=rank, args=("node2-0", 0.0))
+    third.start()
+    third.join()
+    assert came["node2-0"][0] == 3  # all three there now: no wait
+    assert meet(str(tmp_path / "none"), "x") == 0  # no meeting prepared: timed alone, at once

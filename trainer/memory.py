@@ -144,11 +144,18 @@ def _categories(snapshot: dict[str, int], offloaded: bool) -> dict[str, float]:
 
 
 def _create_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """AdamW's state as a steady step finds it, from one step on zero gradients: cheaper than a whole
-    training step, and the state is all that step would leave behind."""
+    """AdamW's state as a steady step finds it, created by AdamW's own lazy initialization (`_init_group`,
+    which a step calls first) without the update's arithmetic: on fake tensors that arithmetic is a fifth
+    of a measurement, and the state is all a step would leave behind. An optimizer without it steps once
+    on zero gradients."""
     for param in model.parameters():
         param.grad = torch.zeros_like(param)
-    optimizer.step()
+    init = getattr(optimizer, "_init_group", None)
+    try:
+        for group in optimizer.param_groups:
+            init(group, [], [], [], [], [], [])  # type: ignore[misc]
+    except TypeError:  # not Adam's signature (or none): the step itself
+        optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
 

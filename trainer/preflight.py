@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -114,18 +115,46 @@ def local_workload(dtype: torch.dtype, device: torch.device, seconds: float) -> 
     return {"matmul_tflops": tflops, "copy_gbs": copy}
 
 
-def facts(precision: str, results_dir: str, seconds: float) -> dict[str, Any]:
+# How long a rank waits for the next of its round to come (nodes on one machine: meet): a rank that has
+# not come by then (a node that never starts) is not waited for, and the workload is timed without it.
+MEET_GAP_S = 4.0
+
+
+def meet(ready_dir: str, name: str, gap_s: float = MEET_GAP_S) -> int:
+    """Say this rank is ready, then wait for the others of the round (the preflight wrote how many in
+    `expected`), at most gap_s after the last one came: nodes that share a machine's cores then time their
+    workloads side by side, each under the same load. Returns how many had come."""
+    ready = Path(ready_dir)
+    try:
+        expected = int((ready / "expected").read_text())
+        (ready / name).touch()
+    except (OSError, ValueError):  # no meeting prepared: time it alone
+        return 0
+    came, last = 0, time.monotonic()
+    while True:
+        now = sum(1 for p in ready.iterdir() if p.name != "expected")
+        if now != came:
+            came, last = now, time.monotonic()
+        if came >= expected or time.monotonic() - last > gap_s:
+            return came
+        time.sleep(0.02)
+
+
+def facts(precision: str, results_dir: str, seconds: float, ready_dir: str | None = None) -> dict[str, Any]:
+    """This rank's facts, then its workload timed (after meeting the round's other ranks at ready_dir)."""
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     free = shutil.disk_usage(results_dir).free / 2**30 if os.path.isdir(results_dir) else None
     dtype = DTYPES[precision] if device.type == "cuda" else torch.float32  # a CPU's 16-bit is emulated
-    return {"node": node_name(), "host": socket.gethostname(), "local_rank": local_rank,
-            "torch": torch.__version__, "python": sys.version.split()[0], "results_free_gib": free,
-            "dtype": str(dtype).removeprefix("torch."), "threads": torch.get_num_threads(),
-            **gpu_facts(local_rank), **ofi_plugin(), **efa_adapters(),
-            **local_workload(dtype, device, seconds)}
+    found = {"node": node_name(), "host": socket.gethostname(), "local_rank": local_rank,
+             "torch": torch.__version__, "python": sys.version.split()[0], "results_free_gib": free,
+             "dtype": str(dtype).removeprefix("torch."), "threads": torch.get_num_threads(),
+             **gpu_facts(local_rank), **ofi_plugin(), **efa_adapters()}
+    if ready_dir:
+        found["met"] = meet(ready_dir, f"{found['node']}-{local_rank}")
+    return found | local_workload(dtype, device, seconds)
 
 
 def main(argv: list[str]) -> int:
@@ -136,10 +165,11 @@ def main(argv: list[str]) -> int:
     add_fault_arguments(parser)
     parser.add_argument("--run-dir", default=".")
     parser.add_argument("--seconds", type=float, default=2.0, help="time for the timed local workload")
+    parser.add_argument("--ready-dir", help="where the round's ranks meet before timing it (one machine)")
     args = parser.parse_args(argv)
     try:
         spec = spec_from_namespace(args)
-        record = facts(spec.precision, args.run_dir, args.seconds)
+        record = facts(spec.precision, args.run_dir, args.seconds, args.ready_dir)
     except Exception as e:  # noqa: BLE001 - one line the orchestrator shows against this node
         record = {"node": node_name(), "error": error_line(e)}
     print(format_record("preflight", **record), flush=True)

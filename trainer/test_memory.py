@@ -328,3 +328,29 @@ def test_another_torch_measures_what_this_one_does() -> None:
     there = next(r for r in parse_records(other.stdout.splitlines()) if r["kind"] == "memory")
     assert there["torch"] != here["torch"]
     assert abs(there["peak_gib"] - here["peak_gib"]) * 1024 < 1.0, (there["peak_gib"], here["peak_gib"])
+
+
+def test_the_optimizer_state_is_the_one_a_step_leaves() -> None:
+    """The measurement creates AdamW's state by AdamW's own initialization, not a step: the same tensors
+    (names, shapes, dtypes, devices) as a step on zero gradients leaves, step count aside."""
+    import torch
+
+    from trainer.memory import _create_optimizer_state
+    from trainer.parallel import build_optimizer
+
+    def state(create: bool) -> list[tuple]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4).to(torch.bfloat16))
+        optimizer = build_optimizer(model, lr=1e-4)
+        if create:
+            _create_optimizer_state(model, optimizer)
+        else:
+            for p in model.parameters():
+                p.grad = torch.zeros_like(p)
+            optimizer.step()
+        assert all(p.grad is None for p in model.parameters()) or not create
+        return [(k, tuple(v.shape), v.dtype, v.device) for p in model.parameters()
+                for k, v in sorted(optimizer.state[p].items())]
+
+    created = state(True)
+    assert created == state(False) and len(created) == 4 * 3  # 4 tensors, each: step, exp_avg, exp_avg_sq

@@ -96,6 +96,12 @@ def preflight_run_dir(sweep_dir: Path, spec: RunSpec) -> Path:
     return sweep_dir / PREFLIGHT_DIR / f"{spec.label}-{spec.run_id}"
 
 
+def preflight_ready_dir(sweep_dir: Path) -> Path:
+    """Where a preflight's node jobs on one machine meet before timing their workload (bench/preflight.py
+    prepares it: a file `expected` holding how many ranks come; trainer/preflight.py meet)."""
+    return sweep_dir / PREFLIGHT_DIR / "ready"
+
+
 def attempt_dir(run_dir_: Path, attempt: int) -> Path:
     return run_dir_ / f"{ATTEMPT_PREFIX}{attempt}"
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from bench.core import rundir
 from bench.core.config import SweepConfig
 from bench.core.records import COLLECTIVE_TIMEOUT_ENV
 from bench.core.schema import RunSpec
@@ -251,6 +252,25 @@ def fault_args(cfg: SweepConfig, spec: RunSpec) -> list[str]:
             timed = ("sleep", "slow_collective", "slow_compute")
             return argv + (["--fault-seconds", str(rule.seconds)] if rule.fault in timed else [])
     return []
+
+
+def preflight_args(cfg: SweepConfig, spec: RunSpec) -> list[str]:
+    """A preflight node job's timed workload: its length, and where the cluster's nodes are this machine
+    (instance type "local"), the directory where their ranks meet before timing it: nodes that share its
+    cores are timed under the same load, not one while the others still start."""
+    if spec.kind != "preflight":
+        return []
+    argv = ["--seconds", f"{cfg.preflight.seconds:g}"]
+    if cfg.cluster.instance_type == "local":
+        sweep_dir = Path(os.path.abspath(cfg.results_root)) / cfg.sweep_name
+        argv += ["--ready-dir", str(rundir.preflight_ready_dir(sweep_dir))]
+    return argv
+
+
+def worker_args(cfg: SweepConfig, spec: RunSpec) -> list[str]:
+    """What the configuration adds to a worker's command line: a fault (test hook), a trace, the
+    preflight's workload."""
+    return fault_args(cfg, spec) + trace_args(cfg, spec) + preflight_args(cfg, spec)
 
 
 def trace_args(cfg: SweepConfig, spec: RunSpec) -> list[str]:

@@ -12,10 +12,9 @@ from bench.core.schema import RunSpec
 from bench.launchers.base import (
     IMAGE_PYTHON,
     IMAGE_WORKDIR,
-    fault_args,
     job_env,
     rendezvous_conf,
-    trace_args,
+    worker_args,
     worker_module_argv,
 )
 from bench.probes.command import perf_argv
@@ -128,7 +127,7 @@ def pytorchjob(cfg: SweepConfig, spec: RunSpec, name: str) -> dict[str, Any]:
     """
     command = [IMAGE_PYTHON, "-m", "torch.distributed.run", f"--nnodes={spec.nodes}",
                f"--nproc-per-node={spec.gpus_per_node}", "--rdzv-backend=c10d", "--max-restarts=0",
-               *worker_module_argv(spec, None, fault_args(cfg, spec) + trace_args(cfg, spec))]
+               *worker_module_argv(spec, None, worker_args(cfg, spec))]
     container = {"name": "pytorch", "image": _image(cfg), "imagePullPolicy": "IfNotPresent",
                  "workingDir": IMAGE_WORKDIR, "command": command,
                  "env": _env(cfg, spec),

@@ -37,12 +37,11 @@ from bench.launchers.base import (
     Poll,
     Submission,
     die_with_parent,
-    fault_args,
     job_env,
     python_executable,
     rendezvous_conf,
     torchrun_argv,
-    trace_args,
+    worker_args,
     worker_module_argv,
 )
 
@@ -102,7 +101,7 @@ class LocalLauncher(Launcher):
 
     def render(self, spec: RunSpec, run_dir: Path, seconds: float | None = None) -> Submission:
         py = python_executable(self.cfg)
-        worker = worker_module_argv(spec, run_dir, fault_args(self.cfg, spec) + trace_args(self.cfg, spec))
+        worker = worker_module_argv(spec, run_dir, worker_args(self.cfg, spec))
         agent = torchrun_argv(py, spec, f"127.0.0.1:{PORT_TOKEN}", spec.run_id, rendezvous_conf(self.cfg),
                               MONITOR_S)
         # `env` sets each agent's devices without a shell, and a simulated node's name where there are

@@ -16,11 +16,10 @@ from bench.core.schema import RunSpec
 from bench.launchers.base import (
     IMAGE_PYTHON,
     PROJECT_ROOT,
-    fault_args,
     python_executable,
     rendezvous_conf,
     torchrun_argv,
-    trace_args,
+    worker_args,
     worker_module_argv,
 )
 from bench.probes.command import perf_argv
@@ -171,7 +170,7 @@ def worker_command(cfg: SweepConfig, spec: RunSpec, run_dir: Path) -> str:
     argv = (_srun_prefix(cfg, 1) + _efa_limit(cfg, spec, run_dir)
             + torchrun_argv(_python(cfg), spec, ENDPOINT, "@RDZV_ID@", rendezvous_conf(cfg))
             + worker_module_argv(spec, Path(worker_path(cfg, run_dir)),
-                                 fault_args(cfg, spec) + trace_args(cfg, spec)))
+                                 worker_args(cfg, spec)))
     line = shlex.join(argv)
     return (line.replace(ENDPOINT, '"${head_addr}:${rdzv_port}"')
                 .replace("@RDZV_ID@", '"${SLURM_JOB_ID}"'))

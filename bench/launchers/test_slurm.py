@@ -273,14 +273,16 @@ def run_sweep(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slurm
 @pytest.mark.slow  # a real cluster, minutes each: .ci/run's slow step
-def test_smoke_on_slurm_matches_the_local_launcher(slurm_cluster, tmp_path: Path) -> None:
+def test_smoke_on_slurm_matches_the_local_launcher(slurm_cluster, smoke_results: Path,
+                                                   tmp_path: Path) -> None:
+    """The smoke's HYBRID_SHARD runs and its probes on Slurm: the same rows and columns as the session's
+    smoke on the local launcher (conftest.smoke_results, the same sweep and shape) holds for them."""
     axes = ["axes.sharding=[HYBRID_SHARD]", "steps=4", "warmup_steps=1"]
     slurm = run_sweep(tmp_path / "slurm", "cluster=slurm_local", "launcher=slurm", *axes)
     assert slurm.returncode == 0, slurm.stdout[-2000:] + slurm.stderr[-2000:]
-    local = run_sweep(tmp_path / "local", *axes)
-    assert local.returncode == 0, local.stderr[-2000:]
     a = pd.read_csv(tmp_path / "slurm" / "smoke_full" / "results.csv")
-    b = pd.read_csv(tmp_path / "local" / "smoke_full" / "results.csv")
+    local = pd.read_csv(smoke_results / "smoke_full" / "results.csv")
+    b = local[(local.kind == "nccl") | ((local.sharding == "HYBRID_SHARD") & (local.kind == "train"))]
     assert list(a.columns) == list(b.columns)
     assert (a.status == "ok").all() and (b.status == "ok").all()
     key = ["kind", "model", "nodes", "gpus_per_node", "sharding", "precision"]

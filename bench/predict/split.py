@@ -229,11 +229,19 @@ def memory_check(limit: float | None, known: Mapping[str, Known]) -> Callable[[R
         for k in known.values():
             if configuration(k.spec) == configuration(spec):  # what memory depends on, alike
                 return k.feasible
-            if k.measured and replace(k.spec, micro_batch=spec.micro_batch) == spec:
+            if k.measured and same_but_micro_batch(k.spec, spec):
                 activations = (k.peak_gib - states_gib(k.spec)) * spec.micro_batch / k.spec.micro_batch
                 return MemoryFigure(states_gib(spec) + activations, 0.0, "estimate").need_gib(spec) <= limit
         return None
     return fits
+
+
+def same_but_micro_batch(known: RunSpec, spec: RunSpec) -> bool:
+    """Whether `spec` is `known` at another micro batch (one `known`'s ranks cannot divide is not)."""
+    try:
+        return replace(known, micro_batch=spec.micro_batch) == spec
+    except ValueError:
+        return False
 
 
 def words(points: Mapping[str, float], peer: str | None = None) -> list[str]:

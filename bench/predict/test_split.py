@@ -115,6 +115,10 @@ def test_memory_is_judged_by_the_plan_then_by_its_line_through_the_state_then_by
     assert fits(replace(spec, sharding="NO_SHARD")) is False  # 7B's state unsharded: 105 GiB
     assert fits(replace(spec, activation_checkpointing="full")) is None  # not planned, state fits
     assert memory_check(None, {})(doubled) is True  # a CPU study: no GPU memory to exceed
+    wide = replace(SEVEN_B, nodes=16, micro_batch=8, global_batch=1024)  # 8 sequences a rank: mb16 is no run
+    narrow = replace(wide, nodes=8, micro_batch=16)
+    known = {wide.run_id: Known(wide, 22.0, True)}
+    assert memory_check(80.0, known)(narrow) is None  # not that run at another micro batch: not known
 
 
 def test_a_measured_split_is_compared_with_fsdps_copies_in_other() -> None:
