@@ -58,9 +58,9 @@ class _Collective:
 
     def run(self) -> None:
         if self.kind == "all_gather":
-            dist.all_gather_into_tensor(self.output, self.input)
+            GATHER(self.output, self.input)
         elif self.kind == "reduce_scatter":
-            dist.reduce_scatter_tensor(self.output, self.input)
+            SCATTER(self.output, self.input)
         else:
             dist.all_reduce(self.input)
 
@@ -75,6 +75,12 @@ class _Collective:
             want = want.repeat_interleave(self.output.numel() // n)
             return int((self.output != want).sum().item())
         return int((self.output != n * (n + 1) / 2).sum().item())
+
+
+# The single-tensor collectives under their torch >= 2.13 names (the older ones warn there, on every call's
+# first use in a process); torch 2.11 has the older names only.
+GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def _time(op: _Collective, iters: int, device: torch.device) -> float:

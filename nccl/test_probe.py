@@ -129,6 +129,7 @@ def test_torch_probe_reports_nccl_tests_fields(torchrun, nproc: int, collective:
                     "--nccl-min-bytes", "4096", "--nccl-max-bytes", "262144", "--nccl-iters", "5"],
                    nproc=nproc)
     assert run.returncode == 0, run.output[-2000:]
+    assert "Warning" not in run.output, run.output[-2000:]  # torch's current names: no deprecation notice
     rows = run.of_kind("nccl")
     assert [r["size"] for r in rows] == sorted([4096 * 2**i for i in range(7)] + [40000])
     for r in rows:

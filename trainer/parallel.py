@@ -11,6 +11,7 @@ all-reduced, i.e. DDP semantics. No strategy falls back to another: a mesh that 
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -186,6 +187,9 @@ def grad_scaler(precision: str, device: torch.device):
     if precision != "fp16_mixed":
         return None
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+    # the scaler's one-element scale meets DTensor gradients, which DTensor replicates as it should, with
+    # a UserWarning in every run's log that reads as a fault: not one
+    warnings.filterwarnings("ignore", message="Found a non-scalar tensor with numel=1", category=UserWarning)
     return ShardedGradScaler(device=device.type)
 
 

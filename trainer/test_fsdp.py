@@ -107,6 +107,7 @@ def test_precisions_train(precision: str) -> None:
     assert run.returncode == 0, run.output[-3000:]
     assert run.summary["status"] == "ok"
     assert all(0 < x < 20 for x in run.summary["losses"])
+    assert "non-scalar tensor with numel=1" not in run.output  # fp16's scaler: DTensor's notice filtered
 
 
 def test_activation_checkpointing_counts_recompute() -> None:
