@@ -202,7 +202,9 @@ ONE_RUN = (*gpucheck.SMOKE_ONE_RANK, "axes.precision=[bf16_mixed]", "axes.activa
 @pytest.mark.slow  # two real sweeps, one stopped at its budget: half a minute of the default suite's five
 def test_steps_run_under_their_budgets_and_an_overrun_is_stopped_and_named(stand_in_gpu, tmp_path: Path,
                                                                             capsys) -> None:
-    steps = (Step("smoke", "smoke", "one tiny run", ONE_RUN, 90),
+    # the tiny run's step takes about 9 s here (warm cache): a 45 s budget is five times that, and leaves
+    # the second step 12 s and the rest it did not use
+    steps = (Step("smoke", "smoke", "one tiny run", ONE_RUN, 45),
              Step("slow", "slow", "a run that sleeps past its step's budget",
                   (*ONE_RUN, "sweep_name=slow", "axes.seq_len=[64]",
                    "faults=[{match:{},fault:sleep,seconds:300}]"),
@@ -214,8 +216,8 @@ def test_steps_run_under_their_budgets_and_an_overrun_is_stopped_and_named(stand
     recorded = judge.load_steps(root)
     assert [r.name for r in recorded] == ["smoke", "slow"]
     assert recorded[0].returncode == 0 and recorded[1].returncode is None
-    assert recorded[0].budget_s == 90  # the second step has its own 12 s and what the first left unused
-    assert recorded[1].budget_s == pytest.approx(12 + 90 - recorded[0].elapsed_s, abs=0.5)
+    assert recorded[0].budget_s == 45  # the second step has its own 12 s and what the first left unused
+    assert recorded[1].budget_s == pytest.approx(12 + 45 - recorded[0].elapsed_s, abs=0.5)
     budget = recorded[1].budget_s
     # SIGINT at the budget, the sweep's own shutdown after
     assert budget <= recorded[1].elapsed_s < budget + 60
