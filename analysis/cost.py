@@ -24,29 +24,10 @@ KEYS = CONFIG + ["nodes"]
 SWEEP_COLUMNS = ["sweep", "cluster", "price_per_hour", "runs", "instance_hours", "gpu_hours", "usd"]
 
 
-def sweep_prices(sweeps: list[Path]) -> dict[str, float | None]:
-    """Cluster name -> price per instance-hour, from the sweeps' resolved configs."""
-    prices: dict[str, float | None] = {}
-    for sweep in sweeps:
-        try:
-            config = yaml.safe_load((sweep / rundir.SWEEP_CONFIG).read_text())
-        except (OSError, yaml.YAMLError):
-            continue
-        cluster = config.get("cluster") if isinstance(config, dict) else None  # a foreign file: no price
-        if not isinstance(cluster, dict) or not cluster.get("name"):
-            continue
-        price = cluster.get("price_per_hour")
-        if isinstance(price, (int, float)) and not isinstance(price, bool):
-            prices[str(cluster["name"])] = float(price)
-        else:
-            prices.setdefault(str(cluster["name"]), None)
-    return prices
-
-
-def sweep_energy_prices(sweeps: list[Path]) -> dict[str, float | None]:
-    """Cluster name -> energy price in USD per kWh (cluster.energy_price), from the sweeps' resolved configs;
-    None where a sweep sets none."""
-    prices: dict[str, float | None] = {}
+def _cluster_figures(sweeps: list[Path], key: str) -> dict[str, float | None]:
+    """Cluster name -> the number its `cluster.<key>` holds in the sweeps' resolved configs (a later sweep's
+    over an earlier one's); None where no sweep sets one. A foreign or unreadable file gives nothing."""
+    figures: dict[str, float | None] = {}
     for sweep in sweeps:
         try:
             config = yaml.safe_load((sweep / rundir.SWEEP_CONFIG).read_text())
@@ -55,10 +36,21 @@ def sweep_energy_prices(sweeps: list[Path]) -> dict[str, float | None]:
         cluster = config.get("cluster") if isinstance(config, dict) else None
         if not isinstance(cluster, dict) or not cluster.get("name"):
             continue
-        price = cluster.get("energy_price")
-        ok = isinstance(price, (int, float)) and not isinstance(price, bool)
-        prices[str(cluster["name"])] = float(price) if ok else prices.get(str(cluster["name"]))
-    return prices
+        name, value = str(cluster["name"]), cluster.get(key)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        figures[name] = float(value) if ok else figures.get(name)
+    return figures
+
+
+def sweep_prices(sweeps: list[Path]) -> dict[str, float | None]:
+    """Cluster name -> price per instance-hour, from the sweeps' resolved configs."""
+    return _cluster_figures(sweeps, "price_per_hour")
+
+
+def sweep_energy_prices(sweeps: list[Path]) -> dict[str, float | None]:
+    """Cluster name -> energy price in USD per kWh (cluster.energy_price), from the sweeps' resolved configs;
+    None where a sweep sets none."""
+    return _cluster_figures(sweeps, "energy_price")
 
 
 def with_energy(agg: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:

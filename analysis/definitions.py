@@ -50,4 +50,14 @@ DEFINITIONS = """\
   instance-hour; per million tokens and time to train use the steady-state tokens/s.
 - **Loss parity**: runs equal in everything but strategy, AC and wrapping must share a loss curve
   (max relative deviation within 0.1% in fp32, 2% in mixed precision, 5% in pure bf16).
+- **MFU's denominator** is named beside every MFU ("989.4 dense bf16 (H100-SXM)"): the datasheet's dense
+  peak, never the 2:4-sparse figure twice as large.
+- **GPU energy**: every GPU's joules over the timed steps, from NVML's energy counter (millijoules since the
+  driver loaded) read as the first timed step begins and after the last one's sync, else its power samples
+  integrated (the run's energy_source says which), over the tokens the run trained in them; the board's
+  energy only (hosts, network and cooling are not in it). kWh to train = tokens x J/token / 3.6e6; its cost
+  at cluster.energy_price (USD per kWh). A CPU run: not measured.
+- **System**: each node's facts as its worker read them at start (bench/core/system.py: GPU, driver, CUDA,
+  NCCL, libfabric, aws-ofi-nccl, RDMA devices, topology, instance type, image, versions, git); a study whose
+  nodes are not one system says so first, because its efficiency then mixes machines.
 """
