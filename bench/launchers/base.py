@@ -165,11 +165,16 @@ class Launcher(Protocol):
         return []
 
 
+def nodes_are_this_machine(cfg: SweepConfig) -> bool:
+    """Whether the cluster's nodes are this machine (instance type "local": the local Slurm test cluster)."""
+    return cfg.cluster.instance_type == "local"
+
+
 def cluster_placement(cfg: SweepConfig, name: str, admits_all: bool = False) -> Placement:
     """A scheduler's placement: runs side by side up to the node budget (launcher.max_nodes, else the
     cluster's), every node checked first. Where its nodes are this machine (instance type "local": the local
     Slurm test cluster) a run starts as a local one does and is predicted on this machine's devices."""
-    here = cfg.cluster.instance_type == "local"
+    here = nodes_are_this_machine(cfg)
     budget = cfg.launcher.max_nodes if cfg.launcher.max_nodes is not None else cfg.cluster.max_nodes
     return Placement(startup_s=MACHINE_STARTUP_S if here else CLUSTER_STARTUP_S,
                      probe_s=0.0 if here else CLUSTER_PROBE_S, run_launcher=name, this_machine=here,
@@ -261,7 +266,7 @@ def preflight_args(cfg: SweepConfig, spec: RunSpec) -> list[str]:
     if spec.kind != "preflight":
         return []
     argv = ["--seconds", f"{cfg.preflight.seconds:g}"]
-    if cfg.cluster.instance_type == "local":
+    if nodes_are_this_machine(cfg):
         sweep_dir = Path(os.path.abspath(cfg.results_root)) / cfg.sweep_name
         argv += ["--ready-dir", str(rundir.preflight_ready_dir(sweep_dir))]
     return argv
