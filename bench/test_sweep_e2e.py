@@ -141,6 +141,10 @@ def test_smoke_sweep_end_to_end_then_resume(smoke_results: Path) -> None:
     with open(rundir.current_attempt_dir(d) / "logs" / "node0.log") as f:
         metas = [r for r in parse_records(f) if r["kind"] == "meta"]
     assert {tuple(m["mesh_shape"]) for m in metas} == {(2, 2)}
+    # every CPU worker was forked by the sweep's warm process (launcher.warm_workers, on by default)
+    starts = [r["startup"] for d in (smoke_results / "smoke_full" / "runs").glob("tiny_llama-*")
+              for r in rundir.read_records(d) if r["kind"] == "meta"]
+    assert len(starts) >= len(frame[frame.kind == "train"]) and all(s["warm"] for s in starts)
     # The report of these results: charts exist, its scaling table holds the summaries' values.
     out = smoke_results / "smoke_full" / "report"
     for chart in ("throughput_vs_nodes", "efficiency_vs_nodes", "tflops_per_config", "memory_vs_nodes",

@@ -1,6 +1,9 @@
 """Where a run's wall time goes: one-rank and 2x2 runs of the smoke study, each phase of each run from the
-harness's and the worker's own clocks, the median over several runs, beside the same runs at another
-checkout (`--against REV`: today's code, in a git worktree) in alternating sweeps.
+harness's and the worker's own clocks, the median over several runs; with warm workers (the local launcher's
+default: each CPU worker forked by the sweep's warm process, its imports done) beside cold ones
+(launcher.warm_workers=false: each worker imports torch, FSDP2 and transformers itself), and beside another
+checkout (`--against REV`, in a git worktree, as it runs by default), in alternating sweeps. The warm
+process's own imports are paid once per sweep, by its first CPU run (in that run's launcher start).
 
 Phases (wall-clock times; the worker's from its summary's `timeline`, rank 0's view):
   launcher start   torchrun agent's process start -> the worker process's start (torch's import in the agent,
@@ -17,8 +20,8 @@ Phases (wall-clock times; the worker's from its summary's `timeline`, rank 0's v
 The fixed cost is the wall time less the warm-up, timed steps and trace: what a run costs that is not the
 study, paid by every run of a smoke study in a user's CI.
 
-    python benchmarks/run_cost.py [--repeats 5] [--against HEAD~3]
-    python benchmarks/run_cost.py --quick     # 2 one-rank runs and 1 2x2 run, this checkout only
+    python benchmarks/run_cost.py [--repeats 5] [--rounds 2] [--against HEAD~3]
+    python benchmarks/run_cost.py --quick     # 3 one-rank runs and 1 2x2 run, warm and cold
 """
 from __future__ import annotations
 
@@ -58,11 +61,11 @@ def boot_to_unix() -> float:
     return time.time() - uptime
 
 
-def sweep(checkout: Path, results: Path, shape: str, repeats: int) -> float:
+def sweep(checkout: Path, overrides: list[str], results: Path, shape: str, repeats: int) -> float:
     """One sweep of `repeats` runs of the shape at that checkout; its wall time."""
     began = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={results}",
-                           *SHAPES[shape], *ONE_CONFIG, f"repeats={repeats}"], cwd=checkout,
+                           *SHAPES[shape], *ONE_CONFIG, *overrides, f"repeats={repeats}"], cwd=checkout,
                           capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"sweep at {checkout} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
@@ -136,12 +139,13 @@ def main() -> None:
     parser.add_argument("--against", help="a git revision to measure beside this checkout")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
-    shapes = {"1x1": 2, "2x2": 1} if args.quick else {s: args.repeats for s in SHAPES}
+    shapes = {"1x1": 3, "2x2": 1} if args.quick else {s: args.repeats for s in SHAPES}
     tmp = Path(tempfile.mkdtemp(prefix="fsdpbench-run-cost-"))
-    checkouts = {"this checkout": ROOT}
+    checkouts = {"warm": (ROOT, ["launcher.warm_workers=true"]),
+                 "cold": (ROOT, ["launcher.warm_workers=false"])}
     try:
         if args.against:
-            checkouts[args.against] = worktree(args.against, tmp / "against")
+            checkouts[args.against] = (worktree(args.against, tmp / "against"), [])
         offset = boot_to_unix()
         columns: dict[str, dict[str, float]] = {}
         for shape, repeats in shapes.items():
@@ -151,7 +155,7 @@ def main() -> None:
                 order = list(checkouts) if k % 2 == 0 else list(reversed(checkouts))
                 for name in order:
                     results = tmp / f"{shape}-{k}-{name.replace('/', '_').replace(' ', '_')}"
-                    walls[name].append(sweep(checkouts[name], results, shape, repeats))
+                    walls[name].append(sweep(*checkouts[name], results, shape, repeats))
                     per[name] += run_phases(results, offset)
             for name in checkouts:
                 columns[f"{shape} {name}"] = medians(per[name])

@@ -175,11 +175,14 @@ def test_trace_cost_prints_what_a_trace_adds_to_a_run() -> None:
 
 @pytest.mark.slow
 def test_run_cost_prints_where_a_runs_wall_time_goes() -> None:
-    """Every phase of a one-rank and a 2x2 run, from the runs' own timelines, and the fixed cost."""
+    """Every phase of a one-rank and a 2x2 run, from the runs' own timelines, and the fixed cost, with
+    warm workers and cold ones."""
     out = quick("run_cost.py")
     for phase in ("launcher start", "worker imports", "process group", "model + wrap", "warmup",
                   "timed steps", "trace", "exit", "harness", "fixed"):
         assert re.search(rf"^{re.escape(phase)}\s+[\d.]+", out, re.M), phase
-    one, two = (_figure(rf"fixed cost {shape} at this checkout: ([\d.]+) s median", out)
-                for shape in ("1x1", "2x2"))
-    assert 0 < one < two  # four ranks on two simulated nodes start more than one
+    fixed = {(shape, how): _figure(rf"fixed cost {shape} at {how}: ([\d.]+) s median", out)
+             for shape in ("1x1", "2x2") for how in ("warm", "cold")}
+    assert 0 < fixed["1x1", "warm"] < fixed["2x2", "warm"]  # four ranks on two simulated nodes start more
+    # a warm worker skips the imports a cold one does (torch, FSDP2, transformers: seconds here)
+    assert fixed["1x1", "warm"] < fixed["1x1", "cold"] and fixed["2x2", "warm"] < fixed["2x2", "cold"]

@@ -21,12 +21,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.distributed as dist
+from bench.core.warm import run_warm
 
-from bench.core.records import Emitter, exit_now
-from bench.core.schema import add_fault_arguments, add_spec_arguments, spec_from_namespace
-from bench.probes.command import busbw_factor, expected_network
+if __name__ == "__main__":
+    run_warm("nccl.probe")  # in the local sweep's warm process, where it has one; it exits as the probe did
+
+import torch  # noqa: E402  (after the hand-off: a warm probe never imports it itself)
+import torch.distributed as dist  # noqa: E402
+
+from bench.core.records import Emitter, exit_now  # noqa: E402
+from bench.core.schema import add_fault_arguments, add_spec_arguments, spec_from_namespace  # noqa: E402
+from bench.probes.command import busbw_factor, expected_network  # noqa: E402
 
 WARMUP_ITERS = 5
 

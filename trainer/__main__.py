@@ -16,7 +16,11 @@ if _known.fault == "sleep":
     print(f"fsdpbench test mode: slept until {time.time():.3f}", flush=True)
     sys.exit(0)
 
-from bench.core.records import exit_now  # noqa: E402  (after the test mode: it must not wait for torch)
+from bench.core.warm import run_warm  # noqa: E402  (after the test mode: it must not wait for torch)
+
+run_warm("trainer")  # in the local sweep's warm process, where it has one; it exits as the run did
+
+from bench.core.records import exit_now  # noqa: E402
 from trainer.main import main  # noqa: E402
 
 exit_now(main())

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from bench.core.records import COLLECTIVE_TIMEOUT_ENV, Emitter, process_start_time
+from bench.core.warm import STARTED_ENV
 from trainer.config import TrainArgs, parse_args
 from trainer.flight import adopt_buffer_env, dump_on_sigterm, write_dump
 from trainer.nvml import NvmlSampler
@@ -138,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         emit("summary", status="rendezvous_error", error=f"{type(e).__name__}: {e}")
         return EXIT_RDZV
     startup = {"to_main_s": to_main, "args_s": stamps["args"] - stamps["main"],
-               "process_group_s": time.monotonic() - began}
+               "process_group_s": time.monotonic() - began,
+               "warm": os.environ.get(STARTED_ENV) == "1"}  # forked by the sweep's warm process
     stamps["process_group"] = time.time()
     dump_on_sigterm(rank)  # stopped by the harness or by torchrun: leave the flight recorder's dump
     try:

@@ -175,6 +175,11 @@ class LauncherConfig:
     one run at a time locally."""
     probes_alone: bool = True
     """nccl probes run with nothing else in flight (a shared fabric distorts them)."""
+    warm_workers: bool = True
+    """Local launcher: a run on CPU starts its workers from one warm process per sweep, which has torch,
+    transformers and the trainer imported already (`python -m trainer.warm`), instead of each worker
+    importing them (seconds of every run's wall time); torchrun still starts and watches each worker's
+    process. false: every worker starts cold. Runs on a GPU always start cold."""
     rendezvous_timeout_s: float = 1800
     """Seconds torchrun's c10d rendezvous waits for every node to join and answer, so nodes that start
     apart (image pulls) still meet."""

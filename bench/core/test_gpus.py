@@ -146,4 +146,5 @@ execute(study_from(cfg, launcher.placement(cfg)), plan, launcher, sweep_dir)
     for m in metas:
         startup = m["startup"]
         assert startup["to_main_s"] > 0.5 and startup["process_group_s"] >= 0 and startup["setup_s"] > 0
+        assert startup["warm"] is False  # a GPU's worker starts cold (no warm process holds CUDA state)
         assert sum(startup.values()) < launch + 1, (startup, launch)

@@ -164,6 +164,9 @@ class Launcher(Protocol):
         """Every time the scheduler ran the job (a requeued job runs again), as it recorded them."""
         return []
 
+    def close(self) -> None:
+        """Free what the launcher holds for the whole study, once its last run has ended."""
+
 
 def nodes_are_this_machine(cfg: SweepConfig) -> bool:
     """Whether the cluster's nodes are this machine (instance type "local": the local Slurm test cluster)."""

@@ -6,6 +6,10 @@ included): the kernel sends them SIGTERM when the sweep's main thread exits (PR_
 torchrun passes that on to its workers. So a local job never outlives its sweep, and a resumed sweep has
 nothing to re-attach to: a survivor it still finds through the ledger is killed.
 
+Warm workers (launcher.warm_workers, on by default): an agent that runs on CPU names the sweep's warm process
+(`python -m trainer.warm`, started at the first such run, stopped by `close`) in FSDPBENCH_WARM_SOCKET; each
+worker torchrun starts hands itself to it (bench/core/warm.py) and runs in a child that has its imports done.
+
 GPUs: each agent gets its own devices (CUDA_VISIBLE_DEVICES per agent), so two simulated nodes never put
 two ranks on one GPU. A run that needs more GPUs than the machine has runs on CPU (gloo) when the local
 cluster names no GPU (`cluster.gpu: null`, the smoke sweep's), and is refused before launch when it does
@@ -14,9 +18,11 @@ cluster names no GPU (`cluster.gpu: null`, the smoke sweep's), and is refused be
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,6 +33,7 @@ from bench.core.config import ConfigError, SweepConfig
 from bench.core.gpus import agent_devices, local_gpus
 from bench.core.records import process_start_time
 from bench.core.schema import RunSpec
+from bench.core.warm import SOCKET_ENV
 from bench.launchers.base import (
     DONE,
     MACHINE_STARTUP_S,
@@ -46,6 +53,7 @@ from bench.launchers.base import (
 )
 
 PORT_TOKEN = "@RDZV_PORT@"  # replaced by a free port when the run is submitted (render stays pure)
+WARM_BIND_S = 10  # how long the warm process may take to listen (a worker that finds no socket runs cold)
 MONITOR_S = 0.1  # torchrun's look at its workers: a local run lasts seconds, its exit is seen within this
 
 
@@ -70,6 +78,7 @@ class LocalLauncher(Launcher):
     def __init__(self, cfg: SweepConfig, gpus: list[str] | None = None) -> None:
         self.cfg = cfg
         self.gpus = local_gpus() if gpus is None else gpus
+        self.warm: WarmProcess | None = None
 
     @classmethod
     def placement(cls, cfg: SweepConfig) -> Placement:
@@ -123,10 +132,27 @@ class LocalLauncher(Launcher):
             log = open(path, "ab")
             handle.logs.append(log)
             cmd = [a.replace(PORT_TOKEN, port) for a in argv]
-            handle.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+            warm = self._warm_socket(env, submission.workdir) if "CUDA_VISIBLE_DEVICES=" in argv else None
+            handle.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                                 env={**env, SOCKET_ENV: warm} if warm else env,
                                                  cwd=submission.workdir, start_new_session=True,
                                                  preexec_fn=preexec))
         return handle
+
+    def _warm_socket(self, env: dict[str, str], workdir: str | None) -> str | None:
+        """The sweep's warm process for CPU workers (started now if not yet), or None where it is off."""
+        if not self.cfg.launcher.warm_workers:
+            return None
+        if self.warm is None or not self.warm.alive():
+            self.close()
+            self.warm = WarmProcess.start(python_executable(self.cfg), env, workdir)
+        return str(self.warm.socket)
+
+    def close(self) -> None:
+        """Stop the warm process, if one was started."""
+        if self.warm is not None:
+            self.warm.stop()
+            self.warm = None
 
     def locate(self, handle: LocalHandle) -> dict[str, Any]:
         return {"host": socket.gethostname(),
@@ -172,6 +198,41 @@ class LocalLauncher(Launcher):
                 pass
         for log in handle.logs:
             log.close()
+
+
+@dataclass
+class WarmProcess:
+    """`python -m trainer.warm` on a socket in a directory of its own (removed with it)."""
+
+    proc: subprocess.Popen
+    socket: Path
+
+    @classmethod
+    def start(cls, python: str, env: dict[str, str], workdir: str | None) -> WarmProcess:
+        home = Path(tempfile.mkdtemp(prefix="fsdpbench-warm-"))
+        path = home / "socket"
+        with open(home / "warm.log", "ab") as log:
+            proc = subprocess.Popen([python, "-m", "trainer.warm", "--socket", str(path)], stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=workdir,
+                                    start_new_session=True, preexec_fn=die_with_parent())
+        deadline = time.monotonic() + WARM_BIND_S  # it listens before its imports: a worker's connection
+        while not path.exists() and proc.poll() is None and time.monotonic() < deadline:  # then waits
+            time.sleep(0.01)
+        return cls(proc, path)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        """SIGTERM (it kills any child still running), SIGKILL after 5 s; its directory removed."""
+        if self.alive():
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.socket.parent, ignore_errors=True)
 
 
 def _signal_group(pgid: int, sig: int) -> None:

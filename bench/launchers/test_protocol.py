@@ -72,11 +72,11 @@ def test_the_defaults_are_those_of_a_launcher_with_nothing_to_do() -> None:
         name = "bare"
     bare = Bare()
     assert bare.admit(None) is None and bare.preflight() is None  # type: ignore[arg-type]
-    assert bare.plan_note([]) is None and bare.executions(object()) == []
+    assert bare.plan_note([]) is None and bare.executions(object()) == [] and bare.close() is None
     nodes, down = bare.node_names()
     assert len(nodes) == 1 and nodes[0] and down == {}
     # the launchers that have something to say override the default
     assert SlurmLauncher.executions is not Launcher.executions
     assert KubernetesLauncher.admit is not Launcher.admit
-    assert LocalLauncher.plan_note is not Launcher.plan_note
+    assert LocalLauncher.plan_note is not Launcher.plan_note and LocalLauncher.close is not Launcher.close
     assert inspect.getsource(Launcher.node_names).count("gethostname") == 1

@@ -181,6 +181,7 @@ def execute(study: Study, plan: list[PlannedRun], launcher: Launcher, sweep_dir:
                     steps.close()
             raise
         finally:
+            launcher.close()
             with contextlib.suppress(rundir.NoSpace) if full else contextlib.nullcontext():
                 write_results(sweep_dir)
     return {**sweep.counts, "interrupted": int(stop.is_set())}

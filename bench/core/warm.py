@@ -1,0 +1,70 @@
+"""A worker command's way into a warm process (`python -m trainer.warm`, which the local launcher starts
+once per sweep): the command's process, started by torchrun as always, hands its module, arguments,
+environment, working directory and standard streams to the warm process, which forks a child that has torch,
+transformers and the trainer imported already and runs the module there. This process stays what torchrun
+watches: it passes on the signals it gets, and exits as the child did (its code, or killed by its signal).
+
+Without the warm process (none named in FSDPBENCH_WARM_SOCKET, or it cannot be reached or fails before the
+child starts), the caller goes on and runs the module itself, cold. Standard library only: it runs before
+torch is imported, and the whole point is not to import it."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+
+SOCKET_ENV = "FSDPBENCH_WARM_SOCKET"
+STARTED_ENV = "FSDPBENCH_STARTED_WARM"  # set in a warm child: its run's meta record says it started warm
+HEADER = struct.Struct("!I")  # the request's length, sent with the three standard streams' descriptors
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def request(module: str) -> bytes:
+    """What the warm process needs to run `python -m module` as this process would."""
+    env = {k: v for k, v in os.environ.items() if k != SOCKET_ENV}
+    return json.dumps({"module": module, "argv": sys.argv, "env": env, "cwd": os.getcwd()}).encode()
+
+
+def exit_as(status: int) -> None:
+    """Leave as the child left: its exit code, or killed by the same signal (torchrun tells them apart)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if status < 0:
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP keep their default anyway
+            signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+    os._exit(status if status >= 0 else 128 - status)
+
+
+def run_warm(module: str) -> None:
+    """Run `python -m module` in the warm process and exit as it did; return (having done nothing) when
+    there is none to run it."""
+    path = os.environ.get(SOCKET_ENV)
+    if not path:
+        return
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+        payload = request(module)
+        socket.send_fds(conn, [HEADER.pack(len(payload))], [0, 1, 2])
+        conn.sendall(payload)
+        lines = conn.makefile("r")
+        started = lines.readline()  # the child's pid once forked: blocks while the warm process imports
+        if not started:
+            raise ConnectionError("the warm process closed before starting the child")
+        pid = int(json.loads(started)["pid"])
+    except (OSError, ValueError, KeyError):  # no warm process to be had: run cold, as without one
+        conn.close()
+        os.environ.pop(SOCKET_ENV, None)
+        return
+    for sig in FORWARDED:
+        signal.signal(sig, lambda s, _frame: os.kill(pid, s))
+    ended = lines.readline()  # interrupted by a forwarded signal, readline resumes (PEP 475)
+    if not ended:  # the warm process died: its children die with it (PR_SET_PDEATHSIG)
+        print(f"fsdpbench: the warm process ended before worker {pid} did", file=sys.stderr)
+        exit_as(1)
+    exit_as(int(json.loads(ended)["status"]))

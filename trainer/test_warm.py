@@ -1,0 +1,150 @@
+"""The warm process (trainer/warm.py) and a command's way into it (bench/core/warm.py), with a stand-in
+module so each test takes a second: a command runs in a forked child as itself, ends as the child ended,
+passes its signals on, takes its child with it when killed, runs cold where there is no warm process, and
+the warm process dies with whoever started it."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bench.core.warm import SOCKET_ENV, STARTED_ENV
+
+ROOT = Path(__file__).resolve().parents[1]
+MODULE = '''
+import json, os, signal, sys, time
+from bench.core.warm import run_warm
+if __name__ == "__main__":
+    run_warm("stand_in")
+    what = sys.argv[1]
+    if what == "term":
+        def leave(*_):
+            print("got SIGTERM", flush=True)
+            os._exit(7)
+        signal.signal(signal.SIGTERM, leave)
+    print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(), "argv": sys.argv[1:],
+                      "value": os.environ.get("STAND_IN_VALUE"), "warm": os.environ.get("STARTED"),
+                      "socket": os.environ.get("SOCKET")}), flush=True)
+    if what == "exit":
+        sys.exit(int(sys.argv[2]))
+    if what == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)
+'''.replace("STARTED", STARTED_ENV).replace("SOCKET", SOCKET_ENV)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def _wait_gone(pid: int, seconds: float = 10) -> bool:
+    deadline = time.monotonic() + seconds
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.fixture
+def warm(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, dict[str, str]]]:
+    """A warm process preloading nothing of torch, and the environment a command reaches it with."""
+    (tmp_path / "stand_in.py").write_text(MODULE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])}
+    sock = tmp_path / "warm.sock"
+    argv = [sys.executable, "-m", "trainer.warm", "--socket", str(sock), "--preload", "json"]
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env)
+    while not sock.exists():  # it listens before it imports (as the local launcher waits for it)
+        assert proc.poll() is None
+        time.sleep(0.01)
+    yield proc, {**env, SOCKET_ENV: str(sock), "STAND_IN_VALUE": "from the command"}
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def _command(env: dict[str, str], cwd: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "stand_in", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_command_runs_in_a_warm_child_as_itself_and_exits_with_its_code(warm, tmp_path: Path) -> None:
+    server, env = warm
+    workdir = tmp_path / "elsewhere"
+    workdir.mkdir()
+    command = _command(env, workdir, "exit", "3")
+    out, err = command.communicate(timeout=30)
+    assert command.returncode == 3, err
+    seen = json.loads(out)  # the child wrote into the command's own stdout
+    assert seen["ppid"] == server.pid and seen["pid"] != command.pid
+    assert seen["cwd"] == str(workdir) and seen["argv"] == ["exit", "3"]
+    assert seen["value"] == "from the command" and seen["warm"] == "1" and seen["socket"] is None
+
+
+def test_a_child_killed_by_a_signal_ends_its_command_by_the_same_signal(warm, tmp_path: Path) -> None:
+    command = _command(warm[1], tmp_path, "kill")
+    command.communicate(timeout=30)
+    assert command.returncode == -signal.SIGKILL
+
+
+def test_a_signal_to_the_command_reaches_its_child(warm, tmp_path: Path) -> None:
+    command = _command(warm[1], tmp_path, "term")
+    assert command.stdout is not None
+    child = json.loads(command.stdout.readline())["pid"]
+    command.send_signal(signal.SIGTERM)
+    out, _ = command.communicate(timeout=30)
+    assert command.returncode == 7 and "got SIGTERM" in out
+    assert _wait_gone(child)
+
+
+def test_a_killed_command_takes_its_child_with_it(warm, tmp_path: Path) -> None:
+    command = _command(warm[1], tmp_path, "sleep")
+    assert command.stdout is not None
+    child = json.loads(command.stdout.readline())["pid"]
+    assert _alive(child)
+    command.kill()
+    command.wait(timeout=10)
+    assert _wait_gone(child, 5), "the child outlived its command"
+    assert warm[0].poll() is None  # the warm process serves on
+
+
+def test_without_a_warm_process_a_command_runs_cold(tmp_path: Path) -> None:
+    (tmp_path / "stand_in.py").write_text(MODULE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)]),
+           SOCKET_ENV: str(tmp_path / "nobody.sock")}
+    command = _command(env, tmp_path, "exit", "0")
+    out, err = command.communicate(timeout=30)
+    seen = json.loads(out)
+    assert command.returncode == 0, err
+    assert seen["pid"] == command.pid and seen["warm"] is None and seen["socket"] is None
+
+
+def test_the_warm_process_and_its_children_die_with_whoever_started_it(tmp_path: Path) -> None:
+    (tmp_path / "stand_in.py").write_text(MODULE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])}
+    sock = tmp_path / "warm.sock"
+    starter = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-m', "
+         f"'trainer.warm', '--socket', {str(sock)!r}, '--preload', 'json']); print(p.pid, flush=True); "
+         "time.sleep(60)"], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    assert starter.stdout is not None
+    server = int(starter.stdout.readline())
+    while not sock.exists():
+        time.sleep(0.01)
+    command = _command({**env, SOCKET_ENV: str(sock)}, tmp_path, "sleep")
+    assert command.stdout is not None
+    child = json.loads(command.stdout.readline())["pid"]
+    starter.kill()
+    starter.wait(timeout=10)
+    assert _wait_gone(server, 10) and _wait_gone(child, 10)
+    command.wait(timeout=10)
+    assert command.returncode != 0
