@@ -12,7 +12,10 @@ from typing import Any
 
 import pytest
 
+from bench.core.gpus import local_gpus
 from bench.core.records import parse_records
+from bench.core.warm import SOCKET_ENV
+from bench.launchers.local import WarmProcess
 from trainer.flight import BUFFER_ENV
 
 ROOT = Path(__file__).resolve().parent
@@ -42,9 +45,33 @@ class WorkerResult:
         return summaries[0]
 
 
+_WARM: list[WarmProcess] = []  # this test process's warm process (pytest_configure)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A process that runs tests starts a warm process (trainer/warm.py, the local sweep's: torch and
+    transformers imported once) and names it in its environment, so the workers, memory measurers, census
+    and preflight commands its tests start on CPU fork from it instead of importing torch each (a command
+    of another interpreter or checkout, a Slurm job's and a sweep's GPU workers still start cold); none
+    where there are GPUs, nor in pytest-xdist's controller, which runs no test."""
+    if local_gpus() or (hasattr(config, "workerinput") is False and config.getoption("numprocesses", None)):
+        return
+    warm = WarmProcess.start(sys.executable, {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
+                             str(ROOT))
+    _WARM.append(warm)
+    os.environ[SOCKET_ENV] = str(warm.socket)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for warm in _WARM:
+        warm.stop()
+    os.environ.pop(SOCKET_ENV, None)
+
+
 def run_torchrun(module_args: list[str], nproc: int, timeout: float = 240, env: dict | None = None,
                  ) -> WorkerResult:
-    """Run `python -m <module> ...` under a real torchrun with `nproc` gloo processes."""
+    """Run `python -m <module> ...` under a real torchrun with `nproc` gloo processes (the worker's own
+    modules, `trainer`, `trainer.series` and `nccl.probe`, in the session's warm process)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "--max-restarts=0", "-m", *module_args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,

@@ -332,7 +332,10 @@ def main(argv: list[str] | None = None) -> int:
         launcher.preflight()
         sweep_dir = Path(cfg.results_root) / cfg.sweep_name
         with rundir.locked(sweep_dir):
-            verdict = check(nodes_of(cfg, launcher.placement(cfg)), launcher, sweep_dir)
+            try:
+                verdict = check(nodes_of(cfg, launcher.placement(cfg)), launcher, sweep_dir)
+            finally:
+                launcher.close()
     except (ConfigError, rundir.SweepDirBusy) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_CONFIG

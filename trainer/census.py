@@ -17,15 +17,20 @@ import json
 import sys
 from typing import Any
 
-import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils.flop_counter import FlopCounterMode
+from bench.core.warm import run_warm
 
-from bench.core.models import Census, has_census, needs_census, register_census
-from bench.core.records import error_line, format_record
-from trainer.data import synthetic_batch
-from trainer.model import build_brought_meta_model, transformer_blocks
-from trainer.parallel import apply_activation_checkpointing, float8_filter
+if __name__ == "__main__":
+    run_warm("trainer.census")  # in a warm process, where its environment names one (bench/core/warm.py)
+
+import torch  # noqa: E402
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+from bench.core.models import Census, has_census, needs_census, register_census  # noqa: E402
+from bench.core.records import error_line, format_record  # noqa: E402
+from trainer.data import synthetic_batch  # noqa: E402
+from trainer.model import build_brought_meta_model, transformer_blocks  # noqa: E402
+from trainer.parallel import apply_activation_checkpointing, float8_filter  # noqa: E402
 
 SEQ_LENS = (16, 32)  # two lengths give each count's line in the sequence length
 DEPTHS = (1, 2)  # identical blocks: two shallow copies give the FLOPs outside the blocks and of each block

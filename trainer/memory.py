@@ -37,16 +37,21 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-import torch
-import torch.distributed as dist
-from torch.utils._python_dispatch import TorchDispatchMode
+from bench.core.warm import run_warm
 
-from bench.core.models import ModelArch
-from bench.core.records import error_line, format_record
-from bench.core.schema import RunSpec
-from trainer.census import count_cpu_attention, ensure
-from trainer.depth import Peak, at_depth, extrapolate, highest, on_line, pattern, places, shallow_depths
-from trainer.model import CAUSAL_SDPA, attention_impl
+if __name__ == "__main__":
+    run_warm("trainer.memory")  # in a warm process, where its environment names one (bench/core/warm.py)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from bench.core.models import ModelArch  # noqa: E402
+from bench.core.records import error_line, format_record  # noqa: E402
+from bench.core.schema import RunSpec  # noqa: E402
+from trainer.census import count_cpu_attention, ensure  # noqa: E402
+from trainer.depth import Peak, at_depth, extrapolate, highest, on_line, pattern, places, shallow_depths  # noqa: E402
+from trainer.model import CAUSAL_SDPA, attention_impl  # noqa: E402
 
 GIB = 2**30
 TOTAL = "Total"

@@ -22,10 +22,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
+from bench.core.warm import run_warm
 
-from bench.core.records import error_line, format_record, node_name
-from bench.core.schema import add_fault_arguments, add_spec_arguments, spec_from_namespace
+if __name__ == "__main__":
+    run_warm("trainer.preflight")  # in a warm process, where its environment names one (bench/core/warm.py)
+
+import torch  # noqa: E402
+
+from bench.core.records import error_line, format_record, node_name  # noqa: E402
+from bench.core.schema import add_fault_arguments, add_spec_arguments, spec_from_namespace  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16_mixed": torch.bfloat16, "fp16_mixed": torch.float16,
           "bf16_pure": torch.bfloat16, "fp8_tensorwise": torch.bfloat16}

@@ -12,11 +12,16 @@ import json
 import os
 import sys
 
-import torch.distributed as dist
+from bench.core.warm import run_warm
 
-from bench.core.records import Emitter, exit_now
-from trainer.config import parse_args
-from trainer.main import EXIT_OK, init_process_group, rank_device, train_run
+if __name__ == "__main__":
+    run_warm("trainer.series")  # in the tests' warm process, where they have one (conftest.run_torchrun)
+
+import torch.distributed as dist  # noqa: E402
+
+from bench.core.records import Emitter, exit_now  # noqa: E402
+from trainer.config import parse_args  # noqa: E402
+from trainer.main import EXIT_OK, init_process_group, rank_device, train_run  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

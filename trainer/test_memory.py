@@ -18,6 +18,7 @@ import pytest
 
 from bench.core.records import format_record, parse_records
 from bench.core.schema import RunSpec
+from bench.core.warm import run_warm
 from bench.gpucheck.evidence import EVIDENCE_DIR, table_runs
 from bench.predict.memory import CUBLAS_WORKSPACE_GIB
 from conftest import ROOT
@@ -288,6 +289,7 @@ def _reference(specs: list[dict]) -> None:
 
 
 if __name__ == "__main__":
+    run_warm("trainer.test_memory")  # in the session's warm process (conftest.py)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     _reference(json.loads(sys.argv[1]))
 

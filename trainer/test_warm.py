@@ -148,3 +148,28 @@ def test_the_warm_process_and_its_children_die_with_whoever_started_it(tmp_path:
     assert _wait_gone(server, 10) and _wait_gone(child, 10)
     command.wait(timeout=10)
     assert command.returncode != 0
+
+
+def test_a_slurm_jobs_command_runs_cold(warm, tmp_path: Path) -> None:
+    """A child forked outside the job would escape the job's cgroup (the preflight's tests cap one)."""
+    command = _command({**warm[1], "SLURM_JOB_ID": "7"}, tmp_path, "exit", "0")
+    out, err = command.communicate(timeout=30)
+    assert command.returncode == 0, err
+    assert json.loads(out)["pid"] == command.pid
+
+
+def test_a_command_of_another_checkout_or_interpreter_is_refused(warm, tmp_path: Path) -> None:
+    """The warm process's imports are its own checkout's and interpreter's: another one's command gets no
+    child (its connection closes unanswered) and so runs cold."""
+    import socket
+
+    from bench.core.warm import HEADER, identity
+    for other in ({"project": str(tmp_path)}, {"python": "/usr/bin/python3-other"}):
+        payload = json.dumps({"module": "stand_in", "argv": ["stand_in", "exit", "0"], "env": {},
+                              "cwd": str(tmp_path), **identity(), **other}).encode()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.connect(warm[1][SOCKET_ENV])
+            socket.send_fds(conn, [HEADER.pack(len(payload))], [0, 1, 2])
+            conn.sendall(payload)
+            conn.settimeout(10)
+            assert conn.recv(100) == b"", other

@@ -23,7 +23,7 @@ import socket
 import sys
 import traceback
 
-from bench.core.warm import HEADER, SOCKET_ENV, STARTED_ENV
+from bench.core.warm import HEADER, SOCKET_ENV, STARTED_ENV, identity
 
 PRELOAD = ("torch", "torch.distributed.fsdp", "trainer.main", "trainer.model", "trainer.trainer",
            "trainer.parallel", "trainer.trace", "trainer.trace_split")
@@ -107,6 +107,11 @@ class Warm:
         except (OSError, ValueError) as e:
             print(f"warm: bad request: {e}", file=sys.stderr, flush=True)
             conn.close()
+            return
+        if {k: req.get(k) for k in identity()} != identity():  # another interpreter's or checkout's command
+            for fd in fds:
+                os.close(fd)
+            conn.close()  # it runs cold
             return
         sys.stdout.flush()
         sys.stderr.flush()

@@ -4,9 +4,10 @@ environment, working directory and standard streams to the warm process, which f
 transformers and the trainer imported already and runs the module there. This process stays what torchrun
 watches: it passes on the signals it gets, and exits as the child did (its code, or killed by its signal).
 
-Without the warm process (none named in FSDPBENCH_WARM_SOCKET, or it cannot be reached or fails before the
-child starts), the caller goes on and runs the module itself, cold. Standard library only: it runs before
-torch is imported, and the whole point is not to import it."""
+Without the warm process (none named in FSDPBENCH_WARM_SOCKET, or it cannot be reached, runs another
+interpreter or checkout, or fails before the child starts), the caller goes on and runs the module itself,
+cold; a command in a Slurm job always does (a child outside the job would escape its limits). Standard
+library only: it runs before torch is imported, and the whole point is not to import it."""
 from __future__ import annotations
 
 import contextlib
@@ -23,10 +24,20 @@ HEADER = struct.Struct("!I")  # the request's length, sent with the three standa
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
+PROJECT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def identity() -> dict[str, str]:
+    """What must be the same on both sides for the warm process to run this command's code: the interpreter
+    and the checkout (a command of another torch or another revision runs cold)."""
+    return {"python": os.path.realpath(sys.executable), "project": PROJECT}
+
+
 def request(module: str) -> bytes:
     """What the warm process needs to run `python -m module` as this process would."""
     env = {k: v for k, v in os.environ.items() if k != SOCKET_ENV}
-    return json.dumps({"module": module, "argv": sys.argv, "env": env, "cwd": os.getcwd()}).encode()
+    return json.dumps({"module": module, "argv": sys.argv, "env": env, "cwd": os.getcwd(),
+                       **identity()}).encode()
 
 
 def exit_as(status: int) -> None:
@@ -43,8 +54,8 @@ def exit_as(status: int) -> None:
 def run_warm(module: str) -> None:
     """Run `python -m module` in the warm process and exit as it did; return (having done nothing) when
     there is none to run it."""
-    path = os.environ.get(SOCKET_ENV)
-    if not path:
+    path = os.environ.pop(SOCKET_ENV, None)
+    if not path or "SLURM_JOB_ID" in os.environ:  # a scheduler's job stays in its cgroup: cold
         return
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -57,9 +68,8 @@ def run_warm(module: str) -> None:
         if not started:
             raise ConnectionError("the warm process closed before starting the child")
         pid = int(json.loads(started)["pid"])
-    except (OSError, ValueError, KeyError):  # no warm process to be had: run cold, as without one
+    except (OSError, ValueError, KeyError):  # no warm process to be had (or not of this code): run cold
         conn.close()
-        os.environ.pop(SOCKET_ENV, None)
         return
     for sig in FORWARDED:
         signal.signal(sig, lambda s, _frame: os.kill(pid, s))

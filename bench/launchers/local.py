@@ -133,8 +133,9 @@ class LocalLauncher(Launcher):
             handle.logs.append(log)
             cmd = [a.replace(PORT_TOKEN, port) for a in argv]
             warm = self._warm_socket(env, submission.workdir) if "CUDA_VISIBLE_DEVICES=" in argv else None
+            cold = {k: v for k, v in env.items() if k != SOCKET_ENV}  # none inherited from elsewhere either
             handle.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                                 env={**env, SOCKET_ENV: warm} if warm else env,
+                                                 env={**cold, SOCKET_ENV: warm} if warm else cold,
                                                  cwd=submission.workdir, start_new_session=True,
                                                  preexec_fn=preexec))
         return handle
