@@ -71,8 +71,11 @@ def run_warm(module: str) -> None:
     except (OSError, ValueError, KeyError):  # no warm process to be had (or not of this code): run cold
         conn.close()
         return
+    def forward(sig: int, _frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):  # the child has just ended: its status is on its way
+            os.kill(pid, sig)
     for sig in FORWARDED:
-        signal.signal(sig, lambda s, _frame: os.kill(pid, s))
+        signal.signal(sig, forward)
     ended = lines.readline()  # interrupted by a forwarded signal, readline resumes (PEP 475)
     if not ended:  # the warm process died: its children die with it (PR_SET_PDEATHSIG)
         print(f"fsdpbench: the warm process ended before worker {pid} did", file=sys.stderr)
