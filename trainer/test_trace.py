@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from bench.core.records import parse_records
+from bench.core.warm import SOCKET_ENV
 from conftest import ROOT, SERIES
 from trainer import trace, trace_split, trace_waits
 
@@ -248,8 +249,9 @@ def test_a_rank_slowed_from_outside_is_the_one_waited_for(tmp_path: Path) -> Non
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                "--max-restarts=0", "-m", "trainer", *args]
     with _capped_cgroup() as group:
+        cold = {k: v for k, v in os.environ.items() if k != SOCKET_ENV}  # the capped process is the worker
         torchrun = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                                    text=True, env={**cold, "OMP_NUM_THREADS": "1"})
         try:
             capped = _cap_when_training(torchrun, 1, group, tmp_path / "records" / "rank1.jsonl")
             output, _ = torchrun.communicate(timeout=300)
