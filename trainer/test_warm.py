@@ -173,3 +173,26 @@ def test_a_command_of_another_checkout_or_interpreter_is_refused(warm, tmp_path:
             conn.sendall(payload)
             conn.settimeout(10)
             assert conn.recv(100) == b"", other
+
+
+def test_the_local_launcher_starts_cold_where_it_cannot_start_a_warm_process(tmp_path: Path,
+                                                                             monkeypatch) -> None:
+    """No temporary directory (or no process) for the warm process: the run's workers start cold, the run
+    is not refused; where it can, the launcher starts one, and `close` stops it and removes its directory."""
+    import tempfile
+
+    from bench.core.load_config import from_dict
+    from bench.launchers.local import LocalLauncher
+    from bench.study.compose import compose
+    launcher = LocalLauncher(from_dict(compose(["+sweep=smoke", f"results_root={tmp_path}"])[0]), gpus=[])
+
+    def no_space(*_a, **_k):
+        raise OSError(28, "No space left on device")
+    with monkeypatch.context() as m:
+        m.setattr(tempfile, "mkdtemp", no_space)
+        assert launcher._warm_socket(dict(os.environ), str(ROOT)) is None
+    path = launcher._warm_socket(dict(os.environ), str(ROOT))
+    assert path is not None and Path(path).exists() and launcher.warm is not None
+    proc = launcher.warm.proc
+    launcher.close()
+    assert proc.poll() is not None and not Path(path).parent.exists() and launcher.warm is None

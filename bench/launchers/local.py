@@ -146,7 +146,10 @@ class LocalLauncher(Launcher):
             return None
         if self.warm is None or not self.warm.alive():
             self.close()
-            self.warm = WarmProcess.start(python_executable(self.cfg), env, workdir)
+            try:
+                self.warm = WarmProcess.start(python_executable(self.cfg), env, workdir)
+            except OSError:  # no temporary directory or process to be had: the workers start cold
+                return None
         return str(self.warm.socket)
 
     def close(self) -> None:
