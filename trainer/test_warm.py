@@ -131,11 +131,13 @@ def test_without_a_warm_process_a_command_runs_cold(tmp_path: Path) -> None:
 def test_the_warm_process_and_its_children_die_with_whoever_started_it(tmp_path: Path) -> None:
     (tmp_path / "stand_in.py").write_text(MODULE)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])}
-    sock = tmp_path / "warm.sock"
+    home = tmp_path / "home"  # the warm process's own directory (--own-dir): gone with it
+    home.mkdir()
+    sock = home / "warm.sock"
     starter = subprocess.Popen(
         [sys.executable, "-c", "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-m', "
-         f"'trainer.warm', '--socket', {str(sock)!r}, '--preload', 'json']); print(p.pid, flush=True); "
-         "time.sleep(60)"], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+         f"'trainer.warm', '--socket', {str(sock)!r}, '--preload', 'json', '--own-dir']); "
+         "print(p.pid, flush=True); time.sleep(60)"], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
     assert starter.stdout is not None
     server = int(starter.stdout.readline())
     while not sock.exists():
@@ -146,6 +148,7 @@ def test_the_warm_process_and_its_children_die_with_whoever_started_it(tmp_path:
     starter.kill()
     starter.wait(timeout=10)
     assert _wait_gone(server, 10) and _wait_gone(child, 10)
+    assert not home.exists()  # nobody was left to remove it but the warm process itself
     command.wait(timeout=10)
     assert command.returncode != 0
 

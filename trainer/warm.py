@@ -18,6 +18,7 @@ import json
 import os
 import runpy
 import select
+import shutil
 import signal
 import socket
 import sys
@@ -169,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer.warm", description=__doc__.split("\n\n")[0])
     parser.add_argument("--socket", required=True, help="the Unix socket path to listen on")
     parser.add_argument("--preload", nargs="*", default=list(PRELOAD), help="modules imported before serving")
+    parser.add_argument("--own-dir", action="store_true",
+                        help="the socket's directory is this process's: removed when it ends")
     args = parser.parse_args(argv)
     parent = os.getppid()
     _die_with_parent(signal.SIGTERM)
@@ -187,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         listener.close()
         with contextlib.suppress(OSError):
             os.unlink(args.socket)
+        if args.own_dir:  # its launcher may be gone (killed) and never remove it
+            shutil.rmtree(os.path.dirname(os.path.abspath(args.socket)), ignore_errors=True)
     return 0
 
 

@@ -216,9 +216,10 @@ class WarmProcess:
         home = Path(tempfile.mkdtemp(prefix="fsdpbench-warm-"))
         path = home / "socket"
         with open(home / "warm.log", "ab") as log:
-            proc = subprocess.Popen([python, "-m", "trainer.warm", "--socket", str(path)], stdout=log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=workdir,
-                                    start_new_session=True, preexec_fn=die_with_parent())
+            argv = [python, "-m", "trainer.warm", "--socket", str(path), "--own-dir"]
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env, cwd=workdir, start_new_session=True,
+                                    preexec_fn=die_with_parent())
         deadline = time.monotonic() + WARM_BIND_S  # it listens before its imports: a worker's connection
         while not path.exists() and proc.poll() is None and time.monotonic() < deadline:  # then waits
             time.sleep(0.01)
