@@ -54,7 +54,8 @@ def pytest_configure(config: pytest.Config) -> None:
     and preflight commands its tests start on CPU fork from it instead of importing torch each (a command
     of another interpreter or checkout, a Slurm job's and a sweep's GPU workers still start cold); none
     where there are GPUs, nor in pytest-xdist's controller, which runs no test."""
-    if local_gpus() or (hasattr(config, "workerinput") is False and config.getoption("numprocesses", None)):
+    xdist_controller = not hasattr(config, "workerinput") and config.getoption("numprocesses", None)
+    if local_gpus() or xdist_controller:
         return
     warm = WarmProcess.start(sys.executable, {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
                              str(ROOT))

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
-import ctypes.util
 import importlib
 import json
 import os
@@ -24,18 +22,12 @@ import socket
 import sys
 import traceback
 
-from bench.core.warm import HEADER, SOCKET_ENV, STARTED_ENV, identity
+from bench.core.records import set_death_signal
+from bench.core.warm import FORWARDED, HEADER, SOCKET_ENV, STARTED_ENV, identity
 
 PRELOAD = ("torch", "torch.distributed.fsdp", "trainer.main", "trainer.model", "trainer.trainer",
            "trainer.parallel", "trainer.trace", "trainer.trace_split")
-_PR_SET_PDEATHSIG = 1
 POLL_S = 0.05  # how soon an ended child is reported, and a gone command's child killed
-
-
-def _die_with_parent(sig: int) -> None:
-    """This process gets `sig` when the one that started it dies."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
 
 
 def _read_request(conn: socket.socket) -> tuple[dict, list[int]]:
@@ -62,10 +54,9 @@ def _run_child(req: dict, fds: list[int]) -> None:
     module; never returns."""
     code = 1
     try:
-        _die_with_parent(signal.SIGKILL)
-        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        set_death_signal(signal.SIGKILL)
+        for sig in FORWARDED:  # the signals its command passes on, as a fresh interpreter handles them
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
@@ -174,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the socket's directory is this process's: removed when it ends")
     args = parser.parse_args(argv)
     parent = os.getppid()
-    _die_with_parent(signal.SIGTERM)
+    set_death_signal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     os.environ.pop(SOCKET_ENV, None)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

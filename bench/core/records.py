@@ -6,6 +6,9 @@ to `<run dir>/records/rank<N>.jsonl` where the run dir is shared; stdout stays t
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import json
 import math
 import os
@@ -169,6 +172,32 @@ def node_name() -> str:
     """The scheduler's name for this node (Slurm's, a Kubernetes node's from the downward API), else the
     host name: several Slurm nodes may share one host."""
     return os.environ.get("SLURMD_NODENAME") or os.environ.get("FSDPBENCH_NODE_NAME") or socket.gethostname()
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    """This process's C library, loaded once (before any fork that sets a death signal); None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def can_set_death_signal() -> bool:
+    """Whether set_death_signal works here (Linux); loads the C library now, so a child after a fork need
+    not."""
+    return _libc() is not None
+
+
+def set_death_signal(sig: int) -> None:
+    """The kernel sends this process `sig` when the thread that started it ends (PR_SET_PDEATHSIG): the
+    sweep's jobs, its warm process and that process's children die with whoever started them, `kill -9`
+    included. Nothing off Linux."""
+    libc = _libc()
+    if libc is not None:
+        libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
 
 
 def process_start_time(pid: int | str = "self") -> int | None:

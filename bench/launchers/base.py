@@ -6,8 +6,6 @@ or deletes on its own account inside poll; the runner decides on timeouts and st
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import signal
 import socket
@@ -19,7 +17,7 @@ from typing import Any, Protocol
 
 from bench.core import rundir
 from bench.core.config import SweepConfig
-from bench.core.records import COLLECTIVE_TIMEOUT_ENV
+from bench.core.records import COLLECTIVE_TIMEOUT_ENV, can_set_death_signal, set_death_signal
 from bench.core.schema import RunSpec
 from bench.core.system import IMAGE_ENV
 from bench.probes.command import nccl_env, split_env
@@ -212,7 +210,6 @@ def torchrun_argv(python: str, spec: RunSpec, endpoint: str, rdzv_id: str,
             "--rdzv-conf=" + ",".join(f"{k}={v}" for k, v in rdzv_conf.items())]
 
 
-_PR_SET_PDEATHSIG = 1
 TRACE_PREFIX = "nccl_trace_rank_"  # torch appends the rank: the flight recorder's dump of each rank
 
 
@@ -291,13 +288,12 @@ def trace_args(cfg: SweepConfig, spec: RunSpec) -> list[str]:
 
 def die_with_parent() -> Callable[[], None] | None:
     """A preexec_fn that makes the child get SIGTERM when this process dies (Linux); None elsewhere."""
-    if not sys.platform.startswith("linux"):
+    if not can_set_death_signal():
         return None
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     parent = os.getpid()
 
     def preexec() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        set_death_signal(signal.SIGTERM)
         if os.getppid() != parent:  # the sweep died between fork and prctl
             os.kill(os.getpid(), signal.SIGTERM)
     return preexec
