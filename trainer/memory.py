@@ -242,14 +242,16 @@ def _shard_tracker() -> type:
 
 def track_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                batches: list[dict[str, torch.Tensor]], offloaded: bool, scaler: Any = None, period: int = 1,
-               accumulation: str = "sync_each") -> dict[str, Peak]:
+               accumulation: str = "sync_each", held: list[dict[str, torch.Tensor]] | None = None
+               ) -> dict[str, Peak]:
     """One training step of one or more micro-batches (accumulated as the spec's mode says) under
     FSDPMemTracker: this rank's peak on its GPU and of offloaded state at each place of the step (highest()
     gives the step's; a place's peak is the higher of its micro-batches'). The optimizer must already hold
-    its state (a steady step), real or fake tensors alike."""
+    its state (a steady step), real or fake tensors alike. `held`: micro-batches whose inputs the step holds
+    without stepping them (settles_in_one)."""
     from trainer.parallel import accumulate, backward, optimizer_step
     tracker = _shard_tracker()(mod=model, optm=optimizer)
-    tracker.track_inputs(tuple(t for batch in batches for t in batch.values()))
+    tracker.track_inputs(tuple(t for batch in (held or []) + batches for t in batch.values()))
     watch = _PlacePeaks(tracker, offloaded, period)
     handles = _follow_blocks(model, watch)
     try:
@@ -261,6 +263,7 @@ def track_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                 loss = model(**batch).loss
                 watch.enter("backward")
                 backward(loss / len(batches), scaler)
+                del loss  # not held into the next micro-batch
             watch.enter("step")
             optimizer_step(optimizer, scaler)
     finally:
@@ -274,6 +277,20 @@ def micro_batches(spec: RunSpec) -> int:
     left: unsharded gradients under sync_once, gathered parameters under keep_gathered; every later one
     finds the same), else one."""
     return min(spec.grad_accum, 2)
+
+
+def settles_in_one(spec: RunSpec) -> bool:
+    """Whether one micro-batch stands for an accumulating step's two: under sync_each all the first leaves
+    the second is its reduced, sharded gradients, so the second, which peaks highest, is stepped alone on
+    gradients created beforehand, the first's inputs still held: the same peak at every place, to the byte
+    (trainer/test_memory.py), at half the cost."""
+    return spec.accumulation == "sync_each" and micro_batches(spec) > 1
+
+
+def _create_reduced_gradients(model: torch.nn.Module) -> None:
+    """What a sync_each micro-batch leaves the next: each parameter's gradient, sharded as the parameter."""
+    for param in model.parameters():
+        param.grad = torch.zeros_like(param)
 
 
 def gpu_attention(spec: RunSpec, arch: ModelArch, cuda: bool) -> contextlib.AbstractContextManager:
@@ -302,10 +319,11 @@ def fake_rank(world_size: int) -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def step_at(spec: RunSpec, arch: ModelArch, count: bool,
-            cuda: bool = False) -> tuple[dict[str, Peak], dict[str, float]]:
+def step_at(spec: RunSpec, arch: ModelArch, count: bool, cuda: bool = False,
+            shortcut: bool = True) -> tuple[dict[str, Peak], dict[str, float]]:
     """Each place's peak of one steady training step of the spec with the model `arch` on fake tensors, and
-    (count) the FLOPs per token of the step before it, which creates AdamW's state."""
+    (count) the FLOPs per token of the step before it, which creates AdamW's state. `shortcut`: a step that
+    settles_in_one steps one micro-batch (False: every micro-batch, the check of it)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from trainer.data import rank_batches
@@ -322,8 +340,12 @@ def step_at(spec: RunSpec, arch: ModelArch, count: bool,
                 flops = counted_step(model, optimizer, batches[0])  # leaves AdamW's state behind
             else:
                 _create_optimizer_state(model, optimizer)
-            return track_step(model, optimizer, batches, offloaded=spec.offload == "cpu",
-                              period=pattern(spec), accumulation=spec.accumulation), flops
+            held: list[dict[str, torch.Tensor]] = []
+            if shortcut and settles_in_one(spec):
+                _create_reduced_gradients(model)
+                held, batches = batches[:-1], batches[-1:]
+            return track_step(model, optimizer, batches, offloaded=spec.offload == "cpu", period=pattern(spec),
+                              accumulation=spec.accumulation, held=held), flops
 
 
 def measure(spec: RunSpec, count_flops: bool | None = None, whole: bool = False,

@@ -221,6 +221,31 @@ def test_a_rank_holds_its_shard_groups_tensors_whatever_the_world() -> None:
     assert records[BASE.run_id]["peak_gib"] != records[groups["full_shard_of_4"][0].run_id]["peak_gib"]
 
 
+# sync_each steps of two micro-batches per rank (global batch 16 over 4 ranks): every strategy, both AC
+# extremes, the precisions whose gradients differ in dtype, offload; the last three in the slow suite
+SETTLED = [pytest.param(replace(BASE, nodes=2, global_batch=16, sharding=sharding, precision=precision,
+                                activation_checkpointing=ac, offload=offload),
+                        marks=[pytest.mark.slow] if slow else [], id=f"{sharding}-{precision}-ac_{ac}-off_{offload}")
+           for sharding, precision, ac, offload, slow in (("FULL_SHARD", "bf16_mixed", "none", "none", False),
+                                                          ("HYBRID_SHARD", "fp16_mixed", "full", "none", False),
+                                                          ("FULL_SHARD", "fp32", "full", "cpu", True),
+                                                          ("SHARD_GRAD_OP", "bf16_pure", "none", "none", True),
+                                                          ("NO_SHARD", "fp32", "full", "none", True))]
+
+
+@pytest.mark.parametrize("spec", SETTLED)
+def test_one_micro_batch_on_reduced_gradients_peaks_where_a_sync_each_step_does(spec) -> None:
+    """The measurement steps a sync_each step's second micro-batch alone (trainer.memory.settles_in_one):
+    at every place of the step, on the GPU and the host, the same bytes as stepping both."""
+    from trainer.memory import settles_in_one, step_at
+    assert settles_in_one(spec)
+    one, _ = step_at(spec, spec.arch, count=False)
+    both, _ = step_at(spec, spec.arch, count=False, shortcut=False)
+    assert one.keys() == both.keys()
+    assert {p: (v.device, v.host) for p, v in one.items()} == {p: (v.device, v.host) for p, v in both.items()}
+    assert not settles_in_one(replace(spec, accumulation="sync_once", sharding="FULL_SHARD"))
+
+
 def test_the_highest_place_is_the_trackers_own_peak(monkeypatch) -> None:
     """Peaks are read per place after every operator; their highest is the peak FSDPMemTracker keeps."""
     from torch.distributed._tools import fsdp2_mem_tracker
