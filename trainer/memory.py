@@ -344,8 +344,8 @@ def step_at(spec: RunSpec, arch: ModelArch, count: bool, cuda: bool = False,
             if shortcut and settles_in_one(spec):
                 _create_reduced_gradients(model)
                 held, batches = batches[:-1], batches[-1:]
-            return track_step(model, optimizer, batches, offloaded=spec.offload == "cpu", period=pattern(spec),
-                              accumulation=spec.accumulation, held=held), flops
+            return track_step(model, optimizer, batches, offloaded=spec.offload == "cpu",
+                              period=pattern(spec), accumulation=spec.accumulation, held=held), flops
 
 
 def measure(spec: RunSpec, count_flops: bool | None = None, whole: bool = False,

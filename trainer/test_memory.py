@@ -223,14 +223,15 @@ def test_a_rank_holds_its_shard_groups_tensors_whatever_the_world() -> None:
 
 # sync_each steps of two micro-batches per rank (global batch 16 over 4 ranks): every strategy, both AC
 # extremes, the precisions whose gradients differ in dtype, offload; the last three in the slow suite
+SETTLED_CASES = (("FULL_SHARD", "bf16_mixed", "none", "none", False),
+                 ("HYBRID_SHARD", "fp16_mixed", "full", "none", False),
+                 ("FULL_SHARD", "fp32", "full", "cpu", True),
+                 ("SHARD_GRAD_OP", "bf16_pure", "none", "none", True),
+                 ("NO_SHARD", "fp32", "full", "none", True))
 SETTLED = [pytest.param(replace(BASE, nodes=2, global_batch=16, sharding=sharding, precision=precision,
-                                activation_checkpointing=ac, offload=offload),
-                        marks=[pytest.mark.slow] if slow else [], id=f"{sharding}-{precision}-ac_{ac}-off_{offload}")
-           for sharding, precision, ac, offload, slow in (("FULL_SHARD", "bf16_mixed", "none", "none", False),
-                                                          ("HYBRID_SHARD", "fp16_mixed", "full", "none", False),
-                                                          ("FULL_SHARD", "fp32", "full", "cpu", True),
-                                                          ("SHARD_GRAD_OP", "bf16_pure", "none", "none", True),
-                                                          ("NO_SHARD", "fp32", "full", "none", True))]
+                                activation_checkpointing=ac, offload=off),
+                        marks=[pytest.mark.slow] if slow else [], id=f"{sharding}-{precision}-{ac}-{off}")
+           for sharding, precision, ac, off, slow in SETTLED_CASES]
 
 
 @pytest.mark.parametrize("spec", SETTLED)

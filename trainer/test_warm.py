@@ -4,6 +4,7 @@ passes its signals on, takes its child with it when killed, runs cold where ther
 the warm process dies with whoever started it."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -31,7 +32,8 @@ if __name__ == "__main__":
         signal.signal(signal.SIGTERM, leave)
     print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(), "argv": sys.argv[1:],
                       "value": os.environ.get("STAND_IN_VALUE"), "warm": os.environ.get("STARTED"),
-                      "socket": os.environ.get("SOCKET")}), flush=True)
+                      "socket": os.environ.get("SOCKET"),
+                      "cgroups": open("/proc/self/cgroup").read().splitlines()}), flush=True)
     if what == "exit":
         sys.exit(int(sys.argv[2]))
     if what == "kill":
@@ -153,12 +155,50 @@ def test_the_warm_process_and_its_children_die_with_whoever_started_it(tmp_path:
     assert command.returncode != 0
 
 
-def test_a_slurm_jobs_command_runs_cold(warm, tmp_path: Path) -> None:
-    """A child forked outside the job would escape the job's cgroup (the preflight's tests cap one)."""
-    command = _command({**warm[1], "SLURM_JOB_ID": "7"}, tmp_path, "exit", "0")
-    out, err = command.communicate(timeout=30)
+@contextlib.contextmanager
+def _cgroup() -> Iterator[tuple[Path, Path]]:
+    """A cpu cgroup of its own (v2, else v1's cpu hierarchy) and its parent; skips where none can be made.
+    Its processes go back to the parent after."""
+    root = Path("/sys/fs/cgroup")
+    base = root if (root / "cgroup.subtree_control").exists() else root / "cpu"
+    group = base / f"fsdpbench-warm-test-{os.getpid()}"
+    try:
+        group.mkdir()
+    except OSError:
+        pytest.skip("no writable cgroup hierarchy to start a command in")
+    try:
+        yield base, group
+    finally:
+        for pid in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                (base / "cgroup.procs").write_text(pid)
+        group.rmdir()
+
+
+def test_a_commands_child_runs_in_the_commands_cgroups(warm, tmp_path: Path) -> None:
+    """A command started in a cgroup (a Slurm job's, a node capped from outside) has its child moved there
+    before it runs, so the limits that hold the command hold the child."""
+    with _cgroup() as (base, group):
+        join = (group / "cgroup.procs").as_posix()
+        command = subprocess.Popen([sys.executable, "-m", "stand_in", "exit", "0"], cwd=tmp_path, env=warm[1],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   preexec_fn=lambda: Path(join).write_text(str(os.getpid())))
+        out, err = command.communicate(timeout=30)
     assert command.returncode == 0, err
-    assert json.loads(out)["pid"] == command.pid
+    child = json.loads(out)
+    assert child["pid"] != command.pid and child["warm"] == "1"
+    inside = "/" + group.relative_to(base).as_posix()
+    assert any(line.endswith(":" + inside) for line in child["cgroups"]), child["cgroups"]
+
+
+def test_a_child_that_cannot_join_its_commands_cgroups_is_refused(monkeypatch) -> None:
+    """A cgroup hierarchy of the command that is not mounted where the warm process runs: no child (the
+    command then runs cold)."""
+    import trainer.warm as warm_module
+    monkeypatch.setattr(warm_module, "cgroups",
+                        lambda pid: {"cpu": "/"} if pid == 1 else {"cpu": "/", "no_such_controller": "/a"})
+    with pytest.raises(OSError, match="no_such_controller"):
+        warm_module.join_cgroups(1, 2)
 
 
 def test_a_command_of_another_checkout_or_interpreter_is_refused(warm, tmp_path: Path) -> None:
@@ -193,9 +233,9 @@ def test_the_local_launcher_starts_cold_where_it_cannot_start_a_warm_process(tmp
         raise OSError(28, "No space left on device")
     with monkeypatch.context() as m:
         m.setattr(tempfile, "mkdtemp", no_space)
-        assert launcher._warm_socket(dict(os.environ), str(ROOT)) is None
-    path = launcher._warm_socket(dict(os.environ), str(ROOT))
-    assert path is not None and Path(path).exists() and launcher.warm is not None
-    proc = launcher.warm.proc
+        assert launcher.warm.socket(dict(os.environ), str(ROOT)) is None
+    path = launcher.warm.socket(dict(os.environ), str(ROOT))
+    assert path is not None and Path(path).exists() and launcher.warm.process is not None
+    proc = launcher.warm.process.proc
     launcher.close()
-    assert proc.poll() is not None and not Path(path).parent.exists() and launcher.warm is None
+    assert proc.poll() is not None and not Path(path).parent.exists() and launcher.warm.process is None

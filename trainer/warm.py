@@ -1,12 +1,15 @@
-"""`python -m trainer.warm --socket PATH`: the warm process a local sweep's CPU runs start in. It imports
-torch, FSDP2, transformers and the trainer once, then, for each worker command that connects
-(bench/core/warm.py), forks a child that takes that command's standard streams, environment, working
-directory and arguments and runs its module. A one-rank smoke run otherwise spends most of its wall time
-importing these in torchrun's worker (benchmarks/run_cost.py prints both).
+"""`python -m trainer.warm --socket PATH`: the warm process the CPU runs of a local sweep (or of the local
+Slurm test cluster) start in. It imports torch once, and what each command imports (FSDP2, transformers
+and the trainer for a training run) when the first such command comes; for each worker command that
+connects (bench/core/warm.py) it forks a child that takes that command's standard streams, environment,
+working directory and arguments and runs its module. A one-rank smoke run otherwise spends most of its
+wall time importing these in torchrun's worker (benchmarks/run_cost.py prints both).
 
-Fork is safe here because this process never computes: it has one thread and no CUDA context (the local
-launcher hands it CPU runs only). A child dies with this process (PR_SET_PDEATHSIG), and is killed when the
-command that asked for it goes away (its connection closes), so nothing outlives a run or a sweep."""
+Fork is safe here because this process never computes: it has one thread and no CUDA context (the
+launchers hand it CPU runs only). A child dies with this process (PR_SET_PDEATHSIG), and is killed when the
+command that asked for it goes away (its connection closes), so nothing outlives a run or a sweep. A child
+joins the cgroups of the command that asked for it before it runs (a Slurm job's, a node capped from
+outside), so whatever limits the command holds the child; where it cannot, the command runs cold."""
 from __future__ import annotations
 
 import argparse
@@ -19,14 +22,19 @@ import select
 import shutil
 import signal
 import socket
+import struct
 import sys
 import traceback
+from pathlib import Path
 
 from bench.core.records import set_death_signal
 from bench.core.warm import FORWARDED, HEADER, SOCKET_ENV, STARTED_ENV, identity
 
-PRELOAD = ("torch", "torch.distributed.fsdp", "trainer.main", "trainer.model", "trainer.trainer",
-           "trainer.parallel", "trainer.trace", "trainer.trace_split")
+PRELOAD = ("torch", "torch.distributed")  # what every command imports: before the first request
+# What a package's command imports, before its first child is forked (a module's own imports are found by
+# importing it): a training run's FSDP2, transformers and trainer
+PREPARE = {"trainer": ("torch.distributed.fsdp", "trainer.main", "trainer.model", "trainer.trainer",
+                       "trainer.parallel", "trainer.trace", "trainer.trace_split")}
 POLL_S = 0.05  # how soon an ended child is reported, and a gone command's child killed
 
 
@@ -85,6 +93,61 @@ def _run_child(req: dict, fds: list[int]) -> None:
         os._exit(code)
 
 
+def prepare(module: str) -> None:
+    """Import what `module` imports, once, in this process, so its children find it imported: a package's
+    PREPARE list, else the module itself, then forgotten (its own code runs in the child as __main__,
+    which runpy warns about where the module is imported already). A command that imports only torch (the
+    preflight, the probes) waits for no more; one that fails to import fails in its child, in its own log."""
+    try:
+        if module in PREPARE:
+            for name in PREPARE[module]:
+                importlib.import_module(name)
+        elif module not in sys.modules:
+            importlib.import_module(module)
+            sys.modules.pop(module, None)
+    except Exception:  # noqa: BLE001 - the child imports it again and reports why
+        pass
+
+
+def cgroups(pid: int | str) -> dict[str, str]:
+    """A process's cgroup in each hierarchy, keyed by the hierarchy's controllers ("" for cgroup v2)."""
+    lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    return {controllers: path for _, controllers, path in (line.split(":", 2) for line in lines)}
+
+
+def _mount_of(controllers: str) -> tuple[str, str]:
+    """Where a hierarchy is mounted, and the cgroup its mount shows at its root (/proc/self/mountinfo)."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields, _, tail = line.partition(" - ")
+        fstype, _, options = tail.split()[:3]
+        root, mount = fields.split()[3:5]
+        v1 = fstype == "cgroup" and controllers and set(controllers.split(",")) <= set(options.split(","))
+        if v1 or (fstype == "cgroup2" and not controllers):
+            return mount, root
+    raise OSError(f"no mount of the cgroup hierarchy {controllers or 'v2'}")
+
+
+def join_cgroups(child: int, of: int) -> None:
+    """Move `child` into every cgroup of process `of` that it is not in already; OSError where it cannot
+    (no permission, a hierarchy not mounted here)."""
+    own = cgroups(child)
+    for controllers, path in cgroups(of).items():
+        if own.get(controllers) == path:
+            continue
+        mount, root = _mount_of(controllers)
+        inside = os.path.relpath(path, root) if root != "/" else path.lstrip("/")
+        if inside.startswith(".."):
+            raise OSError(f"cgroup {path} is outside this mount of {controllers or 'v2'}")
+        Path(mount, inside, "cgroup.procs").write_text(str(child))
+
+
+def _peer_pid(conn: socket.socket) -> int:
+    """The pid of the process at the other end of a Unix socket (SO_PEERCRED)."""
+    pid, _, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                    struct.calcsize("3i")))
+    return pid
+
+
 class Warm:
     """The accept loop: a child per request, its pid then its end status sent back on its connection."""
 
@@ -105,17 +168,36 @@ class Warm:
                 os.close(fd)
             conn.close()  # it runs cold
             return
+        prepare(req["module"])
         sys.stdout.flush()
         sys.stderr.flush()
+        go_read, go_write = os.pipe()
         pid = os.fork()
         if pid == 0:
             self.listener.close()
             conn.close()
             for other in self.children.values():
                 other.close()
+            os.close(go_write)
+            if os.read(go_read, 1) != b"1":  # not placed in its command's cgroups: never runs
+                os._exit(1)
+            os.close(go_read)
             _run_child(req, fds)
+        os.close(go_read)
         for fd in fds:
             os.close(fd)
+        try:
+            join_cgroups(pid, _peer_pid(conn))
+            os.write(go_write, b"1")
+        except OSError as e:
+            print(f"warm: a command runs cold: its child cannot join its cgroups ({e})", file=sys.stderr,
+                  flush=True)
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            conn.close()  # unanswered: the command runs cold
+            return
+        finally:
+            os.close(go_write)
         self.children[pid] = conn
         with contextlib.suppress(OSError):
             conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")

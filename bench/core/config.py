@@ -176,10 +176,12 @@ class LauncherConfig:
     probes_alone: bool = True
     """nccl probes run with nothing else in flight (a shared fabric distorts them)."""
     warm_workers: bool = True
-    """Local launcher: a run on CPU starts its workers from one warm process per sweep, which has torch,
-    transformers and the trainer imported already (`python -m trainer.warm`), instead of each worker
-    importing them (seconds of every run's wall time); torchrun still starts and watches each worker's
-    process. false: every worker starts cold. Runs on a GPU always start cold."""
+    """Local launcher, and Slurm where the nodes are this machine (the local test cluster): a run on CPU
+    starts its workers from one warm process per sweep, which has torch, transformers and the trainer
+    imported already (`python -m trainer.warm`), instead of each worker importing them (seconds of every
+    run's wall time); torchrun still starts and watches each worker's process, and each child joins its
+    worker's cgroups (a Slurm job's limits hold it). false: every worker starts cold. Runs on a GPU, and
+    on a real cluster's nodes, always start cold."""
     rendezvous_timeout_s: float = 1800
     """Seconds torchrun's c10d rendezvous waits for every node to join and answer, so nodes that start
     apart (image pulls) still meet."""

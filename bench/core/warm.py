@@ -5,9 +5,9 @@ transformers and the trainer imported already and runs the module there. This pr
 watches: it passes on the signals it gets, and exits as the child did (its code, or killed by its signal).
 
 Without the warm process (none named in FSDPBENCH_WARM_SOCKET, or it cannot be reached, runs another
-interpreter or checkout, or fails before the child starts), the caller goes on and runs the module itself,
-cold; a command in a Slurm job always does (a child outside the job would escape its limits). Standard
-library only: it runs before torch is imported, and the whole point is not to import it."""
+interpreter or checkout, cannot place the child in this process's cgroups, or fails before the child
+starts), the caller goes on and runs the module itself, cold. Standard library only: it runs before torch
+is imported, and the whole point is not to import it."""
 from __future__ import annotations
 
 import contextlib
@@ -55,7 +55,7 @@ def run_warm(module: str) -> None:
     """Run `python -m module` in the warm process and exit as it did; return (having done nothing) when
     there is none to run it."""
     path = os.environ.pop(SOCKET_ENV, None)
-    if not path or "SLURM_JOB_ID" in os.environ:  # a scheduler's job stays in its cgroup: cold
+    if not path:
         return
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

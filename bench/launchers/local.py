@@ -18,11 +18,9 @@ cluster names no GPU (`cluster.gpu: null`, the smoke sweep's), and is refused be
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -43,6 +41,7 @@ from bench.launchers.base import (
     Placement,
     Poll,
     Submission,
+    WarmWorkers,
     die_with_parent,
     job_env,
     python_executable,
@@ -53,7 +52,6 @@ from bench.launchers.base import (
 )
 
 PORT_TOKEN = "@RDZV_PORT@"  # replaced by a free port when the run is submitted (render stays pure)
-WARM_BIND_S = 10  # how long the warm process may take to listen (a worker that finds no socket runs cold)
 MONITOR_S = 0.1  # torchrun's look at its workers: a local run lasts seconds, its exit is seen within this
 
 
@@ -78,7 +76,7 @@ class LocalLauncher(Launcher):
     def __init__(self, cfg: SweepConfig, gpus: list[str] | None = None) -> None:
         self.cfg = cfg
         self.gpus = local_gpus() if gpus is None else gpus
-        self.warm: WarmProcess | None = None
+        self.warm = WarmWorkers(cfg)
 
     @classmethod
     def placement(cls, cfg: SweepConfig) -> Placement:
@@ -132,31 +130,17 @@ class LocalLauncher(Launcher):
             log = open(path, "ab")
             handle.logs.append(log)
             cmd = [a.replace(PORT_TOKEN, port) for a in argv]
-            warm = self._warm_socket(env, submission.workdir) if "CUDA_VISIBLE_DEVICES=" in argv else None
-            cold = {k: v for k, v in env.items() if k != SOCKET_ENV}  # none inherited from elsewhere either
+            on_cpu = "CUDA_VISIBLE_DEVICES=" in argv  # a GPU agent's workers start cold
             handle.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                                 env={**cold, SOCKET_ENV: warm} if warm else cold,
+                                                 env=self.warm.env(env, submission.workdir) if on_cpu
+                                                 else {k: v for k, v in env.items() if k != SOCKET_ENV},
                                                  cwd=submission.workdir, start_new_session=True,
                                                  preexec_fn=preexec))
         return handle
 
-    def _warm_socket(self, env: dict[str, str], workdir: str | None) -> str | None:
-        """The sweep's warm process for CPU workers (started now if not yet), or None where it is off."""
-        if not self.cfg.launcher.warm_workers:
-            return None
-        if self.warm is None or not self.warm.alive():
-            self.close()
-            try:
-                self.warm = WarmProcess.start(python_executable(self.cfg), env, workdir)
-            except OSError:  # no temporary directory or process to be had: the workers start cold
-                return None
-        return str(self.warm.socket)
-
     def close(self) -> None:
         """Stop the warm process, if one was started."""
-        if self.warm is not None:
-            self.warm.stop()
-            self.warm = None
+        self.warm.close()
 
     def locate(self, handle: LocalHandle) -> dict[str, Any]:
         return {"host": socket.gethostname(),
@@ -202,42 +186,6 @@ class LocalLauncher(Launcher):
                 pass
         for log in handle.logs:
             log.close()
-
-
-@dataclass
-class WarmProcess:
-    """`python -m trainer.warm` on a socket in a directory of its own (removed with it)."""
-
-    proc: subprocess.Popen
-    socket: Path
-
-    @classmethod
-    def start(cls, python: str, env: dict[str, str], workdir: str | None) -> WarmProcess:
-        home = Path(tempfile.mkdtemp(prefix="fsdpbench-warm-"))
-        path = home / "socket"
-        with open(home / "warm.log", "ab") as log:
-            argv = [python, "-m", "trainer.warm", "--socket", str(path), "--own-dir"]
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env, cwd=workdir, start_new_session=True,
-                                    preexec_fn=die_with_parent())
-        deadline = time.monotonic() + WARM_BIND_S  # it listens before its imports: a worker's connection
-        while not path.exists() and proc.poll() is None and time.monotonic() < deadline:  # then waits
-            time.sleep(0.01)
-        return cls(proc, path)
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def stop(self) -> None:
-        """SIGTERM (it kills any child still running), SIGKILL after 5 s; its directory removed."""
-        if self.alive():
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        shutil.rmtree(self.socket.parent, ignore_errors=True)
 
 
 def _signal_group(pgid: int, sig: int) -> None:

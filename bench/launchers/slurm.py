@@ -16,6 +16,7 @@ from typing import Any
 from bench.core import rundir
 from bench.core.config import ConfigError, SweepConfig
 from bench.core.schema import RunSpec
+from bench.core.warm import SOCKET_ENV
 from bench.launchers.base import (
     DONE,
     PENDING,
@@ -25,8 +26,10 @@ from bench.launchers.base import (
     Placement,
     Poll,
     Submission,
+    WarmWorkers,
     cluster_placement,
     job_env,
+    nodes_are_this_machine,
 )
 from bench.launchers.slurm_script import (
     EFA_LIMIT,
@@ -72,10 +75,14 @@ class SlurmLauncher(Launcher):
 
     def __init__(self, cfg: SweepConfig) -> None:
         self.cfg = cfg
-        self.env = dict(os.environ)
+        self.env = {k: v for k, v in os.environ.items() if k != SOCKET_ENV}  # sbatch exports it to the job
         self._controller_config: str | None = None  # `scontrol show config`, once it answered
         if cfg.cluster.slurm.conf:
             self.env["SLURM_CONF"] = cfg.cluster.slurm.conf
+        # Where the nodes are this machine's CPUs (the local test cluster), the jobs' workers start warm as
+        # a local run's do; each warm child joins its job's cgroups (trainer/warm.py), so a node's limits
+        # hold it as they would a cold worker
+        self.warm = WarmWorkers(cfg) if nodes_are_this_machine(cfg) and cfg.cluster.gpu is None else None
 
     def preflight(self) -> None:
         """Fail before launching anything if this machine cannot reach a Slurm controller."""
@@ -106,9 +113,15 @@ class SlurmLauncher(Launcher):
             return set()
         return set(self._run(["scontrol", "show", "hostnames", ",".join(lists)]).stdout.split())
 
-    def _run(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=_CMD_TIMEOUT_S,
-                              check=check)
+    def _run(self, argv: list[str], check: bool = True, env: dict[str, str] | None = None
+             ) -> subprocess.CompletedProcess:
+        return subprocess.run(argv, capture_output=True, text=True, env=env or self.env,
+                              timeout=_CMD_TIMEOUT_S, check=check)
+
+    def close(self) -> None:
+        """Stop the warm process, if one was started."""
+        if self.warm:
+            self.warm.close()
 
     def render(self, spec: RunSpec, run_dir: Path, seconds: float | None = None) -> Submission:
         env = job_env(self.cfg, spec, worker_path(self.cfg, run_dir))
@@ -127,7 +140,8 @@ class SlurmLauncher(Launcher):
 
     def submit(self, submission: Submission, run_dir: Path) -> SlurmHandle:
         (run_dir / rundir.LOGS_DIR).mkdir(parents=True, exist_ok=True)
-        proc = self._run(list(submission.argvs[0]), check=False)
+        env = self.warm.env(self.env, None) if self.warm else self.env
+        proc = self._run(list(submission.argvs[0]), check=False, env=env)
         if proc.returncode != 0:
             raise RuntimeError(f"sbatch failed: {proc.stderr.strip()[:500]}")
         return SlurmHandle(job_id=proc.stdout.strip().split(";")[0], run_dir=run_dir)

@@ -570,14 +570,19 @@ def _train_4_nodes(root: Path, repeats: int) -> tuple[subprocess.CompletedProces
                            "axes.compile=[false]", "nccl.enabled=false", "steps=8", "warmup_steps=2",
                            f"repeats={repeats}"], cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "SLURM_CONF": SLURM_CONF})
-    return proc, [rundir.read_summary(d) for d in rundir.iter_run_dirs(root / "smoke_full")]
+    runs = list(rundir.iter_run_dirs(root / "smoke_full"))
+    # on the local cluster (this machine's CPUs) a job's workers start warm, each child in its job's cgroups
+    starts = [r["startup"] for d in runs for r in rundir.read_records(d) if r["kind"] == "meta"]
+    assert len(starts) >= len(runs) and all(s["warm"] for s in starts), starts
+    return proc, [rundir.read_summary(d) for d in runs]
 
 
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_a_4_node_run_names_the_node_slowed_from_outside_as_its_straggler(slurm_cluster, tmp_path) -> None:
     """A 4-node FSDP2 run, one rank a node, node3 slowed from outside: its summary and the sweep's line name
-    node3, by each rank's own compute (its peers' waits excluded); two healthy runs name no node."""
+    node3, by each rank's own compute (its peers' waits excluded); two healthy runs name no node. Every
+    worker started warm: the cap on node3's slurmd holds its warm child too (trainer/warm.py)."""
     with _slowed("node3"):
         proc, (slowed,) = _train_4_nodes(tmp_path / "slowed", repeats=1)
     assert proc.returncode == 0, proc.stdout[-3000:]
