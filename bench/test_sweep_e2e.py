@@ -141,6 +141,12 @@ def test_smoke_sweep_end_to_end_then_resume(smoke_results: Path) -> None:
     with open(rundir.current_attempt_dir(d) / "logs" / "node0.log") as f:
         metas = [r for r in parse_records(f) if r["kind"] == "meta"]
     assert {tuple(m["mesh_shape"]) for m in metas} == {(2, 2)}
+    # a run's log holds what the run did: no library notices repeated per run (issue 64's quiet logs)
+    logs = list((smoke_results / "smoke_full" / "runs").glob("*/attempt-*/logs/*.log"))
+    assert logs
+    for log in logs:
+        text = log.read_text()
+        assert "USDT:" not in text and "Failed to load" not in text, (log, text[-2000:])
     # every CPU worker was forked by the sweep's warm process (launcher.warm_workers, on by default)
     starts = [r["startup"] for d in (smoke_results / "smoke_full" / "runs").glob("tiny_llama-*")
               for r in rundir.read_records(d) if r["kind"] == "meta"]

@@ -275,6 +275,31 @@ def _exchange(mine: object) -> list[object]:
     return [mine]
 
 
+def test_kinetos_start_and_stop_notices_leave_a_runs_log_and_nothing_else_does() -> None:
+    """kineto writes a USDT notice to standard error at every profiler start and stop, in every traced run's
+    log; trace.without_kineto_notices drops those two lines and keeps anything else written meanwhile."""
+    code = ("import os, torch\n"
+            "from torch.profiler import ProfilerActivity, profile\n"
+            "from trainer.trace import without_kineto_notices\n"
+            "prof = profile(activities=[ProfilerActivity.CPU])\n"
+            "with without_kineto_notices():\n"
+            "    prof.__enter__()\n"
+            "    os.write(2, b'kept: written meanwhile\\n')\n"
+            "torch.ones(3).sum()\n"
+            "with without_kineto_notices():\n"
+            "    prof.__exit__(None, None, None)\n"
+            "prof2 = profile(activities=[ProfilerActivity.CPU])\n"
+            "prof2.__enter__(); prof2.__exit__(None, None, None)\n")
+    env = {k: v for k, v in os.environ.items() if k != SOCKET_ENV}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stderr.splitlines()
+    assert "kept: written meanwhile" in lines
+    notices = [line for line in lines if trace.KINETO_NOTICE.match(line.encode())]
+    assert len(notices) == 2 and notices[0].endswith("profiler_start"), lines  # the unfiltered profiler's
+
+
 def test_a_bad_trace_leaves_no_split_and_says_why(tmp_path: Path) -> None:
     good = {trace.META_KEY: {"torch": torch.__version__}, "traceEvents": []}
     cases = {"missing": tmp_path / "none.json.gz",

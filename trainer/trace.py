@@ -25,8 +25,12 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
+import os
+import re
+import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -334,6 +338,32 @@ def _gpu(kernels: list[dict[str, Any]], events: list[dict[str, Any]], anywhere: 
     return Timeline(windows, opt, compute, copies, [], flights, "gpu")
 
 
+# What kineto writes to standard error at every profiler start and stop, at its highest log level (USDT,
+# above ERROR: no KINETO_LOG_LEVEL silences it without silencing kineto's errors): the trace's bounds, not
+# news, which a run's log would otherwise repeat in every traced run.
+KINETO_NOTICE = re.compile(rb"USDT:.*\] profiler_(start|stop)")
+
+
+@contextlib.contextmanager
+def without_kineto_notices() -> Iterator[None]:
+    """Standard error (fd 2, where C++ writes too) held while the profiler starts or stops, then written
+    back without kineto's start and stop notices (KINETO_NOTICE); anything else it wrote is kept."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = [line for line in held.read().splitlines(keepends=True) if not KINETO_NOTICE.match(line)]
+            if kept:
+                os.write(2, b"".join(kept))
+
+
 def record(run_step: Callable[[int], None], steps: range, path: Path | None, cuda: bool,
            meta: dict[str, Any]) -> tuple[list[float], str | None]:
     """Run `steps` (every rank must: they hold collectives), each inside a STEP_RANGE range, under
@@ -354,10 +384,16 @@ def record(run_step: Callable[[int], None], steps: range, path: Path | None, cud
             one(step)
         return times, None
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities, record_shapes=True) as prof:
+    prof = profile(activities=activities, record_shapes=True)
+    with without_kineto_notices():
+        prof.__enter__()
+    try:
         prof.add_metadata_json(META_KEY, json.dumps({**meta, "torch": torch.__version__}))
         for step in steps:
             one(step)
+    finally:
+        with without_kineto_notices():
+            prof.__exit__(None, None, None)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(path))  # a .gz name: torch compresses it
