@@ -31,10 +31,13 @@ from bench.core.records import set_death_signal
 from bench.core.warm import FORWARDED, HEADER, SOCKET_ENV, STARTED_ENV, identity
 
 PRELOAD = ("torch", "torch.distributed")  # what every command imports: before the first request
-# What a package's command imports, before its first child is forked (a module's own imports are found by
-# importing it): a training run's FSDP2, transformers and trainer
-PREPARE = {"trainer": ("torch.distributed.fsdp", "trainer.main", "trainer.model", "trainer.trainer",
-                       "trainer.parallel", "trainer.trace", "trainer.trace_split")}
+# What the trainer's commands import, some of it only once they run (training runs, the tests' series,
+# the memory measurement): FSDP2, transformers and the trainer, imported before their first child forks
+TRAINING = ("torch.distributed.fsdp", "trainer.main", "trainer.model", "trainer.trainer", "trainer.parallel",
+            "trainer.trace", "trainer.trace_split")
+# The trainer's one command that imports torch and none of the rest (a node's preflight): its children,
+# like any command's outside the trainer (a collective probe), wait for no more than its own imports
+TORCH_ONLY = ("trainer.preflight",)
 POLL_S = 0.05  # how soon an ended child is reported, and a gone command's child killed
 
 
@@ -94,19 +97,20 @@ def _run_child(req: dict, fds: list[int]) -> None:
 
 
 def prepare(module: str) -> None:
-    """Import what `module` imports, once, in this process, so its children find it imported: a package's
-    PREPARE list, else the module itself, then forgotten (its own code runs in the child as __main__,
-    which runpy warns about where the module is imported already). A command that imports only torch (the
-    preflight, the probes) waits for no more; one that fails to import fails in its child, in its own log."""
-    try:
-        if module in PREPARE:
-            for name in PREPARE[module]:
-                importlib.import_module(name)
-        elif module not in sys.modules:
-            importlib.import_module(module)
-            sys.modules.pop(module, None)
-    except Exception:  # noqa: BLE001 - the child imports it again and reports why
-        pass
+    """Import, once, in this process, what `module`'s command imports, so its children find it imported:
+    the module itself (a plain module then forgotten: its code runs again in the child as __main__, which
+    runpy warns about where it is imported already) and, for the trainer's commands bar TORCH_ONLY,
+    TRAINING. A module that fails to import fails in its child, in its own log."""
+    trainer = module.split(".")[0] == "trainer" and module not in TORCH_ONLY
+    for name in (module, *(TRAINING if trainer else ())):
+        if name in sys.modules:
+            continue
+        try:
+            imported = importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the child imports it again and reports why
+            continue
+        if name == module and not hasattr(imported, "__path__"):
+            sys.modules.pop(name, None)
 
 
 def cgroups(pid: int | str) -> dict[str, str]:
@@ -188,19 +192,19 @@ class Warm:
             os.close(fd)
         try:
             join_cgroups(pid, _peer_pid(conn))
-            os.write(go_write, b"1")
         except OSError as e:
             print(f"warm: a command runs cold: its child cannot join its cgroups ({e})", file=sys.stderr,
                   flush=True)
+            os.close(go_write)
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
             conn.close()  # unanswered: the command runs cold
             return
-        finally:
-            os.close(go_write)
         self.children[pid] = conn
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # the command knows its child before the child runs
             conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        os.write(go_write, b"1")
+        os.close(go_write)
 
     def gone(self, conn: socket.socket) -> None:
         """The command that asked for a child has gone (killed): its child goes too."""

@@ -57,6 +57,16 @@ def run_warm(module: str) -> None:
     path = os.environ.pop(SOCKET_ENV, None)
     if not path:
         return
+    child: list[int] = []  # its pid, once the warm process has forked it
+    pending: list[int] = []  # signals that came before: passed on once it is known
+
+    def forward(sig: int, _frame: object) -> None:
+        if not child:
+            pending.append(sig)
+            return
+        with contextlib.suppress(ProcessLookupError):  # the child has just ended: its status is on its way
+            os.kill(child[0], sig)
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(path)
@@ -67,17 +77,18 @@ def run_warm(module: str) -> None:
         started = lines.readline()  # the child's pid once forked: blocks while the warm process imports
         if not started:
             raise ConnectionError("the warm process closed before starting the child")
-        pid = int(json.loads(started)["pid"])
+        child.append(int(json.loads(started)["pid"]))
     except (OSError, ValueError, KeyError):  # no warm process to be had (or not of this code): run cold
         conn.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for sig in pending:  # as this process would have taken them
+            os.kill(os.getpid(), sig)
         return
-    def forward(sig: int, _frame: object) -> None:
-        with contextlib.suppress(ProcessLookupError):  # the child has just ended: its status is on its way
-            os.kill(pid, sig)
-    for sig in FORWARDED:
-        signal.signal(sig, forward)
+    for sig in pending:
+        forward(sig, None)
     ended = lines.readline()  # interrupted by a forwarded signal, readline resumes (PEP 475)
     if not ended:  # the warm process died: its children die with it (PR_SET_PDEATHSIG)
-        print(f"fsdpbench: the warm process ended before worker {pid} did", file=sys.stderr)
+        print(f"fsdpbench: the warm process ended before worker {child[0]} did", file=sys.stderr)
         exit_as(1)
     exit_as(int(json.loads(ended)["status"]))
