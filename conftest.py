@@ -168,3 +168,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    items.sort(key=lambda item: _group(item) not in LONGEST_GROUPS)  # stable: each group keeps its order
+
+
+# The groups that take longest (the session's trained runs, the fake-against-real memory fixture: over a
+# minute each on 2 cores): started first, so that neither is the last to end while the other worker idles
+LONGEST_GROUPS = ("series", "trainer.test_memory")
+
+
+def _group(item: pytest.Item) -> str:
+    marker = item.get_closest_marker("xdist_group")
+    return str(marker.args[0] if marker and marker.args else marker.kwargs.get("name", "")) if marker else ""

@@ -276,6 +276,7 @@ def test_auto_micro_batch_launches_once_where_it_fits_and_backs_off_from_an_inje
     assert "skipped 2" in sweep(tmp_path, *args).stdout  # resume finds both done
 
 
+@pytest.mark.slow  # 18 s on 2 cores: a 5 s collective timeout, two dumps and their analysis
 def test_a_hung_collective_names_the_rank_that_never_came(tmp_path: Path) -> None:
     """Rank 1 of a 2-rank gloo FSDP2 run sleeps inside step 1 (after its forward); rank 0 waits in the
     backward's first collective until gloo times it out (launcher.collective_timeout_s), dumps its flight

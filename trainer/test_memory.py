@@ -326,6 +326,7 @@ def _h200_runs(sweep: str, **where: str) -> list[tuple[RunSpec, float]]:
             if all(row[k] == v for k, v in where.items())]
 
 
+@pytest.mark.slow  # 18 s on 2 cores: Llama 3.2 1B measured twice, as on a GPU and on a CPU
 def test_the_fake_peak_plus_cublas_workspace_is_what_an_h200_allocated() -> None:
     """Against a real GPU (benchmarks/evidence/NVIDIA-H200_*, torch 2.11): the smoke sweep's tiny runs, and
     Llama 3.2 1B without AC in bf16 (flash attention) and fp32 (grouped KV heads in fp32: CUDA's math

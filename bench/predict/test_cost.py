@@ -66,5 +66,5 @@ def test_plan_prints_the_cost_and_the_price_is_overridable(capsys, tmp_path) -> 
     cheaper = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("cost estimate"))
     usd = [float(x.split(" at $")[0].split(" ")[-1].strip("$").replace(",", "")) for x in (line, cheaper)]
     assert usd[1] == pytest.approx(usd[0] / 10, rel=1e-3)
-    assert main(["+sweep=smoke", "--dry-run", f"results_root={tmp_path}"]) == 0
+    assert main(["+sweep=smoke", "--dry-run", f"results_root={tmp_path}", fast]) == 0
     assert "no price_per_hour for local" in capsys.readouterr().out
