@@ -113,6 +113,7 @@ def test_a_local_cluster_that_names_its_gpu_refuses_runs_that_do_not_fit(tmp_pat
     assert not (tmp_path / "smoke").exists()  # refused before anything was written
 
 
+@pytest.mark.slow  # 22 s on 2 cores: four workers started cold, as a GPU's are
 def test_workers_of_each_simulated_node_see_only_their_devices(tmp_path) -> None:
     """A real 2-node local run on a machine said to have 4 GPUs: the ranks of node 0 see 0,1 and those of
     node 1 see 2,3 (on this CPU machine torch finds no CUDA device behind them and runs on gloo)."""

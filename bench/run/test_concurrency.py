@@ -86,6 +86,7 @@ def test_runs_overlap_within_the_budget_and_full_width_runs_and_probes_run_alone
     assert "nodes 2/2 busy" in proc.stdout  # the progress view shows the budget in use
 
 
+@pytest.mark.slow  # 15 s on 2 cores: a 2-run sweep whose runs each sleep 2 s
 def test_without_a_budget_local_runs_one_at_a_time(tmp_path: Path) -> None:
     proc = run_sweep(tmp_path, *SLEEPY[:-1], "faults=[{match:{},fault:sleep,seconds:2}]",
                      "nccl.enabled=false", "axes.precision=[fp32]")
