@@ -175,6 +175,22 @@ def _cgroup() -> Iterator[tuple[Path, Path]]:
         group.rmdir()
 
 
+def test_a_warm_process_stopped_while_it_imports_leaves_no_directory(tmp_path: Path) -> None:
+    """SIGTERM (its launcher gone) while it still imports: it ends, its socket's directory removed."""
+    (tmp_path / "slow_import.py").write_text("import time\ntime.sleep(30)\n")
+    home = tmp_path / "own"
+    home.mkdir()
+    argv = [sys.executable, "-m", "trainer.warm", "--socket", str(home / "socket"), "--own-dir", "--preload",
+            "slow_import"]
+    proc = subprocess.Popen(argv, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])})
+    while not (home / "socket").exists():
+        assert proc.poll() is None
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 0 and not home.exists()
+
+
 def test_a_commands_child_runs_in_the_commands_cgroups(warm, tmp_path: Path) -> None:
     """A command started in a cgroup (a Slurm job's, a node capped from outside) has its child moved there
     before it runs, so the limits that hold the command hold the child."""

@@ -251,22 +251,24 @@ def main(argv: list[str] | None = None) -> int:
                         help="the socket's directory is this process's: removed when it ends")
     args = parser.parse_args(argv)
     parent = os.getppid()
-    set_death_signal(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    os.environ.pop(SOCKET_ENV, None)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(args.socket)  # commands that connect now wait in the backlog until the imports are done
-    listener.listen(256)
-    for module in args.preload:
-        importlib.import_module(module)
-    warm = Warm(listener)
-    try:
+    warm, bound = Warm(listener), False
+    try:  # whenever it ends (a SIGTERM during its imports too), it leaves nothing behind
+        set_death_signal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        os.environ.pop(SOCKET_ENV, None)
+        listener.bind(args.socket)  # commands that connect now wait in the backlog until the imports are done
+        bound = True
+        listener.listen(256)
+        for module in args.preload:
+            importlib.import_module(module)
         warm.serve(parent)
     finally:
         warm.stop()
         listener.close()
-        with contextlib.suppress(OSError):
-            os.unlink(args.socket)
+        if bound:
+            with contextlib.suppress(OSError):
+                os.unlink(args.socket)
         if args.own_dir:  # its launcher may be gone (killed) and never remove it
             shutil.rmtree(os.path.dirname(os.path.abspath(args.socket)), ignore_errors=True)
     return 0
