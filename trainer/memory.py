@@ -153,8 +153,7 @@ def _create_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optim
     which a step calls first) without the update's arithmetic: on fake tensors that arithmetic is a fifth
     of a measurement, and the state is all a step would leave behind. An optimizer without it steps once
     on zero gradients."""
-    for param in model.parameters():
-        param.grad = torch.zeros_like(param)
+    _create_reduced_gradients(model)
     init = getattr(optimizer, "_init_group", None)
     try:
         for group in optimizer.param_groups:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib
 import json
 import os
@@ -96,6 +97,7 @@ def _run_child(req: dict, fds: list[int]) -> None:
         os._exit(code)
 
 
+@functools.cache  # once per command: a module forgotten after its import is not imported again
 def prepare(module: str) -> None:
     """Import, once, in this process, what `module`'s command imports, so its children find it imported:
     the module itself (a plain module then forgotten: its code runs again in the child as __main__, which

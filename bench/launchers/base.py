@@ -354,6 +354,11 @@ class WarmProcess:
         shutil.rmtree(self.socket.parent, ignore_errors=True)
 
 
+def cold_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` without a warm process's socket inherited from elsewhere: its workers start cold."""
+    return {k: v for k, v in env.items() if k != SOCKET_ENV}
+
+
 class WarmWorkers:
     """A sweep's warm process for its CPU workers (trainer/warm.py), started at the first run that asks for
     it and stopped by the launcher's close. No socket where launcher.warm_workers is off or none can be
@@ -377,9 +382,8 @@ class WarmWorkers:
 
     def env(self, env: dict[str, str], workdir: str | None) -> dict[str, str]:
         """`env` naming the warm process, and no other one inherited from elsewhere."""
-        cold = {k: v for k, v in env.items() if k != SOCKET_ENV}
         path = self.socket(env, workdir)
-        return {**cold, SOCKET_ENV: path} if path else cold
+        return {**cold_env(env), SOCKET_ENV: path} if path else cold_env(env)
 
     def close(self) -> None:
         if self.process is not None:

@@ -31,7 +31,6 @@ from bench.core.config import ConfigError, SweepConfig
 from bench.core.gpus import agent_devices, local_gpus
 from bench.core.records import process_start_time
 from bench.core.schema import RunSpec
-from bench.core.warm import SOCKET_ENV
 from bench.launchers.base import (
     DONE,
     MACHINE_STARTUP_S,
@@ -42,6 +41,7 @@ from bench.launchers.base import (
     Poll,
     Submission,
     WarmWorkers,
+    cold_env,
     die_with_parent,
     job_env,
     python_executable,
@@ -133,7 +133,7 @@ class LocalLauncher(Launcher):
             on_cpu = "CUDA_VISIBLE_DEVICES=" in argv  # a GPU agent's workers start cold
             handle.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                                  env=self.warm.env(env, submission.workdir) if on_cpu
-                                                 else {k: v for k, v in env.items() if k != SOCKET_ENV},
+                                                 else cold_env(env),
                                                  cwd=submission.workdir, start_new_session=True,
                                                  preexec_fn=preexec))
         return handle

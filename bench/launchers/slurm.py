@@ -16,7 +16,6 @@ from typing import Any
 from bench.core import rundir
 from bench.core.config import ConfigError, SweepConfig
 from bench.core.schema import RunSpec
-from bench.core.warm import SOCKET_ENV
 from bench.launchers.base import (
     DONE,
     PENDING,
@@ -28,6 +27,7 @@ from bench.launchers.base import (
     Submission,
     WarmWorkers,
     cluster_placement,
+    cold_env,
     job_env,
     nodes_are_this_machine,
 )
@@ -75,7 +75,7 @@ class SlurmLauncher(Launcher):
 
     def __init__(self, cfg: SweepConfig) -> None:
         self.cfg = cfg
-        self.env = {k: v for k, v in os.environ.items() if k != SOCKET_ENV}  # sbatch exports it to the job
+        self.env = cold_env(dict(os.environ))  # sbatch exports it to the job
         self._controller_config: str | None = None  # `scontrol show config`, once it answered
         if cfg.cluster.slurm.conf:
             self.env["SLURM_CONF"] = cfg.cluster.slurm.conf
