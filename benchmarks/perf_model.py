@@ -32,7 +32,7 @@ from bench.core.hardware import gpu_spec  # noqa: E402
 from bench.gpucheck.evidence import EVIDENCE_DIR, table_runs  # noqa: E402
 from bench.predict import calibrate, perf  # noqa: E402
 from bench.predict.calibrate import Observation, fit as fit_study  # noqa: E402
-from bench.predict.comm import ring_steps  # noqa: E402
+from bench.predict.comm import Network  # noqa: E402
 from bench.predict.cpu import cpu_share  # noqa: E402
 from bench.predict.network import network_for  # noqa: E402
 from bench.predict.perf import CALIBRATION, EXPOSED_PARTS, Calibration, predict  # noqa: E402
@@ -386,15 +386,6 @@ def part_summary(errors: dict[str, list[float]]) -> None:
               f"median {statistics.median(errs):+7.1%}, worst {worst:+7.1%}{mark}")
 
 
-def _probed_latency_off(c: object, gpu: object, network: object, units: int = 1) -> float:
-    """collective_s without the ring's per-unit latency where a probe of that collective timed the message
-    (its row's time holds the latency already)."""
-    full = ORIGINAL_COLLECTIVE_S(c, gpu, network, units)
-    probed = any(k.kind == c.kind and k.rows for k in (*network.curves, *network.intra))  # type: ignore
-    return full - units * ring_steps(c, gpu) * network.step_latency_s if probed else full  # type: ignore
-
-
-ORIGINAL_COLLECTIVE_S = perf.collective_s
 ORIGINAL_HOST_S = perf._host_s
 # Each term of the CPU split added after these errors were first seen (issue 66), and two readings of the
 # evidence: the shipped model without it, refitted on the same runs
@@ -409,13 +400,16 @@ VARIANTS = {
         (perf, "overlaps", lambda gpu: True),),
     "fitted on tokens/s alone (no traced part in the fit)": (
         (calibrate, "FITTED_PARTS", {"gpu": (), "cpu": ()}),),
-    "without the ring latency where a probe timed the message": (
-        (perf, "collective_s", _probed_latency_off),),
+    "without the probes' lines (the nearest row, plus the all-reduce probe's ring latency)": (
+        (Network, "line", lambda self, kind, nodes: None),),
+    **{f"the turns' slower share at {share:g} (shipped {perf.CPU_TURNS_SHARED:g}; 0: all waited)": (
+        (perf, "CPU_TURNS_SHARED", share),) for share in (0.0, 0.25, 0.75, 1.0)},
 }
-# the CPU model before issue 66: every term above but the latency's taken out at once
+# the CPU model before issue 66: the first four terms taken out at once
 VARIANTS["before: no turns, no host term, a GPU's overlap, fitted on tokens/s alone"] = tuple(
-    patch for name, patches in VARIANTS.items() if "latency" not in name for patch in patches
-    if patch[1] != "FITTED_PARTS") + ((calibrate, "FITTED_PARTS", {"gpu": (), "cpu": ()}),)
+    patch for name, patches in list(VARIANTS.items())[:3] for patch in patches
+    if patch[1] != "FITTED_PARTS") + ((calibrate, "FITTED_PARTS", {"gpu": (), "cpu": ()}),
+                                      (Network, "line", lambda self, kind, nodes: None))
 
 
 def sensitivity(seen: list[Observation]) -> None:

@@ -30,9 +30,11 @@ On a CPU (a local study's ranks on this machine's cores, bench/predict/cpu.py) t
 what the CPU's own trace shows (docs/architecture.md, "Where the step went"): gloo's calls block the main
 thread, so every collective is exposed and nothing contends; the host's time per block and pass
 (`Calibration.cpu_host_s`: Python, FSDP2's hooks and its copies around collectives) is on the same thread
-as the compute, so it adds to the step instead of flooring it; and ranks that outnumber what the machine
+as the compute, so it adds to the step instead of flooring it; ranks that outnumber what the machine
 runs at full speed take turns: each runs its work at the speed of a machine running no more ranks than
-its capacity, and the rest of its share of the machine it waits for a peer (`waiting`; `cpu_turns`).
+its capacity, and of the rest of its share of the machine it spends CPU_TURNS_SHARED running that work
+slower beside its peers and the remainder waiting for a peer (`waiting`; `cpu_turns`); and a collective
+the study probed takes its probe's line, fitted through all of the probe's rows (bench/predict/comm.py).
 
 The step's parts (`Prediction.parts`, bench/predict/split.py) are named as the trace names the measured
 ones (trainer/trace.py): compute (contention with it: the overlapped communication slows the kernels),
@@ -74,7 +76,7 @@ from bench.core.hardware import GPUS, GpuSpec, compute_dtype, gpu_spec
 from bench.core.models import ModelArch, block_params, count_params, float8_linear_params
 from bench.core.schema import RunSpec
 from bench.launchers.base import Placement
-from bench.predict.comm import Collective, Curve, Network, collective_s, step_collectives
+from bench.predict.comm import Collective, Curve, Line, Network, collective_s, step_collectives
 from bench.predict.cpu import (
     CPU,
     CPU_EFFICIENCY,
@@ -297,9 +299,12 @@ def _step(spec: RunSpec, arch: ModelArch, gpu: GpuSpec, network: Network, peak: 
     host = _host_s(spec, arch, gpu, cal, recompute) / turns[0]
     parts = {"compute": accum * compute + adds + (0.0 if cpu else cal.contention * hidden), **exposed,
              "optimizer": optimizer}
-    if cpu:  # the host's work on the compute's thread, and the turns: the rest of the rank's share, waited
+    if cpu:  # the host's work on the compute's thread, and the turns: the rest of the rank's share, part
+        # of it spent running the rank's own work slower beside its peers, the rest waiting (cpu_turns)
         work = parts["compute"] + optimizer + host
-        parts |= {"other": host, "waiting": work * (turns[1] - 1)}
+        slower = 1 + CPU_TURNS_SHARED * (turns[1] - 1)
+        parts = {k: v * slower if k in ("compute", "optimizer") else v for k, v in parts.items()}
+        parts |= {"other": host * slower, "waiting": work * (1 - CPU_TURNS_SHARED) * (turns[1] - 1)}
     else:  # a host slower than the device: the rest of the step the device idles
         parts["other"] = max(0.0, host - sum(parts.values()))
     step = sum(parts.values())
@@ -309,6 +314,13 @@ def _step(spec: RunSpec, arch: ModelArch, gpu: GpuSpec, network: Network, peak: 
                       accum * matmul, accum * elementwise + adds + optimizer, total, sum(exposed.values()),
                       network, calibrated, cal.source, host_s=0.0 if cpu else host,
                       unmodeled=unmodeled(spec, gpu), parts=parts)
+
+
+# Of the time a CPU rank's turns add to its work, the share it spends running its own work slower (its
+# peers, released together by each collective, share the cores with it) rather than waiting for a peer. A
+# fit: three smoke studies' 2-node traces measured 0.43-0.54 (median per study); the evidence and its
+# sensitivity are in docs/prediction.md, "The model's split against the measured"
+CPU_TURNS_SHARED = 0.5
 
 
 def cpu_turns(ranks: int, capacity: float) -> tuple[float, float]:
@@ -376,6 +388,8 @@ class Predictor:
             return None
         probe = self.probes.get((spec.nodes, spec.efa_per_node))
         curves = probe.curves if probe else ()
+        lines = (probe.lines if probe else ()) + (self._one_node_lines(spec.efa_per_node) if spec.nodes > 1
+                                                 else ())
         if probe is not None and math.isnan(probe.node_gbs):  # gather/reduce-scatter probes, no all-reduce
             probe = None
         network = network_for(self.cluster.instance_type, spec.efa_per_node, probe, spec.nodes)
@@ -383,6 +397,8 @@ class Predictor:
             network = replace(network, curves=curves)
         if intra := self._intra(spec.efa_per_node):
             network = replace(network, intra=intra)
+        if lines:
+            network = replace(network, lines=lines)
         near = sorted(k for k, v in self.probes.items()
                       if k[1] == spec.efa_per_node and not math.isnan(v.node_gbs))
         if probe is None and self.placement.one_host and near:
@@ -397,6 +413,12 @@ class Predictor:
         `efa` adapters where probed so, else at any."""
         ones = [k for k, v in self.probes.items() if k[0] == 1 and v.intra]
         return self.probes[min(ones, key=lambda k: (k[1] != efa, k))].intra if ones else ()
+
+    def _one_node_lines(self, efa: int) -> tuple[Line, ...]:
+        """The one-node probes' fitted lines (a larger run's in-node collectives: HYBRID_SHARD's), at
+        `efa` adapters where probed so, else at any."""
+        ones = [k for k, v in self.probes.items() if k[0] == 1 and v.lines]
+        return self.probes[min(ones, key=lambda k: (k[1] != efa, k))].lines if ones else ()
 
     def predict(self, spec: RunSpec) -> Prediction | None:
         where = self.setting(spec)

@@ -425,3 +425,68 @@ def test_a_one_node_gather_probe_slower_than_the_published_all_reduce_feeds_the_
         assert collective_s(rs, gpu, fed, units) == collective_s(rs, gpu, published, units)
         assert "all-gathers: the study's all_gather probe on one node (8 ranks)" in fed.described
         assert probed.predict(spec).comm_s > plain.predict(spec).comm_s
+
+
+def _line_rows(kind: str, ranks: int, step_s: float, bus_gbs: float,
+               noise: float = 0.0) -> list[dict[str, Any]]:
+    """A probe's rows on a ring's line (gloo's ring steps, comm.ring_steps on the CPU), each off it by
+    +-noise in turn."""
+    from bench.predict.comm import bus_factor
+    steps = (2 if kind != "all_gather" else 1) * (ranks - 1)
+    return [{"size": s, "algbw": 0.0, "busbw": 0.0,
+             "time_us": 1e6 * (steps * step_s + bus_factor(kind, ranks) * s / (bus_gbs * 1e9))
+             * (1 + noise * (-1) ** i)} for i, s in enumerate(2**k for k in range(10, 23))]
+
+
+@pytest.mark.parametrize("kind", ["all_gather", "reduce_scatter", "all_reduce"])
+def test_a_probe_on_a_ring_line_fits_back_its_step_latency_and_bandwidth(kind: str) -> None:
+    """Rows on the line give back its step and bus bandwidth exactly; rows alternately 30% off it stay
+    within 30% of both; rows of latency alone give no bandwidth term; one rank's probe has no ring."""
+    from bench.predict.network import fit_line
+    for ranks, nodes in ((2, 1), (4, 2)):
+        line = fit_line(kind, nodes, ranks, _line_rows(kind, ranks, 1.2e-3, 0.6), "probe")
+        assert line is not None and (line.kind, line.nodes) == (kind, nodes)
+        assert line.step_s == pytest.approx(1.2e-3, rel=1e-9) and line.bus_gbs == pytest.approx(0.6, rel=1e-9)
+        noisy = fit_line(kind, nodes, ranks, _line_rows(kind, ranks, 1.2e-3, 0.6, noise=0.3), "probe")
+        assert noisy is not None
+        assert noisy.step_s == pytest.approx(1.2e-3, rel=0.3) and noisy.bus_gbs == pytest.approx(0.6, rel=0.3)
+    flat = fit_line(kind, 2, 4, [{"size": s, "time_us": 3000.0} for s in (2**10, 2**20, 2**22)], "probe")
+    assert flat is not None and flat.bus_gbs == math.inf
+    assert flat.step_s == pytest.approx(3e-3 / (3 if kind == "all_gather" else 6))
+    assert fit_line(kind, 1, 1, _line_rows(kind, 2, 1e-3, 1.0), "probe") is None
+
+
+def _cpu_probe(kind: str, nodes: int, step_s: float, bus_gbs: float) -> RunSummary:
+    spec = RunSpec(kind="nccl", model="none", nodes=nodes, gpus_per_node=2, cluster="local", collective=kind,
+                   steps=1, warmup_steps=0)
+    rows = _line_rows(kind, spec.world_size, step_s, bus_gbs)
+    for r in rows:
+        r["algbw"] = r["size"] / (r["time_us"] * 1e3)
+    return RunSummary(run_id=spec.run_id, sweep="s", status="ok", spec=spec, extra={"sizes": rows})
+
+
+def test_a_cpu_collective_takes_its_own_probes_line_at_its_group_and_a_gpu_the_nearest_row() -> None:
+    """A local CPU study probed every collective on one node (2 ranks) and on two (4 ranks), each probe on a
+    line of its own: a 2-node FULL_SHARD run's gathers and reduce-scatters take the two-node lines over their
+    4 ranks, HYBRID_SHARD's in-node ones the one-node lines over 2 and its all-reduce the two-node line over
+    its 2 ranks (2 ring steps, not the probe's 6); a GPU reads none of them."""
+    from bench.predict.comm import bus_factor, collective_s
+    from bench.predict.network import probes_of
+    cfg = from_dict(compose(["+sweep=smoke"])[0])
+    lines = {("all_gather", 1): (0.3e-3, 0.8), ("reduce_scatter", 1): (0.5e-3, 0.4),
+             ("all_reduce", 1): (0.2e-3, 0.7), ("all_gather", 2): (1.0e-3, 1.5),
+             ("reduce_scatter", 2): (0.8e-3, 0.7), ("all_reduce", 2): (0.6e-3, 1.6)}
+    probes = probes_of([_cpu_probe(kind, nodes, *v) for (kind, nodes), v in lines.items()])
+    predictor, arch = _predictor(cfg, probes), get_arch("tiny_llama")
+    units = arch.layers + 1
+    for sharding in ("FULL_SHARD", "HYBRID_SHARD"):
+        spec = RunSpec(model="tiny_llama", nodes=2, gpus_per_node=2, sharding=sharding, cluster="local")
+        gpu, network = predictor.setting(spec)
+        assert gpu.family == "cpu"
+        for c in collectives(spec, arch):
+            step_s, bus_gbs = lines[(c.kind, c.nodes)]
+            steps = (2 if c.kind != "all_gather" else 1) * (c.ranks - 1)
+            expected = units * steps * step_s + bus_factor(c.kind, c.ranks) * c.size / (bus_gbs * 1e9)
+            assert collective_s(c, gpu, network, units) == pytest.approx(expected, rel=1e-9)
+            assert collective_s(c, GPUS["H100-SXM"], network, units) == pytest.approx(
+                collective_s(c, GPUS["H100-SXM"], replace(network, lines=()), units), rel=1e-12)

@@ -14,7 +14,7 @@ from bench.predict.comm import Network
 from bench.predict.cpu import cpu_share
 from bench.predict.memory import MemoryFigure, states_gib
 from bench.predict.network import network_for
-from bench.predict.perf import CALIBRATION, CPU, EXPOSED_PARTS, Prediction, predict
+from bench.predict.perf import CALIBRATION, CPU, CPU_TURNS_SHARED, EXPOSED_PARTS, Prediction, predict
 from bench.predict.split import (
     Known,
     Options,
@@ -67,19 +67,25 @@ def test_a_gpu_predictions_parts_add_up_and_its_exposed_communication_is_the_exp
 
 
 def test_a_cpu_exposes_every_collective_and_its_extra_ranks_wait_their_turn() -> None:
-    """On 2 cores (capacity 2), 2 ranks run at the speed of 2; 4 ranks run their ops at that same speed and
-    wait the rest of their share: compute alike, the step their work over the share of 4."""
+    """On 2 cores (capacity 2), 2 ranks run at the speed of 2; 4 ranks take turns: of the time their share
+    adds to their work, CPU_TURNS_SHARED runs their own work slower and the rest waits for a peer, and the
+    step is their work over the share of 4 whatever that division."""
     two = RunSpec(model="tiny_llama", nodes=1, gpus_per_node=2)
     four = replace(two, nodes=2)
     p2, p4 = (predict(s, CPU, LOOPBACK, cal=CPU_STUDY) for s in (two, four))
     for p in (p2, p4):
         assert p.exposed_s == pytest.approx(p.comm_s, rel=1e-12)  # gloo blocks the main thread
         assert sum(p.parts.values()) == pytest.approx(p.step_time_s, rel=1e-12)
-    assert p4.parts["compute"] == pytest.approx(p2.parts["compute"], rel=1e-12)
-    assert p2.parts["waiting"] == pytest.approx(0.0, abs=1e-12)
-    work = p4.parts["compute"] + p4.parts["optimizer"] + p4.parts["other"]
     running = cpu_share(2, 2.0)
-    assert p4.parts["waiting"] == pytest.approx(work * (running / cpu_share(4, 2.0) - 1), rel=1e-9)
+    turns = running / cpu_share(4, 2.0)
+    slower = 1 + CPU_TURNS_SHARED * (turns - 1)
+    for part in ("compute", "other"):
+        assert p4.parts[part] == pytest.approx(p2.parts[part] * slower, rel=1e-12)
+    assert p4.parts["optimizer"] == pytest.approx(p2.parts["optimizer"] / 2 * slower, rel=1e-12)  # 4 shards
+    assert p2.parts["waiting"] == pytest.approx(0.0, abs=1e-12)
+    work = p2.parts["compute"] + p2.parts["optimizer"] / 2 + p2.parts["other"]  # at the running speed
+    assert p4.parts["waiting"] == pytest.approx(work * (1 - CPU_TURNS_SHARED) * (turns - 1), rel=1e-9)
+    assert p4.parts["waiting"] + work * slower == pytest.approx(work * turns, rel=1e-9)
     assert p2.parts["other"] == pytest.approx(3e-3 * 4 * 3 / running, rel=1e-9)  # 4 blocks x 3 passes
 
 
