@@ -12,9 +12,10 @@ PRIOR_WIDTH, so one run moves a constant only as far as its evidence goes and a 
 see (contention on one-rank runs) stays where it was published. Where a run recorded its step's split
 (its profiler trace: RunSummary.trace_split), the parts that tell the constants apart are residuals too
 (FITTED_PARTS, at the noise SIGMA_PART): the compute's, which the step alone cannot tell from a CPU
-rank's host work (`cpu_host_s`), and that host work, fitted only where some run measured it.
-Levenberg-Marquardt on at most seven constants: deterministic, well under a second for 100
-runs. The inverse curvature at the optimum gives each later prediction an interval (`Fit.spread`):
+rank's host work (`cpu_host_s`), and that host work, fitted only where some run measured it; on a CPU
+its exposed collectives, which calibrate a gloo ring step's latency in training (`cpu_step_s`).
+Levenberg-Marquardt on at most ten constants: deterministic, well under a second for 100 runs. The
+inverse curvature at the optimum gives each later prediction an interval (`Fit.spread`):
 parameter uncertainty plus the runs' own scatter.
 
 The fit is kept with the study (calibration.json in the sweep dir, written only by this module through
@@ -38,7 +39,16 @@ from bench.core.schema import RunSpec, RunSummary
 from bench.launchers.base import Placement
 from bench.predict.comm import Network
 from bench.predict.network import probes_of
-from bench.predict.perf import CALIBRATION, Calibration, Prediction, Predictor, Stack, predict, unmodeled
+from bench.predict.perf import (
+    CALIBRATION,
+    EXPOSED_PARTS,
+    Calibration,
+    Prediction,
+    Predictor,
+    Stack,
+    predict,
+    unmodeled,
+)
 from bench.predict.split import PARTS, comparable
 
 FORMAT = 1
@@ -46,9 +56,11 @@ SIGMA = 0.05  # log scatter of one run's tokens/s about the model: repeats of a 
 # log scatter of one part of a traced step about the model: a trace holds one or two profiled steps, and on
 # 2 shared cores one rank's compute and waiting trade places from step to step (docs/prediction.md)
 SIGMA_PART = 0.25
-FITTED_PARTS = {"gpu": ("compute",), "cpu": ("compute", "other", "waiting")}  # per device: a trace's
+# per device, a trace's parts the fit reads: on a CPU its collectives too (Calibration.cpu_step_s)
+FITTED_PARTS = {"gpu": ("compute",), "cpu": ("compute", "other", "waiting", *EXPOSED_PARTS)}
 PRIOR_WIDTH = {"efficiency": 0.3, "elementwise_bytes": 0.7, "contention": 0.7, "compile_traffic": 0.3,
-               "cpu_capacity": 1.0, "cpu_host_s": 1.0}  # log widths: how far the study may move each
+               "cpu_capacity": 1.0, "cpu_host_s": 1.0, "cpu_step_s": 1.0}  # log widths: how far the study
+# may move each
 FRACTIONS = ("contention", "compile_traffic")  # constants held at most 1
 Z90 = 1.645  # a ~90% interval, two-sided
 STEP = 1e-4  # finite-difference step in log space
@@ -101,6 +113,8 @@ def parameters(observations: list[Observation]) -> tuple[str, ...]:
         names.append("cpu_capacity")
     if any(o.gpu.family == "cpu" and dict(o.fitted_parts()).get("other") for o in observations):
         names.append("cpu_host_s")
+    if any(o.gpu.family == "cpu" and set(dict(o.fitted_parts())) & set(EXPOSED_PARTS) for o in observations):
+        names.append("cpu_step_s")
     return tuple(names)
 
 
@@ -184,7 +198,7 @@ def _residuals(observations: list[Observation], prior: Calibration, names: tuple
         out.append(math.log(pred.tokens_per_s_per_gpu / o.tokens_per_s_per_gpu))
         floor = 1e-6 * pred.step_time_s  # a part the model has none of (no turns): a large residual, finite
         out += [SIGMA / SIGMA_PART * math.log(max(pred.parts[k], floor) / measured)
-                for k, measured in o.fitted_parts()]
+                for k, measured in o.fitted_parts() if pred.parts[k] > 0 or k not in EXPOSED_PARTS]
     return out
 
 

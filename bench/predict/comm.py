@@ -10,11 +10,12 @@ has one, else the GPUs' published all-reduce bus bandwidth. The network leg: the
 carry over the node's throughput for that collective (the study's all-gather or reduce-scatter probe at
 the size nearest one unit's message where it has one, else the all-reduce figure).
 
-On a CPU (gloo on a local study's shared cores) a collective the study probed over its node count instead
-reads that probe's `Line`: a ring step's latency and the bus bandwidth fitted through all of its rows. Its
-rows are mostly latency and noisy (neighbouring sizes differ 2x on two loaded cores), so one row is a
-poor reading of one size, and the all-reduce probe's small rows are another op's latency; NCCL's rows on a
-GPU are smooth and bandwidth-bound at FSDP's sizes, so a GPU reads the nearest row.
+On a CPU (gloo on a local study's shared cores) a collective is its ring's steps, each at the study's own
+step latency (perf passes the calibrated `Calibration.cpu_step_s` as the network's), and its bus bytes at
+the CPU's loopback bandwidth: gloo's probe rows there are mostly latency and unstable (neighbouring sizes
+differ 2x, two probes of one collective up to 2.6x), so neither one row nor a probe's latency reads what
+the same collective takes in training; NCCL's rows on a GPU are smooth and bandwidth-bound at FSDP's
+sizes, so a GPU reads the nearest row.
 """
 from __future__ import annotations
 
@@ -50,19 +51,6 @@ class Curve:
 
 
 @dataclass(frozen=True)
-class Line:
-    """A study's probe of one collective fitted to a ring's cost: each of its ring's steps takes `step_s`,
-    and its bus bytes cross at `bus_gbs` (bench/predict/network.py fit_line); read at any message size,
-    group size and op count of the same collective over the same node count."""
-
-    kind: str  # "all_gather", "reduce_scatter" or "all_reduce"
-    nodes: int  # the node count it was probed over (1: among one node's ranks)
-    step_s: float
-    bus_gbs: float
-    source: str
-
-
-@dataclass(frozen=True)
 class Network:
     """What a node's adapters carry for FSDP's collectives, and where that figure comes from."""
 
@@ -72,11 +60,6 @@ class Network:
     curves: tuple[Curve, ...] = ()  # the study's all-gather and reduce-scatter probes, where it has them
     # its one-node all-gather and reduce-scatter probes: bus bandwidth among one node's ranks (GB/s) per size
     intra: tuple[Curve, ...] = ()
-    lines: tuple[Line, ...] = ()  # its probes' fitted lines, every collective, at its node count and one
-
-    def line(self, kind: str, nodes: int) -> Line | None:
-        """The study's fitted line of `kind` over `nodes` nodes, where it probed one."""
-        return next((x for x in self.lines if x.kind == kind and x.nodes == nodes), None)
 
     def gbs(self, kind: str, message: float) -> float:
         """Node-level GB/s of `kind` at one unit's `message` bytes: its own probe's nearest row, else the
@@ -175,11 +158,10 @@ def bus_factor(kind: str, ranks: int) -> float:
 def collective_s(c: Collective, gpu: GpuSpec, network: Network, units: int = 1) -> float:
     """The longer of the intra-node leg and the network leg (a hierarchical collective pipelines both),
     plus the ring's step latency once per FSDP unit (each unit gathers and reduces on its own); on a CPU,
-    the study's line of that collective over its node count where it has one (module docstring)."""
-    line = network.line(c.kind, c.nodes) if gpu.family == "cpu" else None
-    if line is not None:
-        bus = bus_factor(c.kind, c.ranks) * c.size / (line.bus_gbs * 1e9)
-        return units * ring_steps(c, gpu) * line.step_s + bus
+    the ring's steps and its bus bytes at the CPU's bandwidth (module docstring)."""
+    if gpu.family == "cpu":
+        bus = bus_factor(c.kind, c.ranks) * c.size / (gpu.intra_busbw_gbs * 1e9)
+        return units * ring_steps(c, gpu) * network.step_latency_s + bus
     per_node = c.ranks // c.nodes
     intra_gbs = network.intra_gbs(c.kind, c.size / units, gpu.intra_busbw_gbs)
     intra = bus_factor(c.kind, per_node) * c.size / (intra_gbs * 1e9) if per_node > 1 else 0.0

@@ -11,17 +11,7 @@ from typing import Any
 
 from bench.core.hardware import INSTANCES
 from bench.core.schema import RunSummary
-from bench.predict.comm import (
-    INTER_NODE_STEP_S,
-    INTRA_NODE_STEP_S,
-    Collective,
-    Curve,
-    Line,
-    Network,
-    bus_factor,
-    ring_steps,
-)
-from bench.predict.cpu import CPU
+from bench.predict.comm import INTER_NODE_STEP_S, INTRA_NODE_STEP_S, Curve, Network, bus_factor
 
 RDMA_EFFICIENCY = 0.9  # of line rate, InfiniBand/RoCE clusters: GCP a3-mega H100s, 2 nodes, 8 GiB all-reduce
 # (shared/data/nccl-tests/sample_05.txt: 180.7 GB/s of 200). EFA instances use their published measurement.
@@ -88,30 +78,6 @@ def probe_curve(kind: str, nodes: int, sizes: list[dict[str, Any]], source: str,
     return Curve(kind, tuple(sorted(by_size.items())), source) if by_size else None
 
 
-def fit_line(kind: str, nodes: int, ranks: int, sizes: list[dict[str, Any]], source: str) -> Line | None:
-    """A probe's rows (size, time_us) fitted to time = ring steps x step_s + bus bytes / bus_gbs, least
-    squares on each row's relative error (every size counts alike, from latency- to bandwidth-bound), the
-    ring's steps as a CPU's gloo takes them (comm.ring_steps; lines are read on a CPU only). None on one
-    rank or with fewer than two timed rows; a term the rows do not support (negative) is dropped."""
-    steps = ring_steps(Collective(kind, 0.0, ranks, nodes, "forward"), CPU)
-    rows = [(steps, bus_factor(kind, ranks) * r["size"], r["time_us"] * 1e-6)
-            for r in sizes if r.get("size") and r.get("time_us", 0) > 0]
-    if steps < 1 or len(rows) < 2:
-        return None
-    # minimise sum((steps a + bytes c) / t - 1)^2 over a (s per step) and c (s per bus byte)
-    s11 = sum((x / t) ** 2 for x, _, t in rows)
-    s22 = sum((y / t) ** 2 for _, y, t in rows)
-    s12 = sum(x * y / t ** 2 for x, y, t in rows)
-    b1, b2 = sum(x / t for x, _, t in rows), sum(y / t for _, y, t in rows)
-    det = s11 * s22 - s12 * s12
-    a, c = ((b1 * s22 - b2 * s12) / det, (s11 * b2 - s12 * b1) / det) if det > 0 else (-1.0, -1.0)
-    if c <= 0:
-        a, c = b1 / s11, 0.0
-    elif a <= 0:
-        a, c = 0.0, b2 / s22
-    return Line(kind, nodes, a, 1e-9 / c if c > 0 else math.inf, source)
-
-
 def sweep_probes(sweep_dir: Any) -> dict[tuple[int, int], Network]:
     """The finished all-reduce probes of a sweep dir (a resumed or re-planned study) by (nodes, EFA)."""
     from bench.core import rundir
@@ -125,24 +91,20 @@ def probes_of(summaries: Iterable[RunSummary]) -> dict[tuple[int, int], Network]
     collective at one node and EFA count, the one over the most ranks (the longest ring)."""
     nets: dict[tuple[int, int], tuple[int, Network]] = {}
     curves: dict[tuple[int, int, str], tuple[int, Curve]] = {}
-    lines: dict[tuple[int, int, str], tuple[int, Line]] = {}
     for summary in summaries:
         spec = summary.spec
         if spec.kind != "nccl" or summary.status != "ok":
             continue
         key, sizes = (spec.nodes, spec.efa_per_node), summary.extra.get("sizes", [])
-        where = f"at {spec.nodes} nodes, {spec.efa_per_node} EFA" if spec.nodes > 1 else "on one node"
-        source = f"the study's {spec.collective} probe {where} ({spec.world_size} ranks)"
-        line = fit_line(spec.collective, spec.nodes, spec.world_size, sizes, source)
-        slot = (*key, spec.collective)
-        if line and (slot not in lines or spec.world_size > lines[slot][0]):
-            lines[slot] = (spec.world_size, line)
         if spec.collective == "all_reduce":
             network = probe_network(spec.nodes, sizes, spec.world_size)
             if network and (key not in nets or spec.world_size > nets[key][0]):
                 nets[key] = (spec.world_size, network)
             continue
+        where = f"at {spec.nodes} nodes, {spec.efa_per_node} EFA" if spec.nodes > 1 else "on one node"
+        source = f"the study's {spec.collective} probe {where} ({spec.world_size} ranks)"
         curve = probe_curve(spec.collective, spec.nodes, sizes, source, spec.world_size)
+        slot = (*key, spec.collective)
         if curve and (slot not in curves or spec.world_size > curves[slot][0]):
             curves[slot] = (spec.world_size, curve)
     out = {key: network for key, (_, network) in nets.items()}
@@ -152,7 +114,4 @@ def probes_of(summaries: Iterable[RunSummary]) -> dict[tuple[int, int], Network]
             out[(nodes, efa)] = replace(base, intra=base.intra + (curve,))
         else:
             out[(nodes, efa)] = replace(base, curves=base.curves + (curve,))
-    for (nodes, efa, _), (_, line) in sorted(lines.items()):
-        base = out.get((nodes, efa), Network(math.nan, ""))
-        out[(nodes, efa)] = replace(base, lines=base.lines + (line,))
     return out

@@ -33,8 +33,9 @@ thread, so every collective is exposed and nothing contends; the host's time per
 as the compute, so it adds to the step instead of flooring it; ranks that outnumber what the machine
 runs at full speed take turns: each runs its work at the speed of a machine running no more ranks than
 its capacity, and of the rest of its share of the machine it spends CPU_TURNS_SHARED running that work
-slower beside its peers and the remainder waiting for a peer (`waiting`; `cpu_turns`); and a collective
-the study probed takes its probe's line, fitted through all of the probe's rows (bench/predict/comm.py).
+slower beside its peers and the remainder waiting for a peer (`waiting`; `cpu_turns`); and each
+collective takes its ring's steps at the study's own step latency (`Calibration.cpu_step_s`, which its
+traced collectives calibrate), its bus bytes at the CPU's bandwidth (bench/predict/comm.py).
 
 The step's parts (`Prediction.parts`, bench/predict/split.py) are named as the trace names the measured
 ones (trainer/trace.py): compute (contention with it: the overlapped communication slows the kernels),
@@ -76,7 +77,7 @@ from bench.core.hardware import GPUS, GpuSpec, compute_dtype, gpu_spec
 from bench.core.models import ModelArch, block_params, count_params, float8_linear_params
 from bench.core.schema import RunSpec
 from bench.launchers.base import Placement
-from bench.predict.comm import Collective, Curve, Line, Network, collective_s, step_collectives
+from bench.predict.comm import Collective, Curve, Network, collective_s, step_collectives
 from bench.predict.cpu import (
     CPU,
     CPU_EFFICIENCY,
@@ -103,6 +104,9 @@ class Calibration:
     # (None: its core count; hyperthreads and memory bandwidth make it fewer)
     cpu_host_s: float = 2.24e-3  # a CPU rank's own host time per block and pass (Python, FSDP2's hooks and
     # copies), on the compute's thread: HOST_BLOCK_PASS_S as its prior, a study's traces refit it
+    cpu_step_s: float = 1.0e-3  # one ring step of a gloo collective inside a CPU study's training: its
+    # traced collectives refit it; the prior is the order its 1-node traces measured on 2 shared cores
+    # (docs/prediction.md, "The model's split against the measured")
     source: str = "published constants"  # or "this study's N runs": the results table's pred_source
 
     def efficiency(self, family: str, dtype: str) -> float:
@@ -341,6 +345,7 @@ def predict(spec: RunSpec, gpu: GpuSpec, network: Network, arch: ModelArch | Non
     if gpu.family == "cpu":  # every rank of a local study on this machine's cores: each gets its share
         running, turns = cpu_turns(spec.world_size, cal.capacity())
         cpu = replace(gpu, hbm_tbs=gpu.hbm_tbs * running)
+        network = replace(network, step_latency_s=cal.cpu_step_s)  # the study's own, not a probe's
         return _step(spec, arch, cpu, network, cpu_peak_flops() * running, cpu_peak_flops() * running,
                      efficiency, cal, stack, (running, turns))
     peak = gpu.peak_tflops[compute_dtype(spec.precision)] * 1e12
@@ -388,8 +393,6 @@ class Predictor:
             return None
         probe = self.probes.get((spec.nodes, spec.efa_per_node))
         curves = probe.curves if probe else ()
-        lines = (probe.lines if probe else ()) + (self._one_node_lines(spec.efa_per_node) if spec.nodes > 1
-                                                 else ())
         if probe is not None and math.isnan(probe.node_gbs):  # gather/reduce-scatter probes, no all-reduce
             probe = None
         network = network_for(self.cluster.instance_type, spec.efa_per_node, probe, spec.nodes)
@@ -397,8 +400,6 @@ class Predictor:
             network = replace(network, curves=curves)
         if intra := self._intra(spec.efa_per_node):
             network = replace(network, intra=intra)
-        if lines:
-            network = replace(network, lines=lines)
         near = sorted(k for k, v in self.probes.items()
                       if k[1] == spec.efa_per_node and not math.isnan(v.node_gbs))
         if probe is None and self.placement.one_host and near:
@@ -413,12 +414,6 @@ class Predictor:
         `efa` adapters where probed so, else at any."""
         ones = [k for k, v in self.probes.items() if k[0] == 1 and v.intra]
         return self.probes[min(ones, key=lambda k: (k[1] != efa, k))].intra if ones else ()
-
-    def _one_node_lines(self, efa: int) -> tuple[Line, ...]:
-        """The one-node probes' fitted lines (a larger run's in-node collectives: HYBRID_SHARD's), at
-        `efa` adapters where probed so, else at any."""
-        ones = [k for k, v in self.probes.items() if k[0] == 1 and v.lines]
-        return self.probes[min(ones, key=lambda k: (k[1] != efa, k))].lines if ones else ()
 
     def predict(self, spec: RunSpec) -> Prediction | None:
         where = self.setting(spec)
