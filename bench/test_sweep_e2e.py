@@ -147,6 +147,9 @@ def test_smoke_sweep_end_to_end_then_resume(smoke_results: Path) -> None:
     for log in logs:
         text = log.read_text()
         assert "USDT:" not in text and "Failed to load" not in text, (log, text[-2000:])
+    # torchrun kept its error files in each run's attempt dir, not a torchelastic_* dir in /tmp per node
+    for d in (smoke_results / "smoke_full" / "runs").glob("*"):
+        assert (rundir.current_attempt_dir(d) / rundir.TORCHELASTIC_DIR).is_dir(), d
     # every CPU worker was forked by the sweep's warm process (launcher.warm_workers, on by default)
     starts = [r["startup"] for d in (smoke_results / "smoke_full" / "runs").glob("tiny_llama-*")
               for r in rundir.read_records(d) if r["kind"] == "meta"]

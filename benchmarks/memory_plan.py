@@ -20,12 +20,14 @@ whole takes two minutes).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,6 +50,13 @@ QUICK_CHECK = ("axes.model=[small_llama]",)  # on the smoke sweep: 8 blocks, mea
 CHECK_TOLERANCE = 0.005
 
 
+@contextlib.contextmanager
+def fresh_cache() -> Iterator[Path]:
+    """An empty memory cache for a cold plan, removed afterwards (a benchmark leaves nothing in /tmp)."""
+    with tempfile.TemporaryDirectory(prefix="fsdpbench-memory-") as cache:
+        yield Path(cache)
+
+
 def plan_seconds(cache: Path, *extra: str, sweep: str = "p5_scaling") -> float:
     """Wall time of the CLI's dry run (what a user waits for), in a fresh results root."""
     with tempfile.TemporaryDirectory() as results:
@@ -64,10 +73,10 @@ BROUGHT = {False: str(ROOT / "bench/core/testdata/hf/mistral_7b_v0.1/config.json
 def flop_count_cost(sweep: str, model: str) -> None:
     """A brought model's plan counts its FLOPs on fake tensors (trainer.memory.counted_step): what that
     adds to each cold measurement, and to a cached plan (nothing: the count is cached with the peak)."""
-    cache = Path(tempfile.mkdtemp(prefix="fsdpbench-memory-"))
-    cold = plan_seconds(cache, f"axes.model=[{model}]", sweep=sweep)
-    cached = plan_seconds(cache, f"axes.model=[{model}]", sweep=sweep)
-    entries = [json.loads(p.read_text()) for p in (cache / "memory").glob("*.json")]
+    with fresh_cache() as cache:
+        cold = plan_seconds(cache, f"axes.model=[{model}]", sweep=sweep)
+        cached = plan_seconds(cache, f"axes.model=[{model}]", sweep=sweep)
+        entries = [json.loads(p.read_text()) for p in (cache / "memory").glob("*.json")]
     if not entries or any(e.get("count_s") is None for e in entries):
         sys.exit(f"planning {sweep} with {model} counted no FLOPs")
     counting, measuring = (sum(e[k] for e in entries) for k in ("count_s", "seconds"))
@@ -88,10 +97,11 @@ def census_cost(sweep: str, model: str) -> None:
     subprocess.run([sys.executable, "-m", "trainer.census"], input=config + "\n", text=True, cwd=ROOT,
                    capture_output=True, check=True)
     counting = time.perf_counter() - started
-    cache = Path(tempfile.mkdtemp(prefix="fsdpbench-memory-"))
-    cold = plan_seconds(cache, f"axes.model=[{model}]", sweep=sweep)
-    cached = plan_seconds(cache, f"axes.model=[{model}]", sweep=sweep)
-    if not list((cache / "census").glob("*.json")):
+    with fresh_cache() as cache:
+        cold = plan_seconds(cache, f"axes.model=[{model}]", sweep=sweep)
+        cached = plan_seconds(cache, f"axes.model=[{model}]", sweep=sweep)
+        censused = list((cache / "census").glob("*.json"))
+    if not censused:
         sys.exit(f"planning {sweep} with {model} took no census")
     print(f"{sweep} with {name} ({json.loads(config)['model_type']}, counted from the model): the census "
           f"{counting:.1f} s (a process of its own); plan {cold:.1f} s cold, {cached:.1f} s cached")
@@ -147,16 +157,16 @@ def planned_and_whole(sweep: str, cache: Path, *extra: str) -> list[tuple[str, f
 def check(sweeps: tuple[str, ...], *extra: str) -> bool:
     """Every configuration the planner measures, as it measures them (shallow copies, one per shard group)
     and whole at its own world size: equal within CHECK_TOLERANCE, and what each way costs."""
-    cache = Path(tempfile.mkdtemp(prefix="fsdpbench-memory-"))
-    started = time.perf_counter()
-    for sweep in sweeps:  # the planner's way first, cold: its cost is the planning a user waits for
-        cfg = from_dict(compose([f"+sweep={sweep}", f"memory.cache_dir={cache}", *extra])[0])
-        list(expand(cfg, MemoryPlanner(cfg, out=sys.stderr)))
-    planning = time.perf_counter() - started
-    rows = [row for sweep in sweeps for row in planned_and_whole(sweep, cache, *extra)]
+    with fresh_cache() as cache:
+        started = time.perf_counter()
+        for sweep in sweeps:  # the planner's way first, cold: its cost is the planning a user waits for
+            cfg = from_dict(compose([f"+sweep={sweep}", f"memory.cache_dir={cache}", *extra])[0])
+            list(expand(cfg, MemoryPlanner(cfg, out=sys.stderr)))
+        planning = time.perf_counter() - started
+        rows = [row for sweep in sweeps for row in planned_and_whole(sweep, cache, *extra)]
+        entries = len(list((cache / "memory").glob("*.json")))
     errors = [abs(planned / whole - 1) for _, planned, whole, _ in rows]
     whole_s = sum(record["seconds"] for *_, record in rows)
-    entries = len(list((cache / "memory").glob("*.json")))
     worst = max(range(len(rows)), key=errors.__getitem__)
     print(f"check over {', '.join(sweeps)}: {len(rows)} configurations measured whole at their own world "
           f"size ({whole_s:.0f} s of measuring) against the planner's {entries} shallow measurements "
@@ -176,13 +186,20 @@ def main() -> None:
     sweeps = ("smoke",) if args.quick else tuple(args.sweeps)
     if args.check:
         sys.exit(0 if check(sweeps, *QUICK_CHECK * args.quick) else 1)
-    cache = args.cache_dir or Path(tempfile.mkdtemp(prefix="fsdpbench-memory-"))
+    with contextlib.ExitStack() as stack:
+        cache = args.cache_dir or stack.enter_context(fresh_cache())
+        plans(sweeps, cache, args.quick)
+
+
+def plans(sweeps: tuple[str, ...], cache: Path, quick: bool) -> None:
+    """What planning costs cold, cached and without measuring; the FLOP count's and the census's costs; the
+    lower bound against the measured peak of every configuration."""
     cold, cached = plan_seconds(cache, sweep=sweeps[0]), plan_seconds(cache, sweep=sweeps[0])
     off = plan_seconds(cache, "memory.measure=false", sweep=sweeps[0])
     print(f"planning {sweeps[0]} --dry-run: {cold:.1f} s cold (measuring), {cached:.1f} s cached, "
           f"{off:.1f} s with memory.measure=false")
-    flop_count_cost(sweeps[0], BROUGHT[args.quick])
-    census_cost(sweeps[0], COUNTED[args.quick])
+    flop_count_cost(sweeps[0], BROUGHT[quick])
+    census_cost(sweeps[0], COUNTED[quick])
     everything = []
     for sweep in sweeps:
         errors = compare(sweep, cache)

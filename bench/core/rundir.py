@@ -43,6 +43,7 @@ SPEC_JSON = "spec.json"
 SUMMARY_JSON = "summary.json"
 SUBMISSION_DIR = "submission"
 LOGS_DIR = "logs"
+TORCHELASTIC_DIR = "torchelastic"  # torchrun's per-rank error files (else a dir in each node's /tmp)
 LEDGER_JSON = "ledger.json"
 PREFLIGHT_DIR = "preflight"  # the preflight's jobs (bench/preflight.py)
 PREFLIGHT_JSON = "preflight.json"  # its verdict, which the report shows

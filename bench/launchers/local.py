@@ -110,7 +110,7 @@ class LocalLauncher(Launcher):
         py = python_executable(self.cfg)
         worker = worker_module_argv(spec, run_dir, worker_args(self.cfg, spec))
         agent = torchrun_argv(py, spec, f"127.0.0.1:{PORT_TOKEN}", spec.run_id, rendezvous_conf(self.cfg),
-                              MONITOR_S)
+                              os.path.join(os.path.abspath(run_dir), rundir.TORCHELASTIC_DIR), MONITOR_S)
         # `env` sets each agent's devices without a shell, and a simulated node's name where there are
         # several (one host name for all of them otherwise); torchrun's workers inherit them
         argvs = tuple(tuple(["env", f"CUDA_VISIBLE_DEVICES={devices}",

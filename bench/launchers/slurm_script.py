@@ -168,7 +168,8 @@ def worker_command(cfg: SweepConfig, spec: RunSpec, run_dir: Path) -> str:
                 + probe)
         return shlex.join(argv)
     argv = (_srun_prefix(cfg, 1) + _efa_limit(cfg, spec, run_dir)
-            + torchrun_argv(_python(cfg), spec, ENDPOINT, "@RDZV_ID@", rendezvous_conf(cfg))
+            + torchrun_argv(_python(cfg), spec, ENDPOINT, "@RDZV_ID@", rendezvous_conf(cfg),
+                            worker_path(cfg, run_dir / rundir.TORCHELASTIC_DIR))
             + worker_module_argv(spec, Path(worker_path(cfg, run_dir)),
                                  worker_args(cfg, spec)))
     line = shlex.join(argv)
