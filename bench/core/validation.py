@@ -165,14 +165,6 @@ def _check_launcher(launcher: LauncherConfig) -> None:
     _positive("launcher.max_nodes", launcher.max_nodes)
 
 
-def _check_admission(cfg: SweepConfig) -> None:
-    slurm_packs = cfg.cluster.slurm.admission == "slurm" and cfg.launcher.name == "slurm"
-    if slurm_packs and cfg.launcher.max_nodes is not None:
-        raise ConfigError("cluster.slurm.admission=slurm leaves the node cap to Slurm: name a partition "
-                          "(cluster.slurm.partition), or a --qos or --reservation in "
-                          "cluster.slurm.extra_sbatch, instead of launcher.max_nodes")
-
-
 def _check_faults(faults: list[FaultRule]) -> None:
     for f in faults:
         if unknown := sorted(set(f.match) - set(SPEC_FIELDS)):  # a misspelt key would silently never fire
@@ -235,7 +227,6 @@ def validate(cfg: SweepConfig) -> None:
     check_choices(cfg)
     _check_cluster(cfg.cluster)
     _check_launcher(cfg.launcher)
-    _check_admission(cfg)
     _check_preflight(cfg.preflight)
     _check_axes(cfg.axes, cfg.cluster)
     for i, rule in enumerate(cfg.exclude):

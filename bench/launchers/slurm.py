@@ -70,8 +70,14 @@ class SlurmLauncher(Launcher):
 
     @classmethod
     def placement(cls, cfg: SweepConfig) -> Placement:
-        """cluster.slurm.admission=slurm: every run submitted at once, Slurm's backfill packing them."""
-        return cluster_placement(cfg, cls.name, admits_all=cfg.cluster.slurm.admission == "slurm")
+        """cluster.slurm.admission=slurm: every run submitted at once, Slurm's backfill packing them (and
+        holding the node cap: a cap of the harness's own is refused)."""
+        admits_all = cfg.cluster.slurm.admission == "slurm"
+        if admits_all and cfg.launcher.max_nodes is not None:
+            raise ConfigError("cluster.slurm.admission=slurm leaves the node cap to Slurm: name a partition "
+                              "(cluster.slurm.partition), or a --qos or --reservation in "
+                              "cluster.slurm.extra_sbatch, instead of launcher.max_nodes")
+        return cluster_placement(cfg, cls.name, admits_all=admits_all)
 
     def __init__(self, cfg: SweepConfig) -> None:
         self.cfg = cfg

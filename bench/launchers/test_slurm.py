@@ -224,7 +224,8 @@ def test_slurm_admission_gives_each_job_a_time_limit_from_its_prediction() -> No
     assert not any(a.startswith("--time")
                    for a in SlurmLauncher(harness).render(spec, Path("/tmp/r"), seconds=100.0).argvs[0])
     with pytest.raises(ConfigError, match="leaves the node cap to Slurm"):
-        cfg_for("cluster.slurm.admission=slurm", "launcher.max_nodes=2")
+        SlurmLauncher.placement(cfg_for("cluster.slurm.admission=slurm", "launcher.max_nodes=2"))
+    assert SlurmLauncher.placement(cfg_for("launcher.max_nodes=2")).node_budget == 2  # the harness's own cap
     with pytest.raises(ConfigError, match="admission='backfill' is not one of: harness, slurm"):
         cfg_for("cluster.slurm.admission=backfill")
 
