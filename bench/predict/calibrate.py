@@ -15,8 +15,8 @@ see (contention on one-rank runs) stays where it was published. Where a run reco
 rank's host work (`cpu_host_s`), and that host work, fitted only where some run measured it; on a CPU
 its exposed collectives, which calibrate a gloo ring step's latency in training (`cpu_step_s`).
 Levenberg-Marquardt on at most ten constants: deterministic, about a second for a smoke study's 16 traced
-CPU runs on 2 cores. The inverse curvature at the optimum gives each later prediction an interval (`Fit.spread`):
-parameter uncertainty plus the runs' own scatter.
+CPU runs on 2 cores. The inverse curvature at the optimum gives each later prediction an interval
+(`Fit.spread`): parameter uncertainty plus the runs' own scatter.
 
 The fit is kept with the study (calibration.json in the sweep dir, written only by this module through
 bench.core.rundir) and used for every later prediction of that cluster. A file from another cluster, another
