@@ -59,8 +59,7 @@ SIGMA_PART = 0.25
 # per device, a trace's parts the fit reads: on a CPU its collectives too (Calibration.cpu_step_s)
 FITTED_PARTS = {"gpu": ("compute",), "cpu": ("compute", "other", "waiting", *EXPOSED_PARTS)}
 PRIOR_WIDTH = {"efficiency": 0.3, "elementwise_bytes": 0.7, "contention": 0.7, "compile_traffic": 0.3,
-               "cpu_capacity": 1.0, "cpu_host_s": 1.0, "cpu_step_s": 1.0}  # log widths: how far the study
-# may move each
+               "cpu_capacity": 1.0, "cpu_host_s": 1.0, "cpu_step_s": 1.0}  # log: how far a study moves each
 FRACTIONS = ("contention", "compile_traffic")  # constants held at most 1
 Z90 = 1.645  # a ~90% interval, two-sided
 STEP = 1e-4  # finite-difference step in log space

@@ -336,6 +336,14 @@ def cpu_turns(ranks: int, capacity: float) -> tuple[float, float]:
     return running, running / cpu_share(ranks, capacity)
 
 
+def cpu_network(gpu: GpuSpec, cal: Calibration) -> Network:
+    """What a CPU study's collectives take (bench/predict/comm.py): gloo's ring steps at the study's own
+    step latency, bus bytes at the CPU's loopback bandwidth; no probe (the plan's "network:" line says so)."""
+    source = cal.source if cal.source != CALIBRATION.source else "its prior: no traced run calibrated it yet"
+    return Network(math.inf, f"gloo on this machine's cores: a ring step {cal.cpu_step_s * 1e3:.3g} ms "
+                   f"({source}), bus bytes at {gpu.intra_busbw_gbs:g} GB/s", cal.cpu_step_s)
+
+
 def predict(spec: RunSpec, gpu: GpuSpec, network: Network, arch: ModelArch | None = None,
             cal: Calibration = CALIBRATION, stack: Stack | None = None) -> Prediction:
     """The model for one run on a GPU (or this machine's CPU) and node network; arch defaults to the spec's
@@ -345,7 +353,7 @@ def predict(spec: RunSpec, gpu: GpuSpec, network: Network, arch: ModelArch | Non
     if gpu.family == "cpu":  # every rank of a local study on this machine's cores: each gets its share
         running, turns = cpu_turns(spec.world_size, cal.capacity())
         cpu = replace(gpu, hbm_tbs=gpu.hbm_tbs * running)
-        network = replace(network, step_latency_s=cal.cpu_step_s)  # the study's own, not a probe's
+        network = cpu_network(gpu, cal)
         return _step(spec, arch, cpu, network, cpu_peak_flops() * running, cpu_peak_flops() * running,
                      efficiency, cal, stack, (running, turns))
     peak = gpu.peak_tflops[compute_dtype(spec.precision)] * 1e12

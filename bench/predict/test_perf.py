@@ -439,7 +439,8 @@ def test_a_cpu_collective_is_its_rings_steps_at_the_calibrated_step_whatever_its
     from bench.predict.network import probes_of
     from bench.predict.perf import CPU
     cfg = from_dict(compose(["+sweep=smoke"])[0])
-    arch, cal = get_arch("tiny_llama"), replace(CALIBRATION, cpu_step_s=1.7e-3)
+    arch = get_arch("tiny_llama")
+    cal = replace(CALIBRATION, cpu_step_s=1.7e-3, source="this study's 3 runs")
     units = arch.layers + 1
     kinds = ("all_reduce", "all_gather", "reduce_scatter")
     slow, fast = ([_probe_summary(kind, gbs, nodes=2, efa=0) for kind in kinds] for gbs in (0.1, 1.0))
@@ -458,6 +459,8 @@ def test_a_cpu_collective_is_its_rings_steps_at_the_calibrated_step_whatever_its
                 expected += units * steps * 1.7e-3 + bus_factor(c.kind, c.ranks) * c.size / (
                     CPU.intra_busbw_gbs * 1e9)
             assert pred.comm_s == pytest.approx(expected, rel=1e-9)
+            assert pred.network.described == ("gloo on this machine's cores: a ring step 1.7 ms (this "
+                                              "study's 3 runs), bus bytes at 2 GB/s")  # the plan's network line
             readings.append(pred.comm_s)
         assert readings[0] == readings[1] == readings[2]
         h100 = GPUS["H100-SXM"]
