@@ -13,7 +13,7 @@ the size nearest one unit's message where it has one, else the all-reduce figure
 On a CPU (gloo on a local study's shared cores) a collective is its ring's steps, each at the study's own
 step latency (perf passes the calibrated `Calibration.cpu_step_s` as the network's), and its bus bytes at
 the CPU's loopback bandwidth: gloo's probe rows there are mostly latency and unstable (neighbouring sizes
-differ 2x, two probes of one collective up to 2.6x), so neither one row nor a probe's latency reads what
+differ 2x, nine probes of one collective up to 5x), so neither one row nor a probe's latency reads what
 the same collective takes in training; NCCL's rows on a GPU are smooth and bandwidth-bound at FSDP's
 sizes, so a GPU reads the nearest row.
 """
