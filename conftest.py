@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,10 +74,11 @@ def run_torchrun(module_args: list[str], nproc: int, timeout: float = 240, env: 
                  ) -> WorkerResult:
     """Run `python -m <module> ...` under a real torchrun with `nproc` gloo processes (the worker's own
     modules, `trainer`, `trainer.series` and `nccl.probe`, in the session's warm process)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "--max-restarts=0", "-m", *module_args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    with tempfile.TemporaryDirectory(prefix="fsdpbench-torchrun-") as logs:  # else torchrun's stay in /tmp
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               "--max-restarts=0", f"--log-dir={logs}", "-m", *module_args]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                              env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
     output = proc.stdout + proc.stderr
     return WorkerResult(proc.returncode, output, list(parse_records(output.splitlines())))
 

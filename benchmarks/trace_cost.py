@@ -26,10 +26,10 @@ from bench.core.records import parse_records  # noqa: E402
 
 def run(nodes: int, trace_steps: int, ranks: str, run_dir: Path) -> tuple[float, list[dict]]:
     """One torchrun of `nodes` one-rank nodes; its wall time and trace records."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nodes}", "-m",
-           "trainer", "--model", "tiny_llama", "--nodes", str(nodes), "--gpus-per-node", "1", "--steps", "4",
-           "--warmup-steps", "1", "--seq-len", "64", "--micro-batch", "1", "--precision", "fp32",
-           "--run-dir", str(run_dir)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nodes}",
+           f"--log-dir={run_dir / 'torchelastic'}", "-m", "trainer", "--model", "tiny_llama", "--nodes",
+           str(nodes), "--gpus-per-node", "1", "--steps", "4", "--warmup-steps", "1", "--seq-len", "64",
+           "--micro-batch", "1", "--precision", "fp32", "--run-dir", str(run_dir)]
     if trace_steps:
         cmd += ["--trace-steps", str(trace_steps), "--trace-ranks", ranks]
     began = time.monotonic()

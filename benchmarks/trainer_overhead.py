@@ -13,6 +13,7 @@ import argparse
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,12 +23,14 @@ from bench.core.records import parse_records  # noqa: E402
 
 
 def run(model: str, nproc: int, instrument: bool, steps: int) -> dict:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m",
-           "trainer", "--model", model, "--gpus-per-node", str(nproc), "--steps", str(steps),
-           "--warmup-steps", "5", "--seq-len", "128", "--micro-batch", "2", "--nvml-interval-s", "0.1"]
-    if not instrument:
-        cmd.append("--no-instrument")
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    with tempfile.TemporaryDirectory(prefix="fsdpbench-torchrun-") as logs:  # else torchrun's stay in /tmp
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               f"--log-dir={logs}", "-m", "trainer", "--model", model, "--gpus-per-node", str(nproc),
+               "--steps", str(steps), "--warmup-steps", "5", "--seq-len", "128", "--micro-batch", "2",
+               "--nvml-interval-s", "0.1"]
+        if not instrument:
+            cmd.append("--no-instrument")
+        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout
     return next(r for r in parse_records(out.splitlines()) if r["kind"] == "summary")
 
 

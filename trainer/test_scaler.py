@@ -66,7 +66,8 @@ def test_sharded_grad_scaler_unscales_and_skips_inf_steps_on_every_rank(tmp_path
     script.write_text(WORKER)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}  # the worker imports bench.core from this checkout
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node=2", str(script), str(tmp_path)],
+                           "--nproc-per-node=2", f"--log-dir={tmp_path / 'torchelastic'}", str(script),
+                           str(tmp_path)],
                           capture_output=True, text=True, timeout=180, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]

@@ -247,7 +247,7 @@ def test_a_rank_slowed_from_outside_is_the_one_waited_for(tmp_path: Path) -> Non
     collective too, so it leaves them later than its peer, against the duration rule's premise."""
     args = [*TWO_NODES, "--seed", "6", "--run-dir", str(tmp_path)]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-               "--max-restarts=0", "-m", "trainer", *args]
+               "--max-restarts=0", f"--log-dir={tmp_path / 'torchelastic'}", "-m", "trainer", *args]
     with _capped_cgroup() as group:
         cold = {k: v for k, v in os.environ.items() if k != SOCKET_ENV}  # the capped process is the worker
         torchrun = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -559,7 +559,7 @@ def test_a_manifest_the_server_refuses_is_one_line_before_anything_is_created(tm
     assert fake.dry_runs == len(plan) > sum(p.feasible for p in plan) > 0 and not fake.jobs
 
 
-def test_torchrun_reads_the_rendezvous_timeouts_the_operator_passes(monkeypatch) -> None:
+def test_torchrun_reads_the_rendezvous_timeouts_the_operator_passes(monkeypatch, tmp_path: Path) -> None:
     """The training operator turns elasticPolicy.rdzvConf into PET_RDZV_CONF ("k=v,k=v"); torchrun's own
     argument parsing, run on the manifest's command, must see the raised timeouts (its defaults: 60 s to
     reach the store on worker-0, 600 s for every node to join)."""
@@ -569,6 +569,6 @@ def test_torchrun_reads_the_rendezvous_timeouts_the_operator_passes(monkeypatch)
     monkeypatch.setenv("PET_RDZV_CONF", ",".join(f"{c['key']}={c['value']}" for c in conf))
     command = obj["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]
     # the arguments after `python -m torch.distributed.run`
-    args = parse_args([*command[3:], "--rdzv-endpoint=worker-0:29400"])
+    args = parse_args([f"--log-dir={tmp_path}", *command[3:], "--rdzv-endpoint=worker-0:29400"])  # not /tmp
     rdzv = config_from_args(args)[0].rdzv_configs
     assert rdzv["join_timeout"] == "1800" and rdzv["read_timeout"] == "1800"

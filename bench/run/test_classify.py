@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 
 from bench.launchers.base import Outcome
 from bench.run.classify import classify
@@ -64,11 +65,13 @@ def test_the_desync_report_leads_the_workers_own_error() -> None:
 
 def _torchrun_killed_rank() -> str:
     """torchrun's own ChildFailedError summary of a worker killed by SIGKILL (what the OOM killer does)."""
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node=2", "--max-restarts=0", "--no-python", sys.executable, "-c",
-                           "import os, time\nif os.environ['RANK'] == '1': os.kill(os.getpid(), 9)\n"
-                           "time.sleep(30)"],
-                          capture_output=True, text=True, timeout=120)
+    with tempfile.TemporaryDirectory(prefix="fsdpbench-torchrun-") as logs:  # else torchrun's stay in /tmp
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                               "--nproc-per-node=2", "--max-restarts=0", f"--log-dir={logs}", "--no-python",
+                               sys.executable, "-c",
+                               "import os, time\nif os.environ['RANK'] == '1': os.kill(os.getpid(), 9)\n"
+                               "time.sleep(30)"],
+                              capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     return proc.stdout + proc.stderr
 
