@@ -6,8 +6,8 @@ judged from the times the workers themselves printed, not from the harness's own
 """
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import re
 import signal
 import subprocess
@@ -103,12 +103,19 @@ def _wait_for(predicate, timeout: float, what: str) -> None:
         time.sleep(0.3)
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
+def _group_members(pgids: list[int]) -> list[str]:
+    """The live processes of these process groups ("pid state command"). A zombie is dead: it waits for a
+    reaper (whatever runs as PID 1 in a container may be slow to reap orphans) and holds nothing but a pid."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            pid_comm, _, rest = stat.read_text().rpartition(")")
+        except OSError:  # ended while listed
+            continue
+        state, _, pgrp = rest.split()[:3]
+        if int(pgrp) in pgids and state not in ("Z", "X"):
+            found.append(f"{stat.parent.name} {state} {pid_comm.partition('(')[2]}")
+    return found
 
 
 # Two runs whose order holds on any machine: runs start longest first (bench.run.schedule), and a full AC run
@@ -132,7 +139,9 @@ def test_kill_9_leaves_no_worker_a_table_and_one_attempt_on_resume(tmp_path: Pat
     sweep.send_signal(signal.SIGKILL)
     sweep.wait(timeout=30)
     job = rundir.read_ledger(hung()[0])[-1]["job"]
-    _wait_for(lambda: not any(_group_alive(g) for g in job["pgids"]), 60, "workers outlived the sweep")
+    with contextlib.suppress(TimeoutError):
+        _wait_for(lambda: not _group_members(job["pgids"]), 60, "")
+    assert not _group_members(job["pgids"]), f"workers outlived the sweep: {_group_members(job['pgids'])}"
     assert not subprocess.run(["pgrep", "-f", str(runs)], capture_output=True, text=True).stdout.split()
     # The table was written after the first run ended, and matches the run dirs' summaries.
     table = pd.read_csv(tmp_path / "smoke_full" / rundir.RESULTS_CSV)
