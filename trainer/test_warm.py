@@ -103,9 +103,29 @@ def test_a_signal_to_the_command_reaches_its_child(warm, tmp_path: Path) -> None
     assert command.stdout is not None
     child = json.loads(command.stdout.readline())["pid"]
     command.send_signal(signal.SIGTERM)
-    out, _ = command.communicate(timeout=30)
+    try:
+        out, _ = command.communicate(timeout=30)
+    except subprocess.TimeoutExpired:  # say where it stuck: which of the three lives, what each catches
+        raise AssertionError(f"the command did not end: {_states(command.pid, child, warm[0].pid)}") from None
     assert command.returncode == 7 and "got SIGTERM" in out
     assert _wait_gone(child)
+
+
+def _states(*pids: int) -> dict[int, str]:
+    """Each process's state and the signals it catches and has pending (/proc/PID/status), or "gone"."""
+    states = {}
+    for pid in pids:
+        try:
+            lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+        except FileNotFoundError:
+            states[pid] = "gone"
+            continue
+        shown = ("Name", "State", "SigPnd", "ShdPnd", "SigCgt")
+        states[pid] = " ".join(ln for ln in lines if ln.startswith(shown))
+    for pid in pids[:2]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return states
 
 
 def test_a_killed_command_takes_its_child_with_it(warm, tmp_path: Path) -> None:
