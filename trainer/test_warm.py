@@ -106,7 +106,11 @@ def test_a_signal_to_the_command_reaches_its_child(warm, tmp_path: Path) -> None
     try:
         out, _ = command.communicate(timeout=30)
     except subprocess.TimeoutExpired:  # say where it stuck: which of the three lives, what each catches
-        raise AssertionError(f"the command did not end: {_states(command.pid, child, warm[0].pid)}") from None
+        states = _states(command.pid, child, warm[0].pid)
+        for pid in (command.pid, child):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        raise AssertionError(f"the command did not end: {states}") from None
     assert command.returncode == 7 and "got SIGTERM" in out
     assert _wait_gone(child)
 
@@ -122,9 +126,6 @@ def _states(*pids: int) -> dict[int, str]:
             continue
         shown = ("Name", "State", "SigPnd", "ShdPnd", "SigCgt")
         states[pid] = " ".join(ln for ln in lines if ln.startswith(shown))
-    for pid in pids[:2]:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
     return states
 
 
