@@ -528,8 +528,9 @@ def _slowed(node: str, share: float = 0.2) -> Iterator[Path]:
         pytest.skip("no writable cgroup v1 cpu controller to slow a node with")
     pid = (Path(SLURM_CONF).parent / f"slurmd.{node}.pid").read_text().strip()
     try:
-        (slow / "cpu.cfs_period_us").write_text("100000")
-        (slow / "cpu.cfs_quota_us").write_text(str(round(100000 * share)))
+        period_us = 100000
+        (slow / "cpu.cfs_period_us").write_text(str(period_us))
+        (slow / "cpu.cfs_quota_us").write_text(str(round(period_us * share)))
         (slow / "cgroup.procs").write_text(pid)
         yield slow
     finally:

@@ -141,7 +141,8 @@ def test_kill_9_leaves_no_worker_a_table_and_one_attempt_on_resume(tmp_path: Pat
     job = rundir.read_ledger(hung()[0])[-1]["job"]
     with contextlib.suppress(TimeoutError):
         _wait_for(lambda: not _group_members(job["pgids"]), 60, "")
-    assert not _group_members(job["pgids"]), f"workers outlived the sweep: {_group_members(job['pgids'])}"
+    left = _group_members(job["pgids"])
+    assert not left, f"workers outlived the sweep: {left}"
     assert not subprocess.run(["pgrep", "-f", str(runs)], capture_output=True, text=True).stdout.split()
     # The table was written after the first run ended, and matches the run dirs' summaries.
     table = pd.read_csv(tmp_path / "smoke_full" / rundir.RESULTS_CSV)
