@@ -12,6 +12,7 @@ errors.
     python benchmarks/perf_model.py   # fit, compare with perf.py's CALIBRATION, print the tables
     python benchmarks/perf_model.py --quick   # one round of the refit
     python benchmarks/perf_model.py --study results/smoke   # and the split against that study's traces
+    python benchmarks/perf_model.py --quick --study a/results/smoke --study b/results/smoke   # and pooled
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from analysis.split import PARTS as TRACE_PARTS  # noqa: E402
 from bench.core.hardware import gpu_spec  # noqa: E402
 from bench.gpucheck.evidence import EVIDENCE_DIR, table_runs  # noqa: E402
-from bench.predict import calibrate, perf  # noqa: E402
+from bench.predict import calibrate, cpu, perf  # noqa: E402
 from bench.predict.calibrate import Observation, fit as fit_study  # noqa: E402
 from bench.predict.cpu import cpu_share  # noqa: E402
 from bench.predict.network import network_for  # noqa: E402
@@ -407,6 +408,8 @@ VARIANTS = {
             c, replace(gpu, intra_busbw_gbs=0.75) if gpu.family == "cpu" else gpu, network, units)),),
     **{f"the turns' slower share at {share:g} (shipped {perf.CPU_TURNS_SHARED:g}; 0: all waited)": (
         (perf, "CPU_TURNS_SHARED", share),) for share in (0.0, 0.25, 0.75, 1.0)},
+    **{f"a CPU ring's share of its ranks' turns at {share:g} (shipped {cpu.CPU_RING_SHARED:g}; 0: no "
+       "ring slower)": ((cpu, "CPU_RING_SHARED", share),) for share in (0.0, 0.15, 0.35, 0.5)},
 }
 # the CPU model before issue 66, but for its collectives: the first four terms taken out at once
 VARIANTS["before: no turns, no host term, a GPU's overlap, fitted on tokens/s alone"] = tuple(
@@ -414,7 +417,19 @@ VARIANTS["before: no turns, no host term, a GPU's overlap, fitted on tokens/s al
     if patch[1] != "FITTED_PARTS") + ((calibrate, "FITTED_PARTS", {"gpu": (), "cpu": ()}),)
 
 
-def sensitivity(seen: list[Observation]) -> None:
+def pooled_split(studies: list[list[Observation]]) -> tuple[dict[str, list[float]], list[float]]:
+    """Each study calibrated on its own smallest node count (staged_split), the errors of all pooled."""
+    errors: dict[str, list[float]] = {k: [] for k in MODELLED}
+    steps: list[float] = []
+    for seen in studies:
+        each, tokens, _ = staged_split(seen)
+        for k, e in each.items():
+            errors[k] += e
+        steps += tokens
+    return errors, steps
+
+
+def sensitivity(studies: list[list[Observation]]) -> None:
     """Each variant's median |error| per target part and on the tokens/s, beside the shipped model's."""
     head = "  ".join(f"{SHORT[k]:>14}" for k in (*TARGETS, "waiting", "other"))
     print(f"  {'':<86}{head}  {'tokens/s':>9}")
@@ -422,19 +437,20 @@ def sensitivity(seen: list[Observation]) -> None:
         with contextlib.ExitStack() as stack:
             for target, attribute, value in patches:
                 stack.enter_context(mock.patch.object(target, attribute, value))
-            errors, steps, _ = staged_split(seen)
+            errors, steps = pooled_split(studies)
         cells = "  ".join(f"{statistics.median(map(abs, errors[k])):>14.0%}" if errors[k] else f"{'-':>14}"
                           for k in (*TARGETS, "waiting", "other"))
         print(f"  {name[:84]:<86}{cells}  {statistics.median(map(abs, steps)):>9.0%}")
 
 
-def study_split(sweep: Path) -> None:
-    """The section for one study: its runs, the per-part summary, the sensitivity."""
+def study_split(sweep: Path) -> list[Observation] | None:
+    """The section for one study: its runs, the per-part summary, the sensitivity; its observations, where
+    it has traced runs above its smallest node count to predict."""
     seen = study_observations(sweep)
     nodes = sorted({o.spec.nodes for o in seen})
     if len(nodes) < 2 or not any(o.parts for o in seen if o.spec.nodes > nodes[0]):
         print(f"{sweep}: no traced run above {nodes[0] if nodes else '-'} node(s): nothing to predict")
-        return
+        return None
     errors, steps, lines = staged_split(seen)
     print(f"{sweep}: calibrated on its {sum(o.spec.nodes == nodes[0] for o in seen)} runs at {nodes[0]} "
           f"node(s), predicting its traced runs above; per run, ms per step predicted/measured:")
@@ -444,7 +460,20 @@ def study_split(sweep: Path) -> None:
     median = statistics.median(map(abs, steps))
     print(f"  {'tokens/s':<15} {len(steps):>3} runs, median |error| {median:6.1%}")
     print("sensitivity: median |error| per part with each term added after seeing these errors taken out:")
-    sensitivity(seen)
+    sensitivity([seen])
+    return seen
+
+
+def pooled(studies: list[list[Observation]]) -> None:
+    """Several studies of one configuration set: their errors pooled (each calibrated on its own smallest
+    node count), which one study's few runs per part are too noisy to judge a term by."""
+    errors, steps = pooled_split(studies)
+    print(f"\nThe model's split against the measured, {len(studies)} studies pooled:")
+    part_summary(errors)
+    median = statistics.median(map(abs, steps))
+    print(f"  {'tokens/s':<15} {len(steps):>3} runs, median |error| {median:6.1%}")
+    print("sensitivity, pooled:")
+    sensitivity(studies)
 
 
 def summary(name: str, errors: list[float]) -> None:
@@ -504,8 +533,9 @@ def main() -> None:
     part_summary(split_here(shipped))
     studies = [Path(a) for flag, a in zip(sys.argv[1:], sys.argv[2:]) if flag == "--study"]
     print("\nThe model's split against the measured, a study calibrated on its smallest node count:")
-    for sweep in studies:
-        study_split(sweep)
+    seen = [s for s in map(study_split, studies) if s is not None]
+    if len(seen) > 1:
+        pooled(seen)
     if not studies:
         print("no study given (--study results/smoke: a sweep dir whose runs recorded traces)")
 

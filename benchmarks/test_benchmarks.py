@@ -67,7 +67,8 @@ def test_report_10k_reports_its_synthetic_tree_from_the_table_and_from_run_dirs(
 
 @pytest.mark.slow
 def test_perf_model_prints_every_section(smoke_results: Path) -> None:
-    out = quick("perf_model.py", "--study", str(smoke_results / "smoke_full"))
+    study_dir = str(smoke_results / "smoke_full")
+    out = quick("perf_model.py", "--study", study_dir, "--study", study_dir)  # and pooled with itself
     sections = ("Calibration rows", "Check rows", "llm-foundry's whole table", "Calibrate on the smallest",
                 "one kernel figure moved")
     for section in sections:
@@ -91,8 +92,15 @@ def test_perf_model_prints_every_section(smoke_results: Path) -> None:
     for part in ("compute", "all-gather fwd", "all-gather bwd", "reduce-scatter", "waiting"):
         assert _figure(rf"\n  {part} +(\d+) runs, median \|error\| +[\d.]+%", study) >= 3, part
     assert _figure(r"tokens/s +(\d+) runs", study) >= 6  # smoke_full's 8 traced runs at 2 nodes
+    study, pooled = study.split("2 studies pooled")
     shipped = re.search(r"as shipped +(\d+)%", study)
     assert shipped and "without the turns" in study and "before: no turns" in study
+    assert "a CPU ring's share of its ranks' turns at 0 " in study
+    for part in ("compute", "all-gather fwd", "reduce-scatter", "tokens/s"):  # one study twice: its medians
+        line = rf"\n  {part} +(\d+) runs, median \|error\| +([\d.]+)%"
+        one, two = re.search(line, study), re.search(line, pooled)
+        assert one and two and int(two.group(1)) == 2 * int(one.group(1)), part
+        assert two.group(2) == one.group(2), part
 
 
 @pytest.mark.slow

@@ -11,11 +11,12 @@ carry over the node's throughput for that collective (the study's all-gather or 
 the size nearest one unit's message where it has one, else the all-reduce figure).
 
 On a CPU (gloo on a local study's shared cores) a collective is its ring's steps, each at the study's own
-step latency (perf passes the calibrated `Calibration.cpu_step_s` as the network's), and its bus bytes at
-the CPU's loopback bandwidth: gloo's probe rows there are mostly latency and unstable (neighbouring sizes
-differ 2x, nine probes of one collective up to 5x), so neither one row nor a probe's latency reads what
-the same collective takes in training; NCCL's rows on a GPU are smooth and bandwidth-bound at FSDP's
-sizes, so a GPU reads the nearest row.
+step latency (perf passes the calibrated `Calibration.cpu_step_s` as the network's; a ring of more ranks
+than the machine runs at full speed steps slower: bench/predict/cpu.py ring_step_factor), and its bus
+bytes at the CPU's loopback bandwidth: gloo's probe rows there are mostly latency and unstable
+(neighbouring sizes differ 2x, nine probes of one collective up to 5x), so neither one row nor a probe's
+latency reads what the same collective takes in training; NCCL's rows on a GPU are smooth and
+bandwidth-bound at FSDP's sizes, so a GPU reads the nearest row.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from bench.core.flops import COMPUTE_BYTES, REDUCE_BYTES
 from bench.core.hardware import GpuSpec
 from bench.core.models import ModelArch, block_params, count_params, float8_linear_params
 from bench.core.schema import RunSpec
+from bench.predict.cpu import ring_step_factor
 
 # Latency of one step of NCCL's ring (a collective over R ranks takes R-1 steps, an all-reduce 2(R-1)),
 # where the study has not probed it: an 8-byte all-reduce's time over its ring steps in real nccl-tests
@@ -60,6 +62,7 @@ class Network:
     curves: tuple[Curve, ...] = ()  # the study's all-gather and reduce-scatter probes, where it has them
     # its one-node all-gather and reduce-scatter probes: bus bandwidth among one node's ranks (GB/s) per size
     intra: tuple[Curve, ...] = ()
+    cpu_capacity: float = math.inf  # a CPU study: ranks its machine runs at full speed (ring_step_factor)
 
     def gbs(self, kind: str, message: float) -> float:
         """Node-level GB/s of `kind` at one unit's `message` bytes: its own probe's nearest row, else the
@@ -161,7 +164,8 @@ def collective_s(c: Collective, gpu: GpuSpec, network: Network, units: int = 1) 
     the ring's steps and its bus bytes at the CPU's bandwidth (module docstring)."""
     if gpu.family == "cpu":
         bus = bus_factor(c.kind, c.ranks) * c.size / (gpu.intra_busbw_gbs * 1e9)
-        return units * ring_steps(c, gpu) * network.step_latency_s + bus
+        step = network.step_latency_s * ring_step_factor(c.ranks, network.cpu_capacity)
+        return units * ring_steps(c, gpu) * step + bus
     per_node = c.ranks // c.nodes
     intra_gbs = network.intra_gbs(c.kind, c.size / units, gpu.intra_busbw_gbs)
     intra = bus_factor(c.kind, per_node) * c.size / (intra_gbs * 1e9) if per_node > 1 else 0.0

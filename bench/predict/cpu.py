@@ -26,6 +26,33 @@ def cpu_share(ranks: int, capacity: float) -> float:
     return (1 + (ranks / capacity) ** 4) ** -0.25
 
 
+# Of the time a CPU rank's turns add to its work, the share it spends running its own work slower (its
+# peers, released together by each collective, share the cores with it) rather than waiting for a peer. A
+# fit: three smoke studies' 2-node traces measured 0.43-0.54 (median per study); the evidence and its
+# sensitivity are in docs/prediction.md, "The model's split against the measured"
+CPU_TURNS_SHARED = 0.5
+# Of the turns a gloo ring's own ranks take (cpu_turns over the ring's size), the share that lengthens each
+# of its steps: a step waits for its peer to be running. A fit to seven smoke studies' 2-node traces; the
+# evidence and its sensitivity are in docs/prediction.md, "The model's split against the measured"
+CPU_RING_SHARED = 0.25
+
+
+def cpu_turns(ranks: int, capacity: float) -> tuple[float, float]:
+    """A CPU rank's speed while it runs (the share of one rank's solo speed a machine running no more ranks
+    than its capacity keeps: cpu_share), and how much longer its work takes in all: ranks beyond the
+    capacity take turns, each waiting for the peers that hold the cores (the trace's `waiting`: a peer not
+    yet arrived), so the work of the step's ranks takes their share of the machine (cpu_share of all)."""
+    running = cpu_share(min(ranks, capacity), capacity)
+    return running, running / cpu_share(ranks, capacity)
+
+
+def ring_step_factor(ranks: int, capacity: float) -> float:
+    """How much longer each step of a gloo ring over `ranks` ranks takes than a ring the machine runs at
+    full speed: CPU_RING_SHARED of the turns its ranks take (a ring of 4 on 2 cores steps slower than one
+    of 2 beside it, whatever else runs: the ring waits on its own peers)."""
+    return 1 + CPU_RING_SHARED * (cpu_turns(ranks, capacity)[1] - 1)
+
+
 @functools.cache
 def _cpuinfo() -> str:
     try:

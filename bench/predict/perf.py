@@ -35,7 +35,8 @@ runs at full speed take turns: each runs its work at the speed of a machine runn
 its capacity, and of the rest of its share of the machine it spends CPU_TURNS_SHARED running that work
 slower beside its peers and the remainder waiting for a peer (`waiting`; `cpu_turns`); and each
 collective takes its ring's steps at the study's own step latency (`Calibration.cpu_step_s`, which its
-traced collectives calibrate), its bus bytes at the CPU's bandwidth (bench/predict/comm.py).
+traced collectives calibrate; slower on a ring of more ranks than the capacity: `ring_step_factor`), its
+bus bytes at the CPU's bandwidth (bench/predict/comm.py).
 
 The step's parts (`Prediction.parts`, bench/predict/split.py) are named as the trace names the measured
 ones (trainer/trace.py): compute (contention with it: the overlapped communication slows the kernels),
@@ -82,9 +83,10 @@ from bench.predict.cpu import (
     CPU,
     CPU_EFFICIENCY,
     CPU_EMULATED_16BIT,
+    CPU_TURNS_SHARED,
     cpu_peak_flops,
     cpu_runs_natively,
-    cpu_share,
+    cpu_turns,
 )
 from bench.predict.network import network_for
 from bench.predict.traffic import accumulation_bytes, loss_bytes
@@ -320,28 +322,13 @@ def _step(spec: RunSpec, arch: ModelArch, gpu: GpuSpec, network: Network, peak: 
                       unmodeled=unmodeled(spec, gpu), parts=parts)
 
 
-# Of the time a CPU rank's turns add to its work, the share it spends running its own work slower (its
-# peers, released together by each collective, share the cores with it) rather than waiting for a peer. A
-# fit: three smoke studies' 2-node traces measured 0.43-0.54 (median per study); the evidence and its
-# sensitivity are in docs/prediction.md, "The model's split against the measured"
-CPU_TURNS_SHARED = 0.5
-
-
-def cpu_turns(ranks: int, capacity: float) -> tuple[float, float]:
-    """A CPU rank's speed while it runs (the share of one rank's solo speed a machine running no more ranks
-    than its capacity keeps: cpu_share), and how much longer its work takes in all: ranks beyond the
-    capacity take turns, each waiting for the peers that hold the cores (the trace's `waiting`: a peer not
-    yet arrived), so the work of the step's ranks takes their share of the machine (cpu_share of all)."""
-    running = cpu_share(min(ranks, capacity), capacity)
-    return running, running / cpu_share(ranks, capacity)
-
-
 def cpu_network(gpu: GpuSpec, cal: Calibration) -> Network:
     """What a CPU study's collectives take (bench/predict/comm.py): gloo's ring steps at the study's own
     step latency, bus bytes at the CPU's loopback bandwidth; no probe (the plan's "network:" line says so)."""
     source = cal.source if cal.source != CALIBRATION.source else "its prior: no traced run calibrated it yet"
     return Network(math.inf, f"gloo on this machine's cores: a ring step {cal.cpu_step_s * 1e3:.3g} ms "
-                   f"({source}), bus bytes at {gpu.intra_busbw_gbs:g} GB/s", cal.cpu_step_s)
+                   f"({source}), bus bytes at {gpu.intra_busbw_gbs:g} GB/s", cal.cpu_step_s,
+                   cpu_capacity=cal.capacity())
 
 
 def predict(spec: RunSpec, gpu: GpuSpec, network: Network, arch: ModelArch | None = None,
