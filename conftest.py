@@ -30,6 +30,15 @@ SMOKE_SHAPE = ["axes.gpus_per_node=[2]", "nccl.gpus_per_node=[2]", "axes.compile
 UNTRACED = ["trace.enabled=false"]
 
 
+def alive(pid: int | str) -> bool:
+    """Whether a process still runs: neither gone nor a zombie waiting for its reaper (/proc/PID/stat's
+    state, after the command name's closing parenthesis)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 @dataclass
 class WorkerResult:
     returncode: int

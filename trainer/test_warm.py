@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from bench.core.warm import SOCKET_ENV, STARTED_ENV
+from conftest import alive
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULE = '''
@@ -42,16 +43,9 @@ if __name__ == "__main__":
 '''.replace("STARTED", STARTED_ENV).replace("SOCKET", SOCKET_ENV)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
-
-
 def _wait_gone(pid: int, seconds: float = 10) -> bool:
     deadline = time.monotonic() + seconds
-    while _alive(pid):
+    while alive(pid):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)
@@ -133,7 +127,7 @@ def test_a_killed_command_takes_its_child_with_it(warm, tmp_path: Path) -> None:
     command = _command(warm[1], tmp_path, "sleep")
     assert command.stdout is not None
     child = json.loads(command.stdout.readline())["pid"]
-    assert _alive(child)
+    assert alive(child)
     command.kill()
     command.wait(timeout=10)
     assert _wait_gone(child, 5), "the child outlived its command"

@@ -20,6 +20,7 @@ from bench.core.schema import RunSpec
 from bench.predict.memory import MemoryPlanner, fingerprint, memory_key
 from bench.study.plan import expand, feasibility
 from bench.sweep import _gib, compose, format_plan
+from conftest import alive
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -150,17 +151,9 @@ def test_killing_the_sweep_while_it_measures_leaves_no_measuring_process(tmp_pat
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=10)
     deadline = time.monotonic() + 10
-    while any(map(_alive, children)) and time.monotonic() < deadline:
+    while any(map(alive, children)) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not any(map(_alive, children)), "a measuring process outlived the sweep"
-
-
-def _alive(pid: str) -> bool:
-    """Running, not a zombie waiting to be reaped."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
+    assert not any(map(alive, children)), "a measuring process outlived the sweep"
 
 
 def test_on_a_gpu_the_figure_holds_cublas_workspaces_beside_the_tensors(tmp_path: Path) -> None:
