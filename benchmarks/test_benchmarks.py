@@ -100,11 +100,11 @@ def test_perf_model_prints_every_section(smoke_results: Path) -> None:
 def test_perf_model_pools_studies_each_calibrated_on_its_own(smoke_results: Path) -> None:
     """Two studies pooled: each one's errors, from its own calibration, all of them kept (the study with
     itself: every error twice, the medians its own)."""
-    import perf_model
+    import split_model
 
-    seen = perf_model.study_observations(smoke_results / "smoke_full")
-    errors, steps, _ = perf_model.staged_split(seen)
-    pooled, pooled_steps = perf_model.pooled_split([seen, seen])
+    seen = split_model.study_observations(smoke_results / "smoke_full")
+    errors, steps, _ = split_model.staged_split(seen)
+    pooled, pooled_steps = split_model.pooled_split([seen, seen])
     assert pooled_steps == steps + steps and steps
     assert pooled == {k: e + e for k, e in errors.items()} and errors["exposed_all_gather_fwd"]
 
