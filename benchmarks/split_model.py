@@ -7,6 +7,7 @@ these errors. benchmarks/perf_model.py prints it (`--study`) after the published
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import statistics
 import sys
@@ -27,6 +28,8 @@ from bench.predict.perf import EXPOSED_PARTS, Calibration, predict  # noqa: E402
 from bench.predict.split import MODELLED, SHORT, comparable  # noqa: E402
 
 TARGETS = ("compute", *EXPOSED_PARTS)  # what the model predicts apart: issue 66's target is these within 25%
+EXPOSED = "exposed"  # the exposed parts summed: the report's "exposed comm." columns, predicted and measured
+LABELS = {**SHORT, EXPOSED: "exposed, all"}
 
 
 def split_here(cal: Calibration) -> dict[str, list[float]]:
@@ -70,19 +73,56 @@ def staged_split(seen: list[Observation]) -> tuple[dict[str, list[float]], list[
     smallest = min(o.spec.nodes for o in seen)
     base = fit_study([o for o in seen if o.spec.nodes == smallest])
     assert base is not None
-    errors: dict[str, list[float]] = {k: [] for k in MODELLED}
+    errors: dict[str, list[float]] = {k: [] for k in (*MODELLED, EXPOSED)}
     steps, lines = [], []
     for o in (o for o in seen if o.spec.nodes > smallest and o.parts):
         pred = o.prediction(base.calibration)
         steps.append(o.tokens_per_s_per_gpu / pred.tokens_per_s_per_gpu - 1)
         cells = []
-        for k in MODELLED:
-            measured, predicted = o.parts.get(k, 0.0), pred.parts.get(k, 0.0)
+        for k in (*MODELLED, EXPOSED):
+            measured, predicted = _part(o.parts, k), _part(pred.parts, k)
             if measured > 0:
                 errors[k].append(predicted / measured - 1)
-            cells.append(f"{SHORT[k]} {1e3 * predicted:.3g}/{1e3 * measured:.3g}")
+            if k in MODELLED:
+                cells.append(f"{SHORT[k]} {1e3 * predicted:.3g}/{1e3 * measured:.3g}")
         lines.append(f"  {o.spec.label[:58]:58} " + ", ".join(cells))
     return errors, steps, lines
+
+
+def _part(parts: dict[str, float], k: str) -> float:
+    return sum(parts.get(kind, 0.0) for kind in EXPOSED_PARTS) if k == EXPOSED else parts.get(k, 0.0)
+
+
+def twins(seen: list[Observation]) -> list[tuple[Observation, Observation]]:
+    """Pairs of traced runs whose steps do the same work on the same ranks: a strong-scaling run of one
+    micro-batch a step and the weak run of its configuration (the smoke's FULL_SHARD pair at 2 nodes)."""
+    alike: dict[object, list[Observation]] = {}
+    for o in seen:
+        if o.parts and o.spec.grad_accum == 1:
+            alike.setdefault(replace(o.spec, global_batch=0, accumulation="sync_each"), []).append(o)
+    return [pair for runs in alike.values() for pair in itertools.combinations(runs, 2)]
+
+
+def repeatability(seen: list[Observation]) -> dict[str, list[float]]:
+    """Per part, each twin's measured part as the prediction of the other's (a / b - 1, both ways): what a
+    model that predicted one run exactly would score against its twin, the measurement's own noise under
+    the model's errors."""
+    errors: dict[str, list[float]] = {k: [] for k in (*MODELLED, EXPOSED)}
+    for a, b in twins(seen):
+        for k in errors:
+            x, y = _part(a.parts, k), _part(b.parts, k)
+            if x > 0 and y > 0:
+                errors[k] += [x / y - 1, y / x - 1]
+    return errors
+
+
+def floor_line(errors: dict[str, list[float]]) -> None:
+    """One line: per target part (and the exposed sum), the twins' median |error| (repeatability)."""
+    cells = [f"{LABELS[k]} {statistics.median(map(abs, e)):.0%}" for k, e in errors.items()
+             if e and (k in TARGETS or k == EXPOSED)]
+    pairs = len(errors["compute"]) // 2
+    print(f"  the measurement's own noise, {pairs} pair(s) of runs doing the same work, each one's part as "
+          f"the other's prediction, median |error|: " + (", ".join(cells) if cells else "no pair traced"))
 
 
 def part_summary(errors: dict[str, list[float]], steps: list[float] | None = None) -> None:
@@ -92,9 +132,9 @@ def part_summary(errors: dict[str, list[float]], steps: list[float] | None = Non
         if not errs:
             continue
         worst = max(errs, key=abs)
-        mark = " (target 25%)" if k in TARGETS else ""
+        mark = " (target 25%)" if k in TARGETS else " (the report's column)" if k == EXPOSED else ""
         median = statistics.median(map(abs, errs))
-        print(f"  {SHORT[k]:<15} {len(errs):>3} runs, median |error| {median:6.1%}, "
+        print(f"  {LABELS[k]:<15} {len(errs):>3} runs, median |error| {median:6.1%}, "
               f"median {statistics.median(errs):+7.1%}, worst {worst:+7.1%}{mark}")
     if steps:
         median = statistics.median(map(abs, steps))
@@ -134,7 +174,7 @@ VARIANTS["before: no turns, no host term, a GPU's overlap, fitted on tokens/s al
 
 def pooled_split(studies: list[list[Observation]]) -> tuple[dict[str, list[float]], list[float]]:
     """Each study calibrated on its own smallest node count (staged_split), the errors of all pooled."""
-    errors: dict[str, list[float]] = {k: [] for k in MODELLED}
+    errors: dict[str, list[float]] = {k: [] for k in (*MODELLED, EXPOSED)}
     steps: list[float] = []
     for seen in studies:
         each, tokens, _ = staged_split(seen)
@@ -172,6 +212,7 @@ def study_split(sweep: Path) -> list[Observation] | None:
     print("\n".join(lines))
     print(f"the model's split against the measured, {sweep.name}'s runs above {nodes[0]} node(s):")
     part_summary(errors, steps)
+    floor_line(repeatability(seen))
     print("sensitivity: median |error| per part with each term added after seeing these errors taken out:")
     sensitivity([seen])
     return seen
@@ -183,5 +224,6 @@ def pooled(studies: list[list[Observation]]) -> None:
     errors, steps = pooled_split(studies)
     print(f"\nThe model's split against the measured, {len(studies)} studies pooled:")
     part_summary(errors, steps)
+    floor_line({k: [e for seen in studies for e in repeatability(seen)[k]] for k in (*MODELLED, EXPOSED)})
     print("sensitivity, pooled:")
     sensitivity(studies)

@@ -94,6 +94,8 @@ def test_perf_model_prints_every_section(smoke_results: Path) -> None:
     shipped = re.search(r"as shipped +(\d+)%", study)
     assert shipped and "without the turns" in study and "before: no turns" in study
     assert "a CPU ring's share of its ranks' turns at 0 " in study
+    assert _figure(r"\n  exposed, all +(\d+) runs, median \|error\|", study) >= 6
+    assert _figure(r"the measurement's own noise, (\d+) pair", study) == 1  # the strong run and its twin
 
 
 @pytest.mark.slow
@@ -107,6 +109,23 @@ def test_perf_model_pools_studies_each_calibrated_on_its_own(smoke_results: Path
     pooled, pooled_steps = split_model.pooled_split([seen, seen])
     assert pooled_steps == steps + steps and steps
     assert pooled == {k: e + e for k, e in errors.items()} and errors["exposed_all_gather_fwd"]
+
+
+@pytest.mark.slow
+def test_perf_model_reads_the_measurements_noise_from_runs_of_the_same_work(smoke_results: Path) -> None:
+    """The twins are the strong-scaling run of one micro-batch a step and its weak twin, nothing else; each
+    part's noise is either one's as the other's prediction."""
+    import split_model
+
+    seen = split_model.study_observations(smoke_results / "smoke_full")
+    (a, b), = split_model.twins(seen)
+    assert (a.spec.nodes, b.spec.nodes, a.spec.sharding) == (2, 2, "FULL_SHARD")
+    assert {a.spec.global_batch, b.spec.global_batch} == {0, 8} and a.spec.precision == b.spec.precision
+    noise = split_model.repeatability(seen)
+    ratio = a.parts["exposed_all_gather_fwd"] / b.parts["exposed_all_gather_fwd"]
+    assert noise["exposed_all_gather_fwd"] == pytest.approx([ratio - 1, 1 / ratio - 1])
+    x, y = (sum(o.parts.get(k, 0.0) for k in split_model.EXPOSED_PARTS) for o in (a, b))
+    assert noise[split_model.EXPOSED] == pytest.approx([x / y - 1, y / x - 1])
 
 
 @pytest.mark.slow
