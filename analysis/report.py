@@ -69,7 +69,7 @@ from analysis.scaling import (
     status_table,
 )
 from analysis.sections import page_sections
-from analysis.split import COLUMNS as SPLIT_COLUMNS, charted, lost_sentences, split_table
+from analysis.split import COLUMNS as SPLIT_COLUMNS, charted, lost_sentences, noise_sentence, split_table
 from analysis.strong import COLUMNS as STRONG_COLUMNS, knee_sentences, strong_rows, sweep_study
 from analysis.winback import change, verdicts
 from bench.core.schema import ADDED_DEFAULTS, COLLECTIVES
@@ -227,6 +227,8 @@ def build(loaded: Loaded, out: Path, prices: dict[str, float] | None = None,
     notes = loaded.notes + missing_baselines(st.agg) + departures(parity) + model_notes + _notes(st)
     split_sentences = [f"{a}: {change(v)}" if round(v.lost) >= 1 else a
                        for a, v in zip(lost_sentences(st.split), judged)] if judged else []
+    if split_sentences and (noisy := noise_sentence(frame)):
+        split_sentences.append(noisy)
     sections = page_sections(frame, tables, _charts(st, out), notes, sentences, system_notes, split_sentences)
     md = out / "report.md"
     md.write_text(markdown(sections))

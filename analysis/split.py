@@ -13,14 +13,18 @@ where the two are apart or the durations contradict the rule's premise.
 """
 from __future__ import annotations
 
+import itertools
 import json
+import statistics
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from analysis.scaling import CONFIG, configuration_label, describe, node_count, train_rows
-from bench.predict.split import LABELS, PARTS, Split, lost_points as split_points, words
+from bench.core.schema import RunSpec
+from bench.predict.perf import EXPOSED_PARTS
+from bench.predict.split import LABELS, PARTS, Split, lost_points as split_points, noise, same_work, words
 
 # the scaling table's configuration columns (analysis/columns.py SCALING_SHORT), then the split's
 COLUMNS = {"model": "model", "sharding": "sharding", "precision": "precision",
@@ -115,6 +119,47 @@ def duration_rule(row: pd.Series) -> str | None:
     return (f"{'apart by' if apart > READINGS_APART else 'within'} {apart:.1%} of the step; premise "
             f"contradicted on {int(contradicted)} of {int(checked)} collectives "
             f"({1e3 * row['premise_at_stake_s']:.3g} ms at stake)")
+
+
+def _same_work(run: pd.Series) -> RunSpec | None:
+    try:
+        return same_work(RunSpec.from_dict(run.to_dict()))
+    except (TypeError, ValueError):  # a row no spec reads (another schema's): no twin of anything
+        return None
+
+
+def noise_sentence(frame: pd.DataFrame) -> str | None:
+    """How far apart the study's traced runs of the same work read, part by part (bench/predict/split.py
+    same_work, noise: each as the other's prediction), so that a reader can tell a difference between rows
+    from the trace's own noise; None without two such runs."""
+    if "trace_split" not in frame:
+        return None
+    alike: dict[RunSpec, list[dict[str, float]]] = {}
+    train = train_rows(frame)
+    for _, run in train[train["status"] == "ok"].iterrows():
+        split = trace_split(run["trace_split"])
+        parts = run_parts(split, float(run["step_time_s"])) if split else None
+        if parts is not None and (key := _same_work(run)) is not None:
+            alike.setdefault(key, []).append({**{k: parts[k] for k in PARTS},
+                                              "exposed": sum(parts[k] for k in EXPOSED_PARTS)})
+    pairs = [pair for runs in alike.values() for pair in itertools.combinations(runs, 2)]
+    if not pairs:
+        return None
+    found = noise(pairs)
+
+    def apart(k: str) -> str:
+        return f"{statistics.median(map(abs, found[k])):.0%}"
+
+    kinds = [f"{LABELS[k].removeprefix('exposed ')} {apart(k)}" for k in EXPOSED_PARTS if k in found]
+    cells = [f"{apart('compute')} in compute"] if "compute" in found else []
+    if "exposed" in found:
+        each = f" ({', '.join(kinds)})" if kinds else ""
+        cells.append(f"{apart('exposed')} in exposed communication{each}")
+    cells += [f"{apart(k)} in {LABELS[k]}" for k in ("waiting", "other") if k in found]
+    return (f"Runs of the same work ({len(pairs)} pair{'s' if len(pairs) > 1 else ''}: a configuration's "
+            "repeats, or a strong-scaling run of one micro-batch a step and its weak twin) read apart by a "
+            f"median {', '.join(cells)}, each taken as the other's prediction: a difference between rows "
+            "smaller than that is within the trace's own noise")
 
 
 def measured(row: pd.Series) -> Split:

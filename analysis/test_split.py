@@ -152,3 +152,29 @@ def test_a_study_of_many_configurations_charts_the_named_ones_legibly(tmp_path: 
         drawn._suptitle.get_text().replace("\n", " ")
     assert len([ax for ax in every.axes if ax.get_visible()]) == 8
     assert _overlapping(drawn) == [] and _overlapping(every) == []
+
+
+def test_the_split_says_how_far_runs_of_the_same_work_read_apart(tmp_path: Path) -> None:
+    """A configuration's repeat and a strong-scaling run of one micro-batch a step do the same work as its
+    weak run at 2 nodes: three pairs, each run as the other's prediction. The strong run at 1 node
+    accumulates two micro-batches a step: no twin of the weak one."""
+    sweep = tmp_path / "study"
+    _run(sweep, 1, 1.0, ONE, None)
+    _run(sweep, 1, 2.0, ONE, None, global_batch=16)  # 8 ranks, 2 sequences each: 2 micro-batches a step
+    _run(sweep, 2, 1.25, TWO, None)  # scaled: 0.7 compute, 0.3 reduce-scatter, 0.15 waiting, 0.1 other
+    _run(sweep, 2, 1.25, TWO, None, global_batch=16)  # 16 ranks, one micro-batch each: the same work
+    _run(sweep, 2, 1.25, {**TWO, "exposed_reduce_scatter": 0.8, "waiting": 0.1}, None, repeat=1)
+    sentence = split.noise_sentence(load(sweep).frame)
+    # reduce-scatter 0.3 vs 0.4 (twice) and 0.3 vs 0.3: |errors| 0, 0, 0.25, 0.25, 0.33, 0.33; waiting
+    # 0.15 vs 0.05 (twice): 0, 0, 0.67, 0.67, 2, 2
+    assert sentence == ("Runs of the same work (3 pairs: a configuration's repeats, or a strong-scaling run "
+                        "of one micro-batch a step and its weak twin) read apart by a median 0% in compute, "
+                        "25% in exposed communication (reduce-scatter 25%), 67% in waiting for a peer, 0% in "
+                        "other (host, data, idle), each taken as the other's prediction: a difference "
+                        "between rows smaller than that is within the trace's own noise")
+    out = tmp_path / "report"
+    build(load(sweep), out)
+    points = (out / "report.md").read_text().split("## Where the points went", 1)[1].split("##", 1)[0]
+    assert f"- {sentence}" in points
+    _run(tmp_path / "alone", 2, 1.25, TWO, None)
+    assert split.noise_sentence(load(tmp_path / "alone").frame) is None

@@ -25,7 +25,7 @@ from bench.predict.calibrate import Observation, fit as fit_study  # noqa: E402
 from bench.predict.cpu import cpu_share  # noqa: E402
 from bench.predict.network import network_for  # noqa: E402
 from bench.predict.perf import EXPOSED_PARTS, Calibration, predict  # noqa: E402
-from bench.predict.split import MODELLED, SHORT, comparable  # noqa: E402
+from bench.predict.split import MODELLED, SHORT, comparable, noise, same_work  # noqa: E402
 
 TARGETS = ("compute", *EXPOSED_PARTS)  # what the model predicts apart: issue 66's target is these within 25%
 EXPOSED = "exposed"  # the exposed parts summed: the report's "exposed comm." columns, predicted and measured
@@ -94,26 +94,23 @@ def _part(parts: dict[str, float], k: str) -> float:
 
 
 def twins(seen: list[Observation]) -> list[tuple[Observation, Observation]]:
-    """Pairs of traced runs whose steps do the same work on the same ranks: a strong-scaling run of one
-    micro-batch a step and the weak run of its configuration (the smoke's FULL_SHARD pair at 2 nodes)."""
+    """Pairs of traced runs of the same work (bench/predict/split.py same_work: the smoke's strong-scaling
+    run at 2 nodes and its weak FULL_SHARD twin; a configuration's repeats)."""
     alike: dict[object, list[Observation]] = {}
     for o in seen:
-        if o.parts and o.spec.grad_accum == 1:
-            alike.setdefault(replace(o.spec, global_batch=0, accumulation="sync_each"), []).append(o)
+        if o.parts:
+            alike.setdefault(same_work(o.spec), []).append(o)
     return [pair for runs in alike.values() for pair in itertools.combinations(runs, 2)]
 
 
 def repeatability(seen: list[Observation]) -> dict[str, list[float]]:
-    """Per part, each twin's measured part as the prediction of the other's (a / b - 1, both ways): what a
-    model that predicted one run exactly would score against its twin, the measurement's own noise under
-    the model's errors."""
-    errors: dict[str, list[float]] = {k: [] for k in (*MODELLED, EXPOSED)}
-    for a, b in twins(seen):
-        for k in errors:
-            x, y = _part(a.parts, k), _part(b.parts, k)
-            if x > 0 and y > 0:
-                errors[k] += [x / y - 1, y / x - 1]
-    return errors
+    """Per part (and the exposed sum), each twin's measured part as the other's prediction, both ways: the
+    measurement's own noise under the model's errors (bench/predict/split.py noise)."""
+    def summed(o: Observation) -> dict[str, float]:
+        return {**o.parts, EXPOSED: _part(o.parts, EXPOSED)}
+
+    found = noise((summed(a), summed(b)) for a, b in twins(seen))
+    return {k: found.get(k, []) for k in (*MODELLED, EXPOSED)}
 
 
 def floor_line(errors: dict[str, list[float]]) -> None:

@@ -24,7 +24,7 @@ count (activation checkpointing on a run that fits without it) is no answer.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from bench.core.hardware import GpuSpec
@@ -62,6 +62,26 @@ def comparable(measured: Mapping[str, float]) -> dict[str, float]:
     """A measured split in the model's parts: FSDP's copies counted with `other` (MODELLED)."""
     out = {k: float(measured.get(k, 0.0)) for k in MODELLED}
     out["other"] += float(measured.get("collective_copies", 0.0))
+    return out
+
+
+def same_work(spec: RunSpec) -> RunSpec:
+    """What a run's step does, its repeat and seed aside and, where a step is one micro-batch, whether a
+    global batch made it so: runs of equal keys train the same tokens per rank the same way (a
+    configuration's repeats; a strong-scaling run of one micro-batch a step and its weak twin), so their
+    traces differ by the measurement's own noise alone."""
+    alike = replace(spec, repeat=0, seed=0)
+    return replace(alike, global_batch=0, accumulation="sync_each") if spec.grad_accum == 1 else alike
+
+
+def noise(pairs: Iterable[tuple[Mapping[str, float], Mapping[str, float]]]) -> dict[str, list[float]]:
+    """Per part, each run of a pair of the same work taken as the other's prediction (a / b - 1, both
+    ways, where both measured some): what a model that predicted one run exactly would miss its twin by."""
+    out: dict[str, list[float]] = {}
+    for a, b in pairs:
+        for k in a.keys() & b.keys():
+            if a[k] > 0 and b[k] > 0:
+                out.setdefault(k, []).extend([a[k] / b[k] - 1, b[k] / a[k] - 1])
     return out
 
 
