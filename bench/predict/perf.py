@@ -327,7 +327,8 @@ def cpu_network(gpu: GpuSpec, cal: Calibration) -> Network:
     step latency, bus bytes at the CPU's loopback bandwidth; no probe (the plan's "network:" line says so)."""
     source = cal.source if cal.source != CALIBRATION.source else "its prior: no traced run calibrated it yet"
     return Network(math.inf, f"gloo on this machine's cores: a ring step {cal.cpu_step_s * 1e3:.3g} ms "
-                   f"({source}), bus bytes at {gpu.intra_busbw_gbs:g} GB/s", cal.cpu_step_s,
+                   f"({source}), slower in a ring of more than the {cal.capacity():.3g} ranks the machine "
+                   f"runs at full speed, bus bytes at {gpu.intra_busbw_gbs:g} GB/s", cal.cpu_step_s,
                    cpu_capacity=cal.capacity())
 
 
