@@ -11,6 +11,11 @@ sweep dir, `--study`), alone and pooled.
     python benchmarks/perf_model.py --quick   # one round of the refit
     python benchmarks/perf_model.py --study results/smoke   # and the split against that study's traces
     python benchmarks/perf_model.py --quick --study a/results/smoke --study b/results/smoke   # and pooled
+    python benchmarks/perf_model.py --quick --cores 2 --study ...   # studies a machine of 2 cores ran
+
+A CPU study's calibration takes the reading machine's core count as its capacity's prior (os.cpu_count()):
+`--cores` reads studies kept from another machine (benchmarks/evidence/smoke_studies) with the cores they
+ran on.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import contextlib
 import io
 import json
 import math
+import os
 import statistics
 import sys
 from dataclasses import replace
@@ -367,10 +373,12 @@ def main() -> None:
     print("\nThe model's split against the measured, each recorded GPU run's trace (published constants):")
     part_summary(split_here(shipped))
     studies = [Path(a) for flag, a in zip(sys.argv[1:], sys.argv[2:]) if flag == "--study"]
+    cores = [int(a) for flag, a in zip(sys.argv[1:], sys.argv[2:]) if flag == "--cores"]
     print("\nThe model's split against the measured, a study calibrated on its smallest node count:")
-    seen = [s for s in map(study_split, studies) if s is not None]
-    if len(seen) > 1:
-        pooled(seen)
+    with mock.patch.object(os, "cpu_count", lambda: cores[-1]) if cores else contextlib.nullcontext():
+        seen = [s for s in map(study_split, studies) if s is not None]
+        if len(seen) > 1:
+            pooled(seen)
     if not studies:
         print("no study given (--study results/smoke: a sweep dir whose runs recorded traces)")
 
