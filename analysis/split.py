@@ -13,9 +13,9 @@ where the two are apart or the durations contradict the rule's premise.
 """
 from __future__ import annotations
 
-import itertools
 import json
 import statistics
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,15 @@ import pandas as pd
 from analysis.scaling import CONFIG, configuration_label, describe, node_count, train_rows
 from bench.core.schema import RunSpec
 from bench.predict.perf import EXPOSED_PARTS
-from bench.predict.split import LABELS, PARTS, Split, lost_points as split_points, noise, same_work, words
+from bench.predict.split import (
+    LABELS,
+    PARTS,
+    Split,
+    lost_points as split_points,
+    noise,
+    same_work_pairs,
+    words,
+)
 
 # the scaling table's configuration columns (analysis/columns.py SCALING_SHORT), then the split's
 COLUMNS = {"model": "model", "sharding": "sharding", "precision": "precision",
@@ -68,20 +76,24 @@ def run_parts(split: dict[str, float], step_time_s: float) -> dict[str, float] |
             **{k: split.get(k, np.nan) for k in ("premise_checked", "premise_contradicted")}}
 
 
+def traced_runs(frame: pd.DataFrame) -> Iterator[tuple[pd.Series, dict[str, float]]]:
+    """Each ok training run with a readable trace, and its parts scaled to its measured step (run_parts)."""
+    if "trace_split" not in frame:
+        return
+    train = train_rows(frame)
+    for _, run in train[train["status"] == "ok"].iterrows():
+        split = trace_split(run["trace_split"])
+        if split and (parts := run_parts(split, float(run["step_time_s"]))) is not None:
+            yield run, parts
+
+
 def split_table(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per configuration and node count with a traced ok run: the median of each part over its
     repeats, the measured exposed communication (the exposed parts; waiting apart) beside the model's,
     waiting by the duration rule beside the split's, and where the two readings differ by more than
     READINGS_APART of the step or the durations contradict the rule's premise, a mark saying so."""
-    if "trace_split" not in frame:
-        return pd.DataFrame()
-    train = train_rows(frame)
     rows = []
-    for _, run in train[train["status"] == "ok"].iterrows():
-        split = trace_split(run["trace_split"])
-        parts = run_parts(split, float(run["step_time_s"])) if split else None
-        if parts is None:
-            continue
+    for run, parts in traced_runs(frame):
         tokens = run["tokens_per_s_per_gpu"] * run["step_time_s"]  # per GPU per step
         rows.append({**{c: run.get(c) for c in (*CONFIG, "nodes", "pred_exposed_comm_s", "slowest_node",
                                                  "straggler", "run_dir")},
@@ -121,9 +133,9 @@ def duration_rule(row: pd.Series) -> str | None:
             f"({1e3 * row['premise_at_stake_s']:.3g} ms at stake)")
 
 
-def _same_work(run: pd.Series) -> RunSpec | None:
+def _spec(run: pd.Series) -> RunSpec | None:
     try:
-        return same_work(RunSpec.from_dict(run.to_dict()))
+        return RunSpec.from_dict(run.to_dict())
     except (TypeError, ValueError):  # a row no spec reads (another schema's): no twin of anything
         return None
 
@@ -132,17 +144,9 @@ def noise_sentence(frame: pd.DataFrame) -> str | None:
     """How far apart the study's traced runs of the same work read, part by part (bench/predict/split.py
     same_work, noise: each as the other's prediction), so that a reader can tell a difference between rows
     from the trace's own noise; None without two such runs."""
-    if "trace_split" not in frame:
-        return None
-    alike: dict[RunSpec, list[dict[str, float]]] = {}
-    train = train_rows(frame)
-    for _, run in train[train["status"] == "ok"].iterrows():
-        split = trace_split(run["trace_split"])
-        parts = run_parts(split, float(run["step_time_s"])) if split else None
-        if parts is not None and (key := _same_work(run)) is not None:
-            alike.setdefault(key, []).append({**{k: parts[k] for k in PARTS},
-                                              "exposed": sum(parts[k] for k in EXPOSED_PARTS)})
-    pairs = [pair for runs in alike.values() for pair in itertools.combinations(runs, 2)]
+    pairs = same_work_pairs((spec, {**{k: parts[k] for k in PARTS},
+                                    "exposed": sum(parts[k] for k in EXPOSED_PARTS)})
+                            for run, parts in traced_runs(frame) if (spec := _spec(run)) is not None)
     if not pairs:
         return None
     found = noise(pairs)

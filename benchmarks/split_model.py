@@ -7,7 +7,6 @@ these errors. benchmarks/perf_model.py prints it (`--study`) after the published
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import statistics
 import sys
@@ -25,7 +24,7 @@ from bench.predict.calibrate import Observation, fit as fit_study  # noqa: E402
 from bench.predict.cpu import cpu_share  # noqa: E402
 from bench.predict.network import network_for  # noqa: E402
 from bench.predict.perf import EXPOSED_PARTS, Calibration, predict  # noqa: E402
-from bench.predict.split import MODELLED, SHORT, comparable, noise, same_work  # noqa: E402
+from bench.predict.split import MODELLED, SHORT, comparable, noise, same_work_pairs  # noqa: E402
 
 TARGETS = ("compute", *EXPOSED_PARTS)  # what the model predicts apart: issue 66's target is these within 25%
 EXPOSED = "exposed"  # the exposed parts summed: the report's "exposed comm." columns, predicted and measured
@@ -96,11 +95,7 @@ def _part(parts: dict[str, float], k: str) -> float:
 def twins(seen: list[Observation]) -> list[tuple[Observation, Observation]]:
     """Pairs of traced runs of the same work (bench/predict/split.py same_work: the smoke's strong-scaling
     run at 2 nodes and its weak FULL_SHARD twin; a configuration's repeats)."""
-    alike: dict[object, list[Observation]] = {}
-    for o in seen:
-        if o.parts:
-            alike.setdefault(same_work(o.spec), []).append(o)
-    return [pair for runs in alike.values() for pair in itertools.combinations(runs, 2)]
+    return same_work_pairs((o.spec, o) for o in seen if o.parts)
 
 
 def repeatability(seen: list[Observation]) -> dict[str, list[float]]:
@@ -111,6 +106,15 @@ def repeatability(seen: list[Observation]) -> dict[str, list[float]]:
 
     found = noise((summed(a), summed(b)) for a, b in twins(seen))
     return {k: found.get(k, []) for k in (*MODELLED, EXPOSED)}
+
+
+def pooled_repeatability(studies: list[list[Observation]]) -> dict[str, list[float]]:
+    """Each study's repeatability, pooled."""
+    pooled: dict[str, list[float]] = {k: [] for k in (*MODELLED, EXPOSED)}
+    for seen in studies:
+        for k, errors in repeatability(seen).items():
+            pooled[k] += errors
+    return pooled
 
 
 def floor_line(errors: dict[str, list[float]]) -> None:
@@ -221,6 +225,6 @@ def pooled(studies: list[list[Observation]]) -> None:
     errors, steps = pooled_split(studies)
     print(f"\nThe model's split against the measured, {len(studies)} studies pooled:")
     part_summary(errors, steps)
-    floor_line({k: [e for seen in studies for e in repeatability(seen)[k]] for k in (*MODELLED, EXPOSED)})
+    floor_line(pooled_repeatability(studies))
     print("sensitivity, pooled:")
     sensitivity(studies)

@@ -245,7 +245,7 @@ def test_the_documented_split_errors_are_what_the_committed_studies_give(monkeyp
                   split_model.EXPOSED: 0.18}
     assert {k: round(median[k], 2) for k in documented} == pytest.approx(documented, abs=0.015)
     assert statistics.median(map(abs, steps)) == pytest.approx(0.12, abs=0.015)
-    noise = {k: [e for s in studies for e in split_model.repeatability(s)[k]] for k in documented}
+    noise = split_model.pooled_repeatability(studies)
     assert len(noise["compute"]) == 18  # nine pairs, each both ways
     assert {k: round(statistics.median(map(abs, noise[k])), 2) for k in ("compute", "exposed_all_gather_fwd",
             "exposed_all_gather_bwd", "exposed_reduce_scatter", split_model.EXPOSED)} == pytest.approx(

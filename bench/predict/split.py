@@ -24,8 +24,10 @@ count (activation checkpointing on a run that fits without it) is no answer.
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from bench.core.hardware import GpuSpec
 from bench.core.models import float8_linear_params
@@ -46,6 +48,7 @@ SHORT = {"compute": "compute", "exposed_all_gather_fwd": "all-gather fwd",
          "optimizer": "optimizer", "other": "other"}
 # what the model predicts of a measured split, part by part (FSDP's copies with the host's other work)
 MODELLED = ("compute", *EXPOSED_PARTS, "waiting", "optimizer", "other")
+T = TypeVar("T")
 MIN_POINTS = 1.0  # a change predicted to win back less than a point of efficiency is not named
 
 
@@ -72,6 +75,14 @@ def same_work(spec: RunSpec) -> RunSpec:
     traces differ by the measurement's own noise alone."""
     alike = replace(spec, repeat=0, seed=0)
     return replace(alike, global_batch=0, accumulation="sync_each") if spec.grad_accum == 1 else alike
+
+
+def same_work_pairs(runs: Iterable[tuple[RunSpec, T]]) -> list[tuple[T, T]]:
+    """Every pair of runs (each given with its spec) that do the same work (same_work)."""
+    alike: dict[RunSpec, list[T]] = {}
+    for spec, run in runs:
+        alike.setdefault(same_work(spec), []).append(run)
+    return [pair for group in alike.values() for pair in itertools.combinations(group, 2)]
 
 
 def noise(pairs: Iterable[tuple[Mapping[str, float], Mapping[str, float]]]) -> dict[str, list[float]]:
