@@ -164,8 +164,13 @@ VARIANTS = {
             c, replace(gpu, intra_busbw_gbs=0.75) if gpu.family == "cpu" else gpu, network, units)),),
     **{f"the turns' slower share at {share:g} (shipped {perf.CPU_TURNS_SHARED:g}; 0: all waited)": (
         (perf, "CPU_TURNS_SHARED", share),) for share in (0.0, 0.25, 0.75, 1.0)},
-    **{f"a CPU ring's share of its ranks' turns at {share:g} (shipped {cpu.CPU_RING_SHARED:g}; 0: no "
-       "ring slower)": ((cpu, "CPU_RING_SHARED", share),) for share in (0.0, 0.15, 0.35, 0.5)},
+    **{f"a CPU reduce-scatter's and all-reduce's ring share at {share:g} (shipped "
+       f"{cpu.CPU_RING_SHARED['reduce_scatter']:g}; 0: no ring slower)": (
+        (cpu, "CPU_RING_SHARED", {**cpu.CPU_RING_SHARED, "reduce_scatter": share, "all_reduce": share}),)
+       for share in (0.0, 0.15, 0.35, 0.5)},
+    **{f"a CPU all-gather's ring share at {share:g} (shipped {cpu.CPU_RING_SHARED['all_gather']:g}; 0.25: "
+       "every kind's)": ((cpu, "CPU_RING_SHARED", {**cpu.CPU_RING_SHARED, "all_gather": share}),)
+       for share in (0.25, 0.75, 1.0)},
 }
 # the CPU model before issue 66, but for its collectives: the first four terms taken out at once
 VARIANTS["before: no turns, no host term, a GPU's overlap, fitted on tokens/s alone"] = tuple(

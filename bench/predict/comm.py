@@ -164,7 +164,7 @@ def collective_s(c: Collective, gpu: GpuSpec, network: Network, units: int = 1) 
     the ring's steps and its bus bytes at the CPU's bandwidth (module docstring)."""
     if gpu.family == "cpu":
         bus = bus_factor(c.kind, c.ranks) * c.size / (gpu.intra_busbw_gbs * 1e9)
-        step = network.step_latency_s * ring_step_factor(c.ranks, network.cpu_capacity)
+        step = network.step_latency_s * ring_step_factor(c.kind, c.ranks, network.cpu_capacity)
         return units * ring_steps(c, gpu) * step + bus
     per_node = c.ranks // c.nodes
     intra_gbs = network.intra_gbs(c.kind, c.size / units, gpu.intra_busbw_gbs)

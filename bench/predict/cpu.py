@@ -32,9 +32,11 @@ def cpu_share(ranks: int, capacity: float) -> float:
 # sensitivity are in docs/prediction.md, "The model's split against the measured"
 CPU_TURNS_SHARED = 0.5
 # Of the turns a gloo ring's own ranks take (cpu_turns over the ring's size), the share that lengthens each
-# of its steps: a step waits for its peer to be running. A fit to seven smoke studies' 2-node traces; the
-# evidence and its sensitivity are in docs/prediction.md, "The model's split against the measured"
-CPU_RING_SHARED = 0.25
+# of its steps, per collective: a step waits for its peer to be running. Both are fits to smoke studies'
+# 2-node traces: the reduce-scatter's and all-reduce's to seven studies of one machine, the all-gather's
+# to seventeen of another (the share whose worse gather is nearest). The evidence, the sensitivity and the
+# studies held out are in docs/prediction.md, "The model's split against the measured"
+CPU_RING_SHARED = {"all_gather": 0.5, "reduce_scatter": 0.25, "all_reduce": 0.25}
 
 
 def cpu_turns(ranks: int, capacity: float) -> tuple[float, float]:
@@ -46,11 +48,11 @@ def cpu_turns(ranks: int, capacity: float) -> tuple[float, float]:
     return running, running / cpu_share(ranks, capacity)
 
 
-def ring_step_factor(ranks: int, capacity: float) -> float:
-    """How much longer each step of a gloo ring over `ranks` ranks takes than a ring the machine runs at
-    full speed: CPU_RING_SHARED of the turns its ranks take (a ring of 4 on 2 cores steps slower than one
-    of 2 beside it, whatever else runs: the ring waits on its own peers)."""
-    return 1 + CPU_RING_SHARED * (cpu_turns(ranks, capacity)[1] - 1)
+def ring_step_factor(kind: str, ranks: int, capacity: float) -> float:
+    """How much longer each step of a gloo ring of `kind` over `ranks` ranks takes than a ring the machine
+    runs at full speed: the kind's CPU_RING_SHARED of the turns its ranks take (a ring of 4 on 2 cores
+    steps slower than one of 2 beside it, whatever else runs: the ring waits on its own peers)."""
+    return 1 + CPU_RING_SHARED[kind] * (cpu_turns(ranks, capacity)[1] - 1)
 
 
 @functools.cache

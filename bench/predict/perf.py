@@ -35,8 +35,8 @@ runs at full speed take turns: each runs its work at the speed of a machine runn
 its capacity, and of the rest of its share of the machine it spends CPU_TURNS_SHARED running that work
 slower beside its peers and the remainder waiting for a peer (`waiting`; `cpu_turns`); and each
 collective takes its ring's steps at the study's own step latency (`Calibration.cpu_step_s`, which its
-traced collectives calibrate; slower on a ring of more ranks than the capacity: `ring_step_factor`), its
-bus bytes at the CPU's bandwidth (bench/predict/comm.py).
+traced collectives calibrate; slower, by a share per kind, on a ring of more ranks than the capacity:
+`ring_step_factor`), its bus bytes at the CPU's bandwidth (bench/predict/comm.py).
 
 The step's parts (`Prediction.parts`, bench/predict/split.py) are named as the trace names the measured
 ones (trainer/trace.py): compute (contention with it: the overlapped communication slows the kernels),

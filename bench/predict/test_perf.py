@@ -434,16 +434,17 @@ def test_a_cpu_collective_is_its_rings_steps_at_the_calibrated_step_whatever_its
     """A local CPU study: each collective of a 2-node run takes units x ring steps x the calibration's step
     (gloo's reduce-scatter reducing the whole input: 2(R-1) steps) plus its bus bytes at the CPU's
     bandwidth, with or without probes at 10x each other's speed; HYBRID_SHARD's all-reduce over its 2
-    ranks takes 2 steps. On 2 cores a ring of 4 ranks steps slower by CPU_RING_SHARED of its ranks' turns
-    ((17/2)^(1/4): cpu_share's 2 ranks over its 4), a ring of 2 at the calibrated step. A GPU still reads
-    the probe."""
+    ranks takes 2 steps. On 2 cores a ring of 4 ranks steps slower by its kind's CPU_RING_SHARED of its
+    ranks' turns ((17/2)^(1/4): cpu_share's 2 ranks over its 4; an all-gather's share 2x the
+    reduce-scatter's), a ring of 2 at the calibrated step. A GPU still reads the probe."""
     from bench.predict.comm import bus_factor, collective_s
     from bench.predict.cpu import CPU, CPU_RING_SHARED
     from bench.predict.network import probes_of
     cfg = from_dict(compose(["+sweep=smoke"])[0])
     arch = get_arch("tiny_llama")
     cal = replace(CALIBRATION, cpu_step_s=1.7e-3, cpu_capacity=2.0, source="this study's 3 runs")
-    four = 1 + CPU_RING_SHARED * ((17 / 2) ** 0.25 - 1)
+    four = {kind: 1 + CPU_RING_SHARED[kind] * ((17 / 2) ** 0.25 - 1) for kind in CPU_RING_SHARED}
+    assert four["all_gather"] - 1 == pytest.approx(2 * (four["reduce_scatter"] - 1))
     units = arch.layers + 1
     kinds = ("all_reduce", "all_gather", "reduce_scatter")
     slow, fast = ([_probe_summary(kind, gbs, nodes=2, efa=0) for kind in kinds] for gbs in (0.1, 1.0))
@@ -459,7 +460,7 @@ def test_a_cpu_collective_is_its_rings_steps_at_the_calibrated_step_whatever_its
                 steps = (1 if c.kind == "all_gather" else 2) * (c.ranks - 1)
                 if sharding == "HYBRID_SHARD" and c.kind == "all_reduce":
                     assert steps == 2
-                step = 1.7e-3 * (four if c.ranks == 4 else 1.0)
+                step = 1.7e-3 * (four[c.kind] if c.ranks == 4 else 1.0)
                 expected += units * steps * step + bus_factor(c.kind, c.ranks) * c.size / (
                     CPU.intra_busbw_gbs * 1e9)
             assert pred.comm_s == pytest.approx(expected, rel=1e-9)
