@@ -13,9 +13,9 @@ sweep dir, `--study`), alone and pooled.
     python benchmarks/perf_model.py --quick --study a/results/smoke --study b/results/smoke   # and pooled
     python benchmarks/perf_model.py --quick --cores 2 --study ...   # studies a machine of 2 cores ran
 
-A CPU study's calibration takes the reading machine's core count as its capacity's prior (os.cpu_count()):
-`--cores` reads studies kept from another machine (benchmarks/evidence/smoke_studies) with the cores they
-ran on.
+A CPU study's calibration takes the cores its runs recorded (their system records) as its capacity's
+prior, else the reading machine's count (os.cpu_count()): `--cores` gives the cores of studies whose runs
+recorded none (benchmarks/evidence/smoke_studies' first nine).
 """
 from __future__ import annotations
 

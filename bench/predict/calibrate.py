@@ -81,6 +81,7 @@ class Observation:
     tokens_per_s_per_gpu: float
     stack: Stack | None = None  # another training stack than this harness's (a published row; perf.Stack)
     parts: Mapping[str, float] | None = None  # its traced split in the model's parts (split.comparable)
+    cores: int | None = None  # the CPUs its run could use, as its system record says (recorded_cores)
 
     def prediction(self, cal: Calibration) -> Prediction:
         return predict(self.spec, self.gpu, self.network, self.arch, cal, self.stack)
@@ -234,6 +235,7 @@ def fit(observations: list[Observation], prior: Calibration = CALIBRATION) -> Fi
     """The constants that best explain these runs, held by the prior; None without runs."""
     if not observations:
         return None
+    prior = with_recorded_cores(prior, observations)
     names = parameters(observations)
     theta, damping = [0.0] * len(names), 1e-3
     runs = _residuals(observations, prior, names, theta)
@@ -264,6 +266,26 @@ def fit(observations: list[Observation], prior: Calibration = CALIBRATION) -> Fi
                tuple(o.run_id for o in observations), tuple(sorted({o.spec.nodes for o in observations})))
 
 
+def with_recorded_cores(prior: Calibration, observations: list[Observation]) -> Calibration:
+    """A CPU study's capacity prior at the CPUs its runs recorded, not the reading machine's count: a study
+    read on another machine (a colleague's, CI's) calibrates as it did where it ran. Unchanged where the
+    prior names a capacity or the runs recorded none, or several."""
+    cores = {o.cores for o in observations if o.gpu.family == "cpu" and o.cores}
+    if prior.cpu_capacity is not None or len(cores) != 1:
+        return prior
+    return replace(prior, cpu_capacity=float(cores.pop()))
+
+
+def recorded_cores(summary: RunSummary) -> int | None:
+    """The fewest CPUs any of the run's nodes could use (its system records' cpus_usable); None where
+    none recorded it."""
+    entries = summary.extra.get("system") if isinstance(summary.extra, Mapping) else None
+    counts = [e["facts"].get("cpus_usable") for e in entries or []
+              if isinstance(e, Mapping) and isinstance(e.get("facts"), Mapping)]
+    counts = [c for c in counts if isinstance(c, int) and not isinstance(c, bool) and c > 0]
+    return min(counts) if counts else None
+
+
 def observations(predictor: Predictor, summaries: Iterable[RunSummary]) -> list[Observation]:
     """The study's training runs that ended ok on this cluster, on the device the predictor predicts for
     (a local run that went to the CPU is not evidence about the GPU), of what the model describes (not
@@ -283,7 +305,7 @@ def observations(predictor: Predictor, summaries: Iterable[RunSummary]) -> list[
         except (KeyError, ValueError):
             continue
         out.append(Observation(s.run_id, spec, where[0], where[1], arch, float(s.tokens_per_s_per_gpu),
-                               parts=traced_parts(s)))
+                               parts=traced_parts(s), cores=recorded_cores(s)))
     return sorted(out, key=lambda o: o.run_id)
 
 
@@ -356,7 +378,9 @@ def from_json(path: Path, cluster: ClusterConfig, models: Iterable[str]) -> Fit:
         if not set(data["models"]) & set(models):
             raise Refused(f"{path}: fitted on models {', '.join(data['models'])}, none of which this sweep "
                           "trains")
-        if data["prior"] != asdict(CALIBRATION):
+        # the published constants, a CPU study's capacity at the cores its runs recorded (with_recorded_cores)
+        prior = replace(CALIBRATION, cpu_capacity=data["prior"].get("cpu_capacity"))
+        if data["prior"] != asdict(prior):
             raise Refused(f"{path}: fitted against other published constants (an older fsdpbench)")
         names, theta = tuple(data["parameters"]), tuple(float(t) for t in data["theta"])
         cov = tuple(tuple(float(v) for v in row) for row in data["covariance"])
@@ -366,7 +390,7 @@ def from_json(path: Path, cluster: ClusterConfig, models: Iterable[str]) -> Fit:
             raise Refused(f"{path}: a constant out of range")
         runs = tuple(data["runs"])
         source = f"this study's {len(runs)} runs"
-        return Fit(apply(CALIBRATION, names, theta, source), CALIBRATION, names, theta, cov,
+        return Fit(apply(prior, names, theta, source), prior, names, theta, cov,
                    float(data["residual"]), runs, tuple(int(n) for n in data["nodes"]))
     except Refused:
         raise

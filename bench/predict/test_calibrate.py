@@ -222,6 +222,38 @@ def test_a_study_writes_its_calibration_and_predicts_with_it(tmp_path: Path, mon
     assert again.fit == predictor.fit
 
 
+def test_a_cpu_study_is_calibrated_at_the_cores_its_runs_recorded_wherever_it_is_read(tmp_path: Path,
+                                                                                        monkeypatch) -> None:
+    """A study of 2 usable CPUs (its runs' system records, as bench/run/collect.py keeps them) read on a
+    16-core machine calibrates as it did on its own 2 cores, and its file reads back the same there; runs
+    without a record take the reader's count, and come out otherwise."""
+    monkeypatch.setattr(perf, "cpu_runs_natively", lambda dtype: True)
+    cfg = _cfg(tmp_path)
+    record = [{"node": "node1", "source": "trainer", "facts": {"cpu_count": 4, "cpus_usable": 2}},
+              {"node": "node2", "source": "trainer",
+               "facts": {"cpu_count": 4, "cpus_usable": {"missing": "sched_getaffinity unavailable"}}}]
+
+    def study(name: str, recorded: bool) -> Path:
+        sweep_dir = tmp_path / name
+        for nodes, gpus, tokens in ((1, 1, 7000.0), (1, 2, 3700.0), (2, 2, 1200.0)):
+            summary = _finished(sweep_dir, cfg, nodes, gpus, tokens)
+            if recorded:
+                summary.extra["system"] = record
+                rundir.write_summary(rundir.run_dir(sweep_dir, summary.spec), summary)
+        return sweep_dir
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    where_it_ran = _study_predictor(cfg, study("bare_on_2", recorded=False))[0].fit
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    recorded = study("recorded", recorded=True)
+    elsewhere = _study_predictor(cfg, recorded)[0].fit
+    bare = _study_predictor(cfg, study("bare_on_16", recorded=False))[0].fit
+    assert elsewhere.prior.cpu_capacity == 2.0 and bare.prior.cpu_capacity is None
+    assert elsewhere.calibration == where_it_ran.calibration
+    assert bare.prior.capacity() == 16 and bare.calibration != where_it_ran.calibration
+    assert _study_predictor(cfg, recorded)[0].fit == elsewhere  # read back from its file on 16 cores
+
+
 @pytest.mark.parametrize("damage, why", [
     (lambda d: {**d, "cluster": {**d["cluster"], "name": "p5-prod"}}, "fitted on cluster 'p5-prod'"),
     (lambda d: {**d, "models": ["llama2_70b"]},
