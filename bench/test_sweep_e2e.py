@@ -141,6 +141,18 @@ def test_smoke_sweep_end_to_end_then_resume(smoke_results: Path) -> None:
     with open(rundir.current_attempt_dir(d) / "logs" / "node0.log") as f:
         metas = [r for r in parse_records(f) if r["kind"] == "meta"]
     assert {tuple(m["mesh_shape"]) for m in metas} == {(2, 2)}
+    # the study's calibration learnt from every run it can, the last to end too (runner's settle): the
+    # file is what a refit on the finished study gives, not the fit before its last run
+    import yaml
+
+    from bench.core.load_config import from_dict
+    from bench.launchers import placement_of
+    from bench.predict.calibrate import study_predictor
+    cfg = from_dict(yaml.safe_load((smoke_results / "smoke_full" / rundir.SWEEP_CONFIG).read_text()))
+    fresh = study_predictor(cfg.cluster, placement_of(cfg), cfg.axes.model, smoke_results / "smoke_full",
+                            write=False)[0].fit
+    fitted = json.loads((smoke_results / "smoke_full" / rundir.CALIBRATION_JSON).read_text())["runs"]
+    assert fitted == list(fresh.runs) and len(fitted) >= 12, (len(fitted), len(fresh.runs))
     # a run's log holds what the run did: no library notices repeated per run (issue 64's quiet logs)
     logs = list((smoke_results / "smoke_full" / "runs").glob("*/attempt-*/logs/*.log"))
     assert logs

@@ -136,6 +136,13 @@ class _Sweep:
             self._predictor = study_predictor(study.cluster, study.placement, study.models, self.sweep_dir)[0]
         return self._predictor
 
+    def settle(self) -> None:
+        """Refit on every run that ended ok, the last ones included: the refit is otherwise made when the
+        next run is predicted, and the last run has none after it, so the study's calibration.json (and
+        the report's extrapolation check, read from it) would miss it."""
+        if self._predictor is None and self.learned:
+            self.predictor  # noqa: B018 (the property refits and writes the file)
+
     def job(self, planned: PlannedRun) -> schedule.Job:
         """The run as the schedule orders it: its predicted duration, else (no prediction: GPUs the cluster
         file does not name) the median wall time of the study's finished runs at its node count."""
@@ -165,6 +172,7 @@ def execute(study: Study, plan: list[PlannedRun], launcher: Launcher, sweep_dir:
             write_results(sweep_dir)  # a table from the start, so a crash never leaves none
             waiting = _admit(sweep, plan)
             _drive(sweep, waiting, active, budget)
+            sweep.settle()
         except KeyboardInterrupt:  # a second signal: clean up now (each run's `finally`), keep the rest
             stop.set()
             for planned, steps in active.values():
