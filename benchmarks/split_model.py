@@ -178,12 +178,19 @@ VARIANTS["before: no turns, no host term, a GPU's overlap, fitted on tokens/s al
     if patch[1] != "FITTED_PARTS") + ((calibrate, "FITTED_PARTS", {"gpu": (), "cpu": ()}),)
 
 
-def pooled_split(studies: list[list[Observation]]) -> tuple[dict[str, list[float]], list[float]]:
+Errors = tuple[dict[str, list[float]], list[float]]  # each part's errors, and the tokens/s errors
+
+
+def pooled_split(studies: list[list[Observation]]) -> Errors:
     """Each study calibrated on its own smallest node count (staged_split), the errors of all pooled."""
+    return pool([staged_split(seen)[:2] for seen in studies])
+
+
+def pool(staged: list[Errors]) -> Errors:
+    """Studies' staged splits (each part's errors, the tokens/s errors) as one."""
     errors: dict[str, list[float]] = {k: [] for k in (*MODELLED, EXPOSED)}
     steps: list[float] = []
-    for seen in studies:
-        each, tokens, _ = staged_split(seen)
+    for each, tokens in staged:
         for k, e in each.items():
             errors[k] += e
         steps += tokens

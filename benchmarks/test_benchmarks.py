@@ -250,9 +250,10 @@ def test_the_documented_split_errors_are_what_the_committed_studies_give() -> No
     later = dict(zip(names, read([LATER / name for name in names], cores=16)))
     chosen_on, held_out = nine + [later[f"h{i}"] for i in range(1, 9)], [later[f"h{i}"] for i in range(9, 15)]
 
+    assert len(nine) == 9 and all(len(tokens) == 5 for _, tokens in [*nine, *later.values()])  # 2-node runs
+
     def medians(studies: list[tuple]) -> dict[str, float]:
-        errors = {k: [e for each, _ in studies for e in each[k]] for k in studies[0][0]}
-        steps = [e for _, tokens in studies for e in tokens]
+        errors, steps = split_model.pool(studies)
         return {**{k: round(statistics.median(map(abs, e)), 2) for k, e in errors.items() if e},
                 "tokens/s": round(statistics.median(map(abs, steps)), 2)}
 

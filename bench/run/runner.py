@@ -140,8 +140,8 @@ class _Sweep:
         """Refit on every run that ended ok, the last ones included: the refit is otherwise made when the
         next run is predicted, and the last run has none after it, so the study's calibration.json (and
         the report's extrapolation check, read from it) would miss it."""
-        if self._predictor is None and self.learned:
-            self.predictor  # noqa: B018 (the property refits and writes the file)
+        if self.learned:  # a run ended ok since the last refit
+            _ = self.predictor  # refitted on first use, calibration.json written
 
     def job(self, planned: PlannedRun) -> schedule.Job:
         """The run as the schedule orders it: its predicted duration, else (no prediction: GPUs the cluster
