@@ -25,7 +25,7 @@ from bench.core.config import ClusterConfig, ConfigError
 from bench.core.load_config import from_dict
 from bench.core.schema import RunSpec
 from bench.launchers import placement_of
-from bench.predict.calibrate import study_predictor
+from bench.predict.calibration_file import study_predictor
 from bench.predict.perf import Predictor
 from bench.predict.split import (
     LABELS,

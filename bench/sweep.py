@@ -20,7 +20,7 @@ from bench.core import config_doc, rundir
 from bench.core.config import EXIT_CONFIG, ConfigError, SweepConfig
 from bench.core.load_config import from_dict
 from bench.launchers.base import Launcher, Placement
-from bench.predict.calibrate import study_predictor
+from bench.predict.calibration_file import study_predictor
 from bench.predict.cost import plan_cost
 from bench.predict.memory import (
     CUDA_CONTEXT_GIB,

@@ -147,7 +147,7 @@ def test_smoke_sweep_end_to_end_then_resume(smoke_results: Path) -> None:
 
     from bench.core.load_config import from_dict
     from bench.launchers import placement_of
-    from bench.predict.calibrate import study_predictor
+    from bench.predict.calibration_file import study_predictor
     cfg = from_dict(yaml.safe_load((smoke_results / "smoke_full" / rundir.SWEEP_CONFIG).read_text()))
     fresh = study_predictor(cfg.cluster, placement_of(cfg), cfg.axes.model, smoke_results / "smoke_full",
                             write=False)[0].fit

@@ -35,7 +35,7 @@ from bench.core.schema import RunSpec, RunSummary
 
 SWEEP_CONFIG = "sweep.yaml"
 PLAN_CSV = "plan.csv"
-CALIBRATION_JSON = "calibration.json"  # the study's own performance-model constants (predict/calibrate.py)
+CALIBRATION_JSON = "calibration.json"  # the study's own model constants (predict/calibration_file.py)
 RESULTS_PARQUET = "results.parquet"
 RESULTS_CSV = "results.csv"
 RUNS_DIR = "runs"

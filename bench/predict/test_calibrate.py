@@ -18,7 +18,7 @@ from bench.core.load_config import from_dict
 from bench.core.models import get_arch
 from bench.core.schema import RunSpec, RunSummary
 from bench.launchers import placement_of
-from bench.predict import calibrate, perf
+from bench.predict import calibrate, calibration_file, perf
 from bench.predict.calibrate import Observation, fit
 from bench.predict.comm import Network
 from bench.predict.perf import CALIBRATION, CPU, EXPOSED_PARTS, Predictor, predict
@@ -46,7 +46,7 @@ def _predictor(cfg: Any) -> Predictor:
 
 
 def _study_predictor(cfg: Any, sweep_dir: Path) -> tuple[Predictor, str | None]:
-    return calibrate.study_predictor(cfg.cluster, placement_of(cfg), cfg.axes.model, sweep_dir)
+    return calibration_file.study_predictor(cfg.cluster, placement_of(cfg), cfg.axes.model, sweep_dir)
 
 
 def _runs(cal: object, gpu: object, network: Network, nodes: int, model: str = "llama3_2_1b",

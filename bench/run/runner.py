@@ -30,7 +30,7 @@ from bench.core import rundir
 from bench.core.config import ClusterConfig, LauncherConfig, MicroBatchSearch
 from bench.core.schema import RETRYABLE_STATUSES, RunSpec, RunSummary
 from bench.launchers.base import PROJECT_ROOT, Launcher, Outcome, Placement
-from bench.predict.calibrate import study_predictor
+from bench.predict.calibration_file import study_predictor
 from bench.predict.memory import lower_bound
 from bench.predict.perf import Predictor
 from bench.run import schedule, straggler

@@ -10,7 +10,7 @@ import pytest
 
 from bench.core.load_config import from_dict
 from bench.launchers import placement_of
-from bench.predict.calibrate import study_predictor
+from bench.predict.calibration_file import study_predictor
 from bench.predict.split import Options, best_change, lost_points, rounded
 from bench.study.answer import _split, options, predicted_split
 from bench.study.plan import expand
