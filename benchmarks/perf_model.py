@@ -14,7 +14,7 @@ sweep dir, `--study`), alone and pooled.
     python benchmarks/perf_model.py --quick --cores 2 --study ...   # studies a machine of 2 cores ran
 
 A CPU study's calibration takes the cores its runs recorded (their system records) as its capacity's
-prior, else the reading machine's count (os.cpu_count()): `--cores` gives the cores of studies whose runs
+prior, else the reading machine's count (os.cpu_count()): `--cores` gives the cores of the runs that
 recorded none (benchmarks/evidence/smoke_studies' first nine).
 """
 from __future__ import annotations
@@ -23,7 +23,6 @@ import contextlib
 import io
 import json
 import math
-import os
 import statistics
 import sys
 from dataclasses import replace
@@ -373,12 +372,12 @@ def main() -> None:
     print("\nThe model's split against the measured, each recorded GPU run's trace (published constants):")
     part_summary(split_here(shipped))
     studies = [Path(a) for flag, a in zip(sys.argv[1:], sys.argv[2:]) if flag == "--study"]
-    cores = [int(a) for flag, a in zip(sys.argv[1:], sys.argv[2:]) if flag == "--cores"]
+    given = [int(a) for flag, a in zip(sys.argv[1:], sys.argv[2:]) if flag == "--cores"]
+    cores = given[-1] if given else None
     print("\nThe model's split against the measured, a study calibrated on its smallest node count:")
-    with mock.patch.object(os, "cpu_count", lambda: cores[-1]) if cores else contextlib.nullcontext():
-        seen = [s for s in map(study_split, studies) if s is not None]
-        if len(seen) > 1:
-            pooled(seen)
+    seen = [s for s in (study_split(study, cores) for study in studies) if s is not None]
+    if len(seen) > 1:
+        pooled(seen)
     if not studies:
         print("no study given (--study results/smoke: a sweep dir whose runs recorded traces)")
 

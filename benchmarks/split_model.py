@@ -10,6 +10,7 @@ import contextlib
 import json
 import statistics
 import sys
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from unittest import mock
@@ -50,9 +51,10 @@ def split_here(cal: Calibration) -> dict[str, list[float]]:
     return errors
 
 
-def study_observations(sweep: Path) -> list[Observation]:
+def study_observations(sweep: Path, cores: int | None = None) -> list[Observation]:
     """A study's ok training runs as its own calibration sees them (bench/predict/calibrate.py), each with
-    its traced split, from its sweep dir (its resolved config, probes and summaries)."""
+    its traced split, from its sweep dir (its resolved config, probes and summaries); `cores`: the CPUs of
+    the machine that ran those whose summaries recorded none (calibrate.with_recorded_cores)."""
     import yaml
 
     from bench.core import rundir
@@ -62,7 +64,8 @@ def study_observations(sweep: Path) -> list[Observation]:
     cfg = from_dict(yaml.safe_load((sweep / rundir.SWEEP_CONFIG).read_text()))
     summaries = rundir.read_summaries(sweep)
     predictor = perf.Predictor(cfg.cluster, placement_of(cfg), probes_of(summaries))
-    return calibrate.observations(predictor, summaries)
+    seen = calibrate.observations(predictor, summaries)
+    return [o if o.cores or cores is None else replace(o, cores=cores) for o in seen]
 
 
 def staged_split(seen: list[Observation]) -> tuple[dict[str, list[float]], list[float], list[str]]:
@@ -110,11 +113,16 @@ def repeatability(seen: list[Observation]) -> dict[str, list[float]]:
 
 def pooled_repeatability(studies: list[list[Observation]]) -> dict[str, list[float]]:
     """Each study's repeatability, pooled."""
-    pooled: dict[str, list[float]] = {k: [] for k in (*MODELLED, EXPOSED)}
-    for seen in studies:
-        for k, errors in repeatability(seen).items():
-            pooled[k] += errors
-    return pooled
+    return merged(repeatability(seen) for seen in studies)
+
+
+def merged(each: Iterable[dict[str, list[float]]]) -> dict[str, list[float]]:
+    """Per part, the errors of every study in turn."""
+    out: dict[str, list[float]] = {k: [] for k in (*MODELLED, EXPOSED)}
+    for errors in each:
+        for k, e in errors.items():
+            out[k] += e
+    return out
 
 
 def floor_line(errors: dict[str, list[float]]) -> None:
@@ -188,13 +196,7 @@ def pooled_split(studies: list[list[Observation]]) -> Errors:
 
 def pool(staged: list[Errors]) -> Errors:
     """Studies' staged splits (each part's errors, the tokens/s errors) as one."""
-    errors: dict[str, list[float]] = {k: [] for k in (*MODELLED, EXPOSED)}
-    steps: list[float] = []
-    for each, tokens in staged:
-        for k, e in each.items():
-            errors[k] += e
-        steps += tokens
-    return errors, steps
+    return merged(each for each, _ in staged), [e for _, tokens in staged for e in tokens]
 
 
 def sensitivity(studies: list[list[Observation]]) -> None:
@@ -211,10 +213,10 @@ def sensitivity(studies: list[list[Observation]]) -> None:
         print(f"  {name[:84]:<86}{cells}  {statistics.median(map(abs, steps)):>9.0%}")
 
 
-def study_split(sweep: Path) -> list[Observation] | None:
+def study_split(sweep: Path, cores: int | None = None) -> list[Observation] | None:
     """The section for one study: its runs, the per-part summary, the sensitivity; its observations, where
-    it has traced runs above its smallest node count to predict."""
-    seen = study_observations(sweep)
+    it has traced runs above its smallest node count to predict (`cores`: study_observations)."""
+    seen = study_observations(sweep, cores)
     nodes = sorted({o.spec.nodes for o in seen})
     if len(nodes) < 2 or not any(o.parts for o in seen if o.spec.nodes > nodes[0]):
         print(f"{sweep}: no traced run above {nodes[0] if nodes else '-'} node(s): nothing to predict")

@@ -231,23 +231,23 @@ def test_the_documented_split_errors_are_what_the_committed_studies_give() -> No
     under benchmarks/evidence (each calibrated on its own 1-node runs, the 2-node runs predicted): the
     seventeen the all-gather's ring share was chosen on and the six held out after it. A change to the
     model that moves them must move the docs. A CPU study's capacity prior is the cores its runs recorded
-    (calibrate.with_recorded_cores): the later fourteen, which keep their system records, are read as if
-    on 16 cores and must still give the 2-core figures; the first nine kept none, and are read as the 2
-    cores they ran on. The reader's CPU flags enter the priors too (within a point between an AVX-512 and
-    an AVX2 reader)."""
+    (calibrate.with_recorded_cores): all are read as if on 16 cores; the later fourteen, which keep their
+    system records, must still give the 2-core figures, and the first nine, which kept none, are given
+    the 2 cores they ran on (study_observations' `cores`, perf_model's --cores). The reader's CPU flags
+    enter the priors too (within a point between an AVX-512 and an AVX2 reader)."""
     import os
     import statistics
 
     import split_model
 
-    def read(dirs: list, cores: int) -> list[tuple]:
+    def read(dirs: list, cores: int | None = None) -> list[tuple]:
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(os, "cpu_count", lambda: cores)
-            return [split_model.staged_split(split_model.study_observations(d))[:2] for d in dirs]
+            patch.setattr(os, "cpu_count", lambda: 16)  # a reader of other cores than the studies' 2
+            return [split_model.staged_split(split_model.study_observations(d, cores))[:2] for d in dirs]
 
     nine = read(sorted(d for d in STUDIES.iterdir() if d.is_dir()), cores=2)
     names = [f"h{i}" for i in range(1, 15)]
-    later = dict(zip(names, read([LATER / name for name in names], cores=16)))
+    later = dict(zip(names, read([LATER / name for name in names])))
     chosen_on, held_out = nine + [later[f"h{i}"] for i in range(1, 9)], [later[f"h{i}"] for i in range(9, 15)]
 
     assert len(nine) == 9 and all(len(tokens) == 5 for _, tokens in [*nine, *later.values()])  # 2-node runs
