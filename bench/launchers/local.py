@@ -108,16 +108,17 @@ class LocalLauncher(Launcher):
 
     def render(self, spec: RunSpec, run_dir: Path, seconds: float | None = None) -> Submission:
         py = python_executable(self.cfg)
+        run_dir = Path(os.path.abspath(run_dir))  # the workers start in the project root, not the sweep's cwd
         worker = worker_module_argv(spec, run_dir, worker_args(self.cfg, spec))
         agent = torchrun_argv(py, spec, f"127.0.0.1:{PORT_TOKEN}", spec.run_id, rendezvous_conf(self.cfg),
-                              os.path.join(os.path.abspath(run_dir), rundir.TORCHELASTIC_DIR), MONITOR_S)
+                              str(run_dir / rundir.TORCHELASTIC_DIR), MONITOR_S)
         # `env` sets each agent's devices without a shell, and a simulated node's name where there are
         # several (one host name for all of them otherwise); torchrun's workers inherit them
         argvs = tuple(tuple(["env", f"CUDA_VISIBLE_DEVICES={devices}",
                              *([f"FSDPBENCH_NODE_NAME=local{i}"] if spec.nodes > 1 else []), *agent, *worker])
                       for i, devices in enumerate(self.devices(spec)))
         return Submission(run_id=spec.run_id, argvs=argvs,
-                          env=job_env(self.cfg, spec, os.path.abspath(run_dir)))
+                          env=job_env(self.cfg, spec, str(run_dir)))
 
     def submit(self, submission: Submission, run_dir: Path) -> LocalHandle:
         port = str(free_port())

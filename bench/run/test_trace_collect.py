@@ -43,6 +43,18 @@ def test_the_worker_is_told_to_trace_and_the_run_id_stays(tmp_path: Path) -> Non
     assert len(set(ids.values())) == 1
 
 
+def test_a_sweep_run_from_another_dir_keeps_each_trace_in_its_own_run_dir(tmp_path: Path, monkeypatch) -> None:
+    """The workers start in the project root: a run dir relative to the sweep's cwd would put the traces
+    (written by the worker under --run-dir) in the project's results/ instead of the study's."""
+    monkeypatch.chdir(tmp_path)
+    spec = RunSpec(model="tiny_llama", nodes=2, gpus_per_node=2, micro_batch=2)
+    cfg = from_dict(compose(["+sweep=smoke", "results_root=results"])[0])
+    submission = LocalLauncher(cfg).render(spec, Path("results/smoke/runs") / spec.run_id)
+    argv = submission.argvs[0]
+    run_dir = Path(argv[argv.index("--run-dir") + 1])
+    assert run_dir == tmp_path / "results/smoke/runs" / spec.run_id
+
+
 def _records(tmp_path: Path, traces: list[dict]) -> object:
     spec = RunSpec(model="tiny_llama", nodes=1, gpus_per_node=2, micro_batch=2, seq_len=128)
     (tmp_path / RECORDS_DIR).mkdir()
