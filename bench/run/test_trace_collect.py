@@ -43,7 +43,8 @@ def test_the_worker_is_told_to_trace_and_the_run_id_stays(tmp_path: Path) -> Non
     assert len(set(ids.values())) == 1
 
 
-def test_a_sweep_run_from_another_dir_keeps_each_trace_in_its_own_run_dir(tmp_path: Path, monkeypatch) -> None:
+def test_a_sweep_run_from_another_dir_keeps_each_trace_in_its_own_run_dir(
+        tmp_path: Path, monkeypatch) -> None:
     """The workers start in the project root: a run dir relative to the sweep's cwd would put the traces
     (written by the worker under --run-dir) in the project's results/ instead of the study's."""
     monkeypatch.chdir(tmp_path)
