@@ -34,14 +34,15 @@ LABELS = {  # fact -> how the page and the comparison name it, most telling firs
     "git_dirty": "git tree dirty", "git_diff_sha256": "git diff", "gpu_memory_gib": "GPU memory (GiB)",
     "gpu_power_limit_w": "GPU power limit (W)", "gpu_sm_clock_max_mhz": "SM clock max (MHz)",
     "gpu_vbios": "VBIOS", "gpu_ecc": "ECC", "gpu_mig": "MIG", "gpu_visible": "GPUs visible",
-    "cpu_model": "CPU", "cpu_count": "CPUs", "cpus_usable": "CPUs usable", "mem_total_gib": "memory (GiB)",
+    "cpu_model": "CPU", "cpu_isa": "CPU vector units", "cpu_count": "CPUs", "cpus_usable": "CPUs usable",
+    "mem_total_gib": "memory (GiB)",
     "kernel": "kernel", "os": "OS", "dmi_vendor": "vendor", "libfabric_lib": "libfabric library",
     "aws_ofi_nccl_lib": "aws-ofi-nccl library", "numpy": "numpy", "nvidia_ml_py": "nvidia-ml-py",
 }
 # The page's table of a study's systems (system.csv keeps every fact of every node)
 TABLE = ("instance_type", "gpu", "gpu_driver", "cuda", "nccl", "libfabric", "aws_ofi_nccl", "rdma_devices",
-         "gpu_topology", "cpu_model", "kernel", "os", "container_image", "torch", "transformers", "python",
-         "git_rev")
+         "gpu_topology", "cpu_model", "cpu_isa", "kernel", "os", "container_image", "torch", "transformers",
+         "python", "git_rev")
 TABLE_LABELS = {"gpu": "GPU", "cuda": "CUDA driver / torch", **LABELS}
 _LINKS = ("PIX", "PXB", "PHB", "NODE", "SYS")  # nvidia-smi's PCIe classes, nearest first
 _DEVICE = re.compile(r"^(?:GPU|NIC)\d+$|^mlx5_\d+$")

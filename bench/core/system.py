@@ -16,7 +16,8 @@ nvidia-smi"), never a guess:
                  bench/run/collect.py as nccl_printed), libfabric (`fi_info --version`), libfabric_lib,
                  aws_ofi_nccl (the plugin's own version string, else from NCCL's log), aws_ofi_nccl_lib,
                  rdma_devices (/sys/class/infiniband: EFA's rdmapN, InfiniBand's mlx5_N)
-    machine      instance_type (DMI product name: the EC2 instance type), dmi_vendor, cpu_model, cpu_count,
+    machine      instance_type (DMI product name: the EC2 instance type), dmi_vendor, cpu_model, cpu_isa
+                 (its vector and matrix units: two CPUs of one model name can differ), cpu_count,
                  cpus_usable, mem_total_gib, kernel, os
     software     python, torch, transformers, torchao, numpy, nvidia_ml_py, nccl_wheel, git_rev, git_dirty,
                  git_diff_sha256 (of `git diff HEAD`: two dirty trees told apart), container_image,
@@ -71,6 +72,10 @@ PLUGIN_VERSION = re.compile(rb"aws-ofi-nccl (\d+\.\d+[0-9A-Za-z.+-]*)")
 PLUGIN_READ_MAX = 64 << 20  # bytes of the plugin searched for it (a build is a few MB)
 COMMAND_TIMEOUT_S = 20
 NO_GPU = "no GPU (torch.cuda.is_available() is False)"
+# The CPU flags that set how fast a CPU rank computes (x86's AVX and AMX, Arm's SVE and bf16), as
+# /proc/cpuinfo names them: a VM of one model name may pass AVX-512 through or not
+CPU_ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16", "asimd", "sve",
+                 "sve2", "bf16")
 GPU_FACTS = ("gpu_model", "gpu_count", "gpu_driver", "cuda_driver", "gpu_memory_gib", "gpu_power_limit_w",
              "gpu_sm_clock_max_mhz", "gpu_vbios", "gpu_ecc", "gpu_mig")
 
@@ -244,6 +249,7 @@ def machine_facts() -> dict[str, Any]:
     model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines()
                   if line.startswith(("model name", "Model name"))), None)
     out["cpu_model"] = model or missing("no 'model name' in /proc/cpuinfo")
+    out["cpu_isa"] = cpu_isa(cpuinfo)
     out["cpu_count"] = os.cpu_count() or missing("os.cpu_count() unknown")
     out["cpus_usable"] = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                           else missing("no sched_getaffinity on this platform"))
@@ -255,6 +261,16 @@ def machine_facts() -> dict[str, Any]:
     release = re.search(r'^PRETTY_NAME="?([^"\n]*)"?', _read(Path("/etc/os-release")) or "", re.M)
     out["os"] = release.group(1) if release else missing("no PRETTY_NAME in /etc/os-release")
     return out
+
+
+def cpu_isa(cpuinfo: str) -> Any:
+    """The CPU_ISA_FLAGS the first CPU lists (x86's `flags`, Arm's `Features`), space-separated in that
+    order ("none of ..." where it lists none of them)."""
+    line = next((ln for ln in cpuinfo.splitlines() if ln.startswith(("flags", "Features"))), None)
+    if line is None:
+        return missing("no 'flags' or 'Features' in /proc/cpuinfo")
+    have = set(line.split(":", 1)[1].split())
+    return " ".join(f for f in CPU_ISA_FLAGS if f in have) or f"none of {' '.join(CPU_ISA_FLAGS)}"
 
 
 def _version(dist: str) -> Any:

@@ -186,3 +186,37 @@ def test_only_local_rank_0_writes_one_and_a_failure_is_a_record_not_a_crash(monk
     [(kind, payload)] = written
     assert kind == "system" and payload["error"] == "ZeroDivisionError: division by zero"
     assert "facts" not in payload
+
+
+# This machine's /proc/cpuinfo flags line (2 cores of an "AMD EPYC" VM, AVX2 only), and the same with the
+# AVX-512 flags of a Zen 4 added (the kept smoke studies' other machine, also "AMD EPYC", had AVX-512)
+ZEN3_FLAGS = "flags\t\t: " + " ".join([
+    "fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush mmx fxsr sse",
+    "sse2 ht syscall nx mmxext fxsr_opt pdpe1gb rdtscp lm constant_tsc rep_good nopl xtopology",
+    "nonstop_tsc cpuid extd_apicid tsc_known_freq pni pclmulqdq ssse3 fma cx16 pcid sse4_1 sse4_2",
+    "x2apic movbe popcnt tsc_deadline_timer aes xsave avx f16c rdrand hypervisor lahf_lm cmp_legacy",
+    "cr8_legacy abm sse4a misalignsse 3dnowprefetch osvw topoext ssbd ibrs ibpb stibp vmmcall",
+    "fsgsbase tsc_adjust bmi1 avx2 smep bmi2 erms invpcid rdseed adx smap clflushopt clwb sha_ni",
+    "xsaveopt xsavec xgetbv1 xsaves clzero xsaveerptr wbnoinvd arat umip pku ospke vaes vpclmulqdq",
+    "rdpid fsrm",
+])
+ZEN4_FLAGS = ZEN3_FLAGS + " avx512f avx512dq avx512ifma avx512cd avx512bw avx512vl avx512_bf16 avx512vbmi"
+# An AWS Graviton3's Features line (Neoverse V1: SVE and bf16)
+GRAVITON3_FEATURES = "Features\t: " + " ".join([
+    "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm jscvt fcma lrcpc",
+    "dcpop sha3 sm3 sm4 asimddp sha512 sve asimdfhm dit uscat ilrcpc flagm ssbs paca pacg dcpodp",
+    "svei8mm svebf16 i8mm bf16 dgh rng",
+])
+
+
+@pytest.mark.parametrize(("cpuinfo", "want"), [
+    (f"processor\t: 0\nmodel name\t: AMD EPYC\n{ZEN3_FLAGS}\n", "avx2"),
+    (f"processor\t: 0\nmodel name\t: AMD EPYC\n{ZEN4_FLAGS}\n", "avx2 avx512f avx512_bf16"),
+    (f"processor\t: 0\n{GRAVITON3_FEATURES}\n", "asimd sve bf16"),
+    ("processor\t: 0\nflags\t\t: fpu vme de pse\n", "none of " + " ".join(system.CPU_ISA_FLAGS)),
+    ("processor\t: 0\n", {"missing": "no 'flags' or 'Features' in /proc/cpuinfo"}),
+])
+def test_the_cpu_isa_tells_two_cpus_of_one_model_name_apart(cpuinfo: str, want) -> None:
+    """A CPU rank's speed follows its vector units (bf16 matmuls run natively only with avx512_bf16 or
+    AMX), which the model name does not say: the kept studies' two "AMD EPYC" machines differ here."""
+    assert system.cpu_isa(cpuinfo) == want

@@ -33,13 +33,13 @@ def test_bad_trace_config_is_one_line_and_exit_2(overrides, message, capsys, tmp
 def test_the_worker_is_told_to_trace_and_the_run_id_stays(tmp_path: Path) -> None:
     spec = RunSpec(model="tiny_llama", nodes=2, gpus_per_node=2, micro_batch=2)
     ids = {}
-    for overrides in ([], ["trace.ranks=per_node", "trace.steps=3"], ["trace.enabled=false"]):
+    for overrides in ([], ["trace.ranks=per_node", "trace.steps=2"], ["trace.enabled=false"]):
         cfg = from_dict(compose(["+sweep=smoke", f"results_root={tmp_path}", *overrides])[0])
         argv = LocalLauncher(cfg).render(spec, tmp_path).argvs[0]
         ids[tuple(overrides)] = spec.run_id
         tail = list(argv[argv.index("--trace-steps"):][:4]) if "--trace-steps" in argv else []
-        assert tail == {0: ["--trace-steps", "1", "--trace-ranks", "all"],  # the smoke's one step
-                        2: ["--trace-steps", "3", "--trace-ranks", "per_node"], 1: []}[len(overrides)]
+        assert tail == {0: ["--trace-steps", "3", "--trace-ranks", "all"],  # the smoke's three steps
+                        2: ["--trace-steps", "2", "--trace-ranks", "per_node"], 1: []}[len(overrides)]
     assert len(set(ids.values())) == 1
 
 
