@@ -236,6 +236,17 @@ def test_run_cost_prints_where_a_runs_wall_time_goes() -> None:
 
 
 STUDIES = ROOT / "benchmarks" / "evidence" / "smoke_studies" / "epyc-2core_torch-2.13.0_2026-12-02"
+# The reader's CPU as the priors see it (bench/predict/cpu.py reads the reading machine's flags): one core's
+# fp32 peak and whether bf16 runs natively. The documented figures were read on these two machines.
+AVX512_READER = (16 * 2 * 2 * 2.6e9, True)
+AVX2_READER = (8 * 2 * 2 * 2.445e9, False)
+
+
+def as_reader(patch: pytest.MonkeyPatch, reader: tuple[float, bool]) -> None:
+    from bench.predict import perf
+    peak, native_bf16 = reader
+    patch.setattr(perf, "cpu_peak_flops", lambda: peak)
+    patch.setattr(perf, "cpu_runs_natively", lambda dtype: native_bf16 and dtype == "bf16")
 LATER = STUDIES.with_name(STUDIES.name + "-later")  # the same kind of machine, after the model changed
 
 
@@ -247,7 +258,8 @@ def test_the_documented_split_errors_are_what_the_committed_studies_give() -> No
     (calibrate.with_recorded_cores): all are read as if on 16 cores; the later fourteen, which keep their
     system records, must still give the 2-core figures, and the first nine, which kept none, are given
     the 2 cores they ran on (study_observations' `cores`, perf_model's --cores). The reader's CPU flags
-    enter the priors too (within a point between an AVX-512 and an AVX2 reader)."""
+    enter the priors too (bench/predict/cpu.py): the figures are an AVX-512 reader's (`as_reader`); an
+    AVX2 reader reads compute two points apart."""
     import os
     import statistics
 
@@ -256,6 +268,7 @@ def test_the_documented_split_errors_are_what_the_committed_studies_give() -> No
     def read(dirs: list, cores: int | None = None) -> list[tuple]:
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(os, "cpu_count", lambda: 16)  # a reader of other cores than the studies' 2
+            as_reader(patch, AVX512_READER)
             return [split_model.staged_split(split_model.study_observations(d, cores))[:2] for d in dirs]
 
     nine = read(sorted(d for d in STUDIES.iterdir() if d.is_dir()), cores=2)
@@ -303,7 +316,9 @@ def test_three_traced_steps_bring_the_split_within_target_on_a_third_machine() -
 
     def medians(names: list[str]) -> dict[str, float]:
         seen = [split_model.study_observations(AVX2 / n) for n in names]
-        errors, steps = split_model.pool([split_model.staged_split(s)[:2] for s in seen])
+        with pytest.MonkeyPatch.context() as patch:
+            as_reader(patch, AVX2_READER)
+            errors, steps = split_model.pool([split_model.staged_split(s)[:2] for s in seen])
         noise = split_model.pooled_repeatability(seen)
         return {**{k: round(statistics.median(map(abs, e)), 2) for k, e in errors.items() if e},
                 "tokens/s": round(statistics.median(map(abs, steps)), 2),
