@@ -273,7 +273,7 @@ def one_micro_batch(row: PublishedRow) -> PublishedRow:
 def measured_here(cal: Calibration) -> list[float]:
     """Every training run bench.gpucheck measured on a GPU for this project, predicted as a plan would
     before launch with these constants (one rank: no network), beside what it measured; a run whose
-    prediction is a floor only (perf.unmodeled: CPU offload) is printed, not counted."""
+    prediction is a floor only (DeviceModel.unmodeled: CPU offload) is printed, not counted."""
     errors = []
     for csv_path in sorted(EVIDENCE_DIR.glob("*/*.csv")):
         for spec, row in table_runs(csv_path):

@@ -48,7 +48,8 @@ from bench.predict.split import PARTS, comparable
 
 SIGMA = 0.05  # log scatter of one run's tokens/s about the model: repeats of a run differ by a few percent
 # log scatter of one part of a traced step about the model: a trace holds one or two profiled steps, and on
-# 2 shared cores one rank's compute and waiting trade places from step to step (docs/prediction.md)
+# 2 shared cores one rank's compute and waiting trade places from step to step
+# (benchmarks/evidence/README.md, "CPU smoke studies")
 SIGMA_PART = 0.25
 # per device, a trace's parts the fit reads: on a CPU its collectives too (Calibration.cpu_step_s)
 FITTED_PARTS = {"gpu": ("compute",), "cpu": ("compute", "other", "waiting", *EXPOSED_PARTS)}
