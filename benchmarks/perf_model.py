@@ -11,11 +11,11 @@ sweep dir, `--study`), alone and pooled.
     python benchmarks/perf_model.py --quick   # one round of the refit
     python benchmarks/perf_model.py --study results/smoke   # and the split against that study's traces
     python benchmarks/perf_model.py --quick --study a/results/smoke --study b/results/smoke   # and pooled
-    python benchmarks/perf_model.py --quick --cores 2 --study ...   # studies a machine of 2 cores ran
+    python benchmarks/perf_model.py --quick --cores 2 --cpu-isa "avx2 avx512f" --cpu-mhz 2600 --study ...
 
-A CPU study's calibration takes the cores its runs recorded (their system records) as its capacity's
-prior, else the reading machine's count (os.cpu_count()): `--cores` gives the cores of the runs that
-recorded none (benchmarks/evidence/smoke_studies' first nine).
+A CPU study's priors read the CPU its runs recorded (their system records: vector units, clock, usable
+cores), else the reading machine's: `--cpu-isa`, `--cpu-mhz` and `--cores` give the machine that ran the
+studies, for what their runs recorded none of (benchmarks/evidence/smoke_studies/README.md says which).
 """
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ from bench.core.hardware import gpu_spec  # noqa: E402
 from bench.gpucheck.evidence import EVIDENCE_DIR, table_runs  # noqa: E402
 from bench.predict import perf  # noqa: E402
 from bench.predict.calibrate import Observation, fit as fit_study  # noqa: E402
+from bench.predict.cpu import CpuFacts, this_cpu  # noqa: E402
 from bench.predict.network import network_for  # noqa: E402
 from bench.predict.perf import CALIBRATION, Calibration, predict  # noqa: E402
 from bench.predict.published import (  # noqa: E402
@@ -272,7 +273,7 @@ def one_micro_batch(row: PublishedRow) -> PublishedRow:
 def measured_here(cal: Calibration) -> list[float]:
     """Every training run bench.gpucheck measured on a GPU for this project, predicted as a plan would
     before launch with these constants (one rank: no network), beside what it measured; a run whose
-    prediction is a floor only (perf.unmodeled: CPU offload) is printed, not counted."""
+    prediction is a floor only (DeviceModel.unmodeled: CPU offload) is printed, not counted."""
     errors = []
     for csv_path in sorted(EVIDENCE_DIR.glob("*/*.csv")):
         for spec, row in table_runs(csv_path):
@@ -320,6 +321,16 @@ def summary(name: str, errors: list[float]) -> None:
     worst = max(errors, key=abs)
     print(f"{name}: {len(errors)} rows, median |error| {statistics.median(map(abs, errors)):.1%}, "
           f"worst {worst:+.1%}")
+
+
+def given_cpu(argv: list[str]) -> CpuFacts:
+    """The machine that ran the studies as the command line gives it (--cpu-isa, --cpu-mhz, --cores), each
+    fact not given this machine's."""
+    given = {flag: value for flag, value in zip(argv, argv[1:])}
+    here = this_cpu()
+    return CpuFacts(frozenset(given["--cpu-isa"].split()) if "--cpu-isa" in given else here.isa,
+                    float(given["--cpu-mhz"]) if "--cpu-mhz" in given else here.mhz,
+                    int(given["--cores"]) if "--cores" in given else here.cores)
 
 
 def main() -> None:
@@ -372,10 +383,8 @@ def main() -> None:
     print("\nThe model's split against the measured, each recorded GPU run's trace (published constants):")
     part_summary(split_here(shipped))
     studies = [Path(a) for flag, a in zip(sys.argv[1:], sys.argv[2:]) if flag == "--study"]
-    given = [int(a) for flag, a in zip(sys.argv[1:], sys.argv[2:]) if flag == "--cores"]
-    cores = given[-1] if given else None
     print("\nThe model's split against the measured, a study calibrated on its smallest node count:")
-    seen = [s for s in (study_split(study, cores) for study in studies) if s is not None]
+    seen = [s for s in (study_split(study, given_cpu(sys.argv[1:])) for study in studies) if s is not None]
     if len(seen) > 1:
         pooled(seen)
     if not studies:

@@ -19,10 +19,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from analysis.split import PARTS as TRACE_PARTS  # noqa: E402
 from bench.core.hardware import gpu_spec  # noqa: E402
+from bench.core.schema import RunSummary  # noqa: E402
 from bench.gpucheck.evidence import EVIDENCE_DIR, table_runs  # noqa: E402
 from bench.predict import calibrate, cpu, perf  # noqa: E402
 from bench.predict.calibrate import Observation, fit as fit_study  # noqa: E402
-from bench.predict.cpu import cpu_share  # noqa: E402
+from bench.predict.cpu import CpuFacts, CpuModel, cpu_share, recorded, this_cpu  # noqa: E402
 from bench.predict.network import network_for  # noqa: E402
 from bench.predict.perf import EXPOSED_PARTS, Calibration, predict  # noqa: E402
 from bench.predict.split import MODELLED, SHORT, comparable, noise, same_work_pairs  # noqa: E402
@@ -51,10 +52,23 @@ def split_here(cal: Calibration) -> dict[str, list[float]]:
     return errors
 
 
-def study_observations(sweep: Path, cores: int | None = None) -> list[Observation]:
+KEPT = "summaries.jsonl"  # a study kept as evidence: its runs' summaries, one a line (study_summaries)
+
+
+def study_summaries(sweep: Path) -> list[RunSummary]:
+    """A study's run summaries: its runs' summary.json files, or where the study is kept as evidence
+    (benchmarks/evidence/smoke_studies), the one file that holds them, one summary a line."""
+    from bench.core import rundir
+    if not (sweep / rundir.RUNS_DIR).is_dir() and (sweep / KEPT).is_file():
+        return [RunSummary.from_row(json.loads(line)) for line in (sweep / KEPT).read_text().splitlines()]
+    return rundir.read_summaries(sweep)
+
+
+def study_observations(sweep: Path, cpu: CpuFacts | None = None) -> list[Observation]:
     """A study's ok training runs as its own calibration sees them (bench/predict/calibrate.py), each with
-    its traced split, from its sweep dir (its resolved config, probes and summaries); `cores`: the CPUs of
-    the machine that ran those whose summaries recorded none (calibrate.with_recorded_cores)."""
+    its traced split, from its sweep dir (its resolved config, probes and summaries), at the CPU its runs
+    recorded; `cpu`: the CPU of the machine that ran them, for what they recorded none of (else this
+    machine's: cpu.recorded)."""
     import yaml
 
     from bench.core import rundir
@@ -62,10 +76,10 @@ def study_observations(sweep: Path, cores: int | None = None) -> list[Observatio
     from bench.launchers import placement_of
     from bench.predict.network import probes_of
     cfg = from_dict(yaml.safe_load((sweep / rundir.SWEEP_CONFIG).read_text()))
-    summaries = rundir.read_summaries(sweep)
-    predictor = perf.Predictor(cfg.cluster, placement_of(cfg), probes_of(summaries))
-    seen = calibrate.observations(predictor, summaries)
-    return [o if o.cores or cores is None else replace(o, cores=cores) for o in seen]
+    summaries = study_summaries(sweep)
+    predictor = perf.Predictor(cfg.cluster, placement_of(cfg), probes_of(summaries),
+                               cpu=recorded(summaries, cpu or this_cpu()))
+    return calibrate.observations(predictor, summaries)
 
 
 def staged_split(seen: list[Observation]) -> tuple[dict[str, list[float]], list[float], list[str]]:
@@ -150,28 +164,26 @@ def part_summary(errors: dict[str, list[float]], steps: list[float] | None = Non
         print(f"  {'tokens/s':<15} {len(steps):>3} runs, median |error| {median:6.1%}")
 
 
-ORIGINAL_HOST_S = perf._host_s
-ORIGINAL_COLLECTIVE_S = perf.collective_s
+ORIGINAL_COLLECTIVE_S = CpuModel.collective_s
 # Each term of the CPU split added after these errors were first seen (issue 66), and two readings of the
 # evidence: the shipped model without it, refitted on the same runs
 VARIANTS = {
     "without the turns (a CPU rank's ops slowed by its whole share; no waiting predicted)": (
-        (perf, "cpu_turns", lambda ranks, capacity: (cpu_share(ranks, capacity), 1.0)),),
+        (CpuModel, "turns", lambda self, spec: (cpu_share(spec.world_size, self.capacity), 1.0)),),
     "without the CPU host term (Python, FSDP2's hooks and copies: nothing)": (
-        (perf, "_host_s", lambda spec, arch, gpu, cal, rec: 0.0 if gpu.family == "cpu"
-         else ORIGINAL_HOST_S(spec, arch, gpu, cal, rec)),
+        (CpuModel, "host_s", lambda self, spec, arch, recompute: 0.0),
         (calibrate, "FITTED_PARTS", {"gpu": ("compute",), "cpu": ("compute", "waiting")})),
     "with a GPU's overlap on the CPU (prefetch hides what fits behind compute)": (
-        (perf, "overlaps", lambda gpu: True),),
+        (CpuModel, "overlaps", True),),
     "fitted on tokens/s alone (no traced part in the fit)": (
         (calibrate, "FITTED_PARTS", {"gpu": (), "cpu": ()}),),
     "the CPU's ring step at its prior (the traced collectives not in the fit)": (
         (calibrate, "FITTED_PARTS", {"gpu": ("compute",), "cpu": ("compute", "other", "waiting")}),),
     "the CPU's bus bandwidth at 0.75 GB/s (the probes' largest rows) instead of 2": (
-        (perf, "collective_s", lambda c, gpu, network, units=1: ORIGINAL_COLLECTIVE_S(
-            c, replace(gpu, intra_busbw_gbs=0.75) if gpu.family == "cpu" else gpu, network, units)),),
-    **{f"the turns' slower share at {share:g} (shipped {perf.CPU_TURNS_SHARED:g}; 0: all waited)": (
-        (perf, "CPU_TURNS_SHARED", share),) for share in (0.0, 0.25, 0.75, 1.0)},
+        (CpuModel, "collective_s", lambda self, c, network, units: ORIGINAL_COLLECTIVE_S(
+            replace(self, gpu=replace(self.gpu, intra_busbw_gbs=0.75)), c, network, units)),),
+    **{f"the turns' slower share at {share:g} (shipped {cpu.CPU_TURNS_SHARED:g}; 0: all waited)": (
+        (cpu, "CPU_TURNS_SHARED", share),) for share in (0.0, 0.25, 0.75, 1.0)},
     **{f"a CPU reduce-scatter's and all-reduce's ring share at {share:g} (shipped "
        f"{cpu.CPU_RING_SHARED['reduce_scatter']:g}; 0: no ring slower)": (
         (cpu, "CPU_RING_SHARED", {**cpu.CPU_RING_SHARED, "reduce_scatter": share, "all_reduce": share}),)
@@ -213,10 +225,10 @@ def sensitivity(studies: list[list[Observation]]) -> None:
         print(f"  {name[:84]:<86}{cells}  {statistics.median(map(abs, steps)):>9.0%}")
 
 
-def study_split(sweep: Path, cores: int | None = None) -> list[Observation] | None:
+def study_split(sweep: Path, cpu: CpuFacts | None = None) -> list[Observation] | None:
     """The section for one study: its runs, the per-part summary, the sensitivity; its observations, where
-    it has traced runs above its smallest node count to predict (`cores`: study_observations)."""
-    seen = study_observations(sweep, cores)
+    it has traced runs above its smallest node count to predict (`cpu`: study_observations)."""
+    seen = study_observations(sweep, cpu)
     nodes = sorted({o.spec.nodes for o in seen})
     if len(nodes) < 2 or not any(o.parts for o in seen if o.spec.nodes > nodes[0]):
         print(f"{sweep}: no traced run above {nodes[0] if nodes else '-'} node(s): nothing to predict")

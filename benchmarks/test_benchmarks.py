@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.predict.cpu import CpuFacts
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -236,44 +238,35 @@ def test_run_cost_prints_where_a_runs_wall_time_goes() -> None:
 
 
 STUDIES = ROOT / "benchmarks" / "evidence" / "smoke_studies" / "epyc-2core_torch-2.13.0_2026-12-02"
-# The reader's CPU as the priors see it (bench/predict/cpu.py reads the reading machine's flags): one core's
-# fp32 peak and whether bf16 runs natively. The documented figures were read on these two machines.
-AVX512_READER = (16 * 2 * 2 * 2.6e9, True)
-AVX2_READER = (8 * 2 * 2 * 2.445e9, False)
-
-
-def as_reader(patch: pytest.MonkeyPatch, reader: tuple[float, bool]) -> None:
-    from bench.predict import perf
-    peak, native_bf16 = reader
-    patch.setattr(perf, "cpu_peak_flops", lambda: peak)
-    patch.setattr(perf, "cpu_runs_natively", lambda dtype: native_bf16 and dtype == "bf16")
 LATER = STUDIES.with_name(STUDIES.name + "-later")  # the same kind of machine, after the model changed
+AVX2 = STUDIES.with_name("epyc-avx2-2core_torch-2.13.0_2026-12-02")  # a third machine, AVX2 only
+
+
+def ran_on(isa: str, mhz: float, cores: int) -> CpuFacts:
+    """The machine that ran kept studies (their README says which), for what their runs did not record:
+    their CPU's vector units and clock (recorded only since), and for the first nine its cores."""
+    return CpuFacts(frozenset(isa.split()), mhz, cores)
 
 
 def test_the_documented_split_errors_are_what_the_committed_studies_give() -> None:
-    """docs/prediction.md's figures for the second machine's smoke studies come from the studies kept
-    under benchmarks/evidence (each calibrated on its own 1-node runs, the 2-node runs predicted): the
-    seventeen the all-gather's ring share was chosen on and the six held out after it. A change to the
-    model that moves them must move the docs. A CPU study's capacity prior is the cores its runs recorded
-    (calibrate.with_recorded_cores): all are read as if on 16 cores; the later fourteen, which keep their
-    system records, must still give the 2-core figures, and the first nine, which kept none, are given
-    the 2 cores they ran on (study_observations' `cores`, perf_model's --cores). The reader's CPU flags
-    enter the priors too (bench/predict/cpu.py): the figures are an AVX-512 reader's (`as_reader`); an
-    AVX2 reader reads compute two points apart."""
-    import os
+    """benchmarks/evidence/README.md's figures for the second machine's smoke studies come from the studies
+    kept under benchmarks/evidence/smoke_studies (each calibrated on its own 1-node runs, the 2-node runs
+    predicted): the seventeen the all-gather's ring share was chosen on and the six held out after it. A
+    change to the model that moves them must move the README. A CPU study's priors read the CPU its runs
+    recorded (cpu.recorded): the later fourteen, which recorded their cores, must give the 2-core figures
+    when the machine is given 16, and the first nine, which kept no record, are given the 2 cores they ran
+    on; none recorded its vector units or clock, given as the README's (AVX-512 with bf16 at 2.6 GHz)."""
     import statistics
 
     import split_model
 
-    def read(dirs: list, cores: int | None = None) -> list[tuple]:
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(os, "cpu_count", lambda: 16)  # a reader of other cores than the studies' 2
-            as_reader(patch, AVX512_READER)
-            return [split_model.staged_split(split_model.study_observations(d, cores))[:2] for d in dirs]
+    def read(dirs: list, cores: int) -> list[tuple]:
+        cpu = ran_on("avx2 avx512f avx512_bf16", 2600.0, cores)
+        return [split_model.staged_split(split_model.study_observations(d, cpu))[:2] for d in dirs]
 
     nine = read(sorted(d for d in STUDIES.iterdir() if d.is_dir()), cores=2)
     names = [f"h{i}" for i in range(1, 15)]
-    later = dict(zip(names, read([LATER / name for name in names])))
+    later = dict(zip(names, read([LATER / name for name in names], cores=16)))  # their records say 2
     chosen_on, held_out = nine + [later[f"h{i}"] for i in range(1, 9)], [later[f"h{i}"] for i in range(9, 15)]
 
     assert len(nine) == 9 and all(len(tokens) == 5 for _, tokens in [*nine, *later.values()])  # 2-node runs
@@ -302,23 +295,41 @@ def test_the_documented_split_errors_are_what_the_committed_studies_give() -> No
          "exposed_reduce_scatter": 0.05, split_model.EXPOSED: 0.10}, abs=0.015)
 
 
-AVX2 = STUDIES.with_name("epyc-avx2-2core_torch-2.13.0_2026-12-02")  # a third machine, AVX2 only
+def test_the_documented_16_bit_speeds_are_what_the_kept_studies_give() -> None:
+    """benchmarks/evidence/README.md's evidence for cpu.CPU_EMULATED_16BIT (0.18): a one-rank run's 16-bit
+    tokens/s over its fp32 twin's (AC full), median over each machine's kept studies: a dtype its CPU has
+    no units for at about a fifth, bf16 on the AVX-512 machines' bf16 units at about fp32's."""
+    import statistics
+
+    import split_model
+
+    def ratios(machine: Path) -> dict[str, float]:
+        out: dict[str, list[float]] = {"bf16_mixed": [], "fp16_mixed": []}
+        for study in sorted(d for d in machine.iterdir() if d.is_dir()):
+            one = {s.spec.precision: s.tokens_per_s_per_gpu for s in split_model.study_summaries(study)
+                   if s.status == "ok" and s.spec.world_size == 1 and not s.spec.compile
+                   and s.spec.activation_checkpointing == "full"}
+            for precision, found in out.items():
+                found.append(one[precision] / one["fp32"])
+        return {p: round(statistics.median(r), 2) for p, r in out.items()}
+
+    assert ratios(AVX2) == {"bf16_mixed": 0.17, "fp16_mixed": 0.15}
+    assert ratios(STUDIES) == {"bf16_mixed": 0.88, "fp16_mixed": 0.17}
+    assert ratios(LATER) == {"bf16_mixed": 1.04, "fp16_mixed": 0.18}
 
 
 @pytest.mark.slow
 def test_three_traced_steps_bring_the_split_within_target_on_a_third_machine() -> None:
-    """docs/prediction.md's figures for the AVX2 machine's studies, all held out (the model as of 9712876):
-    nine at the smoke's three traced steps, every part within 25%, and five at one step beside them,
+    """benchmarks/evidence/README.md's figures for the AVX2 machine's studies, all held out (the model as of
+    9712876): nine at the smoke's three traced steps, every part within 25%, and five at one step beside them,
     whose gathers the twins' own noise leaves at the target's edge."""
     import statistics
 
     import split_model
 
     def medians(names: list[str]) -> dict[str, float]:
-        seen = [split_model.study_observations(AVX2 / n) for n in names]
-        with pytest.MonkeyPatch.context() as patch:
-            as_reader(patch, AVX2_READER)
-            errors, steps = split_model.pool([split_model.staged_split(s)[:2] for s in seen])
+        seen = [split_model.study_observations(AVX2 / n, ran_on("avx2", 2445.0, 2)) for n in names]
+        errors, steps = split_model.pool([split_model.staged_split(s)[:2] for s in seen])
         noise = split_model.pooled_repeatability(seen)
         return {**{k: round(statistics.median(map(abs, e)), 2) for k, e in errors.items() if e},
                 "tokens/s": round(statistics.median(map(abs, steps)), 2),
@@ -333,7 +344,7 @@ def test_three_traced_steps_bring_the_split_within_target_on_a_third_machine() -
     assert max(three[k] for k in parts[:5]) < 0.25
 
 
-# docs/prediction.md's table for the AVX2 machine: per traced steps, compute, the gathers forward and
-# backward, reduce-scatter, all-reduce, tokens/s, and the backward gather's twins' own noise
+# benchmarks/evidence/README.md's table for the AVX2 machine: per traced steps, compute, the gathers forward
+# and backward, reduce-scatter, all-reduce, tokens/s, and the backward gather's twins' own noise
 DOCUMENTED_AVX2 = {3: (0.17, 0.15, 0.13, 0.12, 0.17, 0.06, 0.16),
                    1: (0.17, 0.25, 0.24, 0.22, 0.18, 0.06, 0.38)}

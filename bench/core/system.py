@@ -17,8 +17,8 @@ nvidia-smi"), never a guess:
                  aws_ofi_nccl (the plugin's own version string, else from NCCL's log), aws_ofi_nccl_lib,
                  rdma_devices (/sys/class/infiniband: EFA's rdmapN, InfiniBand's mlx5_N)
     machine      instance_type (DMI product name: the EC2 instance type), dmi_vendor, cpu_model, cpu_isa
-                 (its vector and matrix units: two CPUs of one model name can differ), cpu_count,
-                 cpus_usable, mem_total_gib, kernel, os
+                 (its vector and matrix units: two CPUs of one model name can differ), cpu_mhz (its
+                 clock), cpu_count, cpus_usable, mem_total_gib, kernel, os
     software     python, torch, transformers, torchao, numpy, nvidia_ml_py, nccl_wheel, git_rev, git_dirty,
                  git_diff_sha256 (of `git diff HEAD`: two dirty trees told apart), container_image,
                  container_digest (where the launcher knows it: FSDPBENCH_IMAGE)
@@ -66,6 +66,7 @@ PLUGIN_DIRS = ("/opt/amazon/ofi-nccl/lib", "/opt/aws-ofi-nccl/lib", "/usr/local/
 FI_INFO = ("/opt/amazon/efa/bin/fi_info",)
 RDMA_SYSFS = Path("/sys/class/infiniband")
 DMI = Path("/sys/class/dmi/id")
+CPUFREQ_MAX = Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")  # kHz, where cpufreq drives it
 # aws-ofi-nccl logs "Initializing " PACKAGE_STRING at init (src/nccl_ofi_net.c; "Using ..." before 1.7): the
 # literal "aws-ofi-nccl 1.14.0" is in the plugin's own bytes
 PLUGIN_VERSION = re.compile(rb"aws-ofi-nccl (\d+\.\d+[0-9A-Za-z.+-]*)")
@@ -245,14 +246,7 @@ def machine_facts() -> dict[str, Any]:
     for key, name in (("instance_type", "product_name"), ("dmi_vendor", "sys_vendor")):
         out[key] = _read(DMI / name) or missing(f"no {DMI / name} (no DMI table here: a container or VM "
                                                 "that hides it)")
-    cpuinfo = _read(Path("/proc/cpuinfo")) or ""
-    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines()
-                  if line.startswith(("model name", "Model name"))), None)
-    out["cpu_model"] = model or missing("no 'model name' in /proc/cpuinfo")
-    out["cpu_isa"] = cpu_isa(cpuinfo)
-    out["cpu_count"] = os.cpu_count() or missing("os.cpu_count() unknown")
-    out["cpus_usable"] = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                          else missing("no sched_getaffinity on this platform"))
+    out.update(cpu_facts())
     meminfo = _read(Path("/proc/meminfo")) or ""
     total = re.search(r"^MemTotal:\s+(\d+) kB", meminfo, re.M)
     # whole GiB: the kernel's reservations move MemTotal by megabytes between nodes of one instance type
@@ -261,6 +255,34 @@ def machine_facts() -> dict[str, Any]:
     release = re.search(r'^PRETTY_NAME="?([^"\n]*)"?', _read(Path("/etc/os-release")) or "", re.M)
     out["os"] = release.group(1) if release else missing("no PRETTY_NAME in /etc/os-release")
     return out
+
+
+def cpu_facts() -> dict[str, Any]:
+    """This machine's CPU: its model name, vector and matrix units, clock and cores (what a CPU rank's speed
+    follows: bench/predict/cpu.py reads a study's from its runs' records)."""
+    cpuinfo = _read(Path("/proc/cpuinfo")) or ""
+    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines()
+                  if line.startswith(("model name", "Model name"))), None)
+    return {"cpu_model": model or missing("no 'model name' in /proc/cpuinfo"), "cpu_isa": cpu_isa(cpuinfo),
+            "cpu_mhz": cpu_mhz(cpuinfo, _read(CPUFREQ_MAX)),
+            "cpu_count": os.cpu_count() or missing("os.cpu_count() unknown"),
+            "cpus_usable": (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                            else missing("no sched_getaffinity on this platform"))}
+
+
+def cpu_mhz(cpuinfo: str, cpufreq_max_khz: str | None) -> Any:
+    """The CPU's clock in MHz: the kernel's cpufreq maximum where it has one (a bare-metal core's current
+    clock moves with its load, so two reads of one node would differ), else the first CPU's `cpu MHz` in
+    /proc/cpuinfo (a VM's, its host's nominal clock)."""
+    if cpufreq_max_khz and cpufreq_max_khz.isdigit():
+        return int(cpufreq_max_khz) / 1000
+    line = next((ln for ln in cpuinfo.splitlines() if ln.startswith("cpu MHz")), None)
+    if line is None:
+        return missing("no cpufreq and no 'cpu MHz' in /proc/cpuinfo")
+    try:
+        return float(line.split(":", 1)[1])
+    except ValueError:
+        return missing(f"unreadable {line.strip()!r} in /proc/cpuinfo")
 
 
 def cpu_isa(cpuinfo: str) -> Any:

@@ -220,3 +220,25 @@ def test_the_cpu_isa_tells_two_cpus_of_one_model_name_apart(cpuinfo: str, want) 
     """A CPU rank's speed follows its vector units (bf16 matmuls run natively only with avx512_bf16 or
     AMX), which the model name does not say: the kept studies' two "AMD EPYC" machines differ here."""
     assert system.cpu_isa(cpuinfo) == want
+
+
+@pytest.mark.parametrize(("cpuinfo", "cpufreq", "want"), [
+    ("processor\t: 0\ncpu MHz\t\t: 2596.138\nprocessor\t: 1\ncpu MHz\t\t: 1800.000\n", None, 2596.138),
+    ("processor\t: 0\ncpu MHz\t\t: 1499.731\n", "3700000", 3700.0),  # bare metal: the cpufreq maximum
+    (f"processor\t: 0\n{GRAVITON3_FEATURES}\n", None,
+     {"missing": "no cpufreq and no 'cpu MHz' in /proc/cpuinfo"}),
+    ("processor\t: 0\ncpu MHz\t\t: unknown\n", "",
+     {"missing": "unreadable 'cpu MHz\\t\\t: unknown' in /proc/cpuinfo"}),
+])
+def test_the_cpu_clock_is_the_first_cpus_or_the_cpufreq_maximum(cpuinfo: str, cpufreq: str | None,
+                                                                  want: object) -> None:
+    """A CPU rank's peak follows its clock (bench/predict/cpu.py), so a study records it: a VM's nominal
+    `cpu MHz`, or on bare metal the cpufreq maximum (its cores' current clocks move with their load)."""
+    assert system.cpu_mhz(cpuinfo, cpufreq) == want
+
+
+def test_this_machines_cpu_facts_are_the_records() -> None:
+    facts = system.cpu_facts()
+    assert set(facts) == {"cpu_model", "cpu_isa", "cpu_mhz", "cpu_count", "cpus_usable"}
+    assert facts.items() <= system.machine_facts().items()
+    assert isinstance(facts["cpu_mhz"], float) or list(facts["cpu_mhz"]) == ["missing"]

@@ -32,6 +32,7 @@ from bench.core.hardware import GpuSpec, compute_dtype
 from bench.core.models import ModelArch
 from bench.core.schema import RunSpec, RunSummary
 from bench.predict.comm import Network
+from bench.predict.cpu import CPU, CpuFacts, capacity, cpu_efficiency
 from bench.predict.perf import (
     CALIBRATION,
     EXPOSED_PARTS,
@@ -39,14 +40,16 @@ from bench.predict.perf import (
     Prediction,
     Predictor,
     Stack,
+    device_model,
+    gpu_efficiency,
     predict,
-    unmodeled,
 )
 from bench.predict.split import PARTS, comparable
 
 SIGMA = 0.05  # log scatter of one run's tokens/s about the model: repeats of a run differ by a few percent
 # log scatter of one part of a traced step about the model: a trace holds one or two profiled steps, and on
-# 2 shared cores one rank's compute and waiting trade places from step to step (docs/prediction.md)
+# 2 shared cores one rank's compute and waiting trade places from step to step
+# (benchmarks/evidence/README.md, "CPU smoke studies")
 SIGMA_PART = 0.25
 # per device, a trace's parts the fit reads: on a CPU its collectives too (Calibration.cpu_step_s)
 FITTED_PARTS = {"gpu": ("compute",), "cpu": ("compute", "other", "waiting", *EXPOSED_PARTS)}
@@ -69,17 +72,17 @@ class Observation:
     tokens_per_s_per_gpu: float
     stack: Stack | None = None  # another training stack than this harness's (a published row; perf.Stack)
     parts: Mapping[str, float] | None = None  # its traced split in the model's parts (split.comparable)
-    cores: int | None = None  # the CPUs its run could use, as its system record says (recorded_cores)
+    cpu: CpuFacts | None = None  # a CPU run's CPU: its study's, as the runs recorded it (cpu.recorded)
 
     def prediction(self, cal: Calibration) -> Prediction:
-        return predict(self.spec, self.gpu, self.network, self.arch, cal, self.stack)
+        return predict(self.spec, self.gpu, self.network, self.arch, cal, self.stack, self.cpu)
 
     def predicted(self, cal: Calibration) -> float:
         return self.prediction(cal).tokens_per_s_per_gpu
 
     def fitted_parts(self) -> list[tuple[str, float]]:
         """The measured parts the fit reads (FITTED_PARTS; a part the trace saw none of is no evidence)."""
-        device = "cpu" if self.gpu.family == "cpu" else "gpu"
+        device = "cpu" if self.gpu.family == CPU.family else "gpu"
         return [(k, self.parts[k]) for k in FITTED_PARTS[device] if self.parts and self.parts.get(k, 0) > 0]
 
 
@@ -97,29 +100,42 @@ def parameters(observations: list[Observation]) -> tuple[str, ...]:
         names.append("contention")
     if any(o.spec.compile and o.stack is None for o in observations):
         names.append("compile_traffic")
-    if any(o.gpu.family == "cpu" for o in observations):
+    if any(o.gpu.family == CPU.family for o in observations):
         names.append("cpu_capacity")
-    if any(o.gpu.family == "cpu" and dict(o.fitted_parts()).get("other") for o in observations):
+    if any(o.gpu.family == CPU.family and dict(o.fitted_parts()).get("other") for o in observations):
         names.append("cpu_host_s")
-    if any(o.gpu.family == "cpu" and set(dict(o.fitted_parts())) & set(EXPOSED_PARTS) for o in observations):
+    if any(o.gpu.family == CPU.family and set(dict(o.fitted_parts())) & set(EXPOSED_PARTS)
+           for o in observations):
         names.append("cpu_step_s")
     return tuple(names)
 
 
-def _prior_value(name: str, prior: Calibration) -> float:
+def _prior_value(name: str, prior: Calibration, cpu: CpuFacts | None) -> float:
+    """A constant's value before the study moves it; a CPU's efficiency and capacity at the CPU its runs
+    ran on (`cpu`)."""
     if name.startswith("efficiency:"):
         _, family, dtype = name.split(":")
-        return prior.efficiency(family, dtype)
+        if family == CPU.family:
+            return cpu_efficiency(prior, dtype, _known(cpu))
+        return gpu_efficiency(prior, family, dtype)
     if name == "cpu_capacity":
-        return prior.capacity()
+        return capacity(prior, _known(cpu))
     return float(getattr(prior, name))
 
 
-def apply(prior: Calibration, names: tuple[str, ...], theta: Iterable[float], source: str) -> Calibration:
-    """The prior with each named constant multiplied by exp(theta); fractions held at most 1."""
+def _known(cpu: CpuFacts | None) -> CpuFacts:
+    if cpu is None:
+        raise ValueError("a CPU constant's prior needs the CPU's facts (cpu.CpuFacts)")
+    return cpu
+
+
+def apply(prior: Calibration, names: tuple[str, ...], theta: Iterable[float], source: str,
+          cpu: CpuFacts | None = None) -> Calibration:
+    """The prior with each named constant multiplied by exp(theta); fractions held at most 1; `cpu`: the CPU
+    a CPU study's runs ran on (its efficiency's and capacity's priors read it)."""
     efficiency, fields = dict(prior.matmul_efficiency), {}
     for name, t in zip(names, theta):
-        value = _prior_value(name, prior) * math.exp(t)
+        value = _prior_value(name, prior, cpu) * math.exp(t)
         if name.startswith("efficiency:"):
             efficiency[name.split(":", 1)[1]] = min(value, 1.0)
         else:
@@ -137,6 +153,7 @@ class Fit:
     residual: float  # root mean square of log(predicted / measured) over the runs, after the fit
     runs: tuple[str, ...]
     nodes: tuple[int, ...]  # the node counts the runs were at
+    cpu: CpuFacts | None = None  # the CPU a CPU study's runs ran on (its priors read it); None: no CPU run
 
     def spread(self, tokens: Callable[[Calibration], float]) -> float:
         """Half-width, in log units, of a ~90% interval for a prediction `tokens(calibration)`: the
@@ -145,7 +162,7 @@ class Fit:
         grad = []
         for j in range(len(self.names)):
             theta = [t + (STEP if i == j else 0.0) for i, t in enumerate(self.theta)]
-            grad.append((math.log(tokens(apply(self.prior, self.names, theta, ""))) - base) / STEP)
+            grad.append((math.log(tokens(apply(self.prior, self.names, theta, "", self.cpu))) - base) / STEP)
         var = sum(grad[i] * self.covariance[i][j] * grad[j]
                   for i in range(len(grad)) for j in range(len(grad)))
         return Z90 * math.sqrt(max(var, 0.0) + max(self.residual, SIGMA) ** 2)
@@ -179,7 +196,7 @@ def _residuals(observations: list[Observation], prior: Calibration, names: tuple
                theta: list[float]) -> list[float]:
     """Each run's log(predicted / measured) with the constants at theta, then its traced parts' (weighed
     by SIGMA / SIGMA_PART: the cost divides every residual by SIGMA)."""
-    cal = apply(prior, names, theta, "")
+    cal = apply(prior, names, theta, "", study_cpu(observations))
     out = []
     for o in observations:
         pred = o.prediction(cal)
@@ -223,8 +240,8 @@ def fit(observations: list[Observation], prior: Calibration = CALIBRATION) -> Fi
     """The constants that best explain these runs, held by the prior; None without runs."""
     if not observations:
         return None
-    prior = with_recorded_cores(prior, observations)
     names = parameters(observations)
+    cpu = study_cpu(observations)
     theta, damping = [0.0] * len(names), 1e-3
     runs = _residuals(observations, prior, names, theta)
     cost = _cost(runs, theta, names)
@@ -244,40 +261,27 @@ def fit(observations: list[Observation], prior: Calibration = CALIBRATION) -> Fi
             damping *= 10
             if damping > 1e9:
                 break
-    residual = _step_residual(observations, apply(prior, names, theta, ""))
+    residual = _step_residual(observations, apply(prior, names, theta, "", cpu))
     # the constants are as sure as the runs agree: at their actual scatter where it exceeds SIGMA
     h, _ = _normal(observations, prior, names, theta, runs, max(residual, SIGMA))
     covariance = [_solve(h, [1.0 if i == j else 0.0 for i in range(len(names))]) for j in range(len(names))]
     source = f"this study's {len(observations)} runs"
-    return Fit(apply(prior, names, theta, source), prior, names, tuple(theta),
-               tuple(tuple(row) for row in covariance), residual,
-               tuple(o.run_id for o in observations), tuple(sorted({o.spec.nodes for o in observations})))
+    return Fit(apply(prior, names, theta, source, cpu), prior, names, tuple(theta),
+               tuple(tuple(row) for row in covariance), residual, tuple(o.run_id for o in observations),
+               tuple(sorted({o.spec.nodes for o in observations})), cpu)
 
 
-def with_recorded_cores(prior: Calibration, observations: list[Observation]) -> Calibration:
-    """A CPU study's capacity prior at the CPUs its runs recorded, not the reading machine's count: a study
-    read on another machine (a colleague's, CI's) calibrates as it did where it ran. Unchanged where the
-    prior names a capacity or the runs recorded none, or several."""
-    cores = {o.cores for o in observations if o.gpu.family == "cpu" and o.cores}
-    if prior.cpu_capacity is not None or len(cores) != 1:
-        return prior
-    return replace(prior, cpu_capacity=float(cores.pop()))
-
-
-def recorded_cores(summary: RunSummary) -> int | None:
-    """The fewest CPUs any of the run's nodes could use (its system records' cpus_usable); None where
-    none recorded it."""
-    entries = summary.extra.get("system") if isinstance(summary.extra, Mapping) else None
-    counts = [e["facts"].get("cpus_usable") for e in entries or []
-              if isinstance(e, Mapping) and isinstance(e.get("facts"), Mapping)]
-    counts = [c for c in counts if isinstance(c, int) and not isinstance(c, bool) and c > 0]
-    return min(counts) if counts else None
+def study_cpu(observations: list[Observation]) -> CpuFacts | None:
+    """The CPU a study's CPU runs ran on (Observation.cpu: one per study, as its Predictor gives them);
+    None where none ran on a CPU."""
+    return next((o.cpu for o in observations if o.cpu is not None), None)
 
 
 def observations(predictor: Predictor, summaries: Iterable[RunSummary]) -> list[Observation]:
     """The study's training runs that ended ok on this cluster, on the device the predictor predicts for
-    (a local run that went to the CPU is not evidence about the GPU), of what the model describes (not
-    perf.unmodeled), sorted by run id (the fit is the same whatever order the run dirs are read in)."""
+    (a local run that went to the CPU is not evidence about the GPU; one that did runs at the predictor's
+    CPU), of what the model describes (not DeviceModel.unmodeled), sorted by run id (the fit is the same
+    whatever order the run dirs are read in)."""
     out = []
     for s in summaries:
         spec = s.spec
@@ -285,15 +289,18 @@ def observations(predictor: Predictor, summaries: Iterable[RunSummary]) -> list[
                 or spec.micro_batch < 1 or spec.cluster != predictor.cluster.name):
             continue
         where = predictor.setting(spec)
-        if (where is None or (s.device_name == "cpu") != (where[0].family == "cpu")
-                or unmodeled(spec, where[0])):
+        if where is None or (s.device_name == "cpu") != (where[0].family == CPU.family):
+            continue
+        gpu, network = where
+        cpu = predictor.cpu if gpu.family == CPU.family else None
+        if device_model(gpu, CALIBRATION, cpu).unmodeled(spec):
             continue
         try:
             arch = spec.arch
         except (KeyError, ValueError):
             continue
-        out.append(Observation(s.run_id, spec, where[0], where[1], arch, float(s.tokens_per_s_per_gpu),
-                               parts=traced_parts(s), cores=recorded_cores(s)))
+        out.append(Observation(s.run_id, spec, gpu, network, arch, float(s.tokens_per_s_per_gpu),
+                               parts=traced_parts(s), cpu=cpu))
     return sorted(out, key=lambda o: o.run_id)
 
 

@@ -17,6 +17,7 @@ from bench.core.config import ClusterConfig
 from bench.core.schema import RunSummary
 from bench.launchers.base import Placement
 from bench.predict.calibrate import Fit, apply, extrapolation, fit, observations
+from bench.predict.cpu import CpuFacts, recorded, this_cpu
 from bench.predict.network import probes_of
 from bench.predict.perf import CALIBRATION, Predictor
 
@@ -39,6 +40,7 @@ def to_json(fit_: Fit, cluster: ClusterConfig, summaries: list[RunSummary],
             "constants": asdict(fit_.calibration), "prior": asdict(fit_.prior),
             "parameters": list(fit_.names),
             "theta": list(fit_.theta), "covariance": [list(r) for r in fit_.covariance],
+            "cpu": fit_.cpu.to_json() if fit_.cpu else None,
             "residual": fit_.residual, "runs": list(fit_.runs), "nodes": list(fit_.nodes),
             "torch_versions": sorted({s.torch_version for s in used if s.torch_version}),
             "nccl_versions": sorted({s.extra["nccl_version"] for s in summaries
@@ -48,8 +50,9 @@ def to_json(fit_: Fit, cluster: ClusterConfig, summaries: list[RunSummary],
             "extrapolation": extra}
 
 
-def from_json(path: Path, cluster: ClusterConfig, models: Iterable[str]) -> Fit:
-    """The fit a study's file holds, or Refused naming the file and why."""
+def from_json(path: Path, cluster: ClusterConfig, models: Iterable[str], cpu: CpuFacts | None = None) -> Fit:
+    """The fit a study's file holds, or Refused naming the file and why; at the CPU it names (the one its
+    CPU runs were fitted at), else at `cpu` (a file written before it named one)."""
     try:
         data = json.loads(path.read_text())
         if not isinstance(data, dict) or data.get("format") != FORMAT:
@@ -61,8 +64,7 @@ def from_json(path: Path, cluster: ClusterConfig, models: Iterable[str]) -> Fit:
         if not set(data["models"]) & set(models):
             raise Refused(f"{path}: fitted on models {', '.join(data['models'])}, none of which this sweep "
                           "trains")
-        # the published constants; a CPU study's capacity at the cores its runs recorded
-        # (calibrate.with_recorded_cores)
+        # the published constants (a file before the CPU's facts were kept named its recorded cores here)
         prior = replace(CALIBRATION, cpu_capacity=data["prior"].get("cpu_capacity"))
         if data["prior"] != asdict(prior):
             raise Refused(f"{path}: fitted against other published constants (an older fsdpbench)")
@@ -74,8 +76,9 @@ def from_json(path: Path, cluster: ClusterConfig, models: Iterable[str]) -> Fit:
             raise Refused(f"{path}: a constant out of range")
         runs = tuple(data["runs"])
         source = f"this study's {len(runs)} runs"
-        return Fit(apply(prior, names, theta, source), prior, names, theta, cov,
-                   float(data["residual"]), runs, tuple(int(n) for n in data["nodes"]))
+        fitted_at = CpuFacts.from_json(data["cpu"]) if data.get("cpu") else None if "cpu" in data else cpu
+        return Fit(apply(prior, names, theta, source, fitted_at), prior, names, theta, cov,
+                   float(data["residual"]), runs, tuple(int(n) for n in data["nodes"]), fitted_at)
     except Refused:
         raise
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
@@ -83,21 +86,24 @@ def from_json(path: Path, cluster: ClusterConfig, models: Iterable[str]) -> Fit:
 
 
 def study_predictor(cluster: ClusterConfig, placement: Placement, models: Iterable[str],
-                    sweep_dir: Path, write: bool = True) -> tuple[Predictor, str | None]:
+                    sweep_dir: Path, write: bool = True,
+                    here: CpuFacts | None = None) -> tuple[Predictor, str | None]:
     """The sweep's predictor for the runs of `models` on its cluster, as its launcher places them: the
     study's probes, and its calibration (refitted, and written unless `write` is off (the report reads a
     study, it does not change it), when runs finished since the file was written); with a one-line note:
     what it is calibrated on, or why the file was refused (then the published constants; the file is left
-    as it is)."""
+    as it is). Its runs on CPU cores at the CPU they recorded (cpu.recorded), each fact none recorded this
+    machine's (`here`, read where not given)."""
     from bench.core import rundir
     summaries = rundir.read_summaries(sweep_dir)  # once: the probes and the runs both come from them
     probes = probes_of(summaries)
-    published = Predictor(cluster, placement, probes)
+    cpu = recorded(summaries, here or this_cpu())
+    published = Predictor(cluster, placement, probes, cpu=cpu)
     path = sweep_dir / rundir.CALIBRATION_JSON
     stored = None
     if path.exists():
         try:
-            stored = from_json(path, cluster, models)
+            stored = from_json(path, cluster, models, cpu)
         except Refused as e:
             return published, (f"calibration: refusing {e}; predicting with the published constants (delete "
                                "the file to refit on this study's runs)")
@@ -111,4 +117,4 @@ def study_predictor(cluster: ClusterConfig, placement: Placement, models: Iterab
         if write:
             rundir.atomic_write_text(path, json.dumps(to_json(current, cluster, summaries,
                                                               extrapolation(seen)), indent=1))
-    return Predictor(cluster, placement, probes, current), f"predictions {current.line}: {path.name}"
+    return Predictor(cluster, placement, probes, current, cpu), f"predictions {current.line}: {path.name}"

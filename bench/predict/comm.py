@@ -10,13 +10,8 @@ has one, else the GPUs' published all-reduce bus bandwidth. The network leg: the
 carry over the node's throughput for that collective (the study's all-gather or reduce-scatter probe at
 the size nearest one unit's message where it has one, else the all-reduce figure).
 
-On a CPU (gloo on a local study's shared cores) a collective is its ring's steps, each at the study's own
-step latency (perf passes the calibrated `Calibration.cpu_step_s` as the network's; a ring of more ranks
-than the machine runs at full speed steps slower: bench/predict/cpu.py ring_step_factor), and its bus
-bytes at the CPU's loopback bandwidth: gloo's probe rows there are mostly latency and unstable
-(neighbouring sizes differ 2x, nine probes of one collective up to 5x), so neither one row nor a probe's
-latency reads what the same collective takes in training; NCCL's rows on a GPU are smooth and
-bandwidth-bound at FSDP's sizes, so a GPU reads the nearest row.
+A GPU's collective is one function, `gpu_collective_s`; a CPU study's (gloo on a local study's shared
+cores) is its device's own (bench/predict/cpu.py CpuModel.collective_s).
 """
 from __future__ import annotations
 
@@ -27,7 +22,6 @@ from bench.core.flops import COMPUTE_BYTES, REDUCE_BYTES
 from bench.core.hardware import GpuSpec
 from bench.core.models import ModelArch, block_params, count_params, float8_linear_params
 from bench.core.schema import RunSpec
-from bench.predict.cpu import ring_step_factor
 
 # Latency of one step of NCCL's ring (a collective over R ranks takes R-1 steps, an all-reduce 2(R-1)),
 # where the study has not probed it: an 8-byte all-reduce's time over its ring steps in real nccl-tests
@@ -62,7 +56,6 @@ class Network:
     curves: tuple[Curve, ...] = ()  # the study's all-gather and reduce-scatter probes, where it has them
     # its one-node all-gather and reduce-scatter probes: bus bandwidth among one node's ranks (GB/s) per size
     intra: tuple[Curve, ...] = ()
-    cpu_capacity: float = math.inf  # a CPU study: ranks its machine runs at full speed (ring_step_factor)
 
     def gbs(self, kind: str, message: float) -> float:
         """Node-level GB/s of `kind` at one unit's `message` bytes: its own probe's nearest row, else the
@@ -158,25 +151,19 @@ def bus_factor(kind: str, ranks: int) -> float:
     return (2 if kind == "all_reduce" else 1) * (ranks - 1) / ranks
 
 
-def collective_s(c: Collective, gpu: GpuSpec, network: Network, units: int = 1) -> float:
-    """The longer of the intra-node leg and the network leg (a hierarchical collective pipelines both),
-    plus the ring's step latency once per FSDP unit (each unit gathers and reduces on its own); on a CPU,
-    the ring's steps and its bus bytes at the CPU's bandwidth (module docstring)."""
-    if gpu.family == "cpu":
-        bus = bus_factor(c.kind, c.ranks) * c.size / (gpu.intra_busbw_gbs * 1e9)
-        step = network.step_latency_s * ring_step_factor(c.kind, c.ranks, network.cpu_capacity)
-        return units * ring_steps(c, gpu) * step + bus
+def gpu_collective_s(c: Collective, gpu: GpuSpec, network: Network, units: int = 1) -> float:
+    """One collective of FSDP's on a GPU cluster: the longer of the intra-node leg and the network leg (a
+    hierarchical collective pipelines both), plus the ring's step latency once per FSDP unit (each unit
+    gathers and reduces on its own)."""
     per_node = c.ranks // c.nodes
     intra_gbs = network.intra_gbs(c.kind, c.size / units, gpu.intra_busbw_gbs)
     intra = bus_factor(c.kind, per_node) * c.size / (intra_gbs * 1e9) if per_node > 1 else 0.0
     gbs = network.gbs(c.kind, c.size / units) if c.nodes > 1 else 0.0
     net = bus_factor(c.kind, c.nodes) * c.size / (gbs * 1e9) if c.nodes > 1 else 0.0
-    return max(intra, net) + units * ring_steps(c, gpu) * network.step_latency_s
+    return max(intra, net) + units * ring_steps(c) * network.step_latency_s
 
 
-def ring_steps(c: Collective, gpu: GpuSpec) -> int:
-    """Steps of the ring a collective takes: R-1 for a gather or reduce-scatter, 2(R-1) for an all-reduce;
-    on the CPU, gloo's reduce-scatter reduces the whole input, as an all-reduce does (the copy of its input
-    that the CPU memory check measured)."""
-    full = c.kind == "all_reduce" or (c.kind == "reduce_scatter" and gpu.family == "cpu")
-    return (2 if full else 1) * (c.ranks - 1)
+def ring_steps(c: Collective) -> int:
+    """Steps of NCCL's ring a collective takes: R-1 for a gather or reduce-scatter, 2(R-1) for an
+    all-reduce."""
+    return (2 if c.kind == "all_reduce" else 1) * (c.ranks - 1)

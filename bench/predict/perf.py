@@ -26,23 +26,16 @@ One training step per GPU is modelled as
   finishes its work sooner waits for the CPU. HOST_BLOCK_PASS_S per block and pass (forward, two for the
   backward, one more where activation checkpointing recomputes): the floor of a small model's step.
 
-On a CPU (a local study's ranks on this machine's cores, bench/predict/cpu.py) three things differ, each
-what the CPU's own trace shows (docs/architecture.md, "Where the step went"): gloo's calls block the main
-thread, so every collective is exposed and nothing contends; the host's time per block and pass
-(`Calibration.cpu_host_s`: Python, FSDP2's hooks and its copies around collectives) is on the same thread
-as the compute, so it adds to the step instead of flooring it; ranks that outnumber what the machine
-runs at full speed take turns: each runs its work at the speed of a machine running no more ranks than
-its capacity, and of the rest of its share of the machine it spends CPU_TURNS_SHARED running that work
-slower beside its peers and the remainder waiting for a peer (`waiting`; `cpu_turns`); and each
-collective takes its ring's steps at the study's own step latency (`Calibration.cpu_step_s`, which its
-traced collectives calibrate; slower, by a share per kind, on a ring of more ranks than the capacity:
-`ring_step_factor`), its bus bytes at the CPU's bandwidth (bench/predict/comm.py).
+Where a device differs from a GPU, it says so through device.DeviceModel, chosen once per prediction
+(`device_model`): a GPU's terms are the ones above (`GpuModel`); a local study's ranks on this machine's
+CPU cores, the project's test bench, are bench/predict/cpu.py's (`cpu.CpuModel`: gloo blocking the compute's
+thread, the host's work on it, ranks taking turns, at priors that read the CPU the runs recorded).
 
 The step's parts (`Prediction.parts`, bench/predict/split.py) are named as the trace names the measured
 ones (trainer/trace.py): compute (contention with it: the overlapped communication slows the kernels),
-each kind's exposed communication, the optimizer, on a CPU the turns' waiting, and `other`: on a GPU the
-host's time beyond the device's work, on a CPU the host's work. FSDP2's copies around collectives are not
-told apart (a GPU's are elementwise kernels, a CPU's the host's work).
+each kind's exposed communication, the optimizer, and `other`: on a GPU the host's time beyond the
+device's work (the CPU adds its turns' waiting, and its `other` is its host's work). FSDP2's copies around
+collectives are not told apart (a GPU's are elementwise kernels).
 
 compile=true keeps a fraction of the elementwise traffic (inductor fuses a block's elementwise operators);
 fp8_tensorwise runs the block linears at the FP8 peak and gathers their weights in one byte (torchao's
@@ -61,7 +54,6 @@ the kernel's own work (the causal half of the square: forward two matmuls, backw
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -78,56 +70,11 @@ from bench.core.hardware import GPUS, GpuSpec, compute_dtype, gpu_spec
 from bench.core.models import ModelArch, block_params, count_params, float8_linear_params
 from bench.core.schema import RunSpec
 from bench.launchers.base import Placement
-from bench.predict.comm import Collective, Curve, Network, collective_s, step_collectives
-from bench.predict.cpu import (
-    CPU,
-    CPU_EFFICIENCY,
-    CPU_EMULATED_16BIT,
-    CPU_TURNS_SHARED,
-    cpu_peak_flops,
-    cpu_runs_natively,
-    cpu_turns,
-)
+from bench.predict.comm import Collective, Curve, Network, gpu_collective_s, step_collectives
+from bench.predict.cpu import CPU, CpuFacts, CpuModel, this_cpu
+from bench.predict.device import PUBLISHED, Calibration, DeviceModel, Peaks, block_passes_s
 from bench.predict.network import network_for
 from bench.predict.traffic import accumulation_bytes, loss_bytes
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """The fitted constants: the shipped ones (benchmarks/perf_model.py fits them to the rows of
-    bench/predict/published.py), or a study's own (bench/predict/calibrate.py refits them to its runs)."""
-
-    matmul_efficiency: dict[str, float]  # fraction of the dense peak its matmuls reach, per GPU family
-    # ("H100"), or per family and compute dtype ("cpu:fp16": a CPU without fp16 units emulates them)
-    elementwise_bytes: float  # bytes of non-matmul memory traffic per hidden unit, token, block and pass
-    contention: float  # fraction of overlapped communication time that still costs step time
-    compile_traffic: float  # fraction of the elementwise traffic left once torch.compile fuses each block
-    cpu_capacity: float | None = None  # a local CPU cluster: ranks the machine runs at one rank's speed
-    # (None: its core count; hyperthreads and memory bandwidth make it fewer)
-    cpu_host_s: float = 2.24e-3  # a CPU rank's own host time per block and pass (Python, FSDP2's hooks and
-    # copies), on the compute's thread: HOST_BLOCK_PASS_S as its prior, a study's traces refit it
-    cpu_step_s: float = 1.0e-3  # one ring step of a gloo collective inside a CPU study's training: its
-    # traced collectives refit it; the prior is the order its 1-node traces measured on 2 shared cores
-    # (docs/prediction.md, "The model's split against the measured")
-    source: str = "published constants"  # or "this study's N runs": the results table's pred_source
-
-    def efficiency(self, family: str, dtype: str) -> float:
-        """The matmul efficiency for a family and compute dtype: the dtype's own where a study measured it,
-        else its 16-bit sibling's (GPUs run fp16 and bf16 on the same tensor cores at one peak; a CPU without
-        16-bit units emulates both, several times slower than fp32), else the family's; on a CPU, else its
-        fp32 figure (times CPU_EMULATED_16BIT for a 16-bit dtype it has no units for); else (an uncalibrated
-        GPU family) the lowest calibrated one."""
-        table = self.matmul_efficiency
-        for key in (f"{family}:{dtype}", f"{family}:{HALF_SIBLING.get(dtype)}", family):
-            if key in table:
-                return table[key]
-        if family == "cpu":  # a dtype this study has not run on its CPU yet: relative to its fp32 figure
-            fp32 = table.get("cpu:fp32", CPU_EFFICIENCY)
-            return fp32 if dtype == "fp32" or cpu_runs_natively(dtype) else fp32 * CPU_EMULATED_16BIT
-        return min(v for k, v in table.items() if ":" not in k and k != "cpu")
-
-    def capacity(self) -> float:
-        return self.cpu_capacity if self.cpu_capacity is not None else float(os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)
@@ -141,7 +88,6 @@ class Stack:
     # the matmuls; None: this harness's (traffic.loss_bytes)
 
 
-HALF_SIBLING = {"fp16": "bf16", "bf16": "fp16"}
 CALIBRATION = Calibration(matmul_efficiency={"A100": 0.854, "H100": 0.676}, elementwise_bytes=370.6,
                           contention=0.349, compile_traffic=0.703)
 # Fixed, not fitted:
@@ -159,18 +105,7 @@ OPTIMIZER_BYTES = 28  # AdamW per sharded fp32 parameter: read param, grad, 2 mo
 HOST_BLOCK_PASS_S = 2.24e-3
 
 
-FLOOR = "; a floor: "  # in pred_source, before what the model left out of the run (unmodeled)
-
-
-def unmodeled(spec: RunSpec, gpu: GpuSpec) -> str | None:
-    """Why the step model is only a floor under a run's step on this device, else None. CPU offload on a
-    GPU: its optimizer steps on the host and its shards cross PCIe every step, neither of which the model
-    has (the GPU evidence's offload run measured 13x its floor: benchmarks/evidence/README.md). Such a run is
-    no evidence for the study's calibration (bench/predict/calibrate.py): its miss would pull every other
-    run's prediction."""
-    if spec.offload != "none" and gpu.family != "cpu":
-        return "CPU offload (the host's optimizer step and PCIe copies are not modeled)"
-    return None
+FLOOR = "; a floor: "  # in pred_source, before what the model left out of the run (DeviceModel.unmodeled)
 
 
 @dataclass(frozen=True)
@@ -184,10 +119,10 @@ class Prediction:
     exposed_s: float  # communication the step waits for (the exposed parts: the trace's definition)
     network: Network
     calibrated: bool  # False: a GPU family (or the CPU) that neither published rows nor the study calibrated
-    source: str = CALIBRATION.source  # which constants: published, or this study's N runs
+    source: str = PUBLISHED  # which constants: published, or this study's N runs
     spread: float | None = None  # half-width of the ~90% interval, log units: tokens/s x exp(+-spread)
-    host_s: float = 0.0  # the CPU's floor under the step (HOST_BLOCK_PASS_S)
-    unmodeled: str | None = None  # what the model leaves out of this run's step (unmodeled): a floor only
+    host_s: float = 0.0  # the host's floor under the step (HOST_BLOCK_PASS_S; none on the CPU)
+    unmodeled: str | None = None  # what the model leaves out of this run's step: a floor only
     parts: dict[str, float] = field(default_factory=dict)  # seconds per step by part, adding up to the
     # step (module docstring; bench/predict/split.py reads them)
 
@@ -240,54 +175,107 @@ def exposed_part(c: Collective) -> str:
     return f"exposed_{c.kind}"
 
 
-def overlaps(gpu: GpuSpec) -> bool:
-    """Whether a device runs a collective beside its compute: a GPU's NCCL kernels on their own stream; a
-    CPU's gloo calls block the main thread that computes (docs/architecture.md, "Where the step went")."""
-    return gpu.family != "cpu"
-
-
-def exposed_by_part(spec: RunSpec, arch: ModelArch, gpu: GpuSpec, network: Network,
+def exposed_by_part(spec: RunSpec, arch: ModelArch, device: DeviceModel, network: Network,
                     window: dict[str, float]) -> tuple[dict[str, float], float, float]:
     """Per exposed part the seconds a step waits for its collectives, the seconds hidden behind compute,
-    and every collective's seconds. FSDP2 prefetches the next unit's collective while a unit computes, so
-    of each pass only what outlasts its compute (`window`) is exposed, plus the first unit's gather and the
-    last unit's reduction; each kind of the pass shows its share of that. On a CPU gloo's calls block the
-    main thread: all of it is exposed."""
+    and every collective's seconds. Where the device overlaps them (a GPU's NCCL kernels on their own
+    streams), FSDP2 prefetches the next unit's collective while a unit computes, so of each pass only what
+    outlasts its compute (`window`) is exposed, plus the first unit's gather and the last unit's
+    reduction; each kind of the pass shows its share of that. Else all of it is exposed."""
     units = len(block_params(arch)) + 1  # each block and the root: what FSDP gathers one at a time
     exposed, hidden, total = dict.fromkeys(EXPOSED_PARTS, 0.0), 0.0, 0.0
     for comms, count in step_collectives(spec, arch):  # each micro-batch hides what it can behind its compute
         for phase, budget in window.items():
-            times = [(exposed_part(c), collective_s(c, gpu, network, units))
+            times = [(exposed_part(c), device.collective_s(c, network, units))
                      for c in comms if c.phase == phase]
             comm = sum(t for _, t in times)
-            shown = min(comm, max(0.0, comm - budget) + comm / units) if overlaps(gpu) else comm
+            shown = min(comm, max(0.0, comm - budget) + comm / units) if device.overlaps else comm
             for part, t in times:
                 exposed[part] += count * shown * t / comm if comm else 0.0
             hidden, total = hidden + count * (comm - shown), total + count * comm
     return exposed, hidden, total
 
 
-def _host_s(spec: RunSpec, arch: ModelArch, gpu: GpuSpec, cal: Calibration, recompute: float) -> float:
-    """The host's time for a step's blocks and passes: on a GPU the floor under the step, on a CPU the
-    rank's own work beside its compute."""
-    per = cal.cpu_host_s if gpu.family == "cpu" else HOST_BLOCK_PASS_S
-    return per * arch.blocks * (3 + 3 * recompute) * spec.grad_accum
+GPU_FAMILIES = frozenset(g.family for g in GPUS.values())
 
 
-def _step(spec: RunSpec, arch: ModelArch, gpu: GpuSpec, network: Network, peak: float, fp8_peak: float,
-          efficiency: float, cal: Calibration, stack: Stack | None,
-          turns: tuple[float, float] = (1.0, 1.0)) -> Prediction:
-    """The step on a device at these peaks; `turns`: on a CPU, a rank's speed while it runs (the peaks are
-    already its share) and how much longer the ranks' work takes for their taking turns on the machine
-    (cpu_turns; module docstring)."""
+def gpu_efficiency(cal: Calibration, family: str, dtype: str) -> float:
+    """A GPU family's matmul efficiency at a compute dtype: the calibrated figure, else (a family neither
+    published rows nor the study calibrated) the lowest calibrated GPU family's."""
+    found = cal.calibrated(family, dtype)
+    if found is not None:
+        return found
+    return min(v for k, v in cal.matmul_efficiency.items() if k in GPU_FAMILIES)
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    """A GPU's terms of the step (device.DeviceModel; the module docstring): its datasheet peaks, NCCL's
+    collectives beside the compute on their own streams (`gpu_collective_s`), contention, the host a floor."""
+
+    gpu: GpuSpec
+    cal: Calibration
+    overlaps = True
+
+    def efficiency(self, dtype: str) -> float:
+        return gpu_efficiency(self.cal, self.gpu.family, dtype)
+
+    def peaks(self, spec: RunSpec) -> Peaks:
+        peak = self.gpu.peak_tflops[compute_dtype(spec.precision)] * 1e12
+        return Peaks(peak, self.gpu.peak_tflops.get("fp8", peak / 1e12) * 1e12, self.gpu.hbm_tbs * 1e12)
+
+    def network(self, network: Network) -> Network:
+        return network
+
+    def collective_s(self, c: Collective, network: Network, units: int) -> float:
+        return gpu_collective_s(c, self.gpu, network, units)
+
+    def host_s(self, spec: RunSpec, arch: ModelArch, recompute: float) -> float:
+        return block_passes_s(HOST_BLOCK_PASS_S, spec, arch, recompute)
+
+    def parts(self, spec: RunSpec, compute: float, exposed: dict[str, float], hidden: float,
+              optimizer: float, host: float) -> tuple[dict[str, float], float]:
+        """The compute slowed by the overlapped communication (contention); a host slower than the device
+        leaves it idle the rest of the step (`other`), the host's time a floor under the step."""
+        parts = {"compute": compute + self.cal.contention * hidden, **exposed, "optimizer": optimizer}
+        parts["other"] = max(0.0, host - sum(parts.values()))
+        return parts, host
+
+    def unmodeled(self, spec: RunSpec) -> str | None:
+        """CPU offload: its optimizer steps on the host and its shards cross PCIe every step, neither of
+        which the model has (the GPU evidence's offload run measured 13x its floor:
+        benchmarks/evidence/README.md). Such a run is no evidence for the study's calibration
+        (bench/predict/calibrate.py): its miss would pull every other run's prediction."""
+        if spec.offload != "none":
+            return "CPU offload (the host's optimizer step and PCIe copies are not modeled)"
+        return None
+
+
+def device_model(gpu: GpuSpec, cal: Calibration = CALIBRATION, cpu: CpuFacts | None = None) -> DeviceModel:
+    """The one place a prediction's device is chosen: a GPU, or the CPU cores a local study's ranks share
+    (bench/predict/cpu.py), whose priors read `cpu`: the CPU the study's runs recorded, else this machine's
+    (Predictor passes it; a caller with no study passes cpu.this_cpu())."""
+    if gpu.family != CPU.family:
+        return GpuModel(gpu, cal)
+    if cpu is None:
+        raise ValueError("a prediction on CPU cores needs the CPU's facts (cpu.CpuFacts: the study's "
+                         "recorded ones, or cpu.this_cpu())")
+    return CpuModel(gpu, cal, cpu)
+
+
+def _step(spec: RunSpec, arch: ModelArch, device: DeviceModel, network: Network, cal: Calibration,
+          stack: Stack | None) -> Prediction:
+    """The step on a device (module docstring)."""
+    peaks, family = device.peaks(spec), device.gpu.family
+    peak, efficiency = peaks.dense, device.efficiency(compute_dtype(spec.precision))
     tokens = spec.micro_batch * spec.seq_len
     hw_flops = hardware_flops_per_token(arch, spec.seq_len, spec.activation_checkpointing) * tokens
     linear8 = 6 * float8_linear_params(arch) * tokens if spec.precision == "fp8_tensorwise" else 0.0
-    matmul = ((hw_flops - linear8) / peak + linear8 / fp8_peak) / efficiency
+    matmul = ((hw_flops - linear8) / peak + linear8 / peaks.fp8) / efficiency
     if stack is not None:
-        matmul += tokens * stack_attention_s(spec, arch, stack, gpu.family, peak, efficiency)
+        matmul += tokens * stack_attention_s(spec, arch, stack, family, peak, efficiency)
     recompute = hw_flops / (model_flops_per_token(arch, spec.seq_len) * tokens) - 1  # forward passes redone
-    hbm = gpu.hbm_tbs * 1e12
+    hbm = peaks.memory
     share = stack.traffic if stack is not None else cal.compile_traffic if spec.compile else 1.0
     traffic = cal.elementwise_bytes * share
     blocks = traffic * arch.hidden * arch.blocks * (3 + 3 * recompute)  # per token, as the loss's
@@ -299,54 +287,27 @@ def _step(spec: RunSpec, arch: ModelArch, gpu: GpuSpec, network: Network, peak: 
     compute = matmul + elementwise
     forward_share = model_flops_per_token(arch, spec.seq_len) / 3 / (hw_flops / tokens)
     window = {"forward": compute * forward_share, "backward": compute * (1 - forward_share)}
-    exposed, hidden, total = exposed_by_part(spec, arch, gpu, network, window)
+    exposed, hidden, total = exposed_by_part(spec, arch, device, network, window)
     accum = spec.grad_accum
-    cpu = gpu.family == "cpu"
-    host = _host_s(spec, arch, gpu, cal, recompute) / turns[0]
-    parts = {"compute": accum * compute + adds + (0.0 if cpu else cal.contention * hidden), **exposed,
-             "optimizer": optimizer}
-    if cpu:  # the host's work on the compute's thread, and the turns: the rest of the rank's share, part
-        # of it spent running the rank's own work slower beside its peers, the rest waiting (cpu_turns)
-        work = parts["compute"] + optimizer + host
-        slower = 1 + CPU_TURNS_SHARED * (turns[1] - 1)
-        parts = {k: v * slower if k in ("compute", "optimizer") else v for k, v in parts.items()}
-        parts |= {"other": host * slower, "waiting": work * (1 - CPU_TURNS_SHARED) * (turns[1] - 1)}
-    else:  # a host slower than the device: the rest of the step the device idles
-        parts["other"] = max(0.0, host - sum(parts.values()))
+    host = device.host_s(spec, arch, recompute)
+    parts, floor = device.parts(spec, accum * compute + adds, exposed, hidden, optimizer, host)
     step = sum(parts.values())
     model_flops = model_flops_per_token(arch, spec.seq_len) * tokens * accum
-    calibrated = gpu.family in cal.matmul_efficiency or cal.source != CALIBRATION.source
+    calibrated = family in cal.matmul_efficiency or cal.source != PUBLISHED
     return Prediction(step, tokens * accum / step, model_flops / step / peak if peak else None,
                       accum * matmul, accum * elementwise + adds + optimizer, total, sum(exposed.values()),
-                      network, calibrated, cal.source, host_s=0.0 if cpu else host,
-                      unmodeled=unmodeled(spec, gpu), parts=parts)
-
-
-def cpu_network(gpu: GpuSpec, cal: Calibration) -> Network:
-    """What a CPU study's collectives take (bench/predict/comm.py): gloo's ring steps at the study's own
-    step latency, bus bytes at the CPU's loopback bandwidth; no probe (the plan's "network:" line says so)."""
-    source = cal.source if cal.source != CALIBRATION.source else "its prior: no traced run calibrated it yet"
-    return Network(math.inf, f"gloo on this machine's cores: a ring step {cal.cpu_step_s * 1e3:.3g} ms "
-                   f"({source}), slower in a ring of more than the {cal.capacity():.3g} ranks the machine "
-                   f"runs at full speed, bus bytes at {gpu.intra_busbw_gbs:g} GB/s", cal.cpu_step_s,
-                   cpu_capacity=cal.capacity())
+                      network, calibrated, cal.source, host_s=floor, unmodeled=device.unmodeled(spec),
+                      parts=parts)
 
 
 def predict(spec: RunSpec, gpu: GpuSpec, network: Network, arch: ModelArch | None = None,
-            cal: Calibration = CALIBRATION, stack: Stack | None = None) -> Prediction:
-    """The model for one run on a GPU (or this machine's CPU) and node network; arch defaults to the spec's
-    preset; stack: another training stack than this harness's Hugging Face model (published rows only)."""
-    arch = arch or spec.arch
-    efficiency = cal.efficiency(gpu.family, compute_dtype(spec.precision))
-    if gpu.family == "cpu":  # every rank of a local study on this machine's cores: each gets its share
-        running, turns = cpu_turns(spec.world_size, cal.capacity())
-        cpu = replace(gpu, hbm_tbs=gpu.hbm_tbs * running)
-        network = cpu_network(gpu, cal)
-        return _step(spec, arch, cpu, network, cpu_peak_flops() * running, cpu_peak_flops() * running,
-                     efficiency, cal, stack, (running, turns))
-    peak = gpu.peak_tflops[compute_dtype(spec.precision)] * 1e12
-    fp8_peak = gpu.peak_tflops.get("fp8", peak / 1e12) * 1e12
-    return _step(spec, arch, gpu, network, peak, fp8_peak, efficiency, cal, stack)
+            cal: Calibration = CALIBRATION, stack: Stack | None = None,
+            cpu: CpuFacts | None = None) -> Prediction:
+    """The model for one run on a GPU and node network (or on this machine's CPU cores, at the CPU facts
+    `cpu`: device_model); arch defaults to the spec's preset; stack: another training stack than this
+    harness's Hugging Face model (published rows only)."""
+    device = device_model(gpu, cal, cpu)
+    return _step(spec, arch or spec.arch, device, device.network(network), cal, stack)
 
 
 class StudyFit(Protocol):
@@ -365,9 +326,19 @@ class Predictor:
     study's own calibration where it has one (bench/predict/calibrate.py), else the published constants."""
 
     def __init__(self, cluster: ClusterConfig, placement: Placement,
-                 probes: dict[tuple[int, int], Network] | None = None, fit: StudyFit | None = None) -> None:
+                 probes: dict[tuple[int, int], Network] | None = None, fit: StudyFit | None = None,
+                 cpu: CpuFacts | None = None) -> None:
         self.cluster, self.placement, self.probes, self.fit = cluster, placement, probes or {}, fit
         self._local: tuple[list[str], str | None] | None = None
+        self._cpu = cpu
+
+    @property
+    def cpu(self) -> CpuFacts:
+        """The CPU its runs on this machine's cores run on: the study's as its runs recorded it (given), else
+        this machine's (a plan's new runs)."""
+        if self._cpu is None:
+            self._cpu = this_cpu()
+        return self._cpu
 
     def device(self, spec: RunSpec) -> GpuSpec | None:
         if self.cluster.gpu:
@@ -417,9 +388,10 @@ class Predictor:
             return None
         gpu, network = where
         if self.fit is None:
-            return predict(spec, gpu, network)
-        pred = predict(spec, gpu, network, cal=self.fit.calibration)
+            return predict(spec, gpu, network, cpu=self.cpu)
+        pred = predict(spec, gpu, network, cal=self.fit.calibration, cpu=self.cpu)
         if pred.unmodeled:  # a floor: the study's scatter says nothing of how far above it the run lands
             return pred
-        spread = self.fit.spread(lambda cal: predict(spec, gpu, network, cal=cal).tokens_per_s_per_gpu)
+        spread = self.fit.spread(
+            lambda cal: predict(spec, gpu, network, cal=cal, cpu=self.cpu).tokens_per_s_per_gpu)
         return replace(pred, spread=spread)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,8 @@ from bench.launchers import placement_of
 from bench.predict import calibrate, calibration_file, perf
 from bench.predict.calibrate import Observation, fit
 from bench.predict.comm import Network
-from bench.predict.perf import CALIBRATION, CPU, EXPOSED_PARTS, Predictor, predict
+from bench.predict.cpu import CPU_EMULATED_16BIT, CpuFacts, cpu_efficiency
+from bench.predict.perf import CALIBRATION, CPU, EXPOSED_PARTS, Predictor, gpu_efficiency, predict
 from bench.predict.split import comparable
 from bench.study.plan import PlannedRun
 from bench.sweep import compose, format_plan
@@ -34,6 +34,11 @@ LOOPBACK = Network(0.5, "test loopback", 1e-3)
 TRUE_GPU = replace(CALIBRATION, matmul_efficiency={**CALIBRATION.matmul_efficiency, "H100": 0.5},
                    elementwise_bytes=500.0)
 TRUE_CPU = replace(CALIBRATION, matmul_efficiency={"cpu": 0.35}, elementwise_bytes=250.0, cpu_capacity=1.1)
+# The CPU the figures below were set on, as a study's records give it: 2 cores of an AVX-512 EPYC with bf16
+# units at 2.6 GHz (every test passes it: none reads the machine that runs it)
+EPYC = CpuFacts(frozenset({"avx2", "avx512f", "avx512_bf16"}), 2600.0, 2)
+# a reader elsewhere: 16 cores, every 16-bit unit
+BIG = CpuFacts(frozenset({"avx2", "avx512f", "avx512_bf16", "avx512_fp16"}), 3000.0, 16)
 
 
 # A 1B model's step on an H100 is the GPU's at micro batch 8; at 2 it is its host's (perf.HOST_BLOCK_PASS_S),
@@ -42,33 +47,28 @@ MICRO_BATCH = 8
 
 
 def _predictor(cfg: Any) -> Predictor:
-    return Predictor(cfg.cluster, placement_of(cfg))
+    return Predictor(cfg.cluster, placement_of(cfg), cpu=EPYC)
 
 
-def _study_predictor(cfg: Any, sweep_dir: Path) -> tuple[Predictor, str | None]:
-    return calibration_file.study_predictor(cfg.cluster, placement_of(cfg), cfg.axes.model, sweep_dir)
+def _study_predictor(cfg: Any, sweep_dir: Path, here: CpuFacts = EPYC) -> tuple[Predictor, str | None]:
+    """The study's predictor as a reader on `here` sees it."""
+    return calibration_file.study_predictor(cfg.cluster, placement_of(cfg), cfg.axes.model, sweep_dir,
+                                            here=here)
 
 
 def _runs(cal: object, gpu: object, network: Network, nodes: int, model: str = "llama3_2_1b",
           gpus: int = 8, shardings: tuple[str, ...] = ("FULL_SHARD", "HYBRID_SHARD", "SHARD_GRAD_OP"),
-          **fields: object) -> list[Observation]:
+          cpu: CpuFacts = EPYC, **fields: object) -> list[Observation]:
+    """Runs of a truth `cal` on `gpu`, measured as it predicts them (`cpu`: the CPU a CPU study's ran on)."""
     out = []
+    cpu_ = cpu if gpu is CPU else None
     for sharding in shardings:
         for ac in ("none", "full"):
             spec = RunSpec(model=model, nodes=nodes, gpus_per_node=gpus, sharding=sharding,
                            activation_checkpointing=ac, micro_batch=MICRO_BATCH, seq_len=2048, **fields)
-            truth = predict(spec, gpu, network, get_arch(model), cal).tokens_per_s_per_gpu
-            out.append(Observation(spec.run_id, spec, gpu, network, get_arch(model), truth))
+            truth = predict(spec, gpu, network, get_arch(model), cal, cpu=cpu_).tokens_per_s_per_gpu
+            out.append(Observation(spec.run_id, spec, gpu, network, get_arch(model), truth, cpu=cpu_))
     return out
-
-
-@pytest.fixture(autouse=True)
-def an_avx512_reader(monkeypatch) -> None:
-    """The CPU priors read the reading machine's flags (bench/predict/cpu.py): these figures are an AVX-512
-    reader's with native bf16 at 2.6 GHz, whatever CPU runs the tests (on an AVX2 one the fits recover
-    less of a CPU truth: three figures move past their tolerance)."""
-    monkeypatch.setattr(perf, "cpu_peak_flops", lambda: 16 * 2 * 2 * 2.6e9)
-    monkeypatch.setattr(perf, "cpu_runs_natively", lambda dtype: dtype == "bf16")
 
 
 def test_no_runs_no_fit() -> None:
@@ -141,27 +141,27 @@ def test_a_16_bit_dtype_the_study_has_not_run_takes_its_siblings_measured_speed(
                        precision="fp16_mixed")
     errors = [abs(o.predicted(f.calibration) / o.tokens_per_s_per_gpu - 1) for o in first_fp16]
     assert max(errors) < 0.1, errors
-    assert f.calibration.efficiency("cpu", "fp16") == f.calibration.efficiency("cpu", "bf16")
-    assert f.calibration.efficiency("cpu", "fp32") > 4 * f.calibration.efficiency("cpu", "fp16")
-    assert CALIBRATION.efficiency("H100", "fp16") == CALIBRATION.matmul_efficiency["H100"]  # the family's
+    assert cpu_efficiency(f.calibration, "fp16", EPYC) == cpu_efficiency(f.calibration, "bf16", EPYC)
+    assert cpu_efficiency(f.calibration, "fp32", EPYC) > 4 * cpu_efficiency(f.calibration, "fp16", EPYC)
+    assert gpu_efficiency(CALIBRATION, "H100", "fp16") == CALIBRATION.matmul_efficiency["H100"]  # family's
 
 
-def test_a_cpu_study_predicts_its_first_16_bit_run_from_its_fp32_runs(monkeypatch) -> None:
+def test_a_cpu_study_predicts_its_first_16_bit_run_from_its_fp32_runs() -> None:
     """Before any 16-bit run, a CPU without 16-bit units is taken at CPU_EMULATED_16BIT of its fp32 figure
     (at its fp32 figure the smoke's bf16 run after one fp32 run is predicted several times too fast); a CPU
-    with them at its fp32 figure."""
-    emulated = 0.35 * perf.CPU_EMULATED_16BIT
+    with them at its fp32 figure: the units of the CPU the study's runs ran on, whoever reads it."""
+    emulated = 0.35 * CPU_EMULATED_16BIT
     cpu_truth = replace(TRUE_CPU, matmul_efficiency={"cpu:fp32": 0.35, "cpu:bf16": emulated})
-    one_rank = {"gpus": 1, "shardings": ("FULL_SHARD",)}
+    avx2 = CpuFacts(frozenset({"avx2"}), 2445.0, 2)
+    one_rank = {"gpus": 1, "shardings": ("FULL_SHARD",), "cpu": avx2}
     fp32 = _runs(cpu_truth, CPU, LOOPBACK, 1, "tiny_llama", **one_rank, precision="fp32")
     bf16 = _runs(cpu_truth, CPU, LOOPBACK, 1, "tiny_llama", **one_rank)
-    monkeypatch.setattr(perf, "cpu_runs_natively", lambda dtype: False)
     f = fit(fp32)
-    assert f.calibration.efficiency("cpu", "bf16") == f.calibration.efficiency("cpu", "fp32") * 0.18
+    assert f.cpu == avx2
+    assert cpu_efficiency(f.calibration, "bf16", avx2) == cpu_efficiency(f.calibration, "fp32", avx2) * 0.18
     assert max(abs(o.predicted(f.calibration) / o.tokens_per_s_per_gpu - 1) for o in bf16) < 0.1
-    monkeypatch.setattr(perf, "cpu_runs_natively", lambda dtype: dtype == "bf16")
-    assert f.calibration.efficiency("cpu", "bf16") == f.calibration.efficiency("cpu", "fp32")
-    assert f.calibration.efficiency("cpu", "fp16") < f.calibration.efficiency("cpu", "fp32")
+    assert cpu_efficiency(f.calibration, "bf16", EPYC) == cpu_efficiency(f.calibration, "fp32", EPYC)
+    assert cpu_efficiency(f.calibration, "fp16", EPYC) < cpu_efficiency(f.calibration, "fp32", EPYC)
 
 
 def test_the_fit_is_deterministic_and_ignores_the_order_runs_are_read_in() -> None:
@@ -197,22 +197,19 @@ def _finished(sweep_dir: Path, cfg: object, nodes: int, gpus: int, tokens: float
     return summary
 
 
-def test_a_study_writes_its_calibration_and_predicts_with_it(tmp_path: Path, monkeypatch) -> None:
+def test_a_study_writes_its_calibration_and_predicts_with_it(tmp_path: Path) -> None:
     """On a 16-core machine the published constants expect 4 ranks to run at full speed; this study's runs
-    say they share far fewer cores (on a 2-core machine the prior would already know: the core count is
-    fixed so the test means the same on every machine, and so are its bf16 units)."""
-    monkeypatch.setattr(os, "cpu_count", lambda: 16)
-    monkeypatch.setattr(perf, "cpu_runs_natively", lambda dtype: True)
+    (which recorded no CPU: the reader's is theirs) say they share far fewer cores."""
     cfg = _cfg(tmp_path)
     sweep_dir = tmp_path / "smoke"
-    predictor, note = _study_predictor(cfg, sweep_dir)
+    predictor, note = _study_predictor(cfg, sweep_dir, BIG)
     assert predictor.fit is None and note is None  # no runs yet: the published constants
     _finished(sweep_dir, cfg, 1, 1, 7000.0)
     _finished(sweep_dir, cfg, 1, 2, 3700.0)
     gpu_run = _finished(sweep_dir, cfg, 2, 2, 1200.0)
     gpu_run.extra["nccl_version"] = "2.27.5"  # what collect takes from a GPU worker's meta record
     rundir.write_summary(rundir.run_dir(sweep_dir, gpu_run.spec), gpu_run)
-    predictor, note = _study_predictor(cfg, sweep_dir)
+    predictor, note = _study_predictor(cfg, sweep_dir, BIG)
     assert note == "predictions calibrated on 3 runs at 1-2 nodes of this study " \
                    f"(residual {predictor.fit.residual:.0%}): calibration.json"
     data = json.loads((sweep_dir / rundir.CALIBRATION_JSON).read_text())
@@ -224,43 +221,46 @@ def test_a_study_writes_its_calibration_and_predicts_with_it(tmp_path: Path, mon
     pred = predictor.predict(spec)
     assert pred.source == "this study's 3 runs" and pred.fields()["pred_source"] == pred.source
     assert pred.interval[0] < pred.tokens_per_s_per_gpu < pred.interval[1]
-    published = _predictor(cfg).predict(spec).tokens_per_s_per_gpu
+    published = Predictor(cfg.cluster, placement_of(cfg), cpu=BIG).predict(spec).tokens_per_s_per_gpu
     # it learnt 2 x 2 ranks
     assert published / 1200 > 1.5 and abs(pred.tokens_per_s_per_gpu / 1200 - 1) < 0.25
-    again, _ = _study_predictor(cfg, sweep_dir)  # read back from the file: the same fit
+    assert data["cpu"] == {"isa": sorted(BIG.isa), "mhz": BIG.mhz, "cores": 16}  # the CPU it was fitted at
+    again, _ = _study_predictor(cfg, sweep_dir, BIG)  # read back from the file: the same fit
     assert again.fit == predictor.fit
 
 
-def test_a_cpu_study_is_calibrated_at_the_cores_its_runs_recorded_wherever_it_is_read(tmp_path: Path,
-                                                                                        monkeypatch) -> None:
-    """A study of 2 usable CPUs (its runs' system records, as bench/run/collect.py keeps them) read on a
-    16-core machine calibrates as it did on its own 2 cores, and its file reads back the same there; runs
-    without a record take the reader's count, and come out otherwise."""
-    monkeypatch.setattr(perf, "cpu_runs_natively", lambda dtype: True)
+def test_a_cpu_study_is_calibrated_at_the_cpu_its_runs_recorded_wherever_it_is_read(tmp_path: Path) -> None:
+    """A study whose runs recorded their CPU (2 usable cores of an AVX2 CPU at 2445 MHz: its system records,
+    as bench/run/collect.py keeps them) read on a 16-core AVX-512 machine calibrates as it did where it
+    ran; runs without a record take the reader's CPU, and come out otherwise. Either study's file reads back
+    the same fit on any machine: it names the CPU it was fitted at."""
     cfg = _cfg(tmp_path)
-    record = [{"node": "node1", "source": "trainer", "facts": {"cpu_count": 4, "cpus_usable": 2}},
+    avx2 = CpuFacts(frozenset({"avx2"}), 2445.0, 2)
+    record = [{"node": "node1", "source": "trainer",
+               "facts": {"cpu_count": 4, "cpus_usable": 2, "cpu_isa": "avx2", "cpu_mhz": 2445.0}},
               {"node": "node2", "source": "trainer",
-               "facts": {"cpu_count": 4, "cpus_usable": {"missing": "sched_getaffinity unavailable"}}}]
+               "facts": {"cpu_count": 4, "cpus_usable": {"missing": "sched_getaffinity unavailable"},
+                         "cpu_isa": "avx2", "cpu_mhz": {"missing": "no cpufreq and no 'cpu MHz'"}}}]
 
     def study(name: str, recorded: bool) -> Path:
         sweep_dir = tmp_path / name
         for nodes, gpus, tokens in ((1, 1, 7000.0), (1, 2, 3700.0), (2, 2, 1200.0)):
-            summary = _finished(sweep_dir, cfg, nodes, gpus, tokens)
+            summary = _finished(sweep_dir, cfg, nodes, gpus, tokens, precision="bf16_mixed")
             if recorded:
                 summary.extra["system"] = record
                 rundir.write_summary(rundir.run_dir(sweep_dir, summary.spec), summary)
         return sweep_dir
 
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    where_it_ran = _study_predictor(cfg, study("bare_on_2", recorded=False))[0].fit
-    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    bare_on_avx2 = study("bare_on_avx2", recorded=False)
+    where_it_ran = _study_predictor(cfg, bare_on_avx2, avx2)[0].fit
     recorded = study("recorded", recorded=True)
-    elsewhere = _study_predictor(cfg, recorded)[0].fit
-    bare = _study_predictor(cfg, study("bare_on_16", recorded=False))[0].fit
-    assert elsewhere.prior.cpu_capacity == 2.0 and bare.prior.cpu_capacity is None
+    elsewhere = _study_predictor(cfg, recorded, BIG)[0].fit
+    bare = _study_predictor(cfg, study("bare_on_big", recorded=False), BIG)[0].fit
+    assert where_it_ran.cpu == elsewhere.cpu == avx2 and bare.cpu == BIG
     assert elsewhere.calibration == where_it_ran.calibration
-    assert bare.prior.capacity() == 16 and bare.calibration != where_it_ran.calibration
-    assert _study_predictor(cfg, recorded)[0].fit == elsewhere  # read back from its file on 16 cores
+    assert bare.calibration != where_it_ran.calibration
+    assert _study_predictor(cfg, recorded, BIG)[0].fit == elsewhere  # read back from its file on BIG
+    assert _study_predictor(cfg, bare_on_avx2, BIG)[0].fit == where_it_ran  # its file names its CPU
 
 
 @pytest.mark.parametrize("damage, why", [
@@ -322,7 +322,7 @@ def test_a_cpu_offload_run_is_predicted_as_a_floor_and_is_no_evidence(tmp_path: 
     assert offload.unmodeled.startswith("CPU offload") and perf.FLOOR in offload.fields()["pred_source"]
     # the GPU's work alone (tiny_llama: the launches bound both)
     assert offload.step_time_s <= plain.step_time_s
-    assert predict(runs[1].spec, CPU, Network(1.0, "loopback")).unmodeled is None  # a CPU study: host is all
+    assert predict(runs[1].spec, CPU, Network(1.0, "loopback"), cpu=EPYC).unmodeled is None  # host is all
     line = format_plan([PlannedRun(runs[1].spec, None, True, perf=offload)]).splitlines()[-1]
     assert f"<={offload.tokens_per_s_per_gpu:,.0f}" in line and f"<={offload.mfu:.2f}" in line
     calibrated, _ = _study_predictor(cfg, sweep_dir)  # fitted on the plain run alone
@@ -345,9 +345,9 @@ def test_a_studys_traces_tell_its_compute_from_its_host_work_which_its_steps_can
             for ac in ("none", "full"):
                 spec = RunSpec(model="tiny_llama", nodes=nodes, gpus_per_node=gpus, sharding=sharding,
                                activation_checkpointing=ac, micro_batch=2, seq_len=128)
-                pred = predict(spec, CPU, LOOPBACK, cal=truth)
+                pred = predict(spec, CPU, LOOPBACK, cal=truth, cpu=EPYC)
                 out.append(Observation(spec.run_id, spec, CPU, LOOPBACK, spec.arch, pred.tokens_per_s_per_gpu,
-                                       parts=comparable(pred.parts) if traced else None))
+                                       parts=comparable(pred.parts) if traced else None, cpu=EPYC))
         return out
     blind = fit(runs(1, 1, False) + runs(1, 2, False))
     seeing = fit(runs(1, 1, True) + runs(1, 2, True))

@@ -18,8 +18,9 @@ from bench.core.schema import RunSpec, RunSummary
 from bench.gpucheck.evidence import EVIDENCE_DIR, table_runs
 from bench.launchers import placement_of
 from bench.predict.comm import Network, collectives, step_collectives
+from bench.predict.cpu import CpuFacts
 from bench.predict.network import network_for, probe_network
-from bench.predict.perf import CALIBRATION, Predictor, Stack, predict
+from bench.predict.perf import CALIBRATION, Predictor, Stack, gpu_efficiency, predict
 from bench.predict.published import (
     CALIBRATION_ROWS,
     CHECK_ROWS,
@@ -42,6 +43,7 @@ THROUGHPUT_TOLERANCE = 0.15  # every calibration row's tokens/s/GPU (the worst i
 EFFICIENCY_TOLERANCE = 0.10  # scaling efficiency (AWS's 87% at 16 p5 nodes is predicted as 94%)
 H100 = GPUS["H100-SXM"]
 P5 = network_for("p5.48xlarge", 32)
+SMOKE_CPU = CpuFacts(frozenset({"avx2", "avx512f", "avx512_bf16"}), 2600.0, 2)  # a local study's: 2 cores
 
 
 @pytest.mark.parametrize("row", CALIBRATION_ROWS, ids=lambda r: r.label)
@@ -74,7 +76,7 @@ def test_a_stack_sets_its_traffic_and_runs_attention_on_the_causal_half_at_its_k
     compile's."""
     spec = RunSpec(model="llama3_1_8b", nodes=2, gpus_per_node=8, micro_batch=2, seq_len=4096)
     eager = predict(spec, H100, P5)
-    efficiency = CALIBRATION.efficiency("H100", "bf16")
+    efficiency = gpu_efficiency(CALIBRATION, "H100", "bf16")
     for ac, share in (("none", 7 / 12), ("full", 9 / 16)):
         counted = replace(spec, activation_checkpointing=ac)
         same = Stack("as counted", 1.0, {"H100": efficiency * share})
@@ -315,7 +317,7 @@ def test_no_predicted_efficiency_exceeds_linear_scaling(monkeypatch: pytest.Monk
     cfg = from_dict(compose(["+sweep=smoke", "memory.measure=false"])[0])
     many_cores = SimpleNamespace(calibration=replace(CALIBRATION, cpu_capacity=64.0, cpu_step_s=1e-7),
                                  spread=lambda tokens: 0.1)
-    predictor = _predictor(cfg, fit=many_cores)
+    predictor = _predictor(cfg, fit=many_cores, cpu=SMOKE_CPU)
     plan = with_predictions(expand(cfg), predictor)
     base = {p.spec.label.replace("-n2x", "-n1x"): p for p in plan if p.spec.nodes == 1 and p.perf}
     faster = [(p, base[p.spec.label.replace("-n2x", "-n1x")]) for p in plan if p.spec.nodes == 2 and p.perf
@@ -352,7 +354,7 @@ def test_a_tiny_model_on_a_gpu_waits_for_its_host() -> None:
     slow = predict(big, h200, network_for("local", 0))
     assert slow.bound == "compute-bound" and slow.host_s < slow.step_time_s / 5
     assert abs(slow.tokens_per_s_per_gpu / big_measured - 1) < 0.10
-    cpu = predict(tiny, replace(h200, family="cpu"), network_for("local", 0))
+    cpu = predict(tiny, replace(h200, family="cpu"), network_for("local", 0), cpu=SMOKE_CPU)
     assert cpu.host_s == 0.0  # a CPU study's cores are its compute, calibrated by its own runs
 
 
@@ -369,7 +371,7 @@ def test_a_slower_all_gather_probe_predicts_a_longer_exposed_all_gather_and_name
     """All-reduce probed at 200 GB/s algbw, all-gather at 60: the all-gather's network leg takes the gather
     probe's figure (at the size nearest one unit's message), the reduce-scatter keeps the all-reduce's
     (not probed), the step's exposed communication grows, and the network's source names the probe."""
-    from bench.predict.comm import collective_s, unit_messages
+    from bench.predict.comm import gpu_collective_s, unit_messages
     from bench.predict.network import probes_of
     cfg = from_dict(compose(["+sweep=p5_scaling", "nccl.enabled=false"])[0])
     spec = RunSpec(model="llama2_70b", nodes=4, gpus_per_node=8, activation_checkpointing="full",
@@ -383,10 +385,10 @@ def test_a_slower_all_gather_probe_predicts_a_longer_exposed_all_gather_and_name
     message = unit_messages(spec, get_arch("llama2_70b"))["all_gather"]
     assert slow.gbs("all_gather", message) == pytest.approx(60.0 * 3 / 4)  # algbw x (N-1)/N, N = 4 nodes
     assert plain.gbs("all_gather", message) == plain.node_gbs == pytest.approx(200.0 * 2 * 3 / 4)
-    assert collective_s(comms["all_gather"], gpu, slow, units) > 2 * collective_s(comms["all_gather"], gpu,
-                                                                                    plain, units)
+    ag = comms["all_gather"]
+    assert gpu_collective_s(ag, gpu, slow, units) > 2 * gpu_collective_s(ag, gpu, plain, units)
     rs = comms["reduce_scatter"]
-    assert collective_s(rs, gpu, slow, units) == collective_s(rs, gpu, plain, units)
+    assert gpu_collective_s(rs, gpu, slow, units) == gpu_collective_s(rs, gpu, plain, units)
     a, b = ar_only.predict(spec), both.predict(spec)
     assert b.exposed_s > a.exposed_s and b.step_time_s > a.step_time_s and b.comm_s > a.comm_s
     assert slow.fed_by("all_gather") == "the study's all_gather probe at 4 nodes, 32 EFA (32 ranks)"
@@ -408,7 +410,7 @@ def test_a_one_node_gather_probe_slower_than_the_published_all_reduce_feeds_the_
     (~350 GB/s): a one-node all-gather probe at 100 GB/s algbw (87.5 bus over 8 ranks) feeds the
     intra-node leg of a one-node run's and a HYBRID_SHARD run's in-node gathers, at every node count and
     EFA count; the reduce-scatter, not probed, keeps the published figure; the plan names the probe."""
-    from bench.predict.comm import collective_s, unit_messages
+    from bench.predict.comm import gpu_collective_s, unit_messages
     from bench.predict.network import probes_of
     cfg = from_dict(compose(["+sweep=p5_scaling", "nccl.enabled=false"])[0])
     probed = _predictor(cfg, probes_of([_probe_summary("all_gather", 100.0, nodes=1, efa=0)]))
@@ -423,8 +425,8 @@ def test_a_one_node_gather_probe_slower_than_the_published_all_reduce_feeds_the_
         units = arch.layers + 1
         ag, rs = (next(c for c in collectives(spec, arch) if c.kind == kind) for kind in
                   ("all_gather", "reduce_scatter"))
-        assert collective_s(ag, gpu, fed, units) > 2 * collective_s(ag, gpu, published, units) - 1e-9
-        assert collective_s(rs, gpu, fed, units) == collective_s(rs, gpu, published, units)
+        assert gpu_collective_s(ag, gpu, fed, units) > 2 * gpu_collective_s(ag, gpu, published, units) - 1e-9
+        assert gpu_collective_s(rs, gpu, fed, units) == gpu_collective_s(rs, gpu, published, units)
         assert "all-gathers: the study's all_gather probe on one node (8 ranks)" in fed.described
         assert probed.predict(spec).comm_s > plain.predict(spec).comm_s
 
@@ -437,7 +439,7 @@ def test_a_cpu_collective_is_its_rings_steps_at_the_calibrated_step_whatever_its
     ranks takes 2 steps. On 2 cores a ring of 4 ranks steps slower by its kind's CPU_RING_SHARED of its
     ranks' turns ((17/2)^(1/4): cpu_share's 2 ranks over its 4; an all-gather's share 2x the
     reduce-scatter's), a ring of 2 at the calibrated step. A GPU still reads the probe."""
-    from bench.predict.comm import bus_factor, collective_s
+    from bench.predict.comm import bus_factor, gpu_collective_s
     from bench.predict.cpu import CPU, CPU_RING_SHARED
     from bench.predict.network import probes_of
     cfg = from_dict(compose(["+sweep=smoke"])[0])
@@ -454,7 +456,7 @@ def test_a_cpu_collective_is_its_rings_steps_at_the_calibrated_step_whatever_its
         for probes in (slow, fast, []):
             gpu, network = _predictor(cfg, probes_of(probes)).setting(spec)
             assert gpu.family == "cpu"
-            pred = predict(spec, gpu, network, cal=cal)
+            pred = predict(spec, gpu, network, cal=cal, cpu=SMOKE_CPU)
             expected = 0.0
             for c in collectives(spec, arch):
                 steps = (1 if c.kind == "all_gather" else 2) * (c.ranks - 1)
@@ -473,4 +475,4 @@ def test_a_cpu_collective_is_its_rings_steps_at_the_calibrated_step_whatever_its
         ag = next(c for c in collectives(spec, arch) if c.kind != "all_reduce" or sharding == "NO_SHARD")
         _, slow_net = _predictor(cfg, probes_of(slow)).setting(spec)
         _, fast_net = _predictor(cfg, probes_of(fast)).setting(spec)
-        assert collective_s(ag, h100, slow_net, units) > collective_s(ag, h100, fast_net, units)
+        assert gpu_collective_s(ag, h100, slow_net, units) > gpu_collective_s(ag, h100, fast_net, units)

@@ -11,7 +11,7 @@ import pytest
 from bench.core.hardware import GPUS
 from bench.core.schema import RunSpec
 from bench.predict.comm import Network
-from bench.predict.cpu import CPU, CPU_TURNS_SHARED, cpu_share
+from bench.predict.cpu import CPU, CPU_TURNS_SHARED, CpuFacts, cpu_share
 from bench.predict.memory import MemoryFigure, states_gib
 from bench.predict.network import network_for
 from bench.predict.perf import CALIBRATION, EXPOSED_PARTS, Prediction, predict
@@ -72,7 +72,8 @@ def test_a_cpu_exposes_every_collective_and_its_extra_ranks_wait_their_turn() ->
     step is their work over the share of 4 whatever that division."""
     two = RunSpec(model="tiny_llama", nodes=1, gpus_per_node=2)
     four = replace(two, nodes=2)
-    p2, p4 = (predict(s, CPU, LOOPBACK, cal=CPU_STUDY) for s in (two, four))
+    cpu = CpuFacts(frozenset({"avx2"}), 2445.0, 2)
+    p2, p4 = (predict(s, CPU, LOOPBACK, cal=CPU_STUDY, cpu=cpu) for s in (two, four))
     for p in (p2, p4):
         assert p.exposed_s == pytest.approx(p.comm_s, rel=1e-12)  # gloo blocks the main thread
         assert sum(p.parts.values()) == pytest.approx(p.step_time_s, rel=1e-12)

@@ -1,0 +1,105 @@
+"""What a device is to the step model (bench/predict/perf.py): the constants a study calibrates, every
+device's (`Calibration`), and the terms where one device's step differs from another's (`DeviceModel`).
+
+Two devices implement it: a GPU (`perf.GpuModel`: NCCL's kernels on their own streams beside the compute,
+the host a floor under the step) and the CPU cores a local study's ranks share (bench/predict/cpu.py
+`CpuModel`: gloo on the compute's thread, ranks taking turns on the machine), the project's test bench.
+`perf.device_model` picks one per prediction; everything else in perf.py and comm.py is the same for both.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from bench.core.hardware import GpuSpec
+from bench.core.models import ModelArch
+from bench.core.schema import RunSpec
+from bench.predict.comm import Collective, Network
+
+PUBLISHED = "published constants"  # Calibration.source of the shipped constants (perf.CALIBRATION)
+HALF_SIBLING = {"fp16": "bf16", "bf16": "fp16"}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The fitted constants: the shipped ones (benchmarks/perf_model.py fits them to the rows of
+    bench/predict/published.py), or a study's own (bench/predict/calibrate.py refits them to its runs)."""
+
+    matmul_efficiency: dict[str, float]  # fraction of the dense peak its matmuls reach, per GPU family
+    # ("H100"), or per family and compute dtype ("cpu:fp16": a CPU without fp16 units emulates them)
+    elementwise_bytes: float  # bytes of non-matmul memory traffic per hidden unit, token, block and pass
+    contention: float  # fraction of overlapped communication time that still costs step time
+    compile_traffic: float  # fraction of the elementwise traffic left once torch.compile fuses each block
+    cpu_capacity: float | None = None  # a local CPU cluster: ranks the machine runs at one rank's speed
+    # (None: the cores its ranks can use, cpu.CpuFacts; hyperthreads and memory bandwidth make it fewer)
+    cpu_host_s: float = 2.24e-3  # a CPU rank's own host time per block and pass (Python, FSDP2's hooks and
+    # copies), on the compute's thread: perf.HOST_BLOCK_PASS_S as its prior, a study's traces refit it
+    cpu_step_s: float = 1.0e-3  # one ring step of a gloo collective inside a CPU study's training: its
+    # traced collectives refit it; the prior is the order its 1-node traces measured on 2 shared cores
+    # (benchmarks/evidence/README.md, "CPU smoke studies")
+    source: str = PUBLISHED  # or "this study's N runs": the results table's pred_source
+
+    def calibrated(self, family: str, dtype: str) -> float | None:
+        """The matmul efficiency calibrated for a family at a compute dtype: the dtype's own where a study
+        measured it, else its 16-bit sibling's (GPUs run fp16 and bf16 on the same tensor cores at one peak;
+        a CPU without 16-bit units emulates both alike), else the family's; None where none was (the
+        device's model says what then: DeviceModel.efficiency)."""
+        table = self.matmul_efficiency
+        for key in (f"{family}:{dtype}", f"{family}:{HALF_SIBLING.get(dtype)}", family):
+            if key in table:
+                return table[key]
+        return None
+
+
+@dataclass(frozen=True)
+class Peaks:
+    """What one rank of a run computes and moves per second on its device."""
+
+    dense: float  # FLOP/s at the run's compute dtype
+    fp8: float  # FLOP/s of its Float8 linears (the dense figure where the device has no FP8 units)
+    memory: float  # bytes/s of its memory bandwidth (HBM; a CPU rank's share of the machine's)
+
+
+def block_passes_s(per: float, spec: RunSpec, arch: ModelArch, recompute: float) -> float:
+    """The host's time for a step's blocks and passes at `per` seconds a block and pass: forward, two for
+    the backward, one more where activation checkpointing recomputes; per micro-batch."""
+    return per * arch.blocks * (3 + 3 * recompute) * spec.grad_accum
+
+
+class DeviceModel(Protocol):
+    """The terms of the step where one device differs from another (perf.py's module docstring says what
+    each is on a GPU, cpu.py's on the CPU)."""
+
+    gpu: GpuSpec  # its figures (a GPU's datasheet; the CPU's: cpu.CPU)
+    overlaps: bool  # whether a collective runs beside the compute (else the step waits for all of it)
+
+    def efficiency(self, dtype: str) -> float:
+        """Its matmuls' fraction of the dense peak at a compute dtype: calibrated, else its prior."""
+        ...
+
+    def peaks(self, spec: RunSpec) -> Peaks:
+        """What one of the run's ranks computes and moves per second."""
+        ...
+
+    def network(self, network: Network) -> Network:
+        """What its collectives run over, given the node network the run was set on."""
+        ...
+
+    def collective_s(self, c: Collective, network: Network, units: int) -> float:
+        """One collective's seconds over `units` FSDP units, each gathering or reducing on its own."""
+        ...
+
+    def host_s(self, spec: RunSpec, arch: ModelArch, recompute: float) -> float:
+        """The host's seconds for a step's blocks and passes (block_passes_s at its own rate)."""
+        ...
+
+    def parts(self, spec: RunSpec, compute: float, exposed: dict[str, float], hidden: float,
+              optimizer: float, host: float) -> tuple[dict[str, float], float]:
+        """The step's parts (perf.Prediction.parts: compute, each exposed kind, the optimizer, other and
+        where it has them the turns' waiting), given the device's compute, exposed and hidden
+        communication, optimizer and host seconds; and the host's floor under the step (0: none)."""
+        ...
+
+    def unmodeled(self, spec: RunSpec) -> str | None:
+        """What of the run's step it leaves out, making its prediction a floor only; None: nothing."""
+        ...
