@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bench.core.fabric import Fabric
 from bench.predict import nccl_graph
@@ -214,12 +214,28 @@ def build_comm(kind: str, nodes: int, gpus_per_node: int, fabric: Fabric, versio
     if nodes > 1 and fabric.scale_out is None:
         raise ValueError(f"{fabric.name or 'the fabric'} has no network: it runs one node")
     prof = profile(version)
+    nodes, gpus_per_node, fabric = nvlink_domains(nodes, gpus_per_node, fabric)
     node = nccl_graph.node_of(fabric, gpus_per_node, nodes)
     ring = nccl_graph.ring(node, prof.max_channels // 2)
     tree = nccl_graph.tree(node, ring.channels)
     nvls_on = fabric.scale_up.nvls and fabric.compute_capability >= 90 and gpus_per_node > 1
     nvls = nccl_graph.nvls(node) if nvls_on else None
     return Comm(kind, nodes, gpus_per_node, fabric, node, ring, tree, nvls, prof)
+
+
+def nvlink_domains(nodes: int, gpus_per_node: int, fabric: Fabric) -> tuple[int, int, Fabric]:
+    """Multi-node NVLink (GB200 NVL72): NCCL fuses the trays of one NVLink domain into one node (its
+    clique: src/graph/topo.cc ncclTopoGetSystem under comm->MNNVL), so its nodes are the domains the ranks
+    span, each with the trays' GPUs and adapters together."""
+    up, per = fabric.scale_up, fabric.gpus_per_node
+    if up.kind != "nvswitch" or up.gpus <= per or nodes == 1:
+        return nodes, gpus_per_node, fabric
+    domains = math.ceil(nodes / (up.gpus // per))
+    trays = nodes // domains  # domains of equal size; a remainder is not modelled
+    out = fabric.scale_out
+    fused = replace(fabric, gpus_per_node=per * trays,
+                    scale_out=replace(out, adapters=out.adapters * trays) if out is not None else None)
+    return domains, gpus_per_node * trays, fused
 
 
 def steps(comm: Comm) -> tuple[int, int]:

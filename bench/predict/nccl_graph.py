@@ -6,8 +6,8 @@ tuning multiplies (bench/predict/collective.py).
 NCCL searches the real PCIe/NVLink/NIC graph depth first; here each pattern's channel count at a speed is the
 smallest of what the node's links can carry, each channel taking the speed once on every link it crosses:
   - a GPU's link into its NVLink domain (NCCL: links x SMxx_NVLINK_BW, src/graph/topo.h) or, without
-    NVLink, its PCIe x16 link: floor(link / speed) channels (an NVLS channel loads each GPU's link
-    G+1 times: every GPU's share plus the head's second, search.cc ncclTopoSearchTryNvls);
+    NVLink, its PCIe x16 link: floor(link / speed) channels (NVLS: every channel loads each GPU's link
+    once and its head GPU's twice, search.cc ncclTopoSearchTryNvls);
   - across nodes, each NIC NCCL sees: floor(min(NIC, PCIe) / speed) channels per NIC (search.cc
     ncclTopoSearchRecNet subtracts the speed from the NIC once per channel).
 The speed steps (speedArray*), the pass that lowers the speed while the next step is above 0.49 of the best
@@ -101,9 +101,10 @@ def ring_fit(node: Node, speed: float, max_channels: int) -> int:
 
 
 def nvls_fit(node: Node, speed: float) -> int:
-    """NVLS channels at `speed`: one per head GPU (one per NIC across nodes), all of them or none."""
+    """NVLS channels at `speed`: one per head GPU (one per NIC across nodes), all of them or none; each
+    channel loads every GPU's link once and its head's twice."""
     heads = min(node.gpus, NVLS_MAX_ARITY, node.nics or node.gpus)
-    links = (node.gpus + 1) * speed <= node.gpu_link + 1e-9
+    links = (heads + 1) * speed <= node.gpu_link + 1e-9
     return heads if links and (not node.nics or speed <= node.nic_path + 1e-9) else 0
 
 
