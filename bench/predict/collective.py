@@ -85,15 +85,16 @@ class Profile:
     nvls_tree_net_lat: float  # NET hop latency of NVLS Tree: 14 us, 20.9 from 2.28
     nvls_efficiency: bool  # 2.28+: NVLS bandwidth from nvlsEfficiency, else min(bw_intra, bw_inter)
     max_channels: int  # MAXCHANNELS (device.h): 32 before 2.25, then 64; a ring searches half of it
+    one_gpu_tree_net_lat: bool  # from 2.23 one GPU per node prices network hops at the tree's latency
 
 
 PROFILES = (
-    Profile((2, 19), (0.0, 28.0, 28.0, 28.0), True, True, 0.7, 0.0, 23.0, 14.0, False, 32),
-    Profile((2, 21), (0.0, 28.0, 28.0, 28.0), False, False, 0.7, 0.0, 25.0, 14.0, False, 32),
-    Profile((2, 23), (8.4, 4.0, 4.0, 14.0), False, False, 0.92, 0.85, 25.0, 14.0, False, 32),
-    Profile((2, 24), (8.4, 4.0, 4.0, 14.0), False, False, 0.92, 0.75, 25.0, 14.0, False, 32),
-    Profile((2, 25), (8.4, 4.0, 4.0, 14.0), False, False, 0.92, 0.75, 25.0, 14.0, False, 64),
-    Profile((2, 28), (8.4, 4.0, 4.0, 14.0), False, False, 0.92, 0.75, 25.0, 20.9, True, 64),
+    Profile((2, 19), (0.0, 28.0, 28.0, 28.0), True, True, 0.7, 0.0, 23.0, 14.0, False, 32, False),
+    Profile((2, 21), (0.0, 28.0, 28.0, 28.0), False, False, 0.7, 0.0, 25.0, 14.0, False, 32, False),
+    Profile((2, 23), (8.4, 4.0, 4.0, 14.0), False, False, 0.92, 0.85, 25.0, 14.0, False, 32, True),
+    Profile((2, 24), (8.4, 4.0, 4.0, 14.0), False, False, 0.92, 0.75, 25.0, 14.0, False, 32, True),
+    Profile((2, 25), (8.4, 4.0, 4.0, 14.0), False, False, 0.92, 0.75, 25.0, 14.0, False, 64, True),
+    Profile((2, 28), (8.4, 4.0, 4.0, 14.0), False, False, 0.92, 0.75, 25.0, 20.9, True, 64, True),
 )
 DEFAULT_VERSION = "2.27.7"
 
@@ -252,7 +253,7 @@ def hop_latency(comm: Comm, algorithm: str, p: int) -> tuple[float, float]:
     floor for rings, the plugin's reported latency on every network hop (twice for Simple, the flush)."""
     row = "tree" if algorithm == "pat" else algorithm
     intra = HW_LAT[comm.intra_hw][row][p]
-    net_row = "tree" if comm.ppn == 1 else row  # one GPU per node: latencies fully exposed (tuning.cc)
+    net_row = "tree" if comm.ppn == 1 and comm.prof.one_gpu_tree_net_lat else row  # latencies exposed
     inter = HW_LAT["net"][net_row][p]
     if algorithm == "tree" and p == 2:
         _, nvl, pci, net = comm.prof.tree_simple_lat
