@@ -109,11 +109,15 @@ def profile(version: str | None) -> Profile:
 
 @dataclass(frozen=True)
 class Calibration:
-    """A fabric's effective figures from one measured table (calibrate): the latency terms scaled by
-    `latency`, the bandwidth of a one-node collective by `intra_bw`, of a multi-node one by `net_bw`."""
+    """A fabric's effective figures from measured tables (calibrate), each multiplying or replacing one term
+    of NCCL's model for the algorithm NCCL picks (the pick stays NCCL's): a one-node table sets `latency`
+    (every hop and base latency scaled) and `intra_bw` (a one-node collective's bandwidth); a multi-node
+    table sets `net_latency_us` (the latency of one network hop, in place of what the net plugin reports to
+    NCCL's tuner) and `net_bw` (a multi-node collective's bandwidth)."""
 
     latency: float = 1.0
     intra_bw: float = 1.0
+    net_latency_us: float | None = None  # None: the plugin's reported latency, as NCCL prices it
     net_bw: float = 1.0
     source: str = "NCCL's published constants (nothing fitted)"
 
@@ -481,6 +485,19 @@ def bound_leg(comm: Comm) -> str:
     return "network bandwidth" if out.node_gbs <= intra else "intra-node bandwidth"
 
 
+def latency_parts(comm: Comm, best: Candidate, nbytes: int) -> tuple[float, float]:
+    """The picked candidate's latency, us, as (without the plugin's reported latency, us per us of it): the
+    plugin's figure enters every network hop (twice for Simple) and the ring plateau scales both."""
+    out = comm.fabric.scale_out
+    if comm.nodes == 1 or out is None:
+        return best.latency_us, 0.0
+    bare = replace(comm, fabric=replace(comm.fabric, scale_out=replace(out, latency_us=0.0)))
+    unit = replace(comm, fabric=replace(comm.fabric, scale_out=replace(out, latency_us=1.0)))
+    base = candidate(bare, best.algorithm, best.protocol, nbytes)
+    one = candidate(unit, best.algorithm, best.protocol, nbytes)
+    return base.latency_us, one.latency_us - base.latency_us
+
+
 def predict_collective(kind: str, nbytes: int, nodes: int, gpus_per_node: int, fabric: Fabric, *,
                        version: str | None = None, algorithms: Iterable[str] | None = None,
                        protocols: Iterable[str] | None = None, env: Mapping[str, str] | None = None,
@@ -504,7 +521,10 @@ def predict_collective(kind: str, nbytes: int, nodes: int, gpus_per_node: int, f
     cal = calibration or Calibration()
     leg = bound_leg(comm)
     scale = cal.net_bw if nodes > 1 else cal.intra_bw
-    lat_s = best.latency_us * cal.latency * 1e-6
+    base_us, per_hop_us = latency_parts(comm, best, nbytes)
+    out = comm.fabric.scale_out
+    hop = cal.net_latency_us if cal.net_latency_us is not None else out.latency_us if out else 0.0
+    lat_s = (base_us * cal.latency + per_hop_us * hop) * 1e-6
     bw_s = nbytes / (best.bandwidth_gbs * scale * 1e9)
     seconds = lat_s + bw_s
     algbw = nbytes / seconds / 1e9
@@ -517,35 +537,57 @@ def predict_collective(kind: str, nbytes: int, nodes: int, gpus_per_node: int, f
 def calibrate(kind: str, rows: Sequence[tuple[int, float]], nodes: int, gpus_per_node: int, fabric: Fabric, *,
               version: str | None = None, env: Mapping[str, str] | None = None) -> Calibration:
     """A fabric's effective figures from one measured nccl-tests table at one shape: rows of (bytes, time
-    in us). Two factors, both multiplying what NCCL's model gives for the algorithm it picks: the latency
-    scale and the bandwidth efficiency of the leg the shape runs on (the network across nodes, the node's
-    scale-up domain on one node; the other leg stays 1). They minimise the squared log error over the rows,
-    so other sizes and node counts are predicted by the model with them, never read off a row."""
+    in us). Two figures, each read where it decides the time (fit_scales): across nodes the latency of one
+    network hop and the bandwidth efficiency of a multi-node collective; on one node the latency scale and
+    the bandwidth efficiency of the scale-up domain. NCCL's pick stays its own; other sizes and node counts
+    are predicted by the model with these figures, never read off a row."""
     terms = []
     for nbytes, time_us in rows:
         if nbytes <= 0 or time_us <= 0:
             continue
+        comm = build_comm(kind, nodes, gpus_per_node, fabric, version)
         t = predict_collective(kind, nbytes, nodes, gpus_per_node, fabric, version=version, env=env)
-        terms.append((t.latency_s * 1e6, t.bandwidth_s * 1e6, time_us))
+        pick = next(c for c in t.candidates if (c.algorithm, c.protocol) == (t.algorithm, t.protocol))
+        base, per_hop = latency_parts(comm, pick, nbytes)
+        terms.append((base, per_hop, t.bandwidth_s * 1e6, time_us))
     if len(terms) < 2:
         raise ValueError("calibrate needs at least two rows with a size and a time")
-    lat, bw = fit_scales(terms)
-    where = f"{nodes} x {gpus_per_node} {kind} table of {len(terms)} rows"
-    if nodes > 1:
-        return Calibration(latency=lat, net_bw=bw, source=f"calibrated on a {where}")
-    return Calibration(latency=lat, intra_bw=bw, source=f"calibrated on a {where}")
+    out = fabric.scale_out
+    where = f"calibrated on a {nodes} x {gpus_per_node} {kind} table of {len(terms)} rows"
+    if nodes > 1 and out is not None:
+        hop, bw = fit_scales(terms, out.latency_us, network=True)
+        return Calibration(net_latency_us=hop, net_bw=bw, source=where)
+    lat, bw = fit_scales(terms, 0.0, network=False)
+    return Calibration(latency=lat, intra_bw=bw, source=where)
 
 
-def fit_scales(terms: Sequence[tuple[float, float, float]]) -> tuple[float, float]:
-    """(latency scale, bandwidth scale) minimising sum (log((a L + B / b) / t))^2 over (L, B, t): a log grid
-    from 1/16 to 16 on each, then two finer grids around the best."""
-    def loss(a: float, b: float) -> float:
-        return sum(math.log((a * lat + bw / b) / t) ** 2 for lat, bw, t in terms)
+DOMINANT = 4.0  # a row reads a figure where the model's term for it is at least 4x the other (80% of time)
 
-    best = (1.0, 1.0)
-    span, points = 4.0, 33  # log2 half-width of the grid, points per axis
+
+def fit_scales(terms: Sequence[tuple[float, float, float, float]], hop: float,
+               network: bool) -> tuple[float, float]:
+    """From rows of (base latency L0, latency per us of network hop K, bandwidth term B, measured t), us:
+    the bandwidth scale b = median of B / (t - latency) over the rows the bandwidth term dominates; the
+    latency figure over the rows the latency term dominates: across nodes the hop latency h = median of
+    (t - B / b - L0) / K (at least 0), on one node the scale a = median of (t - B / b) / L0; three rounds.
+    A figure no row is dominated by keeps NCCL's. Medians, so that one noisy row moves neither."""
+    def latency(l0: float, k: float, a: float, h: float) -> float:
+        return a * l0 + k * h
+
+    lat_rows = [r for r in terms if latency(r[0], r[1], 1.0, hop) >= DOMINANT * r[2]]
+    bw_rows = [r for r in terms if r[2] >= DOMINANT * latency(r[0], r[1], 1.0, hop)]
+    a, h, b = 1.0, hop, 1.0
     for _ in range(3):
-        grid = [2 ** (span * (2 * i / (points - 1) - 1)) for i in range(points)]
-        best = min(((best[0] * x, best[1] * y) for x in grid for y in grid), key=lambda ab: loss(*ab))
-        span /= 8
-    return best
+        if bw_rows:
+            b = _median([bw / max(t - latency(l0, k, a, h), 0.05 * t) for l0, k, bw, t in bw_rows])
+        if lat_rows and network:
+            h = max(0.0, _median([(t - bw / b - l0) / k for l0, k, bw, t in lat_rows if k > 0] or [h]))
+        elif lat_rows:
+            a = _median([max(t - bw / b, 0.05 * t) / l0 for l0, k, bw, t in lat_rows])
+    return (h if network else a), b
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2

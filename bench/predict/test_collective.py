@@ -205,32 +205,42 @@ def test_one_p5_node_reproduces_its_2_gib_all_reduce(shared_data: Path) -> None:
     assert t.seconds * 1e6 / us - 1 == pytest.approx(0, abs=0.05)
 
 
-def test_calibrate_recovers_the_scales_a_table_was_made_with() -> None:
-    truth = Calibration(latency=0.4, net_bw=0.85)
-    rows = [(2**k, predict_collective("all_reduce", 2**k, 2, 8, P5, calibration=truth).seconds * 1e6)
+@pytest.mark.parametrize("nodes,truth", [(2, Calibration(net_latency_us=30.0, net_bw=0.85)),
+                                         (1, Calibration(latency=0.6, intra_bw=0.9))])
+def test_calibrate_recovers_the_figures_a_table_was_made_with(nodes: int, truth: Calibration) -> None:
+    rows = [(2**k, predict_collective("all_reduce", 2**k, nodes, 8, P5, calibration=truth).seconds * 1e6)
             for k in range(3, 34)]
-    found = calibrate("all_reduce", rows, 2, 8, P5)
-    assert found.latency == pytest.approx(0.4, rel=0.02)
-    assert found.net_bw == pytest.approx(0.85, rel=0.02)
-    assert found.intra_bw == 1.0
+    found = calibrate("all_reduce", rows, nodes, 8, P5)
+    for field in ("latency", "intra_bw", "net_bw"):
+        assert getattr(found, field) == pytest.approx(getattr(truth, field), rel=0.02), field
+    assert (found.net_latency_us is None) == (truth.net_latency_us is None)
+    if nodes > 1:
+        assert found.net_latency_us == pytest.approx(30.0, rel=0.02)
 
 
 def test_a_calibrated_fabric_predicts_other_node_counts_from_its_terms(shared_data: Path) -> None:
     rows = _rows(shared_data, "sample_03.txt")
     cal = calibrate("all_reduce", rows, 2, 8, P5)
-    assert cal.latency < 1.0  # the plugin's 75 us tuning latency is longer than the wire's
+    assert 0 < cal.net_latency_us < 75  # the plugin's 75 us is a tuning figure, longer than the wire's
     errors = {}
     for name, c in (("published", None), ("calibrated", cal)):
         errs = sorted(abs(predict_collective("all_reduce", s, 2, 8, P5, calibration=c).seconds * 1e6 / us - 1)
                       for s, us in rows)
         errors[name] = errs[len(errs) // 2]
     assert errors["calibrated"] < errors["published"] / 2
-    # 16 nodes: NCCL's pick and terms at 16 nodes, scaled; no row of the 2-node table is read
+    # 16 nodes: NCCL's pick at 16 nodes (made with the plugin's 75 us, as NCCL makes it), its latency with
+    # the calibrated hop latency on each of its network hops, its bandwidth scaled; no 2-node row is read
     plain = predict_collective("all_reduce", 2**20, 16, 8, P5)
     scaled = predict_collective("all_reduce", 2**20, 16, 8, P5, calibration=cal)
-    assert (scaled.algorithm, scaled.protocol) == (plain.algorithm, plain.protocol)
-    assert scaled.latency_s == pytest.approx(plain.latency_s * cal.latency)
+    assert (scaled.algorithm, scaled.protocol) == (plain.algorithm, plain.protocol) == ("tree", "LL128")
+    # tree LL128 over 16 nodes: 14 + 2 x (7 x 1.25 + log2(16) x (8.5 + hop)) us
+    assert plain.latency_s == pytest.approx((14 + 2 * (7 * 1.25 + 4 * (8.5 + 75))) * 1e-6)
+    assert scaled.latency_s == pytest.approx((14 + 2 * (7 * 1.25 + 4 * (8.5 + cal.net_latency_us))) * 1e-6)
     assert scaled.bandwidth_s == pytest.approx(plain.bandwidth_s / cal.net_bw)
+    # a one-node table's latency scale, where both are known, scales the rest of the latency only
+    both = predict_collective("all_reduce", 2**20, 16, 8, P5, calibration=replace(cal, latency=0.5))
+    hops = 2 * 4 * cal.net_latency_us
+    assert both.latency_s == pytest.approx((0.5 * (14 + 2 * (7 * 1.25 + 4 * 8.5)) + hops) * 1e-6)
 
 
 def test_bad_input_is_refused_in_one_line() -> None:
