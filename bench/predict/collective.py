@@ -253,8 +253,8 @@ def steps(comm: Comm) -> tuple[int, int]:
 
 
 def hop_latency(comm: Comm, algorithm: str, p: int) -> tuple[float, float]:
-    """(intra-node, network) latency of one hop in us: the hop tables, NCCL's per-step network overhead
-    floor for rings, the plugin's reported latency on every network hop (twice for Simple, the flush)."""
+    """(intra-node, network) latency of one hop in us: the hop tables (tree Simple and NVLS by version) and
+    the plugin's reported latency on every network hop (twice for Simple, the flush)."""
     row = "tree" if algorithm == "pat" else algorithm
     intra = HW_LAT[comm.intra_hw][row][p]
     net_row = "tree" if comm.ppn == 1 and comm.prof.one_gpu_tree_net_lat else row  # latencies exposed
