@@ -1,0 +1,210 @@
+"""NCCL's model of one collective (bench/predict/collective.py) against published nccl-tests tables, with
+NCCL's published constants only (nothing fitted): per row the error (predicted / measured time - 1), per
+table the median |error| of rows of 1 MiB and more and of rows below, and the medians over all tables;
+with --split, the tables it names (held out before any fitting) apart from the others.
+
+A table directory holds one `<id>.txt` per table (nccl-tests' output, verbatim) and `index.yaml`, a list of
+entries: id, source, collective, nodes, gpus_per_node, gpu, system, scale_up {kind, nvlink_gbs_per_gpu,
+gpus (optional: an NVLink domain across trays)}, scale_out {transport, adapters, gbps, rdma and
+latency_us optional}, nccl_version, env (NCCL_ALGO, NCCL_PROTO, ... as the run set them), notes. A system
+bench/core/fabric.py publishes (FABRICS) takes its figures from there where the entry leaves them out.
+
+    python benchmarks/nccl_model.py [--tables DIR] [--split FILE] [--quick]   # quick: the summaries only
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.core.fabric import FABRICS, Fabric, ScaleOut, ScaleUp  # noqa: E402
+from bench.predict.collective import predict_collective  # noqa: E402
+from bench.probes.parse import parse_all  # noqa: E402
+
+DEFAULT_TABLES = Path(__file__).resolve().parent / "published" / "nccl-tests"
+MIB = 2**20
+# GPU name -> compute capability (NCCL's tables are indexed by it): first match wins
+GPU_SM = ((r"GB[23]00|B[123]00", 100), (r"H100|H200|H800|H20\b|GH200", 90), (r"L4\b|L40", 89),
+          (r"A10G?\b|A40|A6000", 86), (r"A100|A800|A30\b", 80), (r"T4\b", 75), (r"V100", 70))
+RDMA_TRANSPORTS = ("efa", "infiniband", "roce")
+
+
+class TableError(ValueError):
+    """A table or its index entry that cannot be read (the benchmark exits 2 naming it)."""
+
+
+@dataclass(frozen=True)
+class Row:
+    size: int
+    measured_us: float
+    predicted_us: float
+    pick: str
+
+    @property
+    def error(self) -> float:
+        return self.predicted_us / self.measured_us - 1
+
+
+@dataclass(frozen=True)
+class Table:
+    id: str
+    title: str
+    rows: tuple[Row, ...]
+
+    def median(self, large: bool) -> float | None:
+        """Median |error| of the rows of 1 MiB and more (large) or below; None without such rows."""
+        errs = [abs(r.error) for r in self.rows if (r.size >= MIB) == large]
+        return statistics.median(errs) if errs else None
+
+
+def compute_capability(gpu: str) -> int:
+    for pattern, sm in GPU_SM:
+        if re.search(pattern, gpu, re.I):
+            return sm
+    raise TableError(f"unknown GPU {gpu!r}: name one of the patterns in GPU_SM")
+
+
+def fabric_of(entry: dict[str, Any]) -> Fabric:
+    """The fabric an index entry describes: its own figures, the published system's where it names one of
+    FABRICS and leaves a figure out, else what its transport implies (RDMA for EFA, InfiniBand and RoCE;
+    aws-ofi-nccl's 75 us and Simple only on EFA before the P5 family)."""
+    system = str(entry.get("system") or "")
+    known = FABRICS.get(system)
+    sm = compute_capability(str(entry.get("gpu") or ""))
+    gpn = int(entry["gpus_per_node"])
+    up_e, out_e = entry.get("scale_up") or {}, entry.get("scale_out") or {}
+    kind = up_e.get("kind") or (known.scale_up.kind if known else "nvswitch")
+    gbs = float(up_e.get("nvlink_gbs_per_gpu") or (known.scale_up.gbs if known else 24.0))
+    nvls = known.scale_up.nvls if known else kind == "nvswitch" and sm >= 90
+    scale_up = ScaleUp(kind, int(up_e.get("gpus") or gpn), gbs, nvls=nvls)
+    scale_out = None
+    if out_e or (known and known.scale_out):
+        base = known.scale_out if known else None
+        missing = [k for k in ("transport", "adapters", "gbps") if not out_e.get(k)]
+        if missing and base is None:
+            raise TableError(f"index entry {entry['id']}: scale_out has no {', '.join(missing)}")
+        transport = out_e.get("transport") or base.transport
+        aws_p5_on = bool(re.match(r"p[5-9]", system))
+        rdma = out_e.get("rdma", base.rdma if base else transport in RDMA_TRANSPORTS)
+        latency = out_e.get("latency_us", base.latency_us if base else 75.0 if transport == "efa" else 0.0)
+        simple = base.simple_only if base else transport == "efa" and not aws_p5_on
+        scale_out = ScaleOut(transport, int(out_e.get("adapters") or base.adapters),
+                             float(out_e.get("gbps") or base.gbps), bool(rdma), float(latency), simple)
+    pcie = known.pcie_gen if known else 5 if sm >= 90 else 4 if sm >= 80 else 3
+    cpu = known.cpu if known else "arm" if re.search(r"GB[23]00|GH200", str(entry.get("gpu"))) else "intel"
+    return Fabric(scale_up, scale_out, gpn, sm, pcie_gen=pcie, cpu=cpu, name=system or entry["id"])
+
+
+def read_table(directory: Path, entry: dict[str, Any]) -> Table:
+    """One index entry's table, every out-of-place row predicted."""
+    for key in ("id", "collective", "nodes", "gpus_per_node", "gpu"):
+        if entry.get(key) in (None, ""):
+            raise TableError(f"index entry {entry.get('id', '?')}: no {key}")
+    path = directory / f"{entry['id']}.txt"
+    if not path.exists():
+        raise TableError(f"{path}: missing (index.yaml names it)")
+    kind = str(entry["collective"])
+    results = [r for r in parse_all(path.read_text()) if r.rows and r.collective in (None, kind)]
+    if not results:
+        raise TableError(f"{path}: no {kind} rows")
+    result = results[0]
+    fabric = fabric_of(entry)
+    nodes, gpn = int(entry["nodes"]), int(entry["gpus_per_node"])
+    version = str(entry.get("nccl_version") or result.nccl_version or "") or None
+    env = {str(k): str(v) for k, v in (entry.get("env") or {}).items()}
+    rows = []
+    for r in result.rows:
+        if r.placement != "out-of-place" or r.size <= 0 or r.time_us <= 0:
+            continue
+        t = predict_collective(kind, r.size, nodes, gpn, fabric, version=version, env=env)
+        rows.append(Row(r.size, r.time_us, t.seconds * 1e6, f"{t.algorithm}/{t.protocol}"))
+    title = (f"{entry['id']}: {kind} {nodes} x {gpn} {entry['gpu']} on {fabric.name}, NCCL {version or '?'}"
+             f"{' ' + str(env) if env else ''}; {fabric.describe()}")
+    return Table(str(entry["id"]), title, tuple(rows))
+
+
+def read_index(directory: Path) -> list[dict[str, Any]]:
+    index = directory / "index.yaml"
+    if not index.exists():
+        raise TableError(f"{index}: no index (one entry per <id>.txt table)")
+    entries = yaml.safe_load(index.read_text()) or []
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise TableError(f"{index}: not a list of entries")
+    return entries
+
+
+def read_split(path: Path | None) -> set[str]:
+    """Held-out table ids: a YAML list, or one id per line (# comments allowed)."""
+    if path is None:
+        return set()
+    if not path.exists():
+        raise TableError(f"{path}: no such split file")
+    loaded = yaml.safe_load(path.read_text())
+    ids = loaded if isinstance(loaded, list) else [line.split("#")[0].strip()
+                                                   for line in path.read_text().splitlines()]
+    return {str(i) for i in ids if str(i)}
+
+
+def fmt(value: float | None) -> str:
+    return "   -  " if value is None else f"{100 * value:5.1f}%"
+
+
+def summary(name: str, tables: list[Table]) -> str:
+    """Medians over tables: pooled over their rows, and the median of the tables' medians."""
+    parts = []
+    for large, label in ((True, ">= 1 MiB"), (False, "< 1 MiB")):
+        errs = [abs(r.error) for t in tables for r in t.rows if (r.size >= MIB) == large]
+        medians = [m for t in tables if (m := t.median(large)) is not None]
+        pooled = statistics.median(errs) if errs else None
+        of_tables = statistics.median(medians) if medians else None
+        parts.append(f"{label}: {fmt(pooled)} of {len(errs)} rows, median of table medians {fmt(of_tables)}")
+    return f"{name} ({len(tables)} tables) median |error|  " + "; ".join(parts)
+
+
+def report(tables: list[Table], held_out: set[str], quick: bool) -> list[str]:
+    lines = []
+    for t in tables:
+        lines.append(("[held out] " if t.id in held_out else "") + t.title)
+        if not quick:
+            lines.append(f"  {'bytes':>12} {'measured us':>12} {'predicted us':>13} {'error':>7}  NCCL pick")
+            lines += [f"  {r.size:>12} {r.measured_us:12.1f} {r.predicted_us:13.1f} {100 * r.error:+6.1f}%  "
+                      f"{r.pick}" for r in t.rows]
+        lines.append(f"  median |error|: >= 1 MiB {fmt(t.median(True))}, < 1 MiB {fmt(t.median(False))}")
+    lines.append(summary("all", tables))
+    if held_out:
+        lines.append(summary("held out", [t for t in tables if t.id in held_out]))
+        lines.append(summary("the rest", [t for t in tables if t.id not in held_out]))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tables", type=Path, default=DEFAULT_TABLES, help="the table directory")
+    parser.add_argument("--split", type=Path, help="the held-out table ids (YAML list or one per line)")
+    parser.add_argument("--quick", action="store_true", help="per-table and overall medians only")
+    args = parser.parse_args(argv)
+    try:
+        entries = read_index(args.tables)
+        held_out = read_split(args.split)
+        unknown = held_out - {str(e.get("id")) for e in entries}
+        if unknown:
+            raise TableError(f"{args.split}: ids not in the index: {', '.join(sorted(unknown))}")
+        tables = [read_table(args.tables, e) for e in entries]
+    except (TableError, ValueError, KeyError, yaml.YAMLError) as err:
+        print(f"nccl_model: {err}", file=sys.stderr)
+        return 2
+    print("\n".join(report(tables, held_out, args.quick)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

@@ -1,0 +1,74 @@
+"""benchmarks/nccl_model.py reads a published-table directory (index.yaml and one nccl-tests output per id),
+predicts every row and prints per-row errors, per-table and overall medians split at 1 MiB and the held-out
+tables apart; a directory it cannot read stops it in one line (exit 2). The tables here are two shared
+samples (sample_02.txt, sample_03.txt) laid out as the published directory will be."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+ENTRIES = [
+    {"id": "p4de_2n_allreduce", "source": "aws-samples/awsome-distributed-training",
+     "collective": "all_reduce", "nodes": 2, "gpus_per_node": 8, "gpu": "A100-SXM4-80GB",
+     "system": "p4de.24xlarge",
+     "scale_up": {"kind": "nvswitch", "nvlink_gbs_per_gpu": 300},
+     "scale_out": {"transport": "efa", "adapters": 4, "gbps": 100}, "nccl_version": None, "env": {},
+     "notes": "shared sample_02.txt"},
+    {"id": "p5_2n_allreduce_ring", "source": "aws-samples/awsome-distributed-training",
+     "collective": "all_reduce", "nodes": 2, "gpus_per_node": 8, "gpu": "H100", "system": "p5.48xlarge",
+     "scale_up": {"kind": "nvswitch", "nvlink_gbs_per_gpu": 450},
+     "scale_out": {"transport": "efa", "adapters": 32, "gbps": 100}, "nccl_version": "2.21.5",
+     "env": {"NCCL_ALGO": "Ring"}, "notes": "shared sample_03.txt, modelled as if run with NCCL_ALGO=Ring"},
+]
+
+
+@pytest.fixture
+def tables(tmp_path: Path, shared_data: Path) -> Path:
+    for entry, sample in zip(ENTRIES, ("sample_02.txt", "sample_03.txt"), strict=True):
+        shutil.copy(shared_data / "nccl-tests" / sample, tmp_path / f"{entry['id']}.txt")
+    (tmp_path / "index.yaml").write_text(yaml.safe_dump(ENTRIES))
+    return tmp_path
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "benchmarks/nccl_model.py", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_every_row_is_predicted_and_the_held_out_tables_are_reported_apart(tables: Path) -> None:
+    split = tables / "split.txt"
+    split.write_text("p5_2n_allreduce_ring  # held out\n")
+    proc = run("--tables", str(tables), "--split", str(split))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    rows = re.findall(r"^\s+(\d+)\s+[\d.]+\s+[\d.]+\s+([+-][\d.]+)%\s+(\w+)/(\w+)$", out, re.M)
+    assert len(rows) == 29 + 32  # every out-of-place row of both tables
+    assert {algo for _, _, algo, _ in rows[29:]} == {"ring"}  # NCCL_ALGO=Ring from the entry's env
+    assert "[held out] p5_2n_allreduce_ring: all_reduce 2 x 8 H100 on p5.48xlarge, NCCL 2.21.5" in out
+    assert out.count("median |error|: >= 1 MiB") == 2
+    held = re.search(r"^held out \(1 tables\) median \|error\|  >= 1 MiB:\s+([\d.]+)% of (\d+) rows", out,
+                     re.M)
+    rest = re.search(r"^the rest \(1 tables\) .* < 1 MiB:\s+([\d.]+)% of (\d+) rows", out, re.M)
+    assert held and rest and int(held.group(2)) == 15 and int(rest.group(2)) == 17
+    quick = run("--tables", str(tables), "--quick")
+    assert quick.returncode == 0 and "NCCL pick" not in quick.stdout and "all (2 tables)" in quick.stdout
+
+
+def test_unreadable_tables_stop_in_one_line(tables: Path, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for args, message in (((str(empty),), "no index"),
+                          ((str(tables), "--split", str(tables / "nothere")), "no such split file")):
+        proc = run("--tables", *args)
+        assert proc.returncode == 2 and message in proc.stderr and proc.stderr.count("\n") == 1
+    (tables / "p4de_2n_allreduce.txt").unlink()
+    proc = run("--tables", str(tables))
+    assert proc.returncode == 2 and "p4de_2n_allreduce.txt: missing" in proc.stderr
