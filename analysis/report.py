@@ -69,8 +69,8 @@ from analysis.scaling import (
     status_table,
 )
 from analysis.sections import page_sections
-from analysis.split import COLUMNS as SPLIT_COLUMNS, charted, lost_sentences, noise_sentence, split_table
-from analysis.strong import COLUMNS as STRONG_COLUMNS, knee_sentences, strong_rows, sweep_study
+from analysis.step_split import COLUMNS as SPLIT_COLUMNS, charted, lost_sentences, noise_sentence, split_table
+from analysis.strong import COLUMNS as STRONG_COLUMNS, knee_sentences, strong_rows, study_settings
 from analysis.winback import change, verdicts
 from bench.core.schema import ADDED_DEFAULTS, COLLECTIVES
 from bench.predict.budget import DEFAULT_KNEE_SHARE, DEFAULT_TRAIN_TOKENS, check_knee_share
@@ -150,16 +150,16 @@ def efa_table(probes: pd.DataFrame) -> pd.DataFrame:
 def system_tables(frame: pd.DataFrame) -> tuple[dict[str, pd.DataFrame], list[str], list[str], pd.DataFrame]:
     """Per study, its table of distinct systems and of the environment its runs saw; the first screen's
     lines for studies that span systems; the section's notes; every node's facts (system.csv)."""
-    studies = system.studies(frame)
+    records = system.system_records(frame)
     tables: dict[str, pd.DataFrame] = {}
     first, notes = [], []
-    for sweep, study in studies.items():
-        if study.nodes:
-            tables[f"system_{sweep}"] = system.system_table(study)
-            tables[f"system_env_{sweep}"] = system.env_table(study)
-        first += [line for line in [system.spans(sweep, study)] if line]
-        notes += system.system_notes(sweep, study)
-    return tables, first, notes, system.node_table(studies)
+    for sweep, one in records.items():
+        if one.nodes:
+            tables[f"system_{sweep}"] = system.system_table(one)
+            tables[f"system_env_{sweep}"] = system.env_table(one)
+        first += [line for line in [system.spans(sweep, one)] if line]
+        notes += system.system_notes(sweep, one)
+    return tables, first, notes, system.node_table(records)
 
 
 @dataclass
@@ -190,9 +190,9 @@ def _study(loaded: Loaded, prices: dict[str, float] | None, train_tokens: float 
     agg = with_mfu_peak(with_energy(aggregate(frame), frame), frame)
     energy_prices = sweep_energy_prices(loaded.sweeps)
     price_table = {**sweep_prices(loaded.sweeps), **(prices or {})}
-    study = sweep_study(loaded.sweeps)
-    train_tokens = train_tokens or study.get("train_tokens") or TRAIN_TOKENS
-    knee_share = knee_share or study.get("knee_share", DEFAULT_KNEE_SHARE)
+    settings = study_settings(loaded.sweeps)
+    train_tokens = train_tokens or settings.get("train_tokens") or TRAIN_TOKENS
+    knee_share = knee_share or settings.get("knee_share", DEFAULT_KNEE_SHARE)
     answers = strong_rows(agg, price_table, train_tokens, knee_share, loaded.plan, energy_prices)
     sizes = nccl_sizes(frame)
     got = achieved(frame, sizes) if not sizes.empty else pd.DataFrame()

@@ -37,8 +37,9 @@ FIGURES = [*CONFIG, "nodes", "global_batch", "micro_batch", "grad_accum", "step_
            "pred_source", "status", "straggler", "energy_j_per_token"]
 
 
-def sweep_study(sweeps: list[Path]) -> dict[str, float]:
-    """The study settings (train_tokens, knee_share) of the first sweep whose resolved config sets them."""
+def study_settings(sweeps: list[Path]) -> dict[str, float]:
+    """The `study` section of the first sweep's resolved config that has one (bench/core/config.py
+    StudyConfig: train_tokens, knee_share), its numbers by key: what the report's budget defaults to."""
     for sweep in sweeps:
         try:
             study = (yaml.safe_load((sweep / rundir.SWEEP_CONFIG).read_text()) or {}).get("study")

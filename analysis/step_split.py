@@ -28,7 +28,7 @@ from bench.predict.split import (
     LABELS,
     PARTS,
     Split,
-    lost_points as split_points,
+    lost_points,
     noise,
     same_work_pairs,
     words,
@@ -172,11 +172,6 @@ def measured(row: pd.Series) -> Split:
                  float(row["tokens_per_gpu_step"]))
 
 
-def lost_points(base: pd.Series, top: pd.Series) -> tuple[float, dict[str, float]]:
-    """1 - efficiency from base to top in points, and per part (module docstring); they add up."""
-    return split_points(measured(base), measured(top))
-
-
 def peer(row: pd.Series) -> str | None:
     """The node a row's ranks waited for (its slowest), where the run names one."""
     return row["slowest_node"] if isinstance(row.get("slowest_node"), str) else None
@@ -195,7 +190,7 @@ def ends(table: pd.DataFrame) -> list[tuple[tuple, pd.Series, pd.Series]]:
 def lost_sentence(key: tuple, base: pd.Series, top: pd.Series) -> str:
     """Where the points lost from a configuration's smallest to its largest node count went, e.g. "from 1
     to 16 nodes 13 points lost: 9 exposed reduce-scatter, 3 waiting for node7, 1 other"."""
-    lost, parts = lost_points(base, top)
+    lost, parts = lost_points(measured(base), measured(top))
     named = words(parts, peer(top))
     verb = "lost" if round(lost) >= 0 else "gained"
     return (f"{describe(dict(zip(CONFIG, key)))}: from {node_count(base['nodes'])} to "

@@ -11,13 +11,14 @@ import pandas as pd
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from analysis import split
+from analysis import step_split
 from analysis.load import load
 from analysis.plots import split_chart
 from analysis.report import build
-from analysis.split import charted, lost_points, split_table
+from analysis.step_split import charted, measured, split_table
 from bench.core import rundir
 from bench.core.schema import RunSpec, RunSummary
+from bench.predict.split import lost_points
 
 # profiled seconds per step of each part (the 2-node trace ran at half speed under the profiler: scaled
 # to its measured step of 1.25 s its parts are 0.7 compute, 0.3 reduce-scatter, 0.15 waiting, 0.1 other)
@@ -50,7 +51,7 @@ def test_the_points_lost_are_decomposed_into_parts_that_add_up(tmp_path: Path) -
     assert table.loc[2, "exposed_reduce_scatter"] == pytest.approx(0.3)  # scaled to the measured step
     assert table.loc[2, "exposed_comm_s"] == pytest.approx(0.3)
     assert table.loc[2, "exposed_comm_error"] == pytest.approx(0.2 / 0.3 - 1)
-    lost, parts = lost_points(table.loc[1], table.loc[2])
+    lost, parts = lost_points(measured(table.loc[1]), measured(table.loc[2]))
     assert lost == pytest.approx(20.0)  # efficiency 1.0 / 1.25 = 80%
     assert parts["exposed_reduce_scatter"] == pytest.approx(16.0)  # (0.3 - 0.1) / 1.25
     assert parts["waiting"] == pytest.approx(12.0) and parts["other"] == pytest.approx(-8.0)
@@ -84,7 +85,7 @@ def test_each_row_names_its_configuration_and_says_where_the_readings_of_waiting
     what is at stake); where they agree it says so; a run whose ranks shared no clock has the duration
     rule's reading alone. With room for one configuration in the chart, it draws the one the answer names
     and the page links the chart of both."""
-    monkeypatch.setattr(split, "MAX_CHARTED", 1)
+    monkeypatch.setattr(step_split, "MAX_CHARTED", 1)
     sweep = tmp_path / "study"
     checked = {"premise_checked": 30, "premise_contradicted": 0, "premise_at_stake_s": 0.0}
     contradicted = {**checked, "premise_contradicted": 12, "premise_at_stake_s": 0.12}
@@ -164,7 +165,7 @@ def test_the_split_says_how_far_runs_of_the_same_work_read_apart(tmp_path: Path)
     _run(sweep, 2, 1.25, TWO, None)  # scaled: 0.7 compute, 0.3 reduce-scatter, 0.15 waiting, 0.1 other
     _run(sweep, 2, 1.25, TWO, None, global_batch=16)  # 16 ranks, one micro-batch each: the same work
     _run(sweep, 2, 1.25, {**TWO, "exposed_reduce_scatter": 0.8, "waiting": 0.1}, None, repeat=1)
-    sentence = split.noise_sentence(load(sweep).frame)
+    sentence = step_split.noise_sentence(load(sweep).frame)
     # reduce-scatter 0.3 vs 0.4 (twice) and 0.3 vs 0.3: |errors| 0, 0, 0.25, 0.25, 0.33, 0.33; waiting
     # 0.15 vs 0.05 (twice): 0, 0, 0.67, 0.67, 2, 2
     assert sentence == ("Runs of the same work (3 pairs: a configuration's repeats, or a strong-scaling run "
@@ -177,4 +178,4 @@ def test_the_split_says_how_far_runs_of_the_same_work_read_apart(tmp_path: Path)
     points = (out / "report.md").read_text().split("## Where the points went", 1)[1].split("##", 1)[0]
     assert f"- {sentence}" in points
     _run(tmp_path / "alone", 2, 1.25, TWO, None)
-    assert split.noise_sentence(load(tmp_path / "alone").frame) is None
+    assert step_split.noise_sentence(load(tmp_path / "alone").frame) is None
