@@ -34,15 +34,6 @@ from bench.predict.split import (
     words,
 )
 
-# the scaling table's configuration columns (analysis/columns.py SCALING_SHORT), then the split's
-COLUMNS = {"model": "model", "sharding": "sharding", "precision": "precision",
-           "activation_checkpointing": "AC", "compile": "compile", "offload": "offload", "batch": "batch",
-           "gpus_per_node": "GPUs/node", "nodes": "nodes",
-           "step_time_s": "step (s)", **{p: f"{LABELS[p]} (s)" for p in PARTS},
-           "waiting_duration_rule": "waiting by the duration rule (s)", "duration_rule": "duration rule",
-           "exposed_comm_s": "exposed comm. measured (s)",
-           "pred_exposed_comm_s": "exposed comm. predicted (s)",
-           "exposed_comm_error": "predicted / measured - 1", "traced_runs": "traced runs"}
 # older summaries (before FSDP's copies were a part of their own: they were in the exposed parts)
 ADDED_PARTS = ("collective_copies",)
 # readings beside the parts, scaled with them: waiting by the duration rule, and the seconds the two

@@ -217,7 +217,7 @@ def _names(names: list[str], most: int = 4) -> str:
 
 def system_table(records: SystemRecords) -> pd.DataFrame:
     """A row per distinct system of a study: its nodes, runs and facts; columns every system lacks are
-    left out (system_notes names them, with why)."""
+    left out (missing_facts names them, with why)."""
     rows = [{"nodes": f"{len(s.nodes)} ({_names(s.nodes)})", "runs": len(s.runs),
              **{TABLE_LABELS[c]: _cell(c, s.facts) for c in TABLE}} for s in records.systems()]
     table = pd.DataFrame(rows)
@@ -258,17 +258,21 @@ def _differs(rest: dict[str, str], odd: dict[str, str]) -> list[str]:
             f"{rest.get(k, 'not recorded')}" for k in dict.fromkeys(keys) if odd.get(k) != rest.get(k)]
 
 
-def system_notes(sweep: str, records: SystemRecords) -> list[str]:
-    """What the page says beside a study's table: the facts none of its nodes recorded (with why),
-    unreadable records, runs without one."""
-    notes = []
+def missing_facts(sweep: str, records: SystemRecords) -> list[str]:
+    """The facts none of a sweep's nodes recorded, with why (the page's system notes, beside its table)."""
     reasons: dict[str, list[str]] = {}
     if records.nodes:
         for k, v in records.entries[0].raw.items():
             if k not in IDENTITY and is_missing(v) and all(is_missing(e.raw.get(k)) for e in records.entries):
                 reasons.setdefault(str(v["missing"]), []).append(LABELS.get(k, k))
-    for why, facts in reasons.items():
-        notes.append(f"{sweep}: not recorded on any node: {', '.join(facts)} ({why})")
+    return [f"{sweep}: not recorded on any node: {', '.join(facts)} ({why})"
+            for why, facts in reasons.items()]
+
+
+def unread_records(sweep: str, records: SystemRecords) -> list[str]:
+    """Records that could not be read, and runs without one: nodes whose facts the report does not know
+    (the page's notes)."""
+    notes = []
     if records.unreadable:
         run, why = records.unreadable[0]
         notes.append(f"{sweep}: {len(records.unreadable)} system record(s) unreadable, their nodes' facts "

@@ -14,7 +14,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from analysis import step_split
 from analysis.load import load
 from analysis.plots import split_chart
-from analysis.report import build
+from analysis.report import build, pages
 from analysis.step_split import charted, measured, split_table
 from bench.core import rundir
 from bench.core.schema import RunSpec, RunSummary
@@ -57,15 +57,13 @@ def test_the_points_lost_are_decomposed_into_parts_that_add_up(tmp_path: Path) -
     assert parts["waiting"] == pytest.approx(12.0) and parts["other"] == pytest.approx(-8.0)
     assert sum(parts.values()) == pytest.approx(lost)
     out = tmp_path / "report"
-    build(load(sweep), out)
-    md = (out / "report.md").read_text()
-    answer = md.split("## The answer", 1)[1].split("##", 1)[0]
-    assert ("llama2_7b, FULL_SHARD bf16_mixed at 2 nodes loses 20 points of per-GPU efficiency against 1 "
-            "node (measured), 16 of them exposed reduce-scatter") in answer
-    points = md.split("## Where the points went", 1)[1].split("##", 1)[0]
-    assert ("from 1 node to 2 nodes 20 points of per-GPU efficiency lost: 16 exposed reduce-scatter, "
-            "12 waiting for node7, -8 other (host, data, idle)") in points
-    assert "## Where the step went" in md and (out / "step_split.png").is_file()
+    shown = pages(load(sweep), out)
+    assert any(a.startswith("llama2_7b, FULL_SHARD bf16_mixed at 2 nodes loses 20 points of per-GPU "
+                            "efficiency against 1 node (measured), 16 of them exposed reduce-scatter")
+               for a in shown["answer"].body)
+    assert any("from 1 node to 2 nodes 20 points of per-GPU efficiency lost: 16 exposed reduce-scatter, "
+               "12 waiting for node7, -8 other (host, data, idle)" in s for s in shown["points"].body)
+    assert "step_split" in shown and (out / "step_split.png").is_file()
     assert (out / "step_split.csv").read_text().count("\n") == 3  # header and two node counts
 
 
@@ -98,7 +96,7 @@ def test_each_row_names_its_configuration_and_says_where_the_readings_of_waiting
              "premise_at_stake_s": 0.0}  # no clock shared: nothing checked
     _run(sweep, 1, 1.0, {**ONE, "waiting": 0.1}, None, readings=apart, activation_checkpointing="full")
     out = tmp_path / "report"
-    build(load(sweep), out)
+    shown = pages(load(sweep), out)
     table = pd.read_csv(out / "step_split.csv").set_index(["precision", "AC", "nodes"])
     assert {"batch", "GPUs/node"} <= set(table.columns)
     rule = table["duration rule"]
@@ -110,9 +108,17 @@ def test_each_row_names_its_configuration_and_says_where_the_readings_of_waiting
     assert rule[("bf16_mixed", "full", 1)] == "not checked: no shared clock (waiting is the duration rule's)"
     assert table.loc[("fp32", "none", 2), "waiting by the duration rule (s)"] == pytest.approx(0.04)
     assert table.loc[("fp32", "none", 2), "waiting for a peer (s)"] == pytest.approx(0.12)
-    md = (out / "report.md").read_text().split("## Where the step went", 1)[1].split("\n## ", 1)[0]
-    assert "| llama2_7b | FULL_SHARD | fp32 | none |" in md
-    assert "| llama2_7b | FULL_SHARD | bf16_mixed | full |" in md
+    page = shown["step_split"].body.set_index(["configuration", "nodes x GPUs"])
+    assert page.loc[("FULL_SHARD fp32", "2x8"), "waiting (s)"] == pytest.approx(0.12)
+    assert page.loc[("FULL_SHARD bf16_mixed + full AC", "1x8"), "waiting (s)"] == pytest.approx(
+        table.loc[("bf16_mixed", "full", 1), "waiting for a peer (s)"])
+    # the audit is the CSV's, and the page's note names its columns and counts the rows it flags (the two
+    # fp32 rows: apart, and the premise contradicted)
+    assert not {"waiting by the duration rule (s)", "duration rule", "traced runs"} & set(page.columns)
+    assert len(page.columns) + 2 <= 16  # the index's two columns included
+    assert shown["step_split"].note.endswith("on 2 of 4 rows.")
+    assert shown["step_split"].full.equals(pd.read_csv(out / "step_split.csv").astype(
+        shown["step_split"].full.dtypes.to_dict()))  # the HTML keeps every column, collapsed
     assert "[step_split_all.png](step_split_all.png)" in (out / "report.md").read_text()
     assert (out / "step_split_all.png").is_file()
 

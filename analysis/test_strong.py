@@ -107,7 +107,7 @@ def test_a_planned_study_reports_the_predicted_answer_and_finished_runs_replace_
     seventy = strong[(strong["model"] == "llama2_70b") & (strong["nodes"] == 1)]
     assert set(seventy["source"]) == {"infeasible"} and seventy["days to train 2e+12 tokens"].isna().all()
     text = (out / "report.md").read_text()
-    assert "## The answer, predicted: nothing has run yet" in text
+    assert "## The answer\n\n- Nothing has run yet: the plan's prediction (plan.csv)\n" in text
     assert ("llama2_7b, FULL_SHARD bf16_mixed + full AC, global batch 1024 sync_each: 16 nodes train 2e+12 "
             "tokens in") in text
     assert "predicted (published constants)" in text and "No successful runs" not in text

@@ -215,7 +215,9 @@ def test_the_smoke_report_puts_predictions_beside_measurements_on_cpu(smoke_resu
     assert predicted.pred_source.str.startswith("this study's").sum() >= len(predicted) - 2
     assert "predicted with this study's own calibration" in text
     extrapolation = pd.read_csv(out / "extrapolation.csv")
-    assert set(extrapolation.nodes) == {2} and "## Extrapolation" in text
+    page = (out / "report.html").read_text()  # the details: collapsed on the HTML page, linked from the md
+    assert set(extrapolation.nodes) == {2} and "<details id='extrapolation'" in page
+    assert "[extrapolation.csv](extrapolation.csv)" in text
     assert "extrapolation (smoke_full)" in text
     assert " runs at 1 node alone, " in text
     # what each 2-node run got of the network: its traced all-gathers and reduce-scatters against the
@@ -226,7 +228,7 @@ def test_the_smoke_report_puts_predictions_beside_measurements_on_cpu(smoke_resu
     assert (two["busbw (GB/s)"] > 0).all() and (two["probe busbw (GB/s)"] > 0).all()
     gathers = two[two.collective.str.startswith("all_gather")]
     assert (gathers.probe == "all_gather probe").all()  # its own collective's probe, not the all-reduce's
-    assert "## What each run got of the network" in text
+    assert "<details id='network_achieved'" in page and "[network_achieved.csv](network_achieved.csv)" in text
     assert re.search(r"the 2-node runs' reduce-scatters reached \d+% of the probe", text), text[-3000:]
 
 
