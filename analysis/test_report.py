@@ -200,11 +200,10 @@ def test_a_probe_only_study_gets_an_answer_sentence(tmp_path: Path) -> None:
                 run_id=spec.run_id, sweep="efa", status="ok", spec=spec, nccl_busbw_avg_gbs=bw,
                 nccl_busbw_max_gbs=1.5 * bw))
     assert main([str(sweep)]) == 0
-    text = (sweep / "report" / "report.md").read_text()
-    answer = text.split("## The answer", 1)[1].split("##", 1)[0]
-    assert ("2 nodes: 4 EFA gave 8.2 GB/s avg bus bandwidth (max 12.3), 8.2x TCP; "
-            "0 EFA gave 1.0 GB/s avg bus bandwidth (max 1.5)") in answer
-    assert "| nodes | GPUs/node | EFA adapters |" in text  # a probe of 1 GPU/node is not one of 8
+    shown = pages(load(sweep), sweep / "report")
+    assert shown["answer"].body == ["2 nodes: 4 EFA gave 8.2 GB/s avg bus bandwidth (max 12.3), 8.2x TCP; "
+                                    "0 EFA gave 1.0 GB/s avg bus bandwidth (max 1.5)"]
+    assert list(shown["efa"].body["GPUs/node"]) == [8, 8]  # a probe of 1 GPU/node is not one of 8
 
 
 def test_a_one_rank_probe_is_not_shown_as_network_bandwidth(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import yaml
 
 from analysis import system
 from analysis.load import load
-from analysis.report import build
+from analysis.report import build, pages
 from bench.core import rundir
 from bench.core.schema import RunSpec, RunSummary
 
@@ -125,12 +125,13 @@ def test_the_environment_table_counts_runs_and_hides_per_run_paths(tmp_path: Pat
 def test_the_report_shows_the_systems_and_warns_first_when_a_study_spans_them(tmp_path: Path) -> None:
     sixteen(tmp_path / "study", odd={"nccl": "2.23.4"})
     out = tmp_path / "report"
-    build(load(tmp_path / "study"), out)
-    md = (out / "report.md").read_text()
-    answer = md.split("## The answer", 1)[1].split("##", 1)[0]
-    assert answer.splitlines()[2].startswith("- study spans 2 systems: 2 of 16 nodes differ (p5-07, p5-09: "
-                                             "NCCL 2.23.4 where the rest have 2.21.5)")
-    assert "## System: study" in md and "| 14 (p5-00" in md and "| 2 (p5-07, p5-09) |" in md
+    shown = pages(load(tmp_path / "study"), out)
+    assert shown["answer"].body[0] == ("study spans 2 systems: 2 of 16 nodes differ (p5-07, p5-09: NCCL "
+                                       "2.23.4 where the rest have 2.21.5): its scaling efficiency mixes "
+                                       "machines")
+    table = shown["system_study"].body
+    assert list(table["nodes"]) == ["14 (p5-00, p5-01, p5-02, p5-03 and 10 more)", "2 (p5-07, p5-09)"]
+    assert list(table["NCCL"]) == ["2.21.5", "2.23.4"]
     assert "spans 2 systems" in (out / "report.html").read_text()
     nodes = pd.read_csv(out / "system.csv")
     assert len(nodes) == 16 and set(nodes["nccl"]) == {"2.21.5", "2.23.4"}

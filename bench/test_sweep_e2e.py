@@ -208,7 +208,7 @@ def test_the_smoke_report_puts_predictions_beside_measurements_on_cpu(smoke_resu
     memory = pd.read_csv(out / "memory.csv")
     assert len(memory) == 16 and (memory.pred_mem_gib > 0).all()
     text = (out / "report.md").read_text()
-    assert "## Throughput: predicted before launch vs measured" in text
+    assert "<section id='predicted'>" in (out / "report.html").read_text()
     assert "largest miss" in text and ("predicted with the published constants" in text
                                        or "this study's" in text)
     # the runs after the first ones were predicted with the study's own calibration, the report says so
@@ -264,7 +264,8 @@ def test_the_smoke_reports_its_strong_scaling_pair_in_days_and_dollars(smoke_res
     assert strong.loc[2, "days to train 1e+12 tokens"] == pytest.approx(days)
     assert strong.loc[2, "USD to train 1e+12 tokens"] == pytest.approx(days * 24 * 2 * 2.5)
     text = (out / "report.md").read_text()
-    assert "## Strong scaling" in text and "scaling: smoke_full weak and strong at global batch 8" in text
+    assert "<section id='strong'>" in (out / "report.html").read_text()
+    assert "scaling: smoke_full weak and strong at global batch 8" in text
     assert "tiny_llama, FULL_SHARD bf16_mixed, global batch 8 sync_each: 1 node trains" in text
 
 
