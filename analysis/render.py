@@ -91,7 +91,8 @@ def _md_body(part: Part, parts: list[Part]) -> str:
 def _more(parts: list[Part]) -> list[str]:
     """The Markdown's one line per detail section: where its figures are."""
     lines = [f"- {p.title}: {_links(p.files) if p.files else 'report.html'}" for p in parts if p.detail]
-    return ["## More in report.html (collapsed) and in these files\n", "\n".join(lines) + "\n"] if lines else []
+    heading = "## More in report.html (collapsed) and in these files\n"
+    return [heading, "\n".join(lines) + "\n"] if lines else []
 
 
 def markdown(parts: list[Part]) -> str:
