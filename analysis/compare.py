@@ -53,7 +53,7 @@ def side(path: Path) -> tuple[pd.DataFrame, list[str]]:
     return agg, notes
 
 
-def side_and_systems(path: Path) -> tuple[pd.DataFrame, list[str], dict[str, system.Study]]:
+def side_and_systems(path: Path) -> tuple[pd.DataFrame, list[str], dict[str, system.SystemRecords]]:
     """side(), and the side's studies as their runs' system records describe them."""
     loaded = load(path)
     agg = aggregate(loaded.frame)
@@ -66,7 +66,7 @@ def side_and_systems(path: Path) -> tuple[pd.DataFrame, list[str], dict[str, sys
         notes.append(f"{path}: {int(dup.sum())} configurations appear in more than one sweep; "
                      "the one with most ok runs is compared")
         agg = agg.sort_values("ok_runs", ascending=False).drop_duplicates(KEY)
-    return agg.set_index(KEY)[SIDE_METRICS], notes, system.studies(loaded.frame)
+    return agg.set_index(KEY)[SIDE_METRICS], notes, system.system_records(loaded.frame)
 
 
 def verdict(row: pd.Series, threshold: float) -> str:

@@ -10,11 +10,6 @@ import pandas as pd
 
 from bench.core import rundir
 
-PREFLIGHT_COLUMNS = {"sweep": "sweep", "node": "node", "matmul_tflops": "matmul TFLOPS",
-                     "copy_gbs": "copy GB/s", "pair_busbw_gbs": "all-reduce GB/s (best pair)",
-                     "torch": "torch", "nccl": "NCCL", "driver": "driver", "efa_adapters": "EFA",
-                     "verdict": "verdict"}
-
 
 def preflight_table(sweeps: list[Path]) -> tuple[pd.DataFrame, list[str]]:
     """One row per node of each sweep's preflight, and one note per sweep: when it ran, what it named (a
@@ -36,9 +31,7 @@ def preflight_table(sweeps: list[Path]) -> tuple[pd.DataFrame, list[str]]:
         notes.append(f"{sweep.name}: preflight of {len(nodes)} node(s) at {verdict.get('when', '?')}: "
                      + ("named " + "; ".join(named) if named else "no node stood apart")
                      + f" (tolerance {verdict.get('tolerance', float('nan')):.0%})")
-    table = pd.DataFrame(rows)
-    keep = [c for c in PREFLIGHT_COLUMNS if c in table.columns and table[c].notna().any()]
-    return table[keep].rename(columns=PREFLIGHT_COLUMNS) if rows else table, notes
+    return pd.DataFrame(rows), notes
 
 
 def straggler_cells(rows: pd.DataFrame) -> pd.Series:

@@ -13,7 +13,7 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from analysis.scaling import CONFIG, describe
-from analysis.split import LABELS, PARTS
+from bench.predict.split import LABELS, PARTS
 
 MAX_LINES = 12
 
@@ -185,13 +185,13 @@ def split_chart(table: pd.DataFrame) -> Figure | None:
     """The step of each configuration and node count stacked in its parts (seconds): one panel per
     configuration, named by the fields that differ between them (the rest in the title), its node counts
     beneath its bars, one legend below; the title says which configurations a chart of some of them
-    (analysis.split.charted) draws."""
+    (analysis.step_split.charted) draws."""
     if table.empty:
         return None
     groups = [(dict(zip(CONFIG, key)), g.sort_values("nodes"))
               for key, g in table.groupby(CONFIG, dropna=False, sort=False)]
     note = ""
-    if table.attrs.get("of", len(groups)) > len(groups):  # analysis.split.charted left some out
+    if table.attrs.get("of", len(groups)) > len(groups):  # analysis.step_split.charted left some out
         which = "the answer names" if table.attrs.get("named") else "first"
         note = (f"; the {len(groups)} configuration{'s' * (len(groups) > 1)} {which} of "
                 f"{table.attrs['of']}, every one in step_split_all.png")

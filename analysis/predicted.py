@@ -118,6 +118,17 @@ def throughput_table(agg: pd.DataFrame) -> pd.DataFrame:
         "status": rows["status"]}).reset_index(drop=True)
 
 
+def with_base(shown: pd.DataFrame, predicted: pd.DataFrame) -> pd.DataFrame:
+    """The predicted efficiency as the page reads it, with what it came from: "47% of 2,145 (this study's 1
+    runs)", the base node count's tokens/s/GPU and the constants of the same prediction."""
+    cells = [None if pd.isna(eff) else f"{eff:.0%}" + ("" if pd.isna(base) else f" of {base:,.0f}")
+             + ("" if pd.isna(source) else f" ({source})")
+             for eff, base, source in zip(predicted["pred_scaling_efficiency"],
+                                          predicted["pred_base_tokens_per_s_per_gpu"],
+                                          predicted["pred_source"])]
+    return shown.assign(pred_scaling_efficiency=cells)
+
+
 def largest_miss(table: pd.DataFrame, cpu: bool) -> list[str]:
     """The run furthest from its prediction, in one sentence with the likely cause; and how many runs the
     study's own calibration predicted (bench/predict/calibrate.py), with their median error apart. Runs

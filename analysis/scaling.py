@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.nodes import joined, straggler_cells
+from bench.core.schema import COLLECTIVES
 
 # "batch": a weak-scaling run's micro batch ("mb2"), or a strong-scaling run's global batch and accumulation
 # mode ("gb1024 sync_each"): at one global batch each node count picks its own micro batch, and the study
@@ -331,3 +332,36 @@ def restart_notes(frame: pd.DataFrame) -> list[str]:
                      "node-hours before their last start; each execution is in the run's ledger.json and "
                      "summary")
     return notes
+
+
+def sizes_by_column(sizes: pd.DataFrame) -> pd.DataFrame:
+    """Bus bandwidth per message size, one column per collective, node and EFA count (all-reduce's first,
+    unprefixed)."""
+    table = sizes.pivot_table(index="size_bytes", columns=["collective", "nodes", "efa_per_node"],
+                              values="busbw_gbs")
+    table = table[sorted(table.columns, key=lambda c: (COLLECTIVES.index(c[0]), c[1], c[2]))]
+    table.columns = [("" if c == "all_reduce" else f"{c.replace('_', '-')} ")
+                     + f"busbw (GB/s) {int(n)} nodes {int(e)} EFA" for c, n, e in table.columns]
+    return table.reset_index().rename(columns={"size_bytes": "size (B)"})
+
+
+def efa_table(probes: pd.DataFrame) -> pd.DataFrame:
+    """One row per node, GPU and EFA count, the collectives' bus bandwidths side by side (median over ok
+    repeats; all-reduce's columns unsuffixed, the others suffixed with their name)."""
+    keys = ["nodes", "gpus_per_node", "efa_per_node"]
+    if probes.empty:
+        return probes
+    joined = probes.groupby(keys, dropna=False).agg(
+        transport=("transport", lambda s: ",".join(sorted({str(v) for v in s.dropna()})) or None),
+        nics=("nics", lambda s: ",".join(sorted({str(v) for v in s.dropna()})) or None),
+        ok_runs=("ok_runs", "sum")).reset_index()
+    for collective in COLLECTIVES:
+        of = probes[probes["collective"] == collective]
+        if of.empty or "busbw_avg_gbs" not in of:
+            continue
+        suffix = "" if collective == "all_reduce" else f"_{collective}"
+        part = of.groupby(keys, dropna=False)[["busbw_avg_gbs", "busbw_max_gbs"]].median().reset_index()
+        part = part.rename(columns={"busbw_avg_gbs": f"busbw_avg_gbs{suffix}",
+                                    "busbw_max_gbs": f"busbw_max_gbs{suffix}"})
+        joined = joined.merge(part, on=keys, how="left")
+    return joined.sort_values(keys, ignore_index=True)

@@ -25,20 +25,19 @@ from analysis.scaling import CONFIG, configuration_label, node_count
 from bench.core import rundir
 from bench.predict.budget import DEFAULT_KNEE_SHARE, Answer, Point, Row, answer, step_up
 
-COLUMNS = {"model": "model", "configuration": "configuration", "nodes": "nodes",
-           "tokens_per_step": "tokens/step", "micro_batch": "micro batch", "grad_accum": "accumulation steps",
-           "step_time_s": "step time (s)", "source": "source", "pred_step_time_s": "predicted step time (s)",
-           "efficiency": "strong-scaling efficiency", "next_step": "next node count",
-           "days_to_train": "days to train", "usd_to_train": "USD to train",
-           "kwh_to_train": "GPU kWh to train", "energy_usd_to_train": "energy USD to train",
-           "answer": "answer", "straggler": "straggler"}
+# a row's columns (strong_rows; analysis/sections.py names them on the page)
+ROW = ("model", "configuration", "scaling", "nodes", "tokens_per_step", "micro_batch", "grad_accum",
+       "step_time_s", "pred_step_time_s", "source", "efficiency", "next_share", "next_step", "days_to_train",
+       "usd_to_train", "price_per_hour", "energy_j_per_token", "energy_price", "kwh_to_train",
+       "energy_usd_to_train", "answer", "straggler")
 # what a node count's figure needs, of the aggregated results and of the plan
 FIGURES = [*CONFIG, "nodes", "global_batch", "micro_batch", "grad_accum", "step_time_s", "pred_step_time_s",
            "pred_source", "status", "straggler", "energy_j_per_token"]
 
 
-def sweep_study(sweeps: list[Path]) -> dict[str, float]:
-    """The study settings (train_tokens, knee_share) of the first sweep whose resolved config sets them."""
+def study_settings(sweeps: list[Path]) -> dict[str, float]:
+    """The `study` section of the first sweep's resolved config that has one (bench/core/config.py
+    StudyConfig: train_tokens, knee_share), its numbers by key: what the report's budget defaults to."""
     for sweep in sweeps:
         try:
             study = (yaml.safe_load((sweep / rundir.SWEEP_CONFIG).read_text()) or {}).get("study")
@@ -132,7 +131,7 @@ def strong_rows(agg: pd.DataFrame, prices: dict[str, float | None], train_tokens
             "energy_usd_to_train": [r.energy_usd for r in ans.rows],
             "answer": [", ".join(marks[id(r)]) for r in ans.rows], "straggler": group["straggler"].values}))
     if not rows:
-        return pd.DataFrame(columns=[*COLUMNS, "scaling", "price_per_hour", "energy_price"])
+        return pd.DataFrame(columns=list(ROW))
     out = pd.concat(rows, ignore_index=True)
     return out.astype({c: float for c in ("efficiency", "next_share", "days_to_train", "usd_to_train",
                                           "kwh_to_train", "energy_usd_to_train")})

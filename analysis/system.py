@@ -147,8 +147,9 @@ def _extra(cell: Any) -> dict[str, Any]:
 
 
 @dataclass
-class Study:
-    """A study's system entries (a node of a run each), oldest run first, and what could not be read."""
+class SystemRecords:
+    """The system records of one sweep's runs (an entry per node of each run), oldest run first, and what
+    could not be read: what the report's system tables and the comparison of two studies read."""
 
     entries: list[Entry] = field(default_factory=list)
     unreadable: list[tuple[str, str]] = field(default_factory=list)  # (run id, why)
@@ -168,24 +169,24 @@ class Study:
         return sorted((System(e) for e in groups.values()), key=lambda s: (-len(s.nodes), -len(s.runs)))
 
 
-def studies(frame: pd.DataFrame) -> dict[str, Study]:
-    """Per sweep, the system entries of its runs, oldest run first."""
-    out: dict[str, Study] = {}
+def system_records(frame: pd.DataFrame) -> dict[str, SystemRecords]:
+    """Per sweep, the system records of its runs, oldest run first."""
+    out: dict[str, SystemRecords] = {}
     order = frame.sort_values("started_at", na_position="first") if "started_at" in frame else frame
     for _, row in order.iterrows():
-        study = out.setdefault(str(row["sweep"]), Study())
+        records = out.setdefault(str(row["sweep"]), SystemRecords())
         entries = _extra(row.get("extra")).get("system")
         if not isinstance(entries, list) or not entries:
-            study.runs_without += 1
+            records.runs_without += 1
             continue
         for entry in entries:
             if not isinstance(entry, dict) or not isinstance(entry.get("facts"), dict):
                 why = entry.get("unreadable") if isinstance(entry, dict) else None
-                study.unreadable.append((str(row["run_id"]), str(why or "not an entry")))
+                records.unreadable.append((str(row["run_id"]), str(why or "not an entry")))
                 continue
             raw = {k: v for k, v in entry["facts"].items() if k != "env"}
             env = entry["facts"].get("env")
-            study.entries.append(Entry(str(row["run_id"]), str(entry.get("node")),
+            records.entries.append(Entry(str(row["run_id"]), str(entry.get("node")),
                                        {k: show(k, v) for k, v in raw.items()}, raw,
                                        env if isinstance(env, dict) else {}))
     return out
@@ -214,33 +215,33 @@ def _names(names: list[str], most: int = 4) -> str:
     return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
-def system_table(study: Study) -> pd.DataFrame:
+def system_table(records: SystemRecords) -> pd.DataFrame:
     """A row per distinct system of a study: its nodes, runs and facts; columns every system lacks are
-    left out (system_notes names them, with why)."""
+    left out (missing_facts names them, with why)."""
     rows = [{"nodes": f"{len(s.nodes)} ({_names(s.nodes)})", "runs": len(s.runs),
-             **{TABLE_LABELS[c]: _cell(c, s.facts) for c in TABLE}} for s in study.systems()]
+             **{TABLE_LABELS[c]: _cell(c, s.facts) for c in TABLE}} for s in records.systems()]
     table = pd.DataFrame(rows)
     keep = [c for c in table.columns if c in ("nodes", "runs") or (table[c] != "missing").any()]
     return table[keep]
 
 
-def node_table(all_studies: dict[str, Study]) -> pd.DataFrame:
+def node_table(by_sweep: dict[str, SystemRecords]) -> pd.DataFrame:
     """system.csv: a row per study and node, every fact as recorded (a missing one with its reason)."""
     rows = []
-    for sweep, study in all_studies.items():
-        for name, last in study.nodes.items():
+    for sweep, records in by_sweep.items():
+        for name, last in records.nodes.items():
             facts = {k: f"missing: {v['missing']}" if is_missing(v) else str(v) if k == "gpu_topology"
                      else show(k, v) for k, v in last.raw.items()}
-            runs = len({e.run for e in study.entries if e.node == name})
+            runs = len({e.run for e in records.entries if e.node == name})
             rows.append({"sweep": sweep, "node": name, "runs": runs, **facts})
     return pd.DataFrame(rows)
 
 
-def env_table(study: Study) -> pd.DataFrame:
+def env_table(records: SystemRecords) -> pd.DataFrame:
     """The environment the study's runs saw, a row per variable and value, with how many runs saw it."""
     seen: dict[tuple[str, str], set[str]] = {}
-    names = sorted({k for e in study.entries for k in e.env})
-    for entry in study.entries:
+    names = sorted({k for e in records.entries for k in e.env})
+    for entry in records.entries:
         for name in names:
             value = entry.env.get(name, "unset")
             if name in PER_RUN_ENV and value != "unset":
@@ -257,46 +258,50 @@ def _differs(rest: dict[str, str], odd: dict[str, str]) -> list[str]:
             f"{rest.get(k, 'not recorded')}" for k in dict.fromkeys(keys) if odd.get(k) != rest.get(k)]
 
 
-def system_notes(sweep: str, study: Study) -> list[str]:
-    """What the page says beside a study's table: the facts none of its nodes recorded (with why),
-    unreadable records, runs without one."""
-    notes = []
+def missing_facts(sweep: str, records: SystemRecords) -> list[str]:
+    """The facts none of a sweep's nodes recorded, with why (the page's system notes, beside its table)."""
     reasons: dict[str, list[str]] = {}
-    if study.nodes:
-        for k, v in study.entries[0].raw.items():
-            if k not in IDENTITY and is_missing(v) and all(is_missing(e.raw.get(k)) for e in study.entries):
+    if records.nodes:
+        for k, v in records.entries[0].raw.items():
+            if k not in IDENTITY and is_missing(v) and all(is_missing(e.raw.get(k)) for e in records.entries):
                 reasons.setdefault(str(v["missing"]), []).append(LABELS.get(k, k))
-    for why, facts in reasons.items():
-        notes.append(f"{sweep}: not recorded on any node: {', '.join(facts)} ({why})")
-    if study.unreadable:
-        run, why = study.unreadable[0]
-        notes.append(f"{sweep}: {len(study.unreadable)} system record(s) unreadable, their nodes' facts "
+    return [f"{sweep}: not recorded on any node: {', '.join(facts)} ({why})"
+            for why, facts in reasons.items()]
+
+
+def unread_records(sweep: str, records: SystemRecords) -> list[str]:
+    """Records that could not be read, and runs without one: nodes whose facts the report does not know
+    (the page's notes)."""
+    notes = []
+    if records.unreadable:
+        run, why = records.unreadable[0]
+        notes.append(f"{sweep}: {len(records.unreadable)} system record(s) unreadable, their nodes' facts "
                      f"unknown (run {run}: {why})")
-    if study.runs_without:
-        notes.append(f"{sweep}: {study.runs_without} run(s) without a system record (written before runs "
+    if records.runs_without:
+        notes.append(f"{sweep}: {records.runs_without} run(s) without a system record (written before runs "
                      "recorded one, or the worker died first)")
     return notes
 
 
-def spans(sweep: str, study: Study) -> str | None:
+def spans(sweep: str, records: SystemRecords) -> str | None:
     """The first screen's warning for a study whose nodes are not one system, naming how they differ."""
-    systems = study.systems()
+    systems = records.systems()
     if len(systems) < 2:
         return None
     majority, minority = systems[0], sorted({n for s in systems[1:] for n in s.nodes})
     differs = list(dict.fromkeys(d for s in systems[1:] for d in _differs(majority.facts, s.facts)))
-    return (f"{sweep} spans {len(systems)} systems: {len(minority)} of {len(study.nodes)} nodes differ "
+    return (f"{sweep} spans {len(systems)} systems: {len(minority)} of {len(records.nodes)} nodes differ "
             f"({_names(minority)}: {'; '.join(differs[:4])}{'; ...' if len(differs) > 4 else ''}): its "
             "scaling efficiency mixes machines")
 
 
 # ---------------------------------------------------------------------------------------------- two studies
 
-def _side(all_studies: dict[str, Study]) -> tuple[dict[str, Counter[str]], dict[str, set[str]], int]:
+def _side(by_sweep: dict[str, SystemRecords]) -> tuple[dict[str, Counter[str]], dict[str, set[str]], int]:
     """Per fact, how many nodes show each value; per variable, the values the runs saw; the node count."""
     seen: dict[str, dict[str, set[tuple[str, str]]]] = {}  # fact -> value -> its (study, node)s
     env: dict[str, set[str]] = {}
-    entries = [(sweep, e) for sweep, s in all_studies.items() for e in s.entries]
+    entries = [(sweep, e) for sweep, s in by_sweep.items() for e in s.entries]
     names = {k for _, e in entries for k in e.env} - set(PER_RUN_ENV)
     for sweep, entry in entries:
         for k, v in entry.facts.items():
@@ -316,7 +321,7 @@ def _values(counts: Counter[str] | None, nodes: int) -> str:
     return ", ".join(f"{v} ({n} of {nodes} nodes)" for v, n in counts.most_common())
 
 
-def unrecorded(a: dict[str, Study], b: dict[str, Study]) -> list[str]:
+def unrecorded(a: dict[str, SystemRecords], b: dict[str, SystemRecords]) -> list[str]:
     """The side(s) with no system record to compare, where the other has some (differences says nothing
     then: a baseline from before runs recorded their systems)."""
     counts = {label: sum(len(s.nodes) for s in side.values()) for label, side in (("A", a), ("B", b))}
@@ -326,7 +331,7 @@ def unrecorded(a: dict[str, Study], b: dict[str, Study]) -> list[str]:
             "to compare" for label, n in counts.items() if not n]
 
 
-def differences(a: dict[str, Study], b: dict[str, Study]) -> list[str]:
+def differences(a: dict[str, SystemRecords], b: dict[str, SystemRecords]) -> list[str]:
     """Every system fact and environment variable that differs between two sets of studies, baseline
     first: "NCCL 2.21.5 -> 2.23.4", "FI_EFA_USE_DEVICE_RDMA unset -> 1"; then, per side whose nodes are not
     one system, how many differ ("B: 2 nodes of 16 differ (...)"). Empty where both have no record."""
@@ -343,10 +348,10 @@ def differences(a: dict[str, Study], b: dict[str, Study]) -> list[str]:
             lines.append(f"{name} {', '.join(sorted(ea.get(name, {'unset'})))} -> "
                          f"{', '.join(sorted(eb.get(name, {'unset'})))}")
     for label, side in (("A", a), ("B", b)):
-        for sweep, study in side.items():
-            systems = study.systems()
+        for sweep, records in side.items():
+            systems = records.systems()
             if len(systems) > 1:
                 odd = sorted({n for s in systems[1:] for n in s.nodes})
-                lines.append(f"{label} ({sweep}): {len(odd)} nodes of {len(study.nodes)} differ "
+                lines.append(f"{label} ({sweep}): {len(odd)} nodes of {len(records.nodes)} differ "
                              f"({_names(odd)})")
     return lines

@@ -7,10 +7,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from analysis import report
+from analysis.columns import Columns
 from analysis.load import load
 from analysis.parity import loss_parity
-from analysis.report import build, main
+from analysis.report import build, main, pages
 from analysis.scaling import ablation, aggregate, nccl_summary
+from analysis.sections import SECTIONS, Section
 from bench.core import rundir
 from bench.core.schema import RunSpec, RunSummary
 
@@ -53,17 +56,18 @@ def test_the_answer_comes_first_with_the_known_efficiency(tmp_path: Path) -> Non
         write_run(sweep, tokens_per_s=SCALING[nodes] * 0.9, nodes=nodes, sharding="HYBRID_SHARD")
     write_run(sweep, status="oom", nodes=16, sharding="HYBRID_SHARD")
     out = tmp_path / "report"
-    build(load(sweep), out)
+    shown = pages(load(sweep), out)
     md = (out / "report.md").read_text()
-    assert ("- llama2_7b, FULL_SHARD bf16_mixed + full AC: 87% scaling efficiency from 1 to 16 nodes, "
-            "109 tokens/s/GPU") in md
-    best = md.split("## Best configuration at each node count", 1)[1].split("##", 1)[0]
-    scaling = md.split("## Scaling (per configuration", 1)[1].split("##", 1)[0]
-    for table in (best, scaling):  # efficiency in one format on the page: percent, as the sentence says it
-        assert "| 87% |" in table and "0.87" not in table
-    assert "- llama2_7b, HYBRID_SHARD bf16_mixed: oom at 16 nodes" in md
-    assert md.index("## The answer") < md.index("## Best configuration at each node count") < md.index(
-        "## Throughput vs nodes") < md.index("## Scaling (per configuration") < md.index("## Provenance")
+    assert ("llama2_7b, FULL_SHARD bf16_mixed + full AC: 87% scaling efficiency from 1 to 16 nodes, "
+            "109 tokens/s/GPU") in shown["answer"].body
+    for table in ("headline", "scaling"):  # efficiency in one format on the page: percent, as the answer says
+        efficiency = shown[table].body["scaling efficiency"]
+        assert "87%" in set(efficiency) and all(e.endswith("%") for e in efficiency.dropna()), table
+    assert "llama2_7b, HYBRID_SHARD bf16_mixed: oom at 16 nodes" in shown["answer"].body
+    first = ["answer", "headline", "throughput_vs_nodes", "scaling", "provenance"]
+    assert [i for i in shown if i in first] == first  # the answer first, where the numbers come from last
+    assert sorted(md.index(f"## {shown[i].title}\n") for i in first) == [md.index(f"## {shown[i].title}\n")
+                                                                          for i in first]
     svg = (out / "throughput_vs_nodes.svg").read_text()
     assert all(f">{label}<" in svg for label in ("95%", "92%", "90%", "87%"))  # efficiency at each point
     page = (out / "report.html").read_text()
@@ -196,11 +200,10 @@ def test_a_probe_only_study_gets_an_answer_sentence(tmp_path: Path) -> None:
                 run_id=spec.run_id, sweep="efa", status="ok", spec=spec, nccl_busbw_avg_gbs=bw,
                 nccl_busbw_max_gbs=1.5 * bw))
     assert main([str(sweep)]) == 0
-    text = (sweep / "report" / "report.md").read_text()
-    answer = text.split("## The answer", 1)[1].split("##", 1)[0]
-    assert ("2 nodes: 4 EFA gave 8.2 GB/s avg bus bandwidth (max 12.3), 8.2x TCP; "
-            "0 EFA gave 1.0 GB/s avg bus bandwidth (max 1.5)") in answer
-    assert "| nodes | GPUs/node | EFA adapters |" in text  # a probe of 1 GPU/node is not one of 8
+    shown = pages(load(sweep), sweep / "report")
+    assert shown["answer"].body == ["2 nodes: 4 EFA gave 8.2 GB/s avg bus bandwidth (max 12.3), 8.2x TCP; "
+                                    "0 EFA gave 1.0 GB/s avg bus bandwidth (max 1.5)"]
+    assert list(shown["efa"].body["GPUs/node"]) == [8, 8]  # a probe of 1 GPU/node is not one of 8
 
 
 def test_a_one_rank_probe_is_not_shown_as_network_bandwidth(tmp_path: Path) -> None:
@@ -221,7 +224,8 @@ def test_a_one_rank_probe_is_not_shown_as_network_bandwidth(tmp_path: Path) -> N
 
 def test_an_efa_study_keeps_its_nccl_tables_to_8_columns_on_the_page(tmp_path: Path) -> None:
     """efa_probe's shape: 5 node counts x 4 EFA counts. The page shows the per-size table at 16 nodes (size +
-    4 EFA columns, 16 nodes' figures), the by-node table in 8 columns; the CSVs keep all 20 placements."""
+    4 EFA columns, 16 nodes' figures), the by-node table in 8 columns; the CSVs keep all 20 placements; the
+    HTML page keeps every column, collapsed."""
     sweep = tmp_path / "efa"
     for nodes in (1, 2, 4, 8, 16):
         for efa in (0, 1, 4, 32):
@@ -232,21 +236,15 @@ def test_an_efa_study_keeps_its_nccl_tables_to_8_columns_on_the_page(tmp_path: P
             rundir.write_summary(rundir.run_dir(sweep, spec), RunSummary(
                 run_id=spec.run_id, sweep="efa", status="ok", spec=spec, nccl_busbw_avg_gbs=2 * bw,
                 nccl_busbw_max_gbs=3 * bw, extra={"sizes": sizes}))
-    assert main([str(sweep)]) == 0
-    text = (sweep / "report" / "report.md").read_text()
-    widths = {}
-    for section in text.split("\n## ")[1:]:
-        title, _, body = section.partition("\n")
-        header = next((line for line in body.splitlines() if line.startswith("|")), None)
-        if header:
-            widths[title] = header.count("|") - 1
-    per_size = next(t for t in widths if t.startswith("NCCL bus bandwidth per message size"))
-    by_nodes = next(t for t in widths if t.startswith("NCCL collectives by node count"))
-    assert widths[per_size] == 5 and widths[by_nodes] <= 8, widths
-    assert "busbw (GB/s) 16 nodes 32 EFA" in text and "busbw (GB/s) 8 nodes" not in text
-    assert "| 99.48 |" in text  # 16 nodes, 32 EFA, 1 GiB: (1 + 32 + 0.16) x 3
+    shown = pages(load(sweep), sweep / "report")
+    per_size, by_nodes = shown["nccl_sizes"].body, shown["nccl"].body
+    assert len(per_size.columns) == 5 and len(by_nodes.columns) <= 8
+    assert "busbw (GB/s) 16 nodes 32 EFA" in per_size and not any("8 nodes" in c for c in per_size.columns)
+    assert per_size.set_index("size (B)").loc[1 << 30, "busbw (GB/s) 16 nodes 32 EFA"] == pytest.approx(
+        99.48)  # 16 nodes, 32 EFA, 1 GiB: (1 + 32 + 0.16) x 3
     full = pd.read_csv(sweep / "report" / "nccl_sizes.csv")
     assert len(full.columns) == 21 and len(pd.read_csv(sweep / "report" / "nccl.csv").columns) > 8
+    assert shown["nccl_sizes"].full.shape == full.shape  # the HTML's collapsed table: every column
 
 
 def test_empty_dir_is_one_clear_error(tmp_path: Path, capsys) -> None:
@@ -259,9 +257,12 @@ def test_only_failed_runs_still_give_a_report(tmp_path: Path) -> None:
     sweep = tmp_path / "bad"
     write_run(sweep, status="oom", nodes=1)
     write_run(sweep, status="timeout", nodes=2)
-    assert main([str(sweep)]) == 0
+    shown = pages(load(sweep), sweep / "report")
+    assert shown["none_ok"].body == ["every run failed or was pruned: see the run status table"]
+    assert sorted(shown["status"].body["status"]) == ["oom", "timeout"]
+    assert shown["status"].note == "0 of 2 runs ok; the 2 not ok above"
     text = (sweep / "report" / "report.md").read_text()
-    assert "No successful runs" in text and "| oom |" in text and "| timeout |" in text
+    assert "| oom |" in text and "| timeout |" in text
 
 
 def test_older_schema_truncated_files_and_corrupt_summaries(tmp_path: Path) -> None:
@@ -325,8 +326,9 @@ def test_loss_parity_flags_the_strategy_that_trains_something_else(tmp_path: Pat
     assert parity.loc["NO_SHARD AC=none transformer_block r0", "max_rel_deviation"] == pytest.approx(0.01)
     assert parity.loc["NO_SHARD AC=none transformer_block r0", "verdict"] == "DEPARTS"
     assert set(parity["reference"]) == {"FULL_SHARD AC=none transformer_block r0"} and len(parity) == 2
-    md = build(load(sweep), tmp_path / "out").read_text()
-    assert "Loss parity across strategies" in md and "departs from FULL_SHARD" in md
+    shown = pages(load(sweep), tmp_path / "out")
+    assert sorted(shown["loss_parity"].body["verdict"]) == ["DEPARTS", "same curve"]
+    assert any("departs from FULL_SHARD" in note for note in shown["notes"].body)
     written = pd.read_csv(tmp_path / "out" / "loss_parity.csv")  # the table beside the page, as a CSV
     assert sorted(written["verdict"]) == ["DEPARTS", "same curve"]
 
@@ -394,8 +396,6 @@ def test_each_predicted_row_shows_the_base_its_efficiency_was_predicted_against(
     assert short.loc["2x8", column] == "80% of 1,250 (published constants)"
     assert short.loc["1x8", column] == "100% of 900 (this study's 3 runs)"
     assert len(short.columns) + 1 <= 8  # the page's limit (analysis/test_browser.py), the index included
-    md = (out / "report.md").read_text()
-    assert "its efficiency against the base node count's tokens/s/GPU in that prediction" in md
 
 
 def test_a_run_held_back_by_a_straggler_is_flagged_beside_its_efficiency(tmp_path: Path) -> None:
@@ -419,19 +419,17 @@ def test_a_run_held_back_by_a_straggler_is_flagged_beside_its_efficiency(tmp_pat
                                                       "tolerance": 0.25, "rows": rows, "links": [],
                                                       "pairs": []})
     out = tmp_path / "report"
-    build(load(sweep), out)
-    md = (out / "report.md").read_text()
-    preflight = md.split("## Preflight", 1)[1].split("##", 1)[0]
-    assert "| study | node3 | 0.3 | 9 | 2 | 2.13.0 | matmul TFLOPS 70% below |" in preflight
-    assert "| study | node1 | 1 | 9 | 2 | 2.13.0 | ok |" in preflight
-    assert "study: preflight of 4 node(s) at 2026-11-27T07:30:00: named node3 (tolerance 25%)" in md
-    scaling = md.split("## Scaling (per configuration", 1)[1].split("##", 1)[0]
-    header = [c.strip() for c in next(r for r in scaling.splitlines() if r.startswith("| model")).split("|")]
-    rows = {line.split("|")[header.index("nodes")].strip(): line
-            for line in scaling.splitlines() if line.startswith("| llama2_7b")}
-    assert "| 92% | node3 (compute +140%, 1.2 s a step) |" in rows["4"]
-    assert "node" not in rows["2"] and "| straggler |" in scaling
-    assert "study: 1 run(s) were held back by a straggler (node3)" in md
+    shown = pages(load(sweep), out)
+    preflight = shown["preflight"].body.set_index("node")
+    assert list(preflight.loc["node3"]) == ["study", 0.3, 9.0, 2.0, "2.13.0", "matmul TFLOPS 70% below"]
+    assert list(preflight.loc["node1"]) == ["study", 1.0, 9.0, 2.0, "2.13.0", "ok"]
+    notes = shown["notes"].body
+    assert "study: preflight of 4 node(s) at 2026-11-27T07:30:00: named node3 (tolerance 25%)" in notes
+    scaling = shown["scaling"].body.set_index("nodes")
+    assert list(scaling.loc[4, ["scaling efficiency", "straggler"]]) == [
+        "92%", "node3 (compute +140%, 1.2 s a step)"]
+    assert pd.isna(scaling.loc[2, "straggler"])
+    assert any(n.startswith("study: 1 run(s) were held back by a straggler (node3)") for n in notes)
 
 
 def test_a_floor_prediction_is_counted_apart_not_named_the_largest_miss() -> None:
@@ -473,15 +471,49 @@ def test_the_efa_table_shows_the_three_collectives_side_by_side(tmp_path: Path) 
     train = RunSpec(model="llama2_7b", nodes=2, gpus_per_node=8, efa_per_node=32, cluster="p5.48xlarge")
     rundir.write_summary(rundir.run_dir(sweep, train), RunSummary(
         run_id=train.run_id, sweep="efa", status="ok", spec=train, step_time_s=2.0, tokens_per_s=1000.0))
-    assert main([str(sweep)]) == 0
+    shown = pages(load(sweep), sweep / "report")
     efa = pd.read_csv(sweep / "report" / "efa.csv").set_index("EFA adapters")
     assert efa.loc[32, "max busbw (GB/s)"] == 100.0 and efa.loc[4, "max busbw (GB/s)"] == 12.5
     assert efa.loc[32, "all-gather max busbw (GB/s)"] == 70.0
     assert efa.loc[32, "reduce-scatter max busbw (GB/s)"] == 80.0
     assert efa.loc[32, "all-gather avg busbw (GB/s)"] == 35.0 and efa.loc[32, "ok runs"] == 9
-    text = (sweep / "report" / "report.md").read_text()
-    assert "Collective bandwidth by EFA adapters: all-reduce, all-gather, reduce-scatter" in text
+    assert shown["efa"].body.equals(efa.reset_index()[shown["efa"].body.columns])  # the page: every column
     comm = pd.read_csv(sweep / "report" / "comm_model.csv").iloc[0]
     assert comm["probes used"] == ("all-gather: all_gather probe at 2 nodes; "
                                    "reduce-scatter: reduce_scatter probe at 2 nodes")
-    assert comm["all-gather busbw (GB/s)"] == 70.0 and "all_gather probe at 2 nodes" in text
+    assert comm["all-gather busbw (GB/s)"] == 70.0
+    assert list(shown["comm_model"].body["probes used"]) == [comm["probes used"]]
+
+
+def test_each_section_is_declared_once_and_names_every_column_it_shows() -> None:
+    """One id per section, and a name for every column it declares (the vocabulary or its own), so no
+    table reaches a page with a column nobody named."""
+    ids = [s.id for s in SECTIONS]
+    assert len(set(ids)) == len(ids)
+    for section in (s for s in SECTIONS if s.columns):
+        for keys, page in ((section.columns.long, False), (section.columns.short, True)):
+            names = section.columns.names(keys or (), "1e+12 tokens", page)
+            assert all(names.values()) and not any("{" in n for n in names.values()), section.id
+
+
+def test_a_section_is_one_entry(tmp_path: Path, monkeypatch) -> None:
+    """A section appended to the list (runs per node count, 1, 1 and 2) reaches its CSV, both pages and the
+    Definitions, with nothing else edited; a detail section is a line of the Markdown naming its CSV."""
+    sweep = tmp_path / "study"
+    for nodes, repeat in ((1, 0), (2, 0), (2, 1)):
+        write_run(sweep, tokens_per_s=SCALING[nodes], nodes=nodes, repeat=repeat)
+    count = Section("runs_by_nodes", "Runs by node count",
+                    lambda i: i.frame.groupby("nodes").size().reset_index(name="runs"),
+                    Columns(("nodes", "runs")), definition="how many runs each node count has.")
+    detail = Section("runs_listed", "Every run", lambda i: i.frame[["run_id", "nodes"]], detail=True)
+    monkeypatch.setattr(report, "SECTIONS", [*SECTIONS[:-1], count, detail, SECTIONS[-1]])
+    out = tmp_path / "report"
+    shown = pages(load(sweep), out)
+    assert pd.read_csv(out / "runs_by_nodes.csv").values.tolist() == [[1, 1], [2, 2]]
+    assert list(shown)[-3:] == ["runs_by_nodes", "runs_listed", "provenance"]
+    md, page = (out / "report.md").read_text(), (out / "report.html").read_text()
+    assert "| nodes | runs |\n|---|---|\n| 1 | 1 |\n| 2 | 2 |" in md
+    assert "- **Runs by node count**: how many runs each node count has." in md
+    assert "- Every run: [runs_listed.csv](runs_listed.csv)" in md and "| run_id | nodes |" not in md
+    assert "<section id='runs_by_nodes'>" in page and "<details id='runs_listed' class='detail'>" in page
+    assert all(run_id in page for run_id in pd.read_csv(out / "runs_listed.csv")["run_id"])

@@ -11,7 +11,7 @@ import yaml
 
 from analysis import system
 from analysis.load import load
-from analysis.report import build
+from analysis.report import build, pages
 from bench.core import rundir
 from bench.core.schema import RunSpec, RunSummary
 
@@ -62,20 +62,20 @@ def sixteen(sweep: Path, odd: dict[str, str] | None = None, env: dict[str, str] 
 
 def test_a_study_of_one_system_is_one_row(tmp_path: Path) -> None:
     sixteen(tmp_path / "study")
-    [(sweep, study)] = system.studies(load(tmp_path / "study").frame).items()
-    table = system.system_table(study)
+    [(sweep, records)] = system.system_records(load(tmp_path / "study").frame).items()
+    table = system.system_table(records)
     assert len(table) == 1 and table["nodes"][0].startswith("16 (p5-00, p5-01, p5-02, p5-03 and 12 more)")
     row = table.iloc[0]
     assert row["GPU"] == f"8 x {H100}" and row["NCCL"] == "2.21.5" and row["RDMA devices"] == "32 rdmap"
     assert row["runs"] == 2 and "image" not in table  # no node named an image: the column is left out
-    assert system.spans(sweep, study) is None
+    assert system.spans(sweep, records) is None
 
 
 def test_a_study_that_spans_systems_says_which_nodes_differ_and_how(tmp_path: Path) -> None:
     sixteen(tmp_path / "study", odd={"nccl": "2.23.4", "gpu_driver": "570.86.10"})
-    [(sweep, study)] = system.studies(load(tmp_path / "study").frame).items()
-    assert len(system.system_table(study)) == 2
-    assert system.spans(sweep, study) == (
+    [(sweep, records)] = system.system_records(load(tmp_path / "study").frame).items()
+    assert len(system.system_table(records)) == 2
+    assert system.spans(sweep, records) == (
         "study spans 2 systems: 2 of 16 nodes differ (p5-07, p5-09: driver 570.86.10 where the rest have "
         "550.54.15; NCCL 2.23.4 where the rest have 2.21.5): its scaling efficiency mixes machines")
 
@@ -86,27 +86,28 @@ def test_a_node_whose_driver_changed_between_runs_is_in_two_systems(tmp_path: Pa
     write(tmp_path / "study", 8, [node(n) for n in names[:8]])
     write(tmp_path / "study", 16, [node(n, **({"gpu_driver": "570.86.10"} if n == "p5-03" else {}))
                                    for n in names], tokens_per_s=1800.0)
-    [(sweep, study)] = system.studies(load(tmp_path / "study").frame).items()
-    assert [(s.nodes[:2], len(s.runs)) for s in study.systems()] == [(["p5-00", "p5-01"], 2), (["p5-03"], 1)]
-    assert system.spans(sweep, study).startswith("study spans 2 systems: 1 of 16 nodes differ (p5-03: driver "
-                                                 "570.86.10 where the rest have 550.54.15)")
+    [(sweep, records)] = system.system_records(load(tmp_path / "study").frame).items()
+    assert [(s.nodes[:2], len(s.runs)) for s in records.systems()] == [(["p5-00", "p5-01"], 2),
+                                                                        (["p5-03"], 1)]
+    assert system.spans(sweep, records).startswith(
+        "study spans 2 systems: 1 of 16 nodes differ (p5-03: driver 570.86.10 where the rest have 550.54.15)")
 
 
 def test_two_studies_differ_in_what_changed_and_nothing_else(tmp_path: Path) -> None:
     sixteen(tmp_path / "a" / "before")
     sixteen(tmp_path / "b" / "after", odd={"nccl": "2.23.4"},
             env={"FI_EFA_USE_DEVICE_RDMA": "1", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/fsx/r/run9/nccl_trace_"})
-    a, b = (system.studies(load(tmp_path / side).frame) for side in ("a", "b"))
+    a, b = (system.system_records(load(tmp_path / side).frame) for side in ("a", "b"))
     assert system.differences(a, b) == [
         "NCCL 2.21.5 -> 2.21.5 (14 of 16 nodes), 2.23.4 (2 of 16 nodes)",
         "FI_EFA_USE_DEVICE_RDMA unset -> 1",  # the flight recorder's path, set per run, is no difference
         "B (after): 2 nodes of 16 differ (p5-07, p5-09)"]
     sixteen(tmp_path / "c" / "upgraded", odd={"nccl": "2.23.4"})
-    whole = system.studies(load(tmp_path / "c").frame)
+    whole = system.system_records(load(tmp_path / "c").frame)
     whole["upgraded"].entries = [e for e in whole["upgraded"].entries if e.node in ("p5-07", "p5-09")]
     assert system.differences(a, whole)[0] == "NCCL 2.21.5 -> 2.23.4"
     assert system.differences(a, a) == []
-    before = {"old": system.Study(runs_without=2)}  # a baseline from before runs recorded their systems
+    before = {"old": system.SystemRecords(runs_without=2)}  # a baseline from before runs recorded systems
     assert system.differences(before, a) == [] and system.unrecorded(a, a) == []
     assert system.unrecorded(before, a) == [
         "A: no system records (runs from before they were written, or none readable): nothing to compare"]
@@ -115,8 +116,8 @@ def test_two_studies_differ_in_what_changed_and_nothing_else(tmp_path: Path) -> 
 
 def test_the_environment_table_counts_runs_and_hides_per_run_paths(tmp_path: Path) -> None:
     sixteen(tmp_path / "study", env={"TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/fsx/r/x/nccl_trace_rank_"})
-    [(_, study)] = system.studies(load(tmp_path / "study").frame).items()
-    table = system.env_table(study).set_index("variable")
+    [(_, records)] = system.system_records(load(tmp_path / "study").frame).items()
+    table = system.env_table(records).set_index("variable")
     assert table.loc["NCCL_DEBUG", "value"] == "INFO" and table.loc["NCCL_DEBUG", "runs"] == 2
     assert table.loc["TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "value"] == "(set per run or node by the launcher)"
 
@@ -124,12 +125,13 @@ def test_the_environment_table_counts_runs_and_hides_per_run_paths(tmp_path: Pat
 def test_the_report_shows_the_systems_and_warns_first_when_a_study_spans_them(tmp_path: Path) -> None:
     sixteen(tmp_path / "study", odd={"nccl": "2.23.4"})
     out = tmp_path / "report"
-    build(load(tmp_path / "study"), out)
-    md = (out / "report.md").read_text()
-    answer = md.split("## The answer", 1)[1].split("##", 1)[0]
-    assert answer.splitlines()[2].startswith("- study spans 2 systems: 2 of 16 nodes differ (p5-07, p5-09: "
-                                             "NCCL 2.23.4 where the rest have 2.21.5)")
-    assert "## System: study" in md and "| 14 (p5-00" in md and "| 2 (p5-07, p5-09) |" in md
+    shown = pages(load(tmp_path / "study"), out)
+    assert shown["answer"].body[0] == ("study spans 2 systems: 2 of 16 nodes differ (p5-07, p5-09: NCCL "
+                                       "2.23.4 where the rest have 2.21.5): its scaling efficiency mixes "
+                                       "machines")
+    table = shown["system_study"].body
+    assert list(table["nodes"]) == ["14 (p5-00, p5-01, p5-02, p5-03 and 10 more)", "2 (p5-07, p5-09)"]
+    assert list(table["NCCL"]) == ["2.21.5", "2.23.4"]
     assert "spans 2 systems" in (out / "report.html").read_text()
     nodes = pd.read_csv(out / "system.csv")
     assert len(nodes) == 16 and set(nodes["nccl"]) == {"2.21.5", "2.23.4"}
@@ -147,7 +149,8 @@ def test_unreadable_records_and_garbled_extras_leave_the_report_whole(tmp_path: 
     assert "study: 3 system record(s) unreadable, their nodes' facts unknown (run " in md
     assert "8 GPUs NV18; 10 NICs, nearest PIX" in md  # p5-02's topology, beside p5-00's none
     row = RunSummary(run_id="r1", sweep="study", status="ok", spec=RunSpec()).to_row()
-    garbled = system.studies(pd.DataFrame([{**row, "extra": "{not json"}, {**row, "extra": '"a string"'}]))
+    garbled = system.system_records(pd.DataFrame([{**row, "extra": "{not json"},
+                                                  {**row, "extra": '"a string"'}]))
     assert garbled["study"].runs_without == 2 and not garbled["study"].nodes
 
 

@@ -1,7 +1,7 @@
 """The change that wins the points back, in the report: on a study of hand-made traced runs, each
 configuration's measured loss at its largest node count, the change the study's own model predicts wins
 the most back (the plan's code, bench/predict/split.py), the gain the study measured where it ran that
-change beside it; one such sentence per model on the first screen (analysis/test_split.py reads it on the
+change beside it; one such sentence per model on the first screen (analysis/test_step_split.py reads it on the
 page); figures on the page never in exponent notation."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import yaml
 from analysis.first_screen import change_sentences
 from analysis.load import load
 from analysis.render import number
-from analysis.split import split_table
+from analysis.step_split import split_table
 from analysis.winback import sentence, study_model, verdicts
 from bench.core import rundir
 from bench.core.schema import RunSpec, RunSummary

@@ -1,5 +1,5 @@
 """The change that wins the points back: for each configuration traced at two node counts or more, where
-its largest node count lost the most against its smallest (the measured split, analysis/split.py), the
+its largest node count lost the most against its smallest (the measured split, analysis/step_split.py), the
 change the performance model predicts wins back the most (bench/predict/split.py best_change: the code
 the plan prints its prediction with), and where the study ran that change at both node counts, the gain
 it measured beside. The model is the study's own: its probes and its calibration on its finished runs
@@ -19,7 +19,7 @@ import pandas as pd
 import yaml
 
 from analysis.scaling import CONFIG, configuration_label, node_count
-from analysis.split import ends, lost_points, peer
+from analysis.step_split import ends, measured, peer
 from bench.core import rundir
 from bench.core.config import ClusterConfig, ConfigError
 from bench.core.load_config import from_dict
@@ -34,6 +34,7 @@ from bench.predict.split import (
     Options,
     best_change,
     largest,
+    lost_points,
     memory_check,
     rounded,
     win_back,
@@ -109,7 +110,7 @@ def measured_lost(frame: pd.DataFrame, base: RunSpec, top: RunSpec) -> float | N
 def verdict(frame: pd.DataFrame, key: tuple, base: pd.Series, top: pd.Series,
             models: dict[str, tuple[Predictor, ClusterConfig] | None], sweep_of: dict[str, Path]) -> Verdict:
     """A configuration's loss, and what the study's model says wins it back."""
-    lost, parts = lost_points(base, top)
+    lost, parts = lost_points(measured(base), measured(top))
     part = largest(parts)
     whole = rounded(parts, round(lost))
     config = dict(zip(CONFIG, key))

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.report import main as report
+from analysis.load import load
+from analysis.report import main as report, pages
 from bench.ingest import main as ingest
 from bench.probes.parse import parse
 
@@ -30,10 +31,9 @@ def test_old_outputs_become_probe_runs_and_reach_the_report(shared_data: Path, t
     assert row.nccl_busbw_avg_gbs == parsed.avg_busbw_printed == 1.15327
     assert row.nccl_busbw_max_gbs == parsed.busbw_max == 3.15
     assert report([str(tmp_path / "results" / "nccl_ingest")]) == 0
-    md = (tmp_path / "results" / "nccl_ingest" / "report" / "report.md").read_text()
-    efa = md[md.index("## Collective bandwidth by EFA adapters"):]
+    efa = pages(load(tmp_path / "results" / "nccl_ingest"), tmp_path / "report")["efa"].body
     # nodes, GPUs/node, EFA, transport, NICs, avg, max, ok runs
-    assert "| 2 | 1 | 1 | AWS Libfabric | 1 | 1.153 | 3.15 | 1 |" in efa
+    assert efa.values.tolist() == [[2, 1, 1, "AWS Libfabric", "1", 1.15327, 3.15, 1]]
 
 
 def test_a_wrong_efa_label_is_flagged_not_kept(shared_data: Path, tmp_path: Path) -> None:

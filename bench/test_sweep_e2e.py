@@ -208,14 +208,16 @@ def test_the_smoke_report_puts_predictions_beside_measurements_on_cpu(smoke_resu
     memory = pd.read_csv(out / "memory.csv")
     assert len(memory) == 16 and (memory.pred_mem_gib > 0).all()
     text = (out / "report.md").read_text()
-    assert "## Throughput: predicted before launch vs measured" in text
+    assert "<section id='predicted'>" in (out / "report.html").read_text()
     assert "largest miss" in text and ("predicted with the published constants" in text
                                        or "this study's" in text)
     # the runs after the first ones were predicted with the study's own calibration, the report says so
     assert predicted.pred_source.str.startswith("this study's").sum() >= len(predicted) - 2
     assert "predicted with this study's own calibration" in text
     extrapolation = pd.read_csv(out / "extrapolation.csv")
-    assert set(extrapolation.nodes) == {2} and "## Extrapolation" in text
+    page = (out / "report.html").read_text()  # the details: collapsed on the HTML page, linked from the md
+    assert set(extrapolation.nodes) == {2} and "<details id='extrapolation'" in page
+    assert "[extrapolation.csv](extrapolation.csv)" in text
     assert "extrapolation (smoke_full)" in text
     assert " runs at 1 node alone, " in text
     # what each 2-node run got of the network: its traced all-gathers and reduce-scatters against the
@@ -226,7 +228,7 @@ def test_the_smoke_report_puts_predictions_beside_measurements_on_cpu(smoke_resu
     assert (two["busbw (GB/s)"] > 0).all() and (two["probe busbw (GB/s)"] > 0).all()
     gathers = two[two.collective.str.startswith("all_gather")]
     assert (gathers.probe == "all_gather probe").all()  # its own collective's probe, not the all-reduce's
-    assert "## What each run got of the network" in text
+    assert "<details id='network_achieved'" in page and "[network_achieved.csv](network_achieved.csv)" in text
     assert re.search(r"the 2-node runs' reduce-scatters reached \d+% of the probe", text), text[-3000:]
 
 
@@ -262,7 +264,8 @@ def test_the_smoke_reports_its_strong_scaling_pair_in_days_and_dollars(smoke_res
     assert strong.loc[2, "days to train 1e+12 tokens"] == pytest.approx(days)
     assert strong.loc[2, "USD to train 1e+12 tokens"] == pytest.approx(days * 24 * 2 * 2.5)
     text = (out / "report.md").read_text()
-    assert "## Strong scaling" in text and "scaling: smoke_full weak and strong at global batch 8" in text
+    assert "<section id='strong'>" in (out / "report.html").read_text()
+    assert "scaling: smoke_full weak and strong at global batch 8" in text
     assert "tiny_llama, FULL_SHARD bf16_mixed, global batch 8 sync_each: 1 node trains" in text
 
 

@@ -33,7 +33,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from split_model import part_summary, pooled, split_here, study_split  # noqa: E402
 
-from analysis.split import PARTS as TRACE_PARTS  # noqa: E402
 from bench.core.hardware import gpu_spec  # noqa: E402
 from bench.gpucheck.evidence import EVIDENCE_DIR, table_runs  # noqa: E402
 from bench.predict import perf  # noqa: E402
@@ -49,6 +48,7 @@ from bench.predict.published import (  # noqa: E402
     PublishedRow,
     foundry_table,
 )
+from bench.predict.split import PARTS as TRACE_PARTS  # noqa: E402
 
 NAMES = ("A100", "H100", "elementwise_bytes", "contention", "compile_traffic")
 BOUNDS = ((0.3, 0.98), (0.3, 0.98), (0.0, 2000.0), (0.0, 1.0), (0.1, 1.0))

@@ -17,7 +17,6 @@ from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analysis.split import PARTS as TRACE_PARTS  # noqa: E402
 from bench.core.hardware import gpu_spec  # noqa: E402
 from bench.core.schema import RunSummary  # noqa: E402
 from bench.gpucheck.evidence import EVIDENCE_DIR, table_runs  # noqa: E402
@@ -26,7 +25,14 @@ from bench.predict.calibrate import Observation, fit as fit_study  # noqa: E402
 from bench.predict.cpu import CpuFacts, CpuModel, cpu_share, recorded, this_cpu  # noqa: E402
 from bench.predict.network import network_for  # noqa: E402
 from bench.predict.perf import EXPOSED_PARTS, Calibration, predict  # noqa: E402
-from bench.predict.split import MODELLED, SHORT, comparable, noise, same_work_pairs  # noqa: E402
+from bench.predict.split import (  # noqa: E402
+    MODELLED,
+    PARTS as TRACE_PARTS,
+    SHORT,
+    comparable,
+    noise,
+    same_work_pairs,
+)
 
 TARGETS = ("compute", *EXPOSED_PARTS)  # what the model predicts apart: issue 66's target is these within 25%
 EXPOSED = "exposed"  # the exposed parts summed: the report's "exposed comm." columns, predicted and measured

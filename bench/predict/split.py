@@ -1,5 +1,5 @@
 """Where a step goes, by part: one set of names for the model's prediction (perf.Prediction.parts) and the
-trace's measurement (trainer/trace.py -> analysis/split.py); the points of per-GPU efficiency lost from a
+trace's measurement (trainer/trace.py -> analysis/step_split.py); the points of per-GPU efficiency lost from a
 configuration's smallest node count to a larger one in those parts, one formula for the plan and the
 report; and the change the model predicts wins the most of a configuration's loss back.
 

@@ -11,13 +11,14 @@ import pandas as pd
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from analysis import split
+from analysis import step_split
 from analysis.load import load
 from analysis.plots import split_chart
-from analysis.report import build
-from analysis.split import charted, lost_points, split_table
+from analysis.report import pages
+from analysis.step_split import charted, measured, split_table
 from bench.core import rundir
 from bench.core.schema import RunSpec, RunSummary
+from bench.predict.split import lost_points
 
 # profiled seconds per step of each part (the 2-node trace ran at half speed under the profiler: scaled
 # to its measured step of 1.25 s its parts are 0.7 compute, 0.3 reduce-scatter, 0.15 waiting, 0.1 other)
@@ -50,21 +51,19 @@ def test_the_points_lost_are_decomposed_into_parts_that_add_up(tmp_path: Path) -
     assert table.loc[2, "exposed_reduce_scatter"] == pytest.approx(0.3)  # scaled to the measured step
     assert table.loc[2, "exposed_comm_s"] == pytest.approx(0.3)
     assert table.loc[2, "exposed_comm_error"] == pytest.approx(0.2 / 0.3 - 1)
-    lost, parts = lost_points(table.loc[1], table.loc[2])
+    lost, parts = lost_points(measured(table.loc[1]), measured(table.loc[2]))
     assert lost == pytest.approx(20.0)  # efficiency 1.0 / 1.25 = 80%
     assert parts["exposed_reduce_scatter"] == pytest.approx(16.0)  # (0.3 - 0.1) / 1.25
     assert parts["waiting"] == pytest.approx(12.0) and parts["other"] == pytest.approx(-8.0)
     assert sum(parts.values()) == pytest.approx(lost)
     out = tmp_path / "report"
-    build(load(sweep), out)
-    md = (out / "report.md").read_text()
-    answer = md.split("## The answer", 1)[1].split("##", 1)[0]
-    assert ("llama2_7b, FULL_SHARD bf16_mixed at 2 nodes loses 20 points of per-GPU efficiency against 1 "
-            "node (measured), 16 of them exposed reduce-scatter") in answer
-    points = md.split("## Where the points went", 1)[1].split("##", 1)[0]
-    assert ("from 1 node to 2 nodes 20 points of per-GPU efficiency lost: 16 exposed reduce-scatter, "
-            "12 waiting for node7, -8 other (host, data, idle)") in points
-    assert "## Where the step went" in md and (out / "step_split.png").is_file()
+    shown = pages(load(sweep), out)
+    assert any(a.startswith("llama2_7b, FULL_SHARD bf16_mixed at 2 nodes loses 20 points of per-GPU "
+                            "efficiency against 1 node (measured), 16 of them exposed reduce-scatter")
+               for a in shown["answer"].body)
+    assert any("from 1 node to 2 nodes 20 points of per-GPU efficiency lost: 16 exposed reduce-scatter, "
+               "12 waiting for node7, -8 other (host, data, idle)" in s for s in shown["points"].body)
+    assert "step_split" in shown and (out / "step_split.png").is_file()
     assert (out / "step_split.csv").read_text().count("\n") == 3  # header and two node counts
 
 
@@ -84,7 +83,7 @@ def test_each_row_names_its_configuration_and_says_where_the_readings_of_waiting
     what is at stake); where they agree it says so; a run whose ranks shared no clock has the duration
     rule's reading alone. With room for one configuration in the chart, it draws the one the answer names
     and the page links the chart of both."""
-    monkeypatch.setattr(split, "MAX_CHARTED", 1)
+    monkeypatch.setattr(step_split, "MAX_CHARTED", 1)
     sweep = tmp_path / "study"
     checked = {"premise_checked": 30, "premise_contradicted": 0, "premise_at_stake_s": 0.0}
     contradicted = {**checked, "premise_contradicted": 12, "premise_at_stake_s": 0.12}
@@ -97,7 +96,7 @@ def test_each_row_names_its_configuration_and_says_where_the_readings_of_waiting
              "premise_at_stake_s": 0.0}  # no clock shared: nothing checked
     _run(sweep, 1, 1.0, {**ONE, "waiting": 0.1}, None, readings=apart, activation_checkpointing="full")
     out = tmp_path / "report"
-    build(load(sweep), out)
+    shown = pages(load(sweep), out)
     table = pd.read_csv(out / "step_split.csv").set_index(["precision", "AC", "nodes"])
     assert {"batch", "GPUs/node"} <= set(table.columns)
     rule = table["duration rule"]
@@ -109,9 +108,17 @@ def test_each_row_names_its_configuration_and_says_where_the_readings_of_waiting
     assert rule[("bf16_mixed", "full", 1)] == "not checked: no shared clock (waiting is the duration rule's)"
     assert table.loc[("fp32", "none", 2), "waiting by the duration rule (s)"] == pytest.approx(0.04)
     assert table.loc[("fp32", "none", 2), "waiting for a peer (s)"] == pytest.approx(0.12)
-    md = (out / "report.md").read_text().split("## Where the step went", 1)[1].split("\n## ", 1)[0]
-    assert "| llama2_7b | FULL_SHARD | fp32 | none |" in md
-    assert "| llama2_7b | FULL_SHARD | bf16_mixed | full |" in md
+    page = shown["step_split"].body.set_index(["configuration", "nodes x GPUs"])
+    assert page.loc[("FULL_SHARD fp32", "2x8"), "waiting (s)"] == pytest.approx(0.12)
+    assert page.loc[("FULL_SHARD bf16_mixed + full AC", "1x8"), "waiting (s)"] == pytest.approx(
+        table.loc[("bf16_mixed", "full", 1), "waiting for a peer (s)"])
+    # the audit is the CSV's, and the page's note names its columns and counts the rows it flags (the two
+    # fp32 rows: apart, and the premise contradicted)
+    assert not {"waiting by the duration rule (s)", "duration rule", "traced runs"} & set(page.columns)
+    assert len(page.columns) + 2 <= 16  # the index's two columns included
+    assert shown["step_split"].note.endswith("on 2 of 4 rows.")
+    assert shown["step_split"].full.equals(pd.read_csv(out / "step_split.csv").astype(
+        shown["step_split"].full.dtypes.to_dict()))  # the HTML keeps every column, collapsed
     assert "[step_split_all.png](step_split_all.png)" in (out / "report.md").read_text()
     assert (out / "step_split_all.png").is_file()
 
@@ -164,7 +171,7 @@ def test_the_split_says_how_far_runs_of_the_same_work_read_apart(tmp_path: Path)
     _run(sweep, 2, 1.25, TWO, None)  # scaled: 0.7 compute, 0.3 reduce-scatter, 0.15 waiting, 0.1 other
     _run(sweep, 2, 1.25, TWO, None, global_batch=16)  # 16 ranks, one micro-batch each: the same work
     _run(sweep, 2, 1.25, {**TWO, "exposed_reduce_scatter": 0.8, "waiting": 0.1}, None, repeat=1)
-    sentence = split.noise_sentence(load(sweep).frame)
+    sentence = step_split.noise_sentence(load(sweep).frame)
     # reduce-scatter 0.3 vs 0.4 (twice) and 0.3 vs 0.3: |errors| 0, 0, 0.25, 0.25, 0.33, 0.33; waiting
     # 0.15 vs 0.05 (twice): 0, 0, 0.67, 0.67, 2, 2
     assert sentence == ("Runs of the same work (3 pairs: a configuration's repeats, or a strong-scaling run "
@@ -172,9 +179,6 @@ def test_the_split_says_how_far_runs_of_the_same_work_read_apart(tmp_path: Path)
                         "25% in exposed communication (reduce-scatter 25%), 67% in waiting for a peer, 0% in "
                         "other (host, data, idle), each taken as the other's prediction: a difference "
                         "between rows smaller than that is within the trace's own noise")
-    out = tmp_path / "report"
-    build(load(sweep), out)
-    points = (out / "report.md").read_text().split("## Where the points went", 1)[1].split("##", 1)[0]
-    assert f"- {sentence}" in points
+    assert pages(load(sweep), tmp_path / "report")["points"].body[-1] == sentence
     _run(tmp_path / "alone", 2, 1.25, TWO, None)
-    assert split.noise_sentence(load(tmp_path / "alone").frame) is None
+    assert step_split.noise_sentence(load(tmp_path / "alone").frame) is None

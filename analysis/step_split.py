@@ -28,21 +28,12 @@ from bench.predict.split import (
     LABELS,
     PARTS,
     Split,
-    lost_points as split_points,
+    lost_points,
     noise,
     same_work_pairs,
     words,
 )
 
-# the scaling table's configuration columns (analysis/columns.py SCALING_SHORT), then the split's
-COLUMNS = {"model": "model", "sharding": "sharding", "precision": "precision",
-           "activation_checkpointing": "AC", "compile": "compile", "offload": "offload", "batch": "batch",
-           "gpus_per_node": "GPUs/node", "nodes": "nodes",
-           "step_time_s": "step (s)", **{p: f"{LABELS[p]} (s)" for p in PARTS},
-           "waiting_duration_rule": "waiting by the duration rule (s)", "duration_rule": "duration rule",
-           "exposed_comm_s": "exposed comm. measured (s)",
-           "pred_exposed_comm_s": "exposed comm. predicted (s)",
-           "exposed_comm_error": "predicted / measured - 1", "traced_runs": "traced runs"}
 # older summaries (before FSDP's copies were a part of their own: they were in the exposed parts)
 ADDED_PARTS = ("collective_copies",)
 # readings beside the parts, scaled with them: waiting by the duration rule, and the seconds the two
@@ -172,11 +163,6 @@ def measured(row: pd.Series) -> Split:
                  float(row["tokens_per_gpu_step"]))
 
 
-def lost_points(base: pd.Series, top: pd.Series) -> tuple[float, dict[str, float]]:
-    """1 - efficiency from base to top in points, and per part (module docstring); they add up."""
-    return split_points(measured(base), measured(top))
-
-
 def peer(row: pd.Series) -> str | None:
     """The node a row's ranks waited for (its slowest), where the run names one."""
     return row["slowest_node"] if isinstance(row.get("slowest_node"), str) else None
@@ -195,7 +181,7 @@ def ends(table: pd.DataFrame) -> list[tuple[tuple, pd.Series, pd.Series]]:
 def lost_sentence(key: tuple, base: pd.Series, top: pd.Series) -> str:
     """Where the points lost from a configuration's smallest to its largest node count went, e.g. "from 1
     to 16 nodes 13 points lost: 9 exposed reduce-scatter, 3 waiting for node7, 1 other"."""
-    lost, parts = lost_points(base, top)
+    lost, parts = lost_points(measured(base), measured(top))
     named = words(parts, peer(top))
     verb = "lost" if round(lost) >= 0 else "gained"
     return (f"{describe(dict(zip(CONFIG, key)))}: from {node_count(base['nodes'])} to "
