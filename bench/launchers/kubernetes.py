@@ -254,7 +254,11 @@ class KubernetesLauncher(Launcher):
         the study leaves out (cluster.kubernetes.exclude_nodes): the preflight's. None Ready is one
         ConfigError naming the selector and what to do."""
         selector = self.node_selector()
-        listed = self.core.list_node(label_selector=selector, _request_timeout=30).items
+        try:
+            listed = self.core.list_node(label_selector=selector, _request_timeout=30).items
+        except ApiError as e:  # a user whose rights end at its namespace may not list nodes
+            raise ConfigError(f"preflight: cannot list the nodes ({selector or 'all'}): {e}; name them with "
+                              "preflight.nodes=[...], or preflight.mode=off") from None
         left_out = set(self.cfg.cluster.kubernetes.exclude_nodes)
         up, down = [], {}
         for node in (n for n in listed if n.metadata.name not in left_out):

@@ -210,7 +210,8 @@ class FakeKube:
       pods (one more GET here), or never where it does not (`collects`);
     - a pod that was never scheduled has no container statuses, and its log is HTTP 204, which the client
       returns as None; a container waiting to start answers its log with 400;
-    - `nodes`: the Node objects the cluster lists (none: node groups scaled to zero, a wrong label).
+    - `nodes`: the Node objects the cluster lists (none: node groups scaled to zero, a wrong label; None:
+      the user may not list them).
     """
 
     def __init__(self, scenario: str, shared_data: Path, finish_after: int = 2) -> None:
@@ -299,6 +300,9 @@ class FakeKube:
         return {"kind": "Status", "status": "Success"}
 
     def list_node(self, label_selector=None, _request_timeout=None):
+        if self.nodes is None:  # a user whose rights end at its namespace
+            raise api_error(403, "Forbidden", 'nodes is forbidden: User "alice" cannot list resource "nodes" '
+                                              'in API group "" at the cluster scope')
         key, _, value = (label_selector or "").partition("=")
         return V1NodeList(items=[n for n in self.nodes if not key or n.metadata.labels.get(key) == value])
 
@@ -855,6 +859,22 @@ def test_a_cluster_without_a_ready_node_is_one_line_before_anything_is_written(t
         f"error: preflight: no Ready node matches node.kubernetes.io/instance-type=p5.48xlarge ({seen}); "
         "check cluster.instance_type and cluster.kubernetes.instance_type_label"), err
     assert "scale the node group up" in err and not (tmp_path / "p5_scaling").exists() and not fake.created
+
+
+def test_nodes_the_user_may_not_list_are_one_line_naming_the_permission(tmp_path, shared_data, monkeypatch,
+                                                                        capsys) -> None:
+    from bench.sweep import main
+    fake = FakeKube("ok", shared_data)
+    fake.nodes = None
+    _use(monkeypatch, fake)
+    assert main(["+sweep=p5_scaling", "launcher=kubernetes", f"cluster.kubernetes.image={IMAGE}",
+                 f"results_root={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("error: preflight: cannot list the nodes (node.kubernetes.io/instance-type=p5.48xlarge): "
+                   "403 Forbidden: permission denied by the cluster's RBAC: nodes is forbidden: User "
+                   "\"alice\" cannot list resource \"nodes\" in API group \"\" at the cluster scope; name "
+                   "them with preflight.nodes=[...], or preflight.mode=off\n")
+    assert not (tmp_path / "p5_scaling").exists()
 
 
 def test_a_refused_node_is_answered_with_the_kubernetes_setting(tmp_path, shared_data, monkeypatch,
