@@ -79,6 +79,13 @@ PENDING, RUNNING, DONE = "pending", "running", "done"
 # operator's Succeeded or Failed), its own time limit, or a deletion by someone outside the sweep
 ENDED_BY_OPERATOR, ENDED_BY_DEADLINE, ENDED_BY_DELETION = "operator", "deadline", "deleted outside the sweep"
 
+
+def condition_text(condition: dict[str, str]) -> str:
+    """A scheduler's condition in its own words: 'PyTorchJobFailed: PyTorchJob x is failed because ...'."""
+    words = (condition.get("reason") or condition.get("type"), condition.get("message"))
+    return ": ".join(p for p in words if p)
+
+
 # A run's cost beyond its steps, as a plan counts it (its time, cost and schedule): on a cluster, a job's
 # scheduling, image start, rendezvous and materialisation, and a probe's size sweep after it; on this
 # machine, a torchrun's start-up (the smoke sweep's runs: benchmarks/run_cost.py prints where it goes).

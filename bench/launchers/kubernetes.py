@@ -39,6 +39,7 @@ from bench.launchers.base import (
     Remains,
     Submission,
     cluster_placement,
+    condition_text,
 )
 from bench.launchers.k8s_api import Api, ApiError, load_config
 from bench.launchers.k8s_manifests import MPIJOB, PYTORCHJOB, RUN_ID_LABEL, manifest
@@ -85,11 +86,6 @@ def terminal_condition(job: dict[str, Any]) -> dict[str, str] | None:
         if cond.get("type") in ("Succeeded", "Failed") and cond.get("status") == "True":
             return {key: str(cond.get(key) or "") for key in ("type", "reason", "message")}
     return None
-
-
-def said(condition: dict[str, str]) -> str:
-    """A condition in the operator's words: 'PyTorchJobFailed: PyTorchJob x is failed because ...'."""
-    return ": ".join(p for p in (condition["reason"] or condition["type"], condition["message"]) if p)
 
 
 def ended_by(condition: dict[str, str]) -> str:
@@ -390,7 +386,7 @@ class KubernetesLauncher(Launcher):
     def _finished(self, handle: K8sHandle, condition: dict[str, str], problem: tuple[str, str] | None
                   ) -> Poll:
         """The operator's verdict, a pod state more specific than its Failed (OOMKilled, Evicted) first."""
-        state, detail, ended = condition["type"], said(condition), ended_by(condition)
+        state, detail, ended = condition["type"], condition_text(condition), ended_by(condition)
         if problem and problem[0] != "Unschedulable":
             state, detail = problem
         elif ended == ENDED_BY_DEADLINE:

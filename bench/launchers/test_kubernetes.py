@@ -746,6 +746,14 @@ def test_the_operators_verdict_is_the_runs_error(tmp_path, shared_data, sweep: s
                       '"pytorch" in pod "w-1" is waiting to start: ContainerCreating\n')
 
 
+def test_a_job_its_deadline_ended_is_a_timeout_that_says_who_ended_it(tmp_path, shared_data) -> None:
+    row, _ = run_one(tmp_path, shared_data, "deadline")
+    message = "Job was active longer than specified deadline"
+    assert row.status == "timeout" and row.error == f"DeadlineExceeded: {message}"
+    assert _extra(tmp_path)["job_end"] == {"type": "Failed", "reason": "DeadlineExceeded", "message": message,
+                                           "ended_by": "deadline"}
+
+
 @pytest.mark.parametrize("scenario", ["deleted", "deleting"])
 def test_a_job_deleted_outside_the_sweep_is_cancelled_saying_so(tmp_path, shared_data, scenario,
                                                                  capfd) -> None:

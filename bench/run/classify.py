@@ -10,7 +10,7 @@ import math
 import re
 from typing import Any
 
-from bench.launchers.base import ENDED_BY_DELETION, Outcome
+from bench.launchers.base import ENDED_BY_DELETION, Outcome, condition_text
 
 _FAILURE_PRIORITY = ("oom", "nan_loss", "nccl_error", "rendezvous_error", "failed")
 
@@ -158,7 +158,7 @@ def _job_verdict(outcome: Outcome, log_text: str, logs: str) -> tuple[str, str] 
     if not condition:
         return None
     if condition["type"] == "Failed":
-        said = ": ".join(p for p in (condition.get("reason") or "Failed", condition.get("message")) if p)
+        said = condition_text(condition)
         last = error_line(log_text, last_line=False)
         return "failed", f"{said}; the workers' last error: {last}" if last else said
     return "failed", f"the job succeeded but its pods left no records ({logs})"
