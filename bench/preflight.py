@@ -119,6 +119,7 @@ class Answer:
 
     records: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
+    left: str | None = None  # what its cleanup left behind, and the command that removes it
 
 
 def run_round(launcher: Launcher, specs: list[RunSpec], sweep_dir: Path, timeout_s: float
@@ -150,7 +151,26 @@ def run_round(launcher: Launcher, specs: list[RunSpec], sweep_dir: Path, timeout
     finally:
         for handle, _ in handles.values():
             launcher.cleanup(handle)
+    for run_id, (handle, _) in handles.items():
+        answers[run_id].left = wait_removed(launcher, handle)
     return answers
+
+
+def wait_removed(launcher: Launcher, handle: Any) -> str | None:
+    """Wait until what cleanup deleted is gone (nothing else runs meanwhile); what is left when the launcher
+    stops waiting for it, else None (gone, or it cannot tell)."""
+    try:
+        while (left := launcher.remains(handle)) is not None and not left.final:
+            time.sleep(0.5)
+    except Exception:  # noqa: BLE001 - cannot tell: the check's verdict stands without it
+        return None
+    return left.what if left else None
+
+
+def say_left(answers: dict[str, Answer], out: Any) -> None:
+    for answer in answers.values():
+        if answer.left:
+            print(f"preflight: {answer.left}", file=out, flush=True)
 
 
 def node_row(node: str, answer: Answer) -> dict[str, Any]:
@@ -255,16 +275,20 @@ def meeting(sweep_dir: Path, ranks: int) -> Iterator[None]:
         shutil.rmtree(ready, ignore_errors=True)
 
 
-def check(nodes: Nodes, launcher: Launcher, sweep_dir: Path, out: Any = sys.stderr) -> dict[str, Any]:
-    """Run the preflight; write and return the verdict (rows, links, when, how long)."""
+Listed = tuple[list[str], dict[str, str]]  # the nodes to check, and those the scheduler holds down
+
+
+def check(nodes: Nodes, launcher: Launcher, sweep_dir: Path, out: Any = sys.stderr,
+          listed: Listed | None = None) -> dict[str, Any]:
+    """Run the preflight on the nodes listed (before anything was written: `cluster_nodes`; None: list them
+    now); write and return the verdict (rows, links, when, how long)."""
     started, settings = time.monotonic(), nodes.settings
-    names, down = cluster_nodes(settings, launcher)
-    if not names and not down:
-        raise ConfigError("preflight: the launcher lists no nodes; name them with preflight.nodes=[...]")
+    names, down = listed or cluster_nodes(settings, launcher)
     print(f"preflight: {len(names)} node(s) with {launcher.name}, one job each ...", file=out, flush=True)
     specs = {node: node_spec(nodes, node) for node in names}
     with meeting(sweep_dir, len(specs) * nodes.gpus_per_node):
         answers = run_round(launcher, list(specs.values()), sweep_dir, settings.timeout_s)
+    say_left(answers, out)
     rows = [node_row(node, answers[spec.run_id]) for node, spec in specs.items()]
     rows += [{"node": node, "answered": False, "problems": [f"down in the scheduler ({state})"]}
              for node, state in down.items()]
@@ -275,6 +299,7 @@ def check(nodes: Nodes, launcher: Launcher, sweep_dir: Path, out: Any = sys.stde
               + ", ".join("-".join(p) for p in pair_round), file=out, flush=True)
         pair_specs = {pair: pair_spec(nodes, pair) for pair in pair_round}
         got = run_round(launcher, list(pair_specs.values()), sweep_dir, settings.timeout_s)
+        say_left(got, out)
         pairs.update({pair: busbw_of(got[spec.run_id]) for pair, spec in pair_specs.items()})
     links = judge(nodes, rows, pairs)
     verdict = {"when": now_iso(), "seconds": round(time.monotonic() - started, 1), "tolerance":
@@ -284,11 +309,33 @@ def check(nodes: Nodes, launcher: Launcher, sweep_dir: Path, out: Any = sys.stde
     return verdict
 
 
-def cluster_nodes(settings: PreflightConfig, launcher: Launcher) -> tuple[list[str], dict[str, str]]:
-    """The nodes to check, and those the scheduler holds down (by state)."""
+def cluster_nodes(settings: PreflightConfig, launcher: Launcher) -> Listed:
+    """The nodes to check, and those the scheduler holds down (by state); a ConfigError where there are
+    none (the launcher's own, naming its selector, where it has one)."""
     if settings.nodes:
         return list(settings.nodes), {}
-    return launcher.node_names()
+    names, down = launcher.node_names()
+    if not names and not down:
+        raise ConfigError("preflight: the launcher lists no nodes; name them with preflight.nodes=[...]")
+    return names, down
+
+
+def nodes_to_check(cfg: SweepConfig, placement: Placement, launcher: Launcher) -> Listed | None:
+    """The nodes a sweep's preflight will check, listed before anything is written, so that a cluster
+    without them is one line and exit 2; None where the preflight is off."""
+    if mode_of(cfg.preflight.mode, placement) == "off":
+        return None
+    return cluster_nodes(cfg.preflight, launcher)
+
+
+def refusal(verdict: dict[str, Any], launcher: Launcher) -> str:
+    """The sweep's one line for a verdict that refuses the study: the first thing named, and how to go on
+    (the launcher's setting that leaves the named nodes out, or preflight.mode=warn)."""
+    named = problems(verdict)
+    more = f" (and {len(named) - 1} more)" if len(named) > 1 else ""
+    nodes = [r["node"] for r in verdict["rows"] if r["problems"]]
+    leave = f"leave the node out ({launcher.leave_out(nodes)}) or " if nodes else ""
+    return f"error: preflight: {named[0]}{more}; nothing launched: {leave}accept it with preflight.mode=warn"
 
 
 def problems(verdict: dict[str, Any]) -> list[str]:
@@ -330,10 +377,11 @@ def main(argv: list[str] | None = None) -> int:
         cfg = from_dict(raw)
         launcher = make_launcher(cfg)
         launcher.preflight()
+        listed = cluster_nodes(cfg.preflight, launcher)  # before the sweep dir: none is one line
         sweep_dir = Path(cfg.results_root) / cfg.sweep_name
         with rundir.locked(sweep_dir):
             try:
-                verdict = check(nodes_of(cfg, launcher.placement(cfg)), launcher, sweep_dir)
+                verdict = check(nodes_of(cfg, launcher.placement(cfg)), launcher, sweep_dir, listed=listed)
             finally:
                 launcher.close()
     except (ConfigError, rundir.SweepDirBusy) as e:

@@ -167,8 +167,10 @@ def main(argv: list[str] | None = None) -> int:
         placement = launcher.placement(cfg)  # where and how the runs run: decided here, once
         sweep_dir = Path(cfg.results_root) / cfg.sweep_name
         launching = placement.launches and not cfg.dry_run
+        listed = None
         if launching:
             launcher.preflight()
+            listed = preflight.nodes_to_check(cfg, placement, launcher)
         # every value judged before measuring
         render_all(launcher, expand(cfg, placement=placement), sweep_dir, admit=launching)
         _make_sweep_dir(sweep_dir)
@@ -186,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"planned in {time.perf_counter() - started:.1f} s; {memory.summary()}")
             if calibration:
                 print(calibration)
-            return _plan_and_launch(cfg, placement, plan, predictor, launcher, sweep_dir, yaml_text)
+            return _plan_and_launch(cfg, placement, plan, predictor, launcher, sweep_dir, yaml_text, listed)
     except rundir.SweepDirBusy as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_CONFIG
@@ -209,9 +211,11 @@ def study_from(cfg: SweepConfig, placement: Placement) -> Study:
 
 
 def _plan_and_launch(cfg: SweepConfig, placement: Placement, plan: list[PlannedRun], predictor: Predictor,
-                     launcher: Launcher, sweep_dir: Path, yaml_text: str) -> int:
-    """Write the plan and say what it holds, then launch it: the preflight first where the placement asks,
-    then the runner. Each layer is handed what it reads, from the top layer down."""
+                     launcher: Launcher, sweep_dir: Path, yaml_text: str,
+                     listed: preflight.Listed | None = None) -> int:
+    """Write the plan and say what it holds, then launch it: the preflight first where the placement asks
+    (on the nodes `listed` before anything was written), then the runner. Each layer is handed what it
+    reads, from the top layer down."""
     write_plan(sweep_dir, plan, yaml_text)
     study, mode = study_from(cfg, placement), preflight.mode_of(cfg.preflight.mode, placement)
     nodes = preflight.nodes_of(cfg, placement) if mode != "off" else None
@@ -232,13 +236,10 @@ def _plan_and_launch(cfg: SweepConfig, placement: Placement, plan: list[PlannedR
               f"{rundir.ATTEMPT_PREFIX}*/{rundir.SUBMISSION_DIR}/")
         return EXIT_OK
     if nodes is not None:
-        verdict = preflight.check(nodes, launcher, sweep_dir, out=sys.stdout)
+        verdict = preflight.check(nodes, launcher, sweep_dir, out=sys.stdout, listed=listed)
         print(preflight.format_verdict(verdict))
-        if (named := preflight.problems(verdict)) and mode == "on":
-            more = f" (and {len(named) - 1} more)" if len(named) > 1 else ""
-            print(f"error: preflight: {named[0]}{more}; nothing launched: leave the node out "
-                  "(\"cluster.slurm.extra_sbatch=['--exclude=NODE']\") or accept it with preflight.mode=warn",
-                  file=sys.stderr)
+        if preflight.problems(verdict) and mode == "on":
+            print(preflight.refusal(verdict, launcher), file=sys.stderr)
             return preflight.EXIT_REFUSED
     counts = execute(study, plan, launcher, sweep_dir)
     interrupted = counts.pop("interrupted")

@@ -111,6 +111,9 @@ class K8sClusterConfig:
     """Name of the Secret the pods pull the image with; null: none."""
     service_account: str | None = None
     """The ServiceAccount the pods run as; null: the namespace's default."""
+    exclude_nodes: list[str] = field(default_factory=list)
+    """Nodes the study's pods keep off, by node name as `kubectl get nodes` and the preflight name them (a
+    required node affinity on each pod: metadata.name NotIn); the preflight leaves them out too."""
 
 
 @dataclass

@@ -123,6 +123,7 @@ def _check_kubernetes(k: K8sClusterConfig) -> None:
               ("hf_token_secret", k.hf_token_secret, _RFC1123_SUBDOMAIN, "a Secret name"),
               ("image_pull_secret", k.image_pull_secret, _RFC1123_SUBDOMAIN, "a Secret name"),
               ("service_account", k.service_account, _RFC1123_SUBDOMAIN, "a ServiceAccount name")]
+    checks += [("exclude_nodes", node, _RFC1123_SUBDOMAIN, "a node name") for node in k.exclude_nodes]
     for key, value, pattern, what in checks:
         if value is not None and (not pattern.match(value) or len(value) > 253):
             raise ConfigError(f"cluster.kubernetes.{key}={value!r} is not {what}")

@@ -66,9 +66,25 @@ class Outcome:
     # NODE_FAIL runs again under its id): state, nodes, start, end (ISO), and the nodes that failed
     executions: list[dict[str, Any]] = field(default_factory=list)
     execution: int | None = None  # the runner's count of executions it saw (a requeued job runs again)
+    # The scheduler's own last word on the job where it keeps one (Kubernetes: the job's terminal
+    # condition, {"type", "reason", "message"}), and who ended the job (ENDED_BY_*)
+    condition: dict[str, str] | None = None
+    ended_by: str | None = None
+    never_ran: bool = False  # it ended before any of its processes started: all its time was in the queue
+    left_behind: str | None = None  # what cleanup could not remove in its wait, and the command that does
 
 
 PENDING, RUNNING, DONE = "pending", "running", "done"
+# Who ended a job, where the scheduler says (Outcome.ended_by): its controller judged it (a Kubeflow
+# operator's Succeeded or Failed), its own time limit, or a deletion by someone outside the sweep
+ENDED_BY_OPERATOR, ENDED_BY_DEADLINE, ENDED_BY_DELETION = "operator", "deadline", "deleted outside the sweep"
+
+
+def condition_text(condition: dict[str, str]) -> str:
+    """A scheduler's condition in its own words: 'PyTorchJobFailed: PyTorchJob x is failed because ...'."""
+    words = (condition.get("reason") or condition.get("type"), condition.get("message"))
+    return ": ".join(p for p in words if p)
+
 
 # A run's cost beyond its steps, as a plan counts it (its time, cost and schedule): on a cluster, a job's
 # scheduling, image start, rendezvous and materialisation, and a probe's size sweep after it; on this
@@ -103,6 +119,15 @@ class Placement:
     """Every run is submitted at once and the scheduler packs them (else the harness admits what fits)."""
     preflight: bool = False
     """preflight.mode=auto checks every node first (a launcher that reaches several machines)."""
+
+
+@dataclass(frozen=True)
+class Remains:
+    """What a cleanup has not removed yet: `what` names it and the command that removes it by hand (once
+    `final`: the launcher has stopped waiting for it to go)."""
+
+    what: str
+    final: bool = False
 
 
 @dataclass
@@ -147,6 +172,12 @@ class Launcher(Protocol):
     def cleanup(self, handle: Any) -> None:
         """Stop whatever of the job still runs and free what it holds; safe to call more than once."""
 
+    def remains(self, handle: Any) -> Remains | None:
+        """What cleanup() has not removed yet, None once it is gone: a deletion the scheduler finishes in its
+        own time (Kubernetes) is waited for between the runner's looks at the other runs, until the launcher
+        calls what is left final. The default: a cleanup that waits itself, nothing left."""
+        return None
+
     # What a launcher may have to add; the defaults are for a launcher with nothing to do there.
 
     def preflight(self) -> None:
@@ -162,6 +193,10 @@ class Launcher(Protocol):
     def node_names(self) -> tuple[list[str], dict[str, str]]:
         """The nodes the preflight checks, and those the scheduler holds down (by state): this machine."""
         return [socket.gethostname()], {}
+
+    def leave_out(self, nodes: list[str]) -> str:
+        """The setting that keeps the study's runs off these nodes, as the preflight's refusal advises it."""
+        return f"take {', '.join(nodes)} out of the cluster"
 
     def executions(self, handle: Any) -> list[dict[str, Any]]:
         """Every time the scheduler ran the job (a requeued job runs again), as it recorded them."""

@@ -54,9 +54,16 @@ def deadline_s(cfg: SweepConfig) -> int:
     return int(cfg.launcher.queue_timeout_s + cfg.launcher.timeout_s)
 
 
+# What a job is, in its name: a study's training run or collective probe, or the preflight's check of one
+# node (spec kind "preflight") or all-reduce between a pair of nodes (a probe pinned to its hosts)
+JOB_KINDS = {"train": "train", "nccl": "nccl", "preflight": "preflight-node"}
+PREFLIGHT_PAIR = "preflight-pair"
+
+
 def job_name(spec: RunSpec) -> str:
-    """Stable DNS-1035 name of a run's job; submit appends an attempt suffix to make it unique."""
-    kind = "train" if spec.kind == "train" else "nccl"
+    """Stable DNS-1035 name of a run's job, saying what it is; submit appends an attempt suffix to make it
+    unique."""
+    kind = PREFLIGHT_PAIR if spec.kind == "nccl" and spec.hosts else JOB_KINDS[spec.kind]
     return f"fsdpbench-{kind}-{spec.run_id}"
 
 
@@ -99,15 +106,27 @@ def _pod_spec(cfg: SweepConfig, spec: RunSpec, container: dict[str, Any], worker
         container["volumeMounts"] = [{"name": "shm", "mountPath": "/dev/shm"}]
         if cfg.cluster.instance_type != "local":
             pod["nodeSelector"] = {k.instance_type_label: cfg.cluster.instance_type}
-        if spec.hosts:  # a preflight's job on its node, or its pair of nodes
-            pod["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [{"matchExpressions": [{"key": HOSTNAME_LABEL, "operator": "In",
-                                                              "values": spec.hosts.split(",")}]}]}}}
+    if term := _node_term(cfg, spec if worker else None):
+        pod["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [term]}}}
     if k.image_pull_secret:
         pod["imagePullSecrets"] = [{"name": k.image_pull_secret}]
     if k.service_account:
         pod["serviceAccountName"] = k.service_account
     return pod
+
+
+def _node_term(cfg: SweepConfig, spec: RunSpec | None) -> dict[str, Any]:
+    """The one node selector term a pod must meet (its requirements all hold): a worker of the preflight on
+    its node or pair of nodes (spec.hosts), and every pod off the nodes the study leaves out
+    (cluster.kubernetes.exclude_nodes, by node name); empty where neither applies."""
+    term: dict[str, Any] = {}
+    if spec is not None and spec.hosts:
+        term["matchExpressions"] = [{"key": HOSTNAME_LABEL, "operator": "In",
+                                     "values": spec.hosts.split(",")}]
+    if excluded := cfg.cluster.kubernetes.exclude_nodes:
+        term["matchFields"] = [{"key": "metadata.name", "operator": "NotIn", "values": list(excluded)}]
+    return term
 
 
 def _image(cfg: SweepConfig) -> str:

@@ -1,15 +1,20 @@
 """Kubernetes launcher: one Kubeflow job per run through the official `kubernetes` client.
 
-create -> poll the job until a terminal condition -> read pod statuses and logs -> cleanup: delete with
-foreground propagation and wait until it is gone, so the next run never meets a leftover job. A job is
+create -> poll the job (a GET of the job, a LIST of its pods by label, every launcher.poll_s) until a
+terminal condition -> read pod statuses and logs -> cleanup: delete with foreground propagation; the runner
+then asks, between its looks at the other runs, until the job is gone (`remains`), so the next run never
+meets a leftover job and a deletion that never finishes is named with the command that ends it. A job is
 pending while any of its pods is not running yet (Unschedulable included: the cluster may be busy or
 scaling up; the runner's queue timeout bounds it); image problems that never resolve on their own
-(ImagePullBackOff ...) end the run after grace_s. The worker's stdout is the transport of the metric
-records (pod logs land in logs/).
+(ImagePullBackOff ...) end the run after grace_s. The job's own final condition (the operator's Succeeded
+or Failed, its deadline) and a deletion by someone else end the run with their words. The worker's stdout
+is the transport of the metric records (pod logs land in logs/). Every failed API call is one line
+(k8s_api.py).
 """
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,22 +27,32 @@ from bench.core.config import ConfigError, SweepConfig
 from bench.core.schema import RunSpec
 from bench.launchers.base import (
     DONE,
+    ENDED_BY_DEADLINE,
+    ENDED_BY_DELETION,
+    ENDED_BY_OPERATOR,
     PENDING,
     RUNNING,
     Launcher,
     Outcome,
     Placement,
     Poll,
+    Remains,
     Submission,
     cluster_placement,
+    condition_text,
 )
+from bench.launchers.k8s_api import Api, ApiError, load_config
 from bench.launchers.k8s_manifests import MPIJOB, PYTORCHJOB, RUN_ID_LABEL, manifest
 from bench.launchers.k8s_schema import CRD_NAMES, validate
 
 MANIFEST = "manifest.yaml"
 STUCK_WAITING = {"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CreateContainerConfigError",
                  "CreateContainerError"}
+# Seconds a deleted job may take to go (its pods' grace period, then the garbage collector's foreground
+# deletion, seconds on a healthy cluster) before its run is recorded with the job still there and the
+# command that removes it; the runner waits between its looks at the other runs
 DELETE_WAIT_S = 120
+DELETED = "the job was deleted outside the sweep"
 
 
 @dataclass
@@ -48,6 +63,7 @@ class K8sHandle:
     uid: str | None = None
     pods: list[Any] = field(default_factory=list)
     stuck_since: float | None = None
+    deleted_at: float | None = None  # when cleanup deleted it (monotonic)
 
 
 def _api(kind: str | None) -> dict[str, str]:
@@ -64,12 +80,27 @@ def _attempt_suffix() -> str:
     return out[-6:]
 
 
-def terminal_condition(job: dict[str, Any]) -> tuple[str, str] | None:
-    """(Succeeded|Failed, reason: message) once the job has a true terminal condition."""
+def terminal_condition(job: dict[str, Any]) -> dict[str, str] | None:
+    """The job's true Succeeded or Failed condition, as the operator wrote it: type, reason, message."""
     for cond in (job.get("status") or {}).get("conditions") or []:
         if cond.get("type") in ("Succeeded", "Failed") and cond.get("status") == "True":
-            return cond["type"], f"{cond.get('reason', '')}: {cond.get('message', '')}".strip(": ")
+            return {key: str(cond.get(key) or "") for key in ("type", "reason", "message")}
     return None
+
+
+def ended_by(condition: dict[str, str]) -> str:
+    """Who ended a job with this condition: its own deadline (activeDeadlineSeconds: the training
+    operator's message says "deadline", Kubernetes' own reason is DeadlineExceeded), else its operator."""
+    deadline = "deadline" in f"{condition['reason']} {condition['message']}".lower()
+    return ENDED_BY_DEADLINE if deadline else ENDED_BY_OPERATOR
+
+
+def deleted_outside(job: dict[str, Any] | None, handle: K8sHandle) -> bool:
+    """The job is gone, being deleted, or another under its name, while the sweep has not deleted it."""
+    if job is None:
+        return True
+    meta = job.get("metadata") or {}
+    return bool(meta.get("deletionTimestamp")) or bool(handle.uid and meta.get("uid") != handle.uid)
 
 
 # Pod disruption conditions (kubernetes.io/docs/concepts/workloads/pods/disruptions/, "Pod disruption
@@ -108,6 +139,15 @@ def _problem(pod: Any) -> tuple[str, str] | None:
         if cond.type == "PodScheduled" and cond.status == "False" and cond.reason == "Unschedulable":
             return "Unschedulable", f"pod {name} unschedulable: {cond.message or ''}".strip()
     return None
+
+
+def _ran(pod: Any) -> bool:
+    """Whether any container of the pod ever started (running, or ended: now or before a restart)."""
+    for cs in pod.status.container_statuses or []:
+        if (cs.state and (cs.state.running or cs.state.terminated)) or cs.restart_count or (
+                cs.last_state and cs.last_state.terminated):
+            return True
+    return False
 
 
 def exit_codes(pods: list[Any]) -> list[int | None]:
@@ -161,25 +201,28 @@ class KubernetesLauncher(Launcher):
         self.cfg = cfg
         self.namespace = cfg.cluster.kubernetes.namespace
         self._custom, self._core, self._version, self._ext = custom, core, version, extensions
+        self.server = ""  # the API server's address, once connected through a kubeconfig
         self.crds: dict[str, dict[str, Any]] | None = None  # kind -> CRD the cluster serves (preflight)
 
     def _connect(self) -> None:
         if self._custom is not None:
             return
-        from kubernetes import client, config
-        from kubernetes.config.config_exception import ConfigException
-        try:
-            config.load_kube_config(config_file=self.cfg.launcher.kubeconfig,
-                                    context=self.cfg.launcher.context)
-        except (ConfigException, FileNotFoundError, TypeError) as e:
-            try:
-                config.load_incluster_config()
-            except ConfigException:
-                raise ConfigError(f"no Kubernetes configuration: {e}; set KUBECONFIG or launcher.kubeconfig, "
-                                  "or preview with --dry-run") from None
+        from kubernetes import client
+        self.server = load_config(self.cfg.launcher.kubeconfig, self.cfg.launcher.context)
         self._custom, self._core = client.CustomObjectsApi(), client.CoreV1Api()
         self._version = client.VersionApi()
         self._ext = client.ApiextensionsV1Api()
+
+    # The client's API objects, connected on first use, each failed call one ApiError (k8s_api.py)
+    @property
+    def custom(self) -> Any:
+        self._connect()
+        return Api(self._custom, self.server)
+
+    @property
+    def core(self) -> Any:
+        self._connect()
+        return Api(self._core, self.server)
 
     def preflight(self) -> None:
         """Configuration, image and reachability, before anything is created."""
@@ -187,41 +230,71 @@ class KubernetesLauncher(Launcher):
             raise ConfigError(f"cluster {self.cfg.cluster.name}: set cluster.kubernetes.image to your worker "
                               "image (see the Dockerfile)")
         self._connect()
+        where = f"Kubernetes API at {self.server}" if self.server else "Kubernetes API"
         try:
-            self._version.get_code(_request_timeout=15)
-        except Exception as e:
-            raise ConfigError(f"Kubernetes API not reachable: {type(e).__name__}: "
-                              f"{str(e).splitlines()[0][:200]}") from None
+            Api(self._version, self.server).get_code(_request_timeout=15)
+        except ApiError as e:  # unreachable (no status): its text names the server
+            raise ConfigError(str(e) if e.status is None else f"{where}: {e}") from None
+        except Exception as e:  # noqa: BLE001 - whatever else the client raises, in one line
+            first = str(e).splitlines()[0][:200] if str(e) else ""
+            raise ConfigError(f"{where} not usable: {type(e).__name__}: {first}") from None
         self.crds = self.read_crds()
 
-    def node_names(self) -> tuple[list[str], dict[str, str]]:
-        """The nodes of the cluster's instance type that are Ready, and those that are not (by why): the
-        preflight's."""
-        self._connect()
-        label = self.cfg.cluster.kubernetes.instance_type_label
+    def node_selector(self) -> str | None:
+        """The label selector of the study's nodes (the instance type's label); None: every node."""
         kind = self.cfg.cluster.instance_type
-        selector = f"{label}={kind}" if kind != "local" else None
+        return f"{self.cfg.cluster.kubernetes.instance_type_label}={kind}" if kind != "local" else None
+
+    def node_names(self) -> tuple[list[str], dict[str, str]]:
+        """The Ready nodes of the cluster's instance type, and those that are not (by why), less the ones
+        the study leaves out (cluster.kubernetes.exclude_nodes): the preflight's. None Ready is one
+        ConfigError naming the selector and what to do."""
+        selector = self.node_selector()
+        try:
+            listed = self.core.list_node(label_selector=selector, _request_timeout=30).items
+        except ApiError as e:  # a user whose rights end at its namespace may not list nodes
+            raise ConfigError(f"preflight: cannot list the nodes ({selector or 'all'}): {e}; name them with "
+                              "preflight.nodes=[...], or preflight.mode=off") from None
+        left_out = set(self.cfg.cluster.kubernetes.exclude_nodes)
         up, down = [], {}
-        for node in self._core.list_node(label_selector=selector, _request_timeout=30).items:
+        for node in (n for n in listed if n.metadata.name not in left_out):
             ready = next((c.status for c in node.status.conditions or [] if c.type == "Ready"), "Unknown")
             if ready == "True" and not node.spec.unschedulable:
                 up.append(node.metadata.name)
             else:
                 down[node.metadata.name] = "cordoned" if node.spec.unschedulable else f"Ready={ready}"
+        if not up:
+            raise ConfigError(self._no_ready_node(selector, down, len(listed) - len(up) - len(down)))
         return up, down
+
+    def _no_ready_node(self, selector: str | None, down: dict[str, str], left_out: int) -> str:
+        seen = (f"{len(down)} not Ready: " + ", ".join(f"{n} ({why})" for n, why in list(down.items())[:3])
+                + (" ..." if len(down) > 3 else "")) if down else "the cluster lists none"
+        if left_out:
+            seen += f"; {left_out} left out by cluster.kubernetes.exclude_nodes"
+        label = self.cfg.cluster.kubernetes.instance_type_label
+        return (f"preflight: no Ready node matches {selector or 'any node'} ({seen}); check "
+                f"cluster.instance_type and cluster.kubernetes.instance_type_label against `kubectl get "
+                f"nodes -L {label}`, or scale the node group up (preflight.mode=off lets the runs' own pods "
+                "do it)")
+
+    def leave_out(self, nodes: list[str]) -> str:
+        """A required node affinity on every pod of the study (k8s_manifests.py); the preflight leaves them
+        out too (node_names)."""
+        return f"cluster.kubernetes.exclude_nodes=[{','.join(nodes)}]"
 
     def read_crds(self) -> dict[str, dict[str, Any]]:
         """The Kubeflow CRDs installed in the cluster (apiextensions.k8s.io/v1), by kind; a kind whose CRD is
         missing is left out (a sweep without probes needs no MPI operator)."""
-        from kubernetes.client.exceptions import ApiException
         crds = {}
         for kind, name in CRD_NAMES.items():
             try:
-                response = self._ext.read_custom_resource_definition(name, _preload_content=False)
-            except ApiException as e:
+                response = Api(self._ext, self.server).read_custom_resource_definition(
+                    name, _preload_content=False)
+            except ApiError as e:
                 if e.status == 404:
                     continue
-                raise ConfigError(f"cannot read CRD {name}: {e.status} {e.reason}") from None
+                raise ConfigError(f"cannot read CRD {name}: {e}") from None
             crds[kind] = json.loads(response.data)
         return crds
 
@@ -240,29 +313,21 @@ class KubernetesLauncher(Launcher):
     def admit(self, submission: Submission) -> None:
         """Server-side dry run of the create: the API server's own validation, defaulting and admission
         webhooks judge the manifest, and nothing is created."""
-        from kubernetes.client.exceptions import ApiException
-        self._connect()
         body = yaml.safe_load(submission.files[MANIFEST])
         api = _api(body["kind"])
         try:
-            self._custom.create_namespaced_custom_object(api["group"], api["version"], self.namespace,
-                                                         api["plural"], body, dry_run="All")
-        except ApiException as e:
-            message = e.reason
-            try:
-                message = json.loads(e.body or "{}").get("message") or message
-            except ValueError:
-                pass
+            self.custom.create_namespaced_custom_object(api["group"], api["version"], self.namespace,
+                                                        api["plural"], body, dry_run="All")
+        except ApiError as e:
             raise ConfigError(f"the cluster refuses the {body['kind']} of run {submission.run_id} "
-                              f"(server-side dry run): {e.status} {message}") from None
+                              f"(server-side dry run): {e}") from None
 
     def submit(self, submission: Submission, run_dir: Path) -> K8sHandle:
-        self._connect()
         body = yaml.safe_load(submission.files[MANIFEST])
         body["metadata"]["name"] = f"{body['metadata']['name']}-{_attempt_suffix()}"
         api = _api(body["kind"])
-        created = self._custom.create_namespaced_custom_object(api["group"], api["version"], self.namespace,
-                                                               api["plural"], body)
+        created = self.custom.create_namespaced_custom_object(api["group"], api["version"], self.namespace,
+                                                              api["plural"], body)
         uid = ((created or {}).get("metadata") or {}).get("uid")
         return K8sHandle(name=body["metadata"]["name"], api=api, run_id=submission.run_id, uid=uid)
 
@@ -275,7 +340,6 @@ class KubernetesLauncher(Launcher):
         it)."""
         if not where.get("name"):
             return None
-        self._connect()
         api = _api(where.get("kind"))
         handle = K8sHandle(name=where["name"], api=api, run_id="", uid=where.get("uid"))
         job = self._get(handle)
@@ -285,31 +349,28 @@ class KubernetesLauncher(Launcher):
         return handle
 
     def _get(self, handle: K8sHandle) -> dict[str, Any] | None:
-        from kubernetes.client.exceptions import ApiException
         try:
-            return self._custom.get_namespaced_custom_object(
+            return self.custom.get_namespaced_custom_object(
                 handle.api["group"], handle.api["version"], self.namespace, handle.api["plural"], handle.name)
-        except ApiException as e:
+        except ApiError as e:
             if e.status == 404:
                 return None
             raise
 
     def _pods(self, handle: K8sHandle) -> list[Any]:
-        return self._core.list_namespaced_pod(self.namespace,
-                                              label_selector=f"{RUN_ID_LABEL}={handle.run_id}").items
+        return self.core.list_namespaced_pod(self.namespace,
+                                             label_selector=f"{RUN_ID_LABEL}={handle.run_id}").items
 
     def poll(self, handle: K8sHandle) -> Poll:
+        """Two calls: GET the job, LIST its pods. Done at the job's terminal condition, a pod state that
+        decides the run, or its deletion by someone else."""
         job = self._get(handle)
         handle.pods = self._pods(handle)
-        done = terminal_condition(job) if job else ("Failed", "job disappeared")
+        if deleted_outside(job, handle):
+            return self._done(handle, None, DELETED, ended=ENDED_BY_DELETION)
         problem = pod_problem(handle.pods)
-        if done:
-            state, detail = done
-            if problem and problem[0] != "Unschedulable":  # more specific (OOMKilled, Evicted) than "Failed"
-                state, detail = problem
-            elif "deadline" in detail.lower():
-                state = "DeadlineExceeded"
-            return self._done(handle, None if state == "Succeeded" else state, detail)
+        if condition := terminal_condition(job or {}):
+            return self._finished(handle, condition, problem)
         if problem and problem[0] in ("OOMKilled", *ENDED_BY_NODE):
             return self._done(handle, *problem)
         if problem and problem[0] in STUCK_WAITING:
@@ -322,36 +383,80 @@ class KubernetesLauncher(Launcher):
             return Poll(RUNNING)
         return Poll(PENDING, reason=problem[1] if problem else "pods not running yet")
 
-    def _done(self, handle: K8sHandle, state: str | None, detail: str) -> Poll:
-        return Poll(DONE, outcome=Outcome(returncodes=exit_codes(handle.pods), scheduler_state=state,
-                                          detail=detail,
-                                          executions=pod_executions(handle.pods, state or "Succeeded")))
+    def _finished(self, handle: K8sHandle, condition: dict[str, str], problem: tuple[str, str] | None
+                  ) -> Poll:
+        """The operator's verdict, a pod state more specific than its Failed (OOMKilled, Evicted) first."""
+        state, detail, ended = condition["type"], condition_text(condition), ended_by(condition)
+        if problem and problem[0] != "Unschedulable":
+            state, detail = problem
+        elif ended == ENDED_BY_DEADLINE:
+            state = "DeadlineExceeded"
+        return self._done(handle, None if state == "Succeeded" else state, detail, condition, ended)
+
+    def _done(self, handle: K8sHandle, state: str | None, detail: str,
+              condition: dict[str, str] | None = None, ended: str | None = None) -> Poll:
+        pods = handle.pods
+        return Poll(DONE, outcome=Outcome(returncodes=exit_codes(pods), scheduler_state=state, detail=detail,
+                                          executions=pod_executions(pods, state or "Succeeded"),
+                                          condition=condition, ended_by=ended,
+                                          never_ran=not any(_ran(p) for p in pods)))
 
     def logs(self, handle: K8sHandle, run_dir: Path) -> None:
-        """Save every pod's log into the run dir (before cleanup deletes the job, and the logs with it)."""
+        """Save every pod's log into the run dir (before cleanup deletes the job, and the logs with it). A pod
+        that never ran has none (the API answers 204, which the client returns as None): its file is empty;
+        a log that cannot be read says why in its file. Neither fails the run: its pods' states and the
+        job's conditions decide it."""
         for pod in handle.pods or self._pods(handle):
             for container in pod.spec.containers:
-                try:
-                    text = self._core.read_namespaced_pod_log(pod.metadata.name, self.namespace,
-                                                              container=container.name)
-                except Exception as e:  # pod never started, node gone ...
-                    text = f"fsdpbench: could not read log of {pod.metadata.name}/{container.name}: {e}\n"
                 path = rundir.log_path(run_dir, f"{pod.metadata.name}-{container.name}")
-                rundir.atomic_write_text(path, text)
+                rundir.atomic_write_text(path, self._log(pod.metadata.name, container.name))
+
+    def _log(self, pod: str, container: str) -> str:
+        try:
+            text = self.core.read_namespaced_pod_log(pod, self.namespace, container=container)
+        except ApiError as e:  # the container is waiting to start, the node is gone ...
+            return f"fsdpbench: could not read the log of {pod}/{container}: {e}\n"
+        return text.decode(errors="replace") if isinstance(text, bytes) else text or ""
 
     def cleanup(self, handle: K8sHandle) -> None:
-        """Delete with foreground propagation (pods first) and wait until the job is gone."""
+        """Delete with foreground propagation (pods first); what has not gone yet, `remains` says."""
         from kubernetes.client import V1DeleteOptions
-        from kubernetes.client.exceptions import ApiException
+        handle.deleted_at = handle.deleted_at or time.monotonic()
         try:
-            self._custom.delete_namespaced_custom_object(
+            self.custom.delete_namespaced_custom_object(
                 handle.api["group"], handle.api["version"], self.namespace, handle.api["plural"], handle.name,
                 body=V1DeleteOptions(propagation_policy="Foreground"))
-        except ApiException as e:
+        except ApiError as e:
             if e.status != 404:
                 raise
-        deadline = time.monotonic() + DELETE_WAIT_S
-        while self._get(handle) is not None:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"job {handle.name} still present {DELETE_WAIT_S} s after its deletion")
-            time.sleep(min(self.cfg.launcher.poll_s, 1.0))
+
+    def remains(self, handle: K8sHandle) -> Remains | None:
+        """None once the job is gone (one GET); after DELETE_WAIT_S, what holds it and the command that
+        removes it."""
+        job = self._get(handle)
+        if job is None:
+            return None
+        waited = time.monotonic() - (handle.deleted_at or time.monotonic())
+        if waited < DELETE_WAIT_S:
+            return Remains(f"job {handle.name} is being deleted")
+        return Remains(self._left_behind(handle, job, waited), final=True)
+
+    def _left_behind(self, handle: K8sHandle, job: dict[str, Any], waited: float) -> str:
+        """What keeps a deleted job, and the kubectl command that ends it: never deleted (the delete call
+        failed), pods that do not go (their node is gone), else its finalizers (no garbage collector)."""
+        meta, ns = job.get("metadata") or {}, self.namespace
+        kind = f"{handle.api['plural']}.{handle.api['group']}"
+        pods = self._pods(handle)
+        if not meta.get("deletionTimestamp"):
+            why, argv = "it was never deleted", ["kubectl", "delete", kind, handle.name, "-n", ns]
+        elif pods:
+            names = ", ".join(f"{p.metadata.name} on {_node(p)}" for p in pods[:3]) + " ..." * (len(pods) > 3)
+            why = f"waiting for {len(pods)} pod(s) to go ({names})"
+            argv = ["kubectl", "delete", "pods", "-n", ns, "-l", f"{RUN_ID_LABEL}={handle.run_id}", "--force",
+                    "--grace-period=0"]
+        else:
+            why = f"held by its finalizers {meta.get('finalizers') or []} (is the garbage collector running?)"
+            argv = ["kubectl", "patch", kind, handle.name, "-n", ns, "--type=merge", "-p",
+                    '{"metadata":{"finalizers":null}}']
+        return (f"job {handle.name} is still there {waited:.0f} s after its deletion, {why}; remove it with: "
+                f"{shlex.join(argv)}")

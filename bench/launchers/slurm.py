@@ -111,6 +111,10 @@ class SlurmLauncher(Launcher):
         up = [node for node, (_, down) in nodes.items() if not down]
         return up, {node: state for node, (state, down) in nodes.items() if down}
 
+    def leave_out(self, nodes: list[str]) -> str:
+        """sbatch's --exclude, a Slurm hostlist (the preflight leaves the nodes out too: _excluded)."""
+        return f"\"cluster.slurm.extra_sbatch=['--exclude={','.join(nodes)}']\""
+
     def _excluded(self) -> set[str]:
         """Nodes the study's jobs leave out (slurm.extra_sbatch's --exclude=, a hostlist Slurm expands)."""
         lists = [x.split("=", 1)[1] for x in self.cfg.cluster.slurm.extra_sbatch

@@ -306,6 +306,9 @@ class _Reader:
         return [r for r in self.results if r.rows or r.errors or r.config]
 
 
+NO_OUTPUT = "no nccl-tests output found"  # the error of a text that holds no nccl-tests run at all
+
+
 def parse_all(text: str) -> list[NcclResult]:
     """Every nccl-tests run in a text stream, in order."""
     reader = _Reader()
@@ -317,7 +320,7 @@ def parse_all(text: str) -> list[NcclResult]:
 def parse(text: str) -> NcclResult:
     """The (last) nccl-tests run in a text; an empty result (status failed) if there is none."""
     results = parse_all(text)
-    return results[-1] if results else NcclResult(errors=["no nccl-tests output found"])
+    return results[-1] if results else NcclResult(errors=[NO_OUTPUT])
 
 
 def by_collective(text: str) -> dict[str, NcclResult]:

@@ -9,7 +9,7 @@ from typing import Any
 from bench.core import rundir
 from bench.core.schema import RunSpec
 from bench.probes.command import expected_network
-from bench.probes.parse import parse, parse_all, parse_json
+from bench.probes.parse import NO_OUTPUT, parse, parse_all, parse_json
 from bench.probes.result import NcclResult
 
 JSON_FILE = "nccl-tests.json"  # where launchers point the nccl-tests binary's -J, inside the run dir
@@ -37,7 +37,8 @@ def _summary(result: NcclResult, spec: RunSpec) -> dict[str, Any]:
             else result.avg_busbw, "busbw_max_gbs": result.busbw_max, "algbw_max_gbs": result.algbw_max,
             "transport": result.network, "transport_evidence": result.transport_evidence,
             "sizes": [{k: getattr(r, k) for k in ("size", "placement", "time_us", "algbw", "busbw", "wrong")}
-                      for r in rows], "nccl_version": result.nccl_version}
+                      for r in rows], "nccl_version": result.nccl_version,
+            "no_output": result.errors == [NO_OUTPUT] and not rows}  # nothing printed: no evidence itself
 
 
 def of_collective(text: str, collective: str) -> NcclResult:

@@ -10,7 +10,7 @@ import math
 import re
 from typing import Any
 
-from bench.launchers.base import Outcome
+from bench.launchers.base import ENDED_BY_DELETION, Outcome, condition_text
 
 _FAILURE_PRIORITY = ("oom", "nan_loss", "nccl_error", "rendezvous_error", "failed")
 
@@ -93,13 +93,13 @@ SCHEDULER_STATES: dict[str, str] = {
 }
 
 
-def error_line(text: str) -> str | None:
-    """The most telling line of a log: the last one that names an error."""
+def error_line(text: str, last_line: bool = True) -> str | None:
+    """The most telling line of a log: the last one that names an error, else (last_line) its last line."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     for line in reversed(lines):
         if re.search(r"error|exception|killed|failed|fatal", line, re.I) and "Warning" not in line:
             return line[-500:]
-    return lines[-1][-500:] if lines else None
+    return lines[-1][-500:] if lines and last_line else None
 
 
 def classify_text(text: str) -> str | None:
@@ -138,14 +138,41 @@ def _harness_reason(outcome: Outcome) -> tuple[str, str] | None:
                            "killed by the harness")
     if outcome.queue_timed_out:
         return "launch_error", outcome.launch_error or "gave up in the queue"
+    if outcome.ended_by == ENDED_BY_DELETION:  # not the runner, but as much from outside the job
+        return "cancelled", outcome.detail or ENDED_BY_DELETION
     return None
 
 
-def classify(outcome: Outcome, summaries: list[dict[str, Any]], log_text: str) -> tuple[str, str | None]:
-    """(status, error line). A run is ok only with an ok summary, valid throughput and clean exits."""
+def _has_verdict(outcome: Outcome) -> bool:
+    """The scheduler said how the job ended: then a probe summary that only says nccl-tests printed
+    nothing is no evidence of its own (the job never got so far, or its logs are gone)."""
+    return bool(outcome.condition or outcome.ended_by or outcome.scheduler_state in SCHEDULER_STATES
+                or outcome.launch_error or outcome.error)
+
+
+def _job_verdict(outcome: Outcome, log_text: str, logs: str) -> tuple[str, str] | None:
+    """The job's own final condition where its workers left nothing that says more (Kubernetes: the
+    operator's): Failed in its reason and message, with the workers' last error line if any; Succeeded
+    without one record, which no run's figures can come from."""
+    condition = outcome.condition
+    if not condition:
+        return None
+    if condition["type"] == "Failed":
+        said = condition_text(condition)
+        last = error_line(log_text, last_line=False)
+        return "failed", f"{said}; the workers' last error: {last}" if last else said
+    return "failed", f"the job succeeded but its pods left no records ({logs})"
+
+
+def classify(outcome: Outcome, summaries: list[dict[str, Any]], log_text: str, logs: str = "logs: not read"
+             ) -> tuple[str, str | None]:
+    """(status, error line). A run is ok only with an ok summary, valid throughput and clean exits. `logs`
+    says in a few words what the run's logs held (bench.run.collect.logs_note), for a run without records."""
+    if _has_verdict(outcome):
+        summaries = [s for s in summaries if not s.get("no_output")]
     failures = [s for s in summaries if s.get("status") not in (None, "ok")]
     if harness := _harness_reason(outcome):  # the runner ended it: its reason first, the worker's after
-        last = _worst(failures).get("error") if failures else error_line(log_text)
+        last = _worst(failures).get("error") if failures else error_line(log_text, last_line=False)
         status, reason = harness
         return status, f"{reason}; the worker's last error: {last}" if last else reason
     if failures:
@@ -173,7 +200,10 @@ def classify(outcome: Outcome, summaries: list[dict[str, Any]], log_text: str) -
             error_line(log_text) or "")
     if known := diagnose(log_text):
         return known
-    status = classify_text(log_text) or "failed"
+    status = classify_text(log_text)
+    if status is None and (verdict := _job_verdict(outcome, log_text, logs)):
+        return verdict
+    status = status or "failed"
     if outcome.returncodes and all(c == 127 for c in outcome.returncodes):
         status = "launch_error"
     return status, error_line(log_text) or f"exit codes {outcome.returncodes}, no summary"

@@ -47,6 +47,25 @@ def _restarts(summary: RunSummary, outcome: Outcome, metas: list[dict[str, Any]]
         summary.restart_lost_s = (starts[-1] - starts[0]).total_seconds()  # type: ignore[operator]
 
 
+def _job_end(summary: RunSummary, outcome: Outcome) -> None:
+    """The scheduler's own word on the job's end (its final condition, who ended it) and what its cleanup
+    left behind with the command that removes it, kept in the summary where the launcher says them."""
+    if outcome.condition or outcome.ended_by:
+        summary.extra["job_end"] = {**(outcome.condition or {}), "ended_by": outcome.ended_by}
+    if outcome.left_behind:
+        summary.extra["left_behind"] = outcome.left_behind
+
+
+def logs_note(run_dir_: Path) -> str:
+    """What the run's logs hold, in a few words: where a run left no records, where to look and what for."""
+    paths = sorted((run_dir_ / rundir.LOGS_DIR).glob("*.log"))
+    if not paths:
+        return "logs: none saved"
+    size = sum(p.stat().st_size for p in paths)
+    where = f"{len(paths)} in {run_dir_.name}/{rundir.LOGS_DIR}"
+    return f"logs: {where}, all empty" if size == 0 else f"logs: {where}, {size} bytes, no summary record"
+
+
 def _straggler(summary: RunSummary, tolerance: float) -> None:
     """The slowest node of the run by each rank's own compute (bench/run/straggler.py), named as its straggler
     where it held the others back by more than tolerance."""
@@ -182,7 +201,7 @@ def summarize_run(spec: RunSpec, sweep: str, run_dir_: Path, outcome: Outcome, *
     if spec.kind == "nccl":
         records = [check_transport(r, spec, text) if r["kind"] == "summary" else r for r in records]
     summaries = [r for r in records if r["kind"] == "summary"]
-    status, error = classify(outcome, summaries, text)
+    status, error = classify(outcome, summaries, text, logs_note(run_dir_))
     summary = RunSummary(run_id=spec.run_id, sweep=sweep, status=status, spec=spec, error=error,
                          run_dir=str(run_dir_), **predicted, git_rev=git_rev,
                          started_at=started_at, wall_s=outcome.wall_s, queue_s=outcome.queue_s)
@@ -206,6 +225,7 @@ def summarize_run(spec: RunSpec, sweep: str, run_dir_: Path, outcome: Outcome, *
     if systems:  # one per node: what it ran with (the report's system section, analysis/system.py)
         summary.extra["system"] = systems
     _restarts(summary, outcome, metas)
+    _job_end(summary, outcome)
     if status == "ok":
         _straggler(summary, tolerance)
         trace_split(summary, [r for r in records if r["kind"] == "trace"])

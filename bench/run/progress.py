@@ -20,11 +20,11 @@ def _fmt_s(seconds: float) -> str:
 
 class Progress:
     def __init__(self, total: int, enabled: bool = True, budget: int | None = None,
-                 stream: TextIO = sys.stdout) -> None:
+                 stream: TextIO | None = None) -> None:
         self.total = total
         self.budget = budget  # node budget of runs in flight (None: one run at a time)
         self.enabled = enabled
-        self.stream = stream
+        self.stream = stream or sys.stdout  # the stdout of when the sweep starts, not of this module's import
         self.counts: Counter[str] = Counter()
         self.durations: list[float] = []
         self.running: dict[str, tuple[int, float]] = {}  # label -> (nodes, start time)
@@ -88,7 +88,10 @@ class Progress:
         if self._rich:
             self._rich.update(self._task, status=self.status_line())
 
-    def finish(self, label: str, status: str, duration_s: float | None, note: str | None = None) -> None:
+    def finish(self, label: str, status: str, duration_s: float | None, note: str | None = None,
+               queued_s: float | None = None, left: str | None = None) -> None:
+        """One line for a run that ended: its run time, else (it never ran) its time in the queue; its note
+        (cut), and in full what its cleanup left behind with the command that removes it."""
         self.counts[status] += 1
         if duration_s is not None:
             self.durations.append(duration_s)
@@ -96,8 +99,12 @@ class Progress:
         line = f"[{self.done}/{self.total}] {status:<16} {label}"
         if duration_s is not None:
             line += f" ({duration_s:.1f}s)"
+        elif queued_s is not None:
+            line += f" (never ran, {queued_s:.1f}s in the queue)"
         if note:
             line += f": {note[:200]}"
+        if left:
+            line += f"; {left}"
         self._refresh(line)
 
     def _refresh(self, line: str) -> None:

@@ -120,7 +120,8 @@ class _Sweep:
         write_results(self.sweep_dir)
         self.counts[summary.status] += 1
         self.progress.finish(planned.spec.label, summary.status, summary.wall_s,
-                             summary.error if summary.status != "ok" else straggler.note(summary))
+                             summary.error if summary.status != "ok" else straggler.note(summary),
+                             queued_s=summary.queue_s, left=summary.extra.get("left_behind"))
         if summary.status == "ok":  # a probe or a training run: the study's calibration learns from it
             self._predictor = None
             self.learned = True
@@ -282,6 +283,8 @@ def _attempt(sweep: _Sweep, planned: PlannedRun, run_dir: Path) -> RunSteps:
     finally:
         if handle is not None:
             _cleanup(launcher, handle, run_dir, attempt)
+    if handle is not None:
+        outcome.left_behind = yield from _until_removed(launcher, handle, run_dir, attempt)
     if handle is not None and (outcome.timed_out or outcome.cancelled or outcome.launch_error):
         # ended by us (a timeout, Ctrl-C): the scheduler's own record of its executions, now it is out
         outcome.executions = _executions(launcher, handle) or outcome.executions
@@ -341,6 +344,23 @@ def _executions(launcher: Launcher, handle: Any) -> list[dict[str, Any]]:
         return launcher.executions(handle)
     except Exception:  # noqa: BLE001 - the record is a detail; the run's status stands without it
         return []
+
+
+def _until_removed(launcher: Launcher, handle: Any, run_dir: Path, attempt: int
+                   ) -> Generator[None, None, str | None]:
+    """Wait, between the runner's looks at the other runs, until what cleanup deleted is gone or the
+    launcher stops waiting for it; what is left then (and the command that removes it) is on the ledger
+    and returned for the run's record."""
+    try:
+        while (left := launcher.remains(handle)) is not None and not left.final:
+            yield
+    except Exception as e:  # noqa: BLE001 - cannot tell: the cleanup is on the ledger, the run stands
+        rundir.record_attempt(run_dir, attempt=attempt, cleanup_error=f"{type(e).__name__}: {e}")
+        return None
+    if left is None:
+        return None
+    rundir.record_attempt(run_dir, attempt=attempt, left_behind=left.what)
+    return left.what
 
 
 def _cleanup(launcher: Launcher, handle: Any, run_dir: Path, attempt: int) -> None:

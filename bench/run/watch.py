@@ -64,7 +64,8 @@ def watch(settings: LauncherConfig, launcher: Launcher, handle: Any, stop: threa
     while True:
         poll = launcher.poll(handle)
         now = time.monotonic()
-        clock.see(poll.state, now)
+        if not (poll.outcome and poll.outcome.never_ran):  # a job that ended before it ran was only queued
+            clock.see(poll.state, now)
         if poll.state == DONE and poll.outcome is not None:
             outcome = poll.outcome
             break
