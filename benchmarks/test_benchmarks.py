@@ -175,6 +175,20 @@ def test_schedule_slurm_packs_its_mix_on_the_real_cluster(slurm_cluster: str) ->
 
 
 @pytest.mark.slow
+@pytest.mark.slurm
+def test_slurm_polls_ask_the_controller_once_a_look_not_once_a_job(slurm_cluster: str) -> None:
+    """10 jobs in flight: main's polling asked squeue once per job per poll, the launcher now once a look for
+    all of them (about 6x fewer requests a minute here); every job of both passes ended COMPLETED."""
+    out = quick("slurm_polls.py")
+    assert "10 sleep jobs of 2-5 s in flight at once" in out
+    before = _figure(r"per job \(main\): .* = (\d+) requests/min", out)
+    after = _figure(r"one look: .* = (\d+) requests/min", out)
+    assert 0 < after < before / 3
+    assert _figure(r"one look: .*slurmctld query RPCs \d+ = (\d+) RPCs/min", out) < \
+        _figure(r"per job \(main\): .*slurmctld query RPCs \d+ = (\d+) RPCs/min", out) / 3
+
+
+@pytest.mark.slow
 def test_calibration_stages_the_smoke_sweep_and_prints_its_two_node_runs() -> None:
     """As a user sizes a study: the one-node runs first, then --dry-run of the whole sweep on the same
     results dir shows the two-node runs calibrated on them with intervals, then the whole sweep runs them

@@ -1,5 +1,7 @@
-"""Slurm launcher: one sbatch job per run, its script rendered by bench/launchers/slurm_script.py. The final
-state comes from scontrol (jobs stay there MinJobAge seconds), then sacct, then the job-completion log.
+"""Slurm launcher: one sbatch job per run, its script rendered by bench/launchers/slurm_script.py. Polls read
+what one look at every job in flight said (bench/launchers/slurm_queue.py: one squeue, one sacct for the
+jobs that left the queue). A job's final state is squeue's while the controller holds it (MinJobAge seconds
+after its end), then sacct's, then the job-completion log's.
 """
 from __future__ import annotations
 
@@ -31,6 +33,16 @@ from bench.launchers.base import (
     job_env,
     nodes_are_this_machine,
 )
+from bench.launchers.slurm_queue import (
+    GONE,
+    PENDING_STATES,
+    RUNNING_STATES,
+    Board,
+    Row,
+    ask_accounting,
+    ask_queue,
+    exit_code,
+)
 from bench.launchers.slurm_script import (
     EFA_LIMIT,
     EFA_LIMIT_SCRIPT,
@@ -44,10 +56,6 @@ from bench.launchers.slurm_script import (
 )
 from bench.probes.command import JSON_IF_SUPPORTED_SCRIPT
 
-# squeue states: waiting for resources (queue time, bounded by queue_timeout_s), and holding them
-# (run time, bounded by timeout_s). A job in neither has left the queue.
-PENDING_STATES = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
-RUNNING_STATES = {"RUNNING", "COMPLETING", "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
 _CMD_TIMEOUT_S = 60
 # admission=slurm: each job's --time is its predicted duration times this (a run slower than that is ended
 # by Slurm: TIMEOUT); backfill packs by these limits
@@ -89,6 +97,8 @@ class SlurmLauncher(Launcher):
         # a local run's do; each warm child joins its job's cgroups (trainer/warm.py), so a node's limits
         # hold it as they would a cold worker
         self.warm = WarmWorkers(cfg) if nodes_are_this_machine(cfg) and cfg.cluster.gpu is None else None
+        # the jobs in flight, looked at together: at most once a launcher.poll_s
+        self.board = Board(self._ask, least_s=cfg.launcher.poll_s)
 
     def preflight(self) -> None:
         """Fail before launching anything if this machine cannot reach a Slurm controller."""
@@ -128,6 +138,10 @@ class SlurmLauncher(Launcher):
         return subprocess.run(argv, capture_output=True, text=True, env=env or self.env,
                               timeout=_CMD_TIMEOUT_S, check=check)
 
+    def _ask(self, argv: list[str]) -> subprocess.CompletedProcess:
+        """A Slurm command whose failure its caller reads (the controller did not answer)."""
+        return self._run(argv, check=False)
+
     def close(self) -> None:
         """Stop the warm process, if one was started."""
         if self.warm:
@@ -154,7 +168,9 @@ class SlurmLauncher(Launcher):
         proc = self._run(list(submission.argvs[0]), check=False, env=env)
         if proc.returncode != 0:
             raise RuntimeError(f"sbatch failed: {proc.stderr.strip()[:500]}")
-        return SlurmHandle(job_id=proc.stdout.strip().split(";")[0], run_dir=run_dir)
+        handle = SlurmHandle(job_id=proc.stdout.strip().split(";")[0], run_dir=run_dir)
+        self.board.add(handle.job_id)
+        return handle
 
     def locate(self, handle: SlurmHandle) -> dict[str, Any]:
         return {"job_id": handle.job_id}
@@ -164,21 +180,12 @@ class SlurmLauncher(Launcher):
         job_id = where.get("job_id")
         if not job_id:
             return None
-        if self._queue_state(job_id)[0] is None and self.final_state(job_id)[0] is None:
+        job_id = str(job_id)
+        row = (ask_queue(self._ask, [job_id]) or {}).get(job_id, GONE)
+        if row.state is None and self.final_state(job_id, row)[0] is None:
             return None
-        return SlurmHandle(job_id=str(job_id), run_dir=run_dir)
-
-    def _queue_state(self, job_id: str) -> tuple[str | None, str | None]:
-        """(state, reason) while the job is in the queue, (None, None) once it has left."""
-        state, reason, _ = self._queue(job_id)
-        return state, reason
-
-    def _queue(self, job_id: str) -> tuple[str | None, str | None, str | None]:
-        """(state, reason, node list) while the job is in the queue, Nones once it has left."""
-        proc = self._run(["squeue", "-h", "-j", job_id, "-o", "%T|%r|%N"], check=False)
-        line = proc.stdout.strip().split("\n")[0] if proc.returncode == 0 else ""
-        state, reason, nodes = (line.split("|") + ["", ""])[:3]
-        return state or None, reason or None, nodes or None
+        self.board.add(job_id, row)
+        return SlurmHandle(job_id=job_id, run_dir=run_dir)
 
     def _nodes(self, *select: str) -> dict[str, tuple[str, bool]]:
         """sinfo's nodes (those `select` picks, once each): the state as Slurm gives it (with its reason
@@ -198,11 +205,7 @@ class SlurmLauncher(Launcher):
     def executions(self, handle: SlurmHandle) -> list[dict[str, Any]]:
         """Every time Slurm ran the job (a requeue keeps its id): sacct's duplicates where accounting runs,
         else the job-completion log; each NODE_FAIL one with the nodes seen down when it was requeued."""
-        proc = self._run(["sacct", "-n", "-D", "-X", "-P", "-j", handle.job_id, "-o",
-                          "State,NodeList,Start,End,ExitCode"], check=False)
-        runs = [dict(zip(("state", "nodes", "start", "end", "exit_code"), line.split("|")))
-                for line in proc.stdout.splitlines()] if proc.returncode == 0 else []
-        runs = runs or self._jobcomp_runs(handle.job_id)
+        runs = [dict(run) for run in self._accounted(handle.job_id)] or self._jobcomp_runs(handle.job_id)
         failed, logged = iter(handle.failed), None
         for run in runs:
             run["state"] = run["state"].split()[0] if run.get("state") else run.get("state")
@@ -259,15 +262,19 @@ class SlurmLauncher(Launcher):
         found = re.search(rf"^{key}\s*=\s*(\S+)", self._controller_config, re.M)
         return found.group(1) if found else None
 
-    def final_state(self, job_id: str) -> tuple[str | None, int | None, str | None]:
-        """(JobState, exit code of the batch script, Reason) once the job has left the queue."""
-        proc = self._run(["scontrol", "show", "job", "-o", job_id], check=False)
-        if proc.returncode == 0 and proc.stdout.strip():
-            return _parse_job_record(proc.stdout)
-        proc = self._run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode"], check=False)
-        if proc.returncode == 0 and proc.stdout.strip():
-            state, code = proc.stdout.strip().splitlines()[0].split("|")
-            return state.split()[0], int(code.split(":")[0]), None
+    def _accounted(self, job_id: str) -> list[dict[str, str]]:
+        """sacct's executions of the job: as the look that saw it leave the queue asked, else asked now."""
+        runs = self.board.runs.get(job_id)
+        return ask_accounting(self._ask, [job_id]).get(job_id, []) if runs is None else runs
+
+    def final_state(self, job_id: str, row: Row) -> tuple[str | None, int | None, str | None]:
+        """(JobState, exit code of the batch script, Reason) of a job that has left the queue (`row`, as
+        squeue last showed it): squeue's while the controller holds it, else accounting's last execution,
+        else the job-completion log's."""
+        if row.state is not None:
+            return row.state, row.exit_code, row.reason
+        if runs := self._accounted(job_id):
+            return runs[-1]["state"].split()[0], exit_code(runs[-1].get("exit_code", "")), None
         return self._from_jobcomp(job_id)
 
     def _from_jobcomp(self, job_id: str) -> tuple[str | None, int | None, str | None]:
@@ -275,7 +282,12 @@ class SlurmLauncher(Launcher):
         return _parse_job_record(lines[-1]) if lines else (None, None, None)
 
     def poll(self, handle: SlurmHandle) -> Poll:
-        state, reason, nodes = self._queue(handle.job_id)
+        """What the last look at every job in flight said of this one (bench/launchers/slurm_queue.py); a
+        job submitted since is pending."""
+        row = self.board.row(handle.job_id)
+        if row is None:
+            return Poll(PENDING)
+        state, reason, nodes = row.state, row.reason, row.nodes
         if state in PENDING_STATES:
             if handle.nodes:  # it ran, and is back in the queue: Slurm requeued it (NODE_FAIL, preemption)
                 handle.failed.append(handle.failing or self.down_nodes(handle.nodes))
@@ -289,7 +301,7 @@ class SlurmLauncher(Launcher):
             if state != "COMPLETING":
                 handle.nodes = nodes or handle.nodes
             return Poll(RUNNING)
-        job_state, code, why = self.final_state(handle.job_id)
+        job_state, code, why = self.final_state(handle.job_id, row)
         return Poll(DONE, outcome=Outcome(returncodes=[code], scheduler_state=job_state,
                                           detail=why and f"Slurm {job_state}: {why}",
                                           executions=self.executions(handle)))
@@ -298,13 +310,25 @@ class SlurmLauncher(Launcher):
         """Nothing to fetch: sbatch --output writes into the run dir (shared file system)."""
 
     def cleanup(self, handle: SlurmHandle) -> None:
-        """scancel a job still in the queue and wait until it has left (its nodes are free again)."""
-        if self._queue_state(handle.job_id)[0] is None:
-            return
-        self._run(["scancel", handle.job_id], check=False)
-        deadline = time.monotonic() + max(self.cfg.launcher.grace_s, 10)
-        while time.monotonic() < deadline and self._queue_state(handle.job_id)[0] is not None:
-            time.sleep(0.5)
+        """scancel a job still in the queue and wait until it has left (its nodes are free again); it leaves
+        the board."""
+        try:
+            if self._left(handle.job_id, asked=self.board.rows.get(handle.job_id)):
+                return
+            self._run(["scancel", handle.job_id], check=False)
+            deadline = time.monotonic() + max(self.cfg.launcher.grace_s, 10)
+            while time.monotonic() < deadline and not self._left(handle.job_id):
+                time.sleep(0.5)
+        finally:
+            self.board.drop(handle.job_id)
+
+    def _left(self, job_id: str, asked: Row | None = None) -> bool:
+        """Whether the job has left the queue: as the last look saw it (`asked`), else as Slurm says now; not
+        where Slurm does not answer (scancel is sent all the same)."""
+        if asked is not None and not asked.in_queue:
+            return True
+        rows = ask_queue(self._ask, [job_id])
+        return rows is not None and not rows[job_id].in_queue
 
 
 def time_limit(seconds: float) -> str:
