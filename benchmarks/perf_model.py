@@ -31,6 +31,7 @@ from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import fsdp_rows  # noqa: E402
 from split_model import part_summary, pooled, split_here, study_split  # noqa: E402
 
 from bench.core.hardware import gpu_spec  # noqa: E402
@@ -38,7 +39,7 @@ from bench.gpucheck.evidence import EVIDENCE_DIR, table_runs  # noqa: E402
 from bench.predict import perf  # noqa: E402
 from bench.predict.calibrate import Observation, fit as fit_study  # noqa: E402
 from bench.predict.cpu import CpuFacts, this_cpu  # noqa: E402
-from bench.predict.network import network_for  # noqa: E402
+from bench.predict.network import one_node  # noqa: E402
 from bench.predict.perf import CALIBRATION, Calibration, predict  # noqa: E402
 from bench.predict.published import (  # noqa: E402
     CALIBRATION_ROWS,
@@ -73,10 +74,22 @@ def error(row: PublishedRow, cal: Calibration) -> float:
 EFFICIENCY_WEIGHT = 3.0  # AWS's 87% on p5 is the only EFA row: it must not be outvoted by 24 RDMA rows
 
 
+def fitted_rows() -> list[PublishedRow]:
+    """What the constants are fitted to: CALIBRATION_ROWS and the published FSDP rows not set aside
+    (benchmarks/published/fsdp/holdout.txt) that CALIBRATION_ROWS does not hold already."""
+    rows, held = fsdp_rows.modelled(fsdp_rows.fsdp_rows()), fsdp_rows.held_out()
+    extra = [r.published_row for r in rows if r.id not in held and not r.already_used
+             and (r.tokens_per_s_per_gpu or r.scaling_efficiency)]
+    return CALIBRATION_ROWS + extra
+
+
+FITTED = fitted_rows()
+
+
 def loss(x: tuple[float, ...]) -> float:
     cal = calibration(x)
     return sum((EFFICIENCY_WEIGHT if r.scaling_efficiency else 1.0) * math.log1p(error(r, cal)) ** 2
-               for r in CALIBRATION_ROWS)
+               for r in FITTED)
 
 
 def fit(x: list[float], rounds: int = 12) -> list[float]:
@@ -279,7 +292,7 @@ def measured_here(cal: Calibration) -> list[float]:
         for spec, row in table_runs(csv_path):
             if (gpu := gpu_spec(row["device_name"])) is None:
                 continue
-            prediction = predict(spec, gpu, network_for("local", 0), cal=cal)
+            prediction = predict(spec, gpu, one_node(gpu), cal=cal)
             measured = float(row["tokens_per_s_per_gpu"])
             error = prediction.tokens_per_s_per_gpu / measured - 1
             if prediction.unmodeled is None:
@@ -305,7 +318,7 @@ def exposed_here(cal: Calibration) -> list[float]:
             parts = [v for k, v in split.items() if k.startswith("exposed_")]
             total = sum(v for k, v in split.items() if k in TRACE_PARTS)
             measured = sum(parts) * float(row["step_time_s"]) / total if total else 0.0
-            predicted = predict(spec, gpu, network_for("local", 0), cal=cal).exposed_s
+            predicted = predict(spec, gpu, one_node(gpu), cal=cal).exposed_s
             print(f"  {csv_path.parent.name[:28]:28} {spec.label[:64]:64} exposed comm. predicted "
                   f"{predicted * 1e3:8.2f} ms measured {measured * 1e3:8.2f} ms")
             if measured > 0:

@@ -94,6 +94,9 @@ def _section_class(hint: Any) -> type | None:
     """The dataclass a field holds, alone or as the entries of a list (faults); None for a plain key."""
     if is_dataclass(hint):
         return hint
+    inner = [a for a in get_args(hint) if a is not type(None)]
+    if len(inner) == 1 and is_dataclass(inner[0]):  # an optional section (cluster.fabric.scale_up)
+        return inner[0]
     if get_origin(hint) is list and is_dataclass(get_args(hint)[0]):
         return get_args(hint)[0]
     return None
@@ -111,7 +114,7 @@ def _sections(cls: type, name: str) -> list[Section]:
     for f in below:
         inner = _section_class(hints[f.name])
         assert inner is not None
-        out += _sections(inner, prefix + f.name + ("[]" if inner is not hints[f.name] else ""))
+        out += _sections(inner, prefix + f.name + ("[]" if get_origin(hints[f.name]) is list else ""))
     return out
 
 
