@@ -12,8 +12,11 @@ from dataclasses import dataclass
 
 SCALE_UP_KINDS = ("nvswitch", "nvlink", "pcie")
 # efa: AWS Elastic Fabric Adapter (aws-ofi-nccl); infiniband and roce: NCCL's IB verbs transport; tcp: NCCL's
-# socket transport; tcpx / tcpxo: GCP's GPUDirect-TCPX (A3 High) and -TCPXO (A3 Mega) net plugins
-TRANSPORTS = ("efa", "infiniband", "roce", "tcp", "tcpx", "tcpxo")
+# socket transport (IPoIB too); tcpx / tcpxo: GCP's GPUDirect-TCPX (A3 High) and -TCPXO (A3 Mega) net plugins;
+# slingshot: HPE Slingshot 11 through aws-ofi-nccl over libfabric's cxi provider, GPUDirect RDMA (a Perlmutter
+# log prints "NET/OFI Selected Provider is cxi" and channels "via NET/AWS Libfabric/N/GDRDMA":
+# sparticlesteve/podman-nccl-testing logs/shifter-nccl-tests-30743809.out; HPE shs-ccl-docs ccl_env.sh)
+TRANSPORTS = ("efa", "infiniband", "roce", "tcp", "tcpx", "tcpxo", "slingshot")
 CPU_VENDORS = ("intel", "amd", "arm")
 # PCIe x16 generation -> GB/s one direction as NCCL counts a link (src/graph/topo.cc kvDictPciGen: lanes x
 # GT/s / 8 less encoding; Gen3 12 is topo.h PCI_BW)
