@@ -22,7 +22,7 @@ MODULE = re.compile(r"^(?:python -m )?((?:" + "|".join(PACKAGES) + r")(?:\.\w+)+
 
 def doc_files() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks/evidence/README.md",
-            ROOT / "benchmarks/published/fsdp/README.md"]
+            ROOT / "benchmarks/published/fsdp/README.md", ROOT / "benchmarks/published/nccl-tests/README.md"]
 
 
 @cache

@@ -6,10 +6,14 @@ with --split, the tables it names (held out before any fitting) apart from the o
 A table directory holds one `<id>.txt` per table (nccl-tests' output, verbatim) and `index.yaml`, a list of
 entries: id, source, collective, nodes, gpus_per_node, gpu, system, scale_up {kind, nvlink_gbs_per_gpu,
 gpus (optional: an NVLink domain across trays)}, scale_out {transport, adapters, gbps, rdma and
-latency_us optional}, nccl_version, env (NCCL_ALGO, NCCL_PROTO, ... as the run set them), notes. A system
-bench/core/fabric.py publishes (FABRICS) takes its figures from there where the entry leaves them out.
+latency_us optional}, cpu (optional: intel, amd or arm), nccl_version, env (NCCL_ALGO, NCCL_PROTO, ... as
+the run set them), notes, and `modelled: false` with `why_not` for a table no fabric can be built for. A
+system bench/core/fabric.py publishes (FABRICS) takes its figures from there where the entry leaves them out.
+--check reads every table and builds its fabric and communicator without predicting anything: it says per
+table what the benchmark would model, and exits 2 naming each entry it cannot read.
 
     python benchmarks/nccl_model.py [--tables DIR] [--split FILE] [--quick]   # quick: the summaries only
+    python benchmarks/nccl_model.py --check [--tables DIR]
 """
 from __future__ import annotations
 
@@ -26,15 +30,17 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.core.fabric import FABRICS, Fabric, ScaleOut, ScaleUp  # noqa: E402
-from bench.predict.collective import predict_collective  # noqa: E402
+from bench.predict.collective import available, build_comm, env_choices, predict_collective  # noqa: E402
 from bench.probes.parse import parse_all  # noqa: E402
+from bench.probes.result import NcclRow  # noqa: E402
 
 DEFAULT_TABLES = Path(__file__).resolve().parent / "published" / "nccl-tests"
 MIB = 2**20
 # GPU name -> compute capability (NCCL's tables are indexed by it): first match wins
 GPU_SM = ((r"GB[23]00|B[123]00", 100), (r"H100|H200|H800|H20\b|GH200", 90), (r"L4\b|L40", 89),
           (r"A10G?\b|A40|A6000", 86), (r"A100|A800|A30\b", 80), (r"T4\b", 75), (r"V100", 70))
-RDMA_TRANSPORTS = ("efa", "infiniband", "roce")
+RDMA_TRANSPORTS = ("efa", "infiniband", "roce", "slingshot")
+HOLDOUT = "holdout"  # <dir>/holdout.txt: the held-out ids (--split), the one .txt there that is not a table
 
 
 class TableError(ValueError):
@@ -74,8 +80,8 @@ def compute_capability(gpu: str) -> int:
 
 def fabric_of(entry: dict[str, Any]) -> Fabric:
     """The fabric an index entry describes: its own figures, the published system's where it names one of
-    FABRICS and leaves a figure out, else what its transport implies (RDMA for EFA, InfiniBand and RoCE;
-    aws-ofi-nccl's 75 us and Simple only on EFA before the P5 family)."""
+    FABRICS and leaves a figure out, else what its transport implies (RDMA for EFA, InfiniBand, RoCE and
+    Slingshot; aws-ofi-nccl's 75 us and Simple only on EFA before the P5 family)."""
     system = str(entry.get("system") or "")
     known = FABRICS.get(system)
     sm = compute_capability(str(entry.get("gpu") or ""))
@@ -99,12 +105,26 @@ def fabric_of(entry: dict[str, Any]) -> Fabric:
         scale_out = ScaleOut(transport, int(out_e.get("adapters") or base.adapters),
                              float(out_e.get("gbps") or base.gbps), bool(rdma), float(latency), simple)
     pcie = known.pcie_gen if known else 5 if sm >= 90 else 4 if sm >= 80 else 3
-    cpu = known.cpu if known else "arm" if re.search(r"GB[23]00|GH200", str(entry.get("gpu"))) else "intel"
+    cpu = str(entry.get("cpu") or (known.cpu if known else
+                                   "arm" if re.search(r"GB[23]00|GH200", str(entry.get("gpu"))) else "intel"))
     return Fabric(scale_up, scale_out, gpn, sm, pcie_gen=pcie, cpu=cpu, name=system or entry["id"])
 
 
-def read_table(directory: Path, entry: dict[str, Any]) -> Table:
-    """One index entry's table, every out-of-place row predicted."""
+@dataclass(frozen=True)
+class Measured:
+    """An index entry's table as read: the rows the benchmark predicts (out-of-place, with a size and a
+    time) and the run's shape, NCCL version (the entry's, else the printed one) and environment."""
+
+    kind: str
+    nodes: int
+    gpus_per_node: int
+    version: str | None
+    env: dict[str, str]
+    rows: tuple[NcclRow, ...]
+
+
+def measured(directory: Path, entry: dict[str, Any]) -> Measured:
+    """One index entry's nccl-tests output, parsed; TableError where the entry or its file cannot be read."""
     for key in ("id", "collective", "nodes", "gpus_per_node", "gpu"):
         if entry.get(key) in (None, ""):
             raise TableError(f"index entry {entry.get('id', '?')}: no {key}")
@@ -116,19 +136,78 @@ def read_table(directory: Path, entry: dict[str, Any]) -> Table:
     if not results:
         raise TableError(f"{path}: no {kind} rows")
     result = results[0]
-    fabric = fabric_of(entry)
-    nodes, gpn = int(entry["nodes"]), int(entry["gpus_per_node"])
+    rows = tuple(r for r in result.rows if r.placement == "out-of-place" and r.size > 0 and r.time_us > 0)
     version = str(entry.get("nccl_version") or result.nccl_version or "") or None
     env = {str(k): str(v) for k, v in (entry.get("env") or {}).items()}
+    return Measured(kind, int(entry["nodes"]), int(entry["gpus_per_node"]), version, env, rows)
+
+
+def read_table(directory: Path, entry: dict[str, Any]) -> Table:
+    """One index entry's table, every out-of-place row predicted."""
+    m = measured(directory, entry)
+    fabric = fabric_of(entry)
     rows = []
-    for r in result.rows:
-        if r.placement != "out-of-place" or r.size <= 0 or r.time_us <= 0:
-            continue
-        t = predict_collective(kind, r.size, nodes, gpn, fabric, version=version, env=env)
+    for r in m.rows:
+        t = predict_collective(m.kind, r.size, m.nodes, m.gpus_per_node, fabric, version=m.version, env=m.env)
         rows.append(Row(r.size, r.time_us, t.seconds * 1e6, f"{t.algorithm}/{t.protocol}"))
-    title = (f"{entry['id']}: {kind} {nodes} x {gpn} {entry['gpu']} on {fabric.name}, NCCL {version or '?'}"
-             f"{' ' + str(env) if env else ''}; {fabric.describe()}")
+    title = (f"{entry['id']}: {m.kind} {m.nodes} x {m.gpus_per_node} {entry['gpu']} on {fabric.name}, "
+             f"NCCL {m.version or '?'}{' ' + str(m.env) if m.env else ''}; {fabric.describe()}")
     return Table(str(entry["id"]), title, tuple(rows))
+
+
+def modelled(entry: dict[str, Any]) -> bool:
+    """Whether the benchmark models the entry's table: all but those `modelled: false` (with a why_not)."""
+    if entry.get("modelled", True) is not False:
+        return True
+    if not str(entry.get("why_not") or "").strip():
+        raise TableError(f"index entry {entry.get('id', '?')}: modelled: false needs a why_not")
+    return False
+
+
+def check_entry(directory: Path, entry: dict[str, Any]) -> str:
+    """One table as --check reports it: its shape, fabric and rows, and whether the benchmark models it.
+    Builds the fabric and NCCL's communicator on it and checks that the run's NCCL_ALGO/NCCL_PROTO leave an
+    algorithm the model has; predicts nothing."""
+    m = measured(directory, entry)
+    wrong = sum(1 for r in m.rows if r.wrong)
+    rows = f"{len(m.rows)} row{'' if len(m.rows) == 1 else 's'}"
+    rows += f" ({wrong} with #wrong > 0)" if wrong else ""
+    head = f"{entry['id']}: {m.kind} {m.nodes} x {m.gpus_per_node} {entry['gpu']}"
+    if not modelled(entry):
+        return f"{head}; {rows}; not modelled: {entry['why_not']}"
+    fabric = fabric_of(entry)
+    comm = build_comm(m.kind, m.nodes, m.gpus_per_node, fabric, m.version)
+    algos, protos = env_choices(m.env, m.kind)
+    offered = [(a, p) for a, ps in available(comm).items() for p in ps
+               if (algos is None or a in algos) and (protos is None or p in protos)]
+    if not offered:
+        raise TableError(f"index entry {entry['id']}: its env {m.env} leaves none of the algorithms NCCL's "
+                         f"model has for {m.kind} on this fabric ({', '.join(available(comm))})")
+    return (f"{head} on {fabric.name} ({fabric.cpu} CPU, PCIe Gen{fabric.pcie_gen}), "
+            f"NCCL {m.version or '?'}; {fabric.describe()}; {rows}; modelled")
+
+
+def check(directory: Path, entries: list[dict[str, Any]]) -> int:
+    """--check: a line per index entry (stdout), one per entry or table file that cannot be read (stderr);
+    2 if there is any."""
+    problems = []
+    ids = [str(e.get("id", "?")) for e in entries]
+    problems += [f"{i}: more than one index entry" for i in sorted({i for i in ids if ids.count(i) > 1})]
+    files = {p.stem for p in directory.glob("*.txt")} - {HOLDOUT}
+    problems += [f"{directory / (i + '.txt')}: no index entry" for i in sorted(files - set(ids))]
+    lines, not_modelled = [], 0
+    for entry in entries:
+        try:
+            lines.append(check_entry(directory, entry))
+            not_modelled += not modelled(entry)
+        except (TableError, ValueError, KeyError, TypeError) as err:
+            problems.append(f"{entry.get('id', '?')}: cannot be read: {err}")
+    print("\n".join(lines))
+    print(f"{len(entries)} entries: {len(lines) - not_modelled} modelled, {not_modelled} not modelled, "
+          f"{len(problems)} problems")
+    for problem in problems:
+        print(f"nccl_model: {problem}", file=sys.stderr)
+    return 2 if problems else 0
 
 
 def read_index(directory: Path) -> list[dict[str, Any]]:
@@ -190,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tables", type=Path, default=DEFAULT_TABLES, help="the table directory")
     parser.add_argument("--split", type=Path, help="the held-out table ids (YAML list or one per line)")
     parser.add_argument("--quick", action="store_true", help="per-table and overall medians only")
+    parser.add_argument("--check", action="store_true",
+                        help="read every table and build its fabric, predict nothing; exit 2 on any problem")
     args = parser.parse_args(argv)
     try:
         entries = read_index(args.tables)
@@ -197,11 +278,15 @@ def main(argv: list[str] | None = None) -> int:
         unknown = held_out - {str(e.get("id")) for e in entries}
         if unknown:
             raise TableError(f"{args.split}: ids not in the index: {', '.join(sorted(unknown))}")
-        tables = [read_table(args.tables, e) for e in entries]
+        if args.check:
+            return check(args.tables, entries)
+        skipped = [e for e in entries if not modelled(e)]
+        tables = [read_table(args.tables, e) for e in entries if modelled(e)]
     except (TableError, ValueError, KeyError, yaml.YAMLError) as err:
         print(f"nccl_model: {err}", file=sys.stderr)
         return 2
-    print("\n".join(report(tables, held_out, args.quick)))
+    lines = [f"[not modelled] {e['id']}: {e['why_not']}" for e in skipped]
+    print("\n".join(lines + report(tables, held_out, args.quick)))
     return 0
 
 

@@ -72,3 +72,60 @@ def test_unreadable_tables_stop_in_one_line(tables: Path, tmp_path: Path) -> Non
     (tables / "p4de_2n_allreduce.txt").unlink()
     proc = run("--tables", str(tables))
     assert proc.returncode == 2 and "p4de_2n_allreduce.txt: missing" in proc.stderr
+
+
+
+PUBLISHED = ROOT / "benchmarks" / "published" / "nccl-tests"
+
+
+def test_check_reads_every_published_table_and_predicts_nothing() -> None:
+    proc = run("--check")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    ids = sorted(p.stem for p in PUBLISHED.glob("*.txt") if p.name != "holdout.txt")
+    assert sorted(line.split(":")[0] for line in lines[:-1]) == ids
+    summary = re.fullmatch(r"(\d+) entries: (\d+) modelled, (\d+) not modelled, 0 problems", lines[-1])
+    assert summary and int(summary[1]) == len(ids) == int(summary[2]) + int(summary[3])
+    held_out = {line.split("#")[0].strip() for line in (PUBLISHED / "holdout.txt").read_text().splitlines()}
+    assert len(held_out - {""}) == 23 and held_out - {""} <= set(ids)
+    # Slingshot through aws-ofi-nccl (RDMA), the entry's own CPU, the 4 NICs its source lists
+    assert ("nersc_perlmutter_2n_allreduce_slingshot: all_reduce 2 x 4 A100-SXM4-40GB on NERSC Perlmutter "
+            "GPU node (amd CPU, PCIe Gen4), NCCL 2.21.5; 4 GPU/node, nvlink 300 GB/s/GPU; "
+            "slingshot 4 x 200 Gb/s RDMA (100 GB/s/node); 30 rows; modelled") in lines
+    # a published system (FABRICS) supplies what the entry leaves out: p4de's Intel CPU and PCIe Gen4
+    assert ("shared_sample_02: all_reduce 2 x 8 A100-SXM4-80GB on p4de.24xlarge (intel CPU, PCIe Gen4), "
+            "NCCL ?; 8 GPU/node, nvswitch 300 GB/s/GPU; efa 4 x 100 Gb/s RDMA (50 GB/s/node); 29 rows; "
+            "modelled") in lines
+    assert any(line.startswith("shared_sample_10: ") and "(6 with #wrong > 0)" in line for line in lines)
+    assert "median |error|" not in proc.stdout and "NCCL pick" not in proc.stdout
+
+
+def test_check_names_every_entry_it_cannot_read(tables: Path) -> None:
+    entries = yaml.safe_load((tables / "index.yaml").read_text())
+    p4de = entries[0]
+    nvls_only = dict(p4de, id="p4de_nvls_forced", env={"NCCL_ALGO": "NVLS"})  # no NVLS on A100, none across
+    unknown_gpu = dict(entries[1], gpu="MI300X")
+    why_missing = dict(p4de, id="p4de_skipped", modelled=False)
+    skipped = dict(p4de, id="p4de_not_modelled", modelled=False, why_not="no fabric: nodes unknown")
+    for name in (nvls_only["id"], why_missing["id"], skipped["id"], "stray"):
+        shutil.copy(tables / "p4de_2n_allreduce.txt", tables / f"{name}.txt")
+    index = [p4de, unknown_gpu, nvls_only, why_missing, skipped, dict(p4de, id="gone")]
+    (tables / "index.yaml").write_text(yaml.safe_dump(index))
+    proc = run("--check", "--tables", str(tables))
+    assert proc.returncode == 2
+    problems = proc.stderr.splitlines()
+    assert len(problems) == 5 and all(line.startswith("nccl_model: ") for line in problems)
+    for expected in ("stray.txt: no index entry", "p5_2n_allreduce_ring: cannot be read: unknown GPU",
+                     "p4de_nvls_forced: cannot be read: index entry p4de_nvls_forced: its env",
+                     "p4de_skipped: cannot be read: index entry p4de_skipped: modelled: false needs",
+                     "gone.txt: missing"):
+        assert sum(expected in line for line in problems) == 1, expected
+    out = proc.stdout.splitlines()
+    assert ("p4de_not_modelled: all_reduce 2 x 8 A100-SXM4-80GB; 29 rows; not modelled: no fabric: nodes "
+            "unknown") in out
+    assert out[-1] == "6 entries: 1 modelled, 1 not modelled, 5 problems"
+    (tables / "index.yaml").write_text(yaml.safe_dump([p4de, skipped]))
+    quick = run("--tables", str(tables), "--quick")
+    assert quick.returncode == 0, quick.stderr
+    assert quick.stdout.startswith("[not modelled] p4de_not_modelled: no fabric: nodes unknown\n")
+    assert "all (1 tables)" in quick.stdout

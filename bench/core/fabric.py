@@ -14,8 +14,11 @@ from typing import Literal, get_args
 ScaleUpKind = Literal["nvswitch", "nvlink", "pcie"]
 SCALE_UP_KINDS: tuple[ScaleUpKind, ...] = get_args(ScaleUpKind)
 # efa: AWS Elastic Fabric Adapter (aws-ofi-nccl); infiniband and roce: NCCL's IB verbs transport; tcp: NCCL's
-# socket transport; tcpx / tcpxo: GCP's GPUDirect-TCPX (A3 High) and -TCPXO (A3 Mega) net plugins
-Transport = Literal["efa", "infiniband", "roce", "tcp", "tcpx", "tcpxo"]
+# socket transport (IPoIB too); tcpx / tcpxo: GCP's GPUDirect-TCPX (A3 High) and -TCPXO (A3 Mega) net plugins;
+# slingshot: HPE Slingshot 11 through aws-ofi-nccl over libfabric's cxi provider, GPUDirect RDMA (a Perlmutter
+# log prints "NET/OFI Selected Provider is cxi" and channels "via NET/AWS Libfabric/N/GDRDMA":
+# sparticlesteve/podman-nccl-testing logs/shifter-nccl-tests-30743809.out; HPE shs-ccl-docs ccl_env.sh)
+Transport = Literal["efa", "infiniband", "roce", "tcp", "tcpx", "tcpxo", "slingshot"]
 TRANSPORTS: tuple[Transport, ...] = get_args(Transport)
 CpuVendor = Literal["intel", "amd", "arm"]
 CPU_VENDORS: tuple[CpuVendor, ...] = get_args(CpuVendor)

@@ -44,3 +44,9 @@ def test_impossible_fabrics_are_refused() -> None:
         ScaleOut("tcp", 0, 100.0, False)
     with pytest.raises(ValueError, match="PCIe generation"):
         ethernet(8, 1, 100, ScaleUp("pcie", 8, 24.0), 86, pcie_gen=7)
+
+
+def test_slingshot_is_a_gpu_direct_transport() -> None:
+    # HPE Slingshot 11 through aws-ofi-nccl's cxi provider: NCCL moves GPU memory over it (GDRDMA)
+    out = ScaleOut("slingshot", 4, 200.0, True)
+    assert out.gpu_direct and out.node_gbs == 100.0 and out.latency_us == 0.0
