@@ -80,13 +80,28 @@ class Work:
 
 
 @dataclass(frozen=True)
+class Bound:
+    """One part's collectives (an exposed part: a kind and its pass) as NCCL is predicted to run them: its
+    pick and what bounds it for one block's message, and the step's seconds of them, exposed and in all."""
+
+    part: str
+    algorithm: str
+    protocol: str
+    bound: str  # collective.BOUNDS: latency, intra-node bandwidth, network bandwidth
+    unit_s: float  # one block's collective
+    total_s: float  # every one of the step's
+    exposed_s: float  # of which the step waits for
+
+
+@dataclass(frozen=True)
 class Communication:
     """A step's collectives against its compute."""
 
     exposed: dict[str, float]  # per exposed part (perf.EXPOSED_PARTS), seconds the step waits for them
     hidden: float  # seconds of collectives that ran beside compute
     total: float  # seconds of every collective, as if nothing overlapped
-    contention: float  # seconds the compute lost to the collectives beside it
+    contention: float  # seconds the compute lost to the collectives beside it (and FSDP2's copies)
+    bounds: tuple[Bound, ...] = ()  # per part where the device's model knows NCCL's pick (a GPU's)
 
 
 def block_passes_s(per: float, spec: RunSpec, arch: ModelArch, recompute: float) -> float:

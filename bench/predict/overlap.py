@@ -71,6 +71,7 @@ class Overlap:
     """A micro-batch's communication against its compute."""
 
     exposed: dict[str, float]  # per part, seconds the compute stream waited for a collective
+    by_part: dict[str, float]  # per part, seconds of its collectives in all
     hidden: float  # seconds of collectives that ran beside compute
     total: float  # seconds of every collective
     contention: float  # seconds the compute lost to the collectives beside it
@@ -168,8 +169,11 @@ def micro_batch(root: Unit, blocks: Sequence[Unit]) -> Overlap:
     for gap in idle(stream, end):
         for op, seconds in charged(gap, shard.ops, replicate.ops):
             exposed[op.part] += seconds
-    total = sum(op.end - op.start for op in shard.ops + replicate.ops)
+    by_part = dict.fromkeys(PARTS, 0.0)
+    for op in shard.ops + replicate.ops:
+        by_part[op.part] += op.end - op.start
+    total = sum(by_part.values())
     lost = sum(op.share * overlapped(span, (op.start, op.end))
                for op in shard.ops + replicate.ops for span in stream.busy)
     shown = sum(exposed.values())
-    return Overlap(exposed, max(0.0, total - shown), total, lost)
+    return Overlap(exposed, {k: v for k, v in by_part.items() if v > 0}, max(0.0, total - shown), total, lost)

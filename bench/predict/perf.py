@@ -74,6 +74,7 @@ from bench.predict.comm import (
     EXPOSED_PARTS,
     Collective,
     Network,
+    collectives,
     exposed_part,
     nccl_time,
     step_collectives,
@@ -82,6 +83,7 @@ from bench.predict.comm import (
 from bench.predict.cpu import CPU, CpuFacts, CpuModel, this_cpu
 from bench.predict.device import (
     PUBLISHED,
+    Bound,
     Calibration,
     Communication,
     DeviceModel,
@@ -143,6 +145,7 @@ class Prediction:
     parts: dict[str, float] = field(default_factory=dict)  # seconds per step by part, adding up to the
     # step (module docstring; bench/predict/split.py reads them)
     contention_s: float = 0.0  # compute the collectives beside it slow, within parts["compute"]
+    bounds: tuple[Bound, ...] = ()  # per part of the step's collectives, NCCL's pick and what bounds it
 
     @property
     def interval(self) -> tuple[float, float] | None:
@@ -216,6 +219,7 @@ class GpuModel:
         """FSDP2's collectives unit by unit beside the compute, as its streams run them (overlap.py), each
         collective's time and channels NCCL's (comm.nccl_time); per micro-batch group of the step."""
         exposed, hidden, total, lost = dict.fromkeys(EXPOSED_PARTS, 0.0), 0.0, 0.0, 0.0
+        totals: dict[str, float] = {}
         for comms, count in step_collectives(spec, arch):
             copies = copy_bytes(spec, arch, ((c.kind, c.size, c.ranks) for c in comms))
             lost += count * copies / (self.gpu.hbm_tbs * 1e12)  # FSDP2's copies, on the compute stream
@@ -223,9 +227,27 @@ class GpuModel:
             done = micro_batch(root, [block] * work.blocks)
             for part, seconds in done.exposed.items():
                 exposed[part] += count * seconds
+            for part, seconds in done.by_part.items():
+                totals[part] = totals.get(part, 0.0) + count * seconds
             hidden, total, lost = hidden + count * done.hidden, total + count * done.total, \
                 lost + count * done.contention
-        return Communication(exposed, hidden, total, lost)
+        return Communication(exposed, hidden, total, lost, self.bounds(spec, arch, network, work, totals,
+                                                                       exposed))
+
+    def bounds(self, spec: RunSpec, arch: ModelArch, network: Network, work: Work,
+               totals: dict[str, float], exposed: dict[str, float]) -> tuple[Bound, ...]:
+        """Per part the step runs, NCCL's pick and bound for one block's message (the root's where the
+        model is one unit), beside the step's seconds of that part, exposed and in all."""
+        root_share, block_share = unit_shares(spec, arch, work.blocks)
+        share = block_share if work.blocks else root_share
+        out = []
+        for c in collectives(spec, arch):
+            part = exposed_part(c)
+            if part not in totals or any(b.part == part for b in out):
+                continue
+            t = nccl_time(c.kind, c.size * share[c.kind] / c.groups, c.ranks, c.nodes, network)
+            out.append(Bound(part, t.algorithm, t.protocol, t.bound, t.seconds, totals[part], exposed[part]))
+        return tuple(out)
 
     def units(self, spec: RunSpec, arch: ModelArch, network: Network, work: Work,
               comms: list[Collective]) -> tuple[Unit, Unit]:
@@ -309,7 +331,8 @@ def _step(spec: RunSpec, arch: ModelArch, device: DeviceModel, network: Network,
     return Prediction(step, tokens * accum / step, model_flops / step / peak if peak else None,
                       accum * matmul, accum * (blocks + loss) + adds + optimizer, comm.total,
                       sum(comm.exposed.values()), network, calibrated, cal.source, host_s=floor,
-                      unmodeled=device.unmodeled(spec), parts=parts, contention_s=comm.contention)
+                      unmodeled=device.unmodeled(spec), parts=parts, contention_s=comm.contention,
+                      bounds=comm.bounds)
 
 
 def unit_work(spec: RunSpec, arch: ModelArch, compute: float, output: float, loss: float,
