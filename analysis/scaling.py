@@ -1,9 +1,9 @@
 """Scaling math on the results table: repeats aggregated, efficiency, ablation gains, NCCL tables.
 
 Scaling efficiency at n nodes = (throughput_n / n) / (throughput_base / base_nodes), base = the smallest
-node count with an ok run of the same configuration (docs/architecture.md). Repeats are aggregated by median,
-with min and max kept as the spread. Only ok runs contribute numbers; failed runs stay visible in the
-status table and as a status per configuration, never as zeros.
+node count with an ok run of the same configuration (docs/report.md, "Where the numbers come from").
+Repeats are aggregated by median, with min and max kept as the spread. Only ok runs contribute numbers;
+failed runs stay visible in the status table and as a status per configuration, never as zeros.
 """
 from __future__ import annotations
 

@@ -124,7 +124,7 @@ class NvmlSampler:
     def stop(self) -> dict[str, Any]:
         """Stop and return aggregates for the summary, with one last sample taken now, while the run still
         holds its memory: a run of a second or two is otherwise read once or twice, before its peak (read
-        below what torch had reserved: benchmarks/evidence/README.md, Headroom)."""
+        below what torch had reserved: benchmarks/evidence/README.md, "Headroom")."""
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=5)

@@ -4,7 +4,7 @@ H100-era options: Float8 linears (torchao), regional torch.compile and CPU offlo
 Order, as torchtitan applies them: Float8 conversion -> activation checkpointing -> compile each block ->
 fully_shard (the compiled block is what FSDP wraps, so its hooks run outside the compiled graph).
 
-Strategy -> FSDP2 (docs/architecture.md): FULL_SHARD = 1-D mesh, reshard_after_forward=True;
+Strategy -> FSDP2 (docs/worker.md, "FSDP2 mapping"): FULL_SHARD = 1-D mesh, reshard_after_forward=True;
 SHARD_GRAD_OP = 1-D mesh, False; HYBRID_SHARD = 2-D mesh (replicate across nodes x shard within a node),
 True; NO_SHARD = 2-D mesh (replicate=world x shard=1): every rank holds whole parameters and gradients are
 all-reduced, i.e. DDP semantics. No strategy falls back to another: a mesh that cannot be built is an error.

@@ -265,7 +265,7 @@ class Axes:
     gpus_per_node: list[int | None] = field(default_factory=lambda: [None])
     """Ranks per node; null: the cluster's gpus_per_node."""
     sharding: list[Sharding] = field(default_factory=lambda: ["FULL_SHARD"])
-    """FSDP2 sharding strategies (docs/architecture.md, "FSDP2 mapping")."""
+    """FSDP2 sharding strategies (docs/worker.md, "FSDP2 mapping")."""
     precision: list[Precision] = field(default_factory=lambda: ["bf16_mixed"])
     """Mixed-precision policies; fp8_tensorwise: bf16_mixed with torchao's Float8 linears (FP8 GPUs only)."""
     activation_checkpointing: list[ACMode] = field(default_factory=lambda: ["none"])
@@ -378,7 +378,8 @@ class TraceConfig:
     ranks: TraceRanks = "all"
     """Which ranks record: all, or per_node (each node's local rank 0: large studies)."""
     steps: int = 2
-    """Profiled steps per run (each costs a step and its trace's size: docs/architecture.md)."""
+    """Profiled steps per run (each costs a step and its trace's size: docs/trace.md, "What a trace
+    costs")."""
 
 
 @dataclass

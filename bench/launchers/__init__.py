@@ -1,7 +1,7 @@
 """The launchers, found by `launcher.name`: the built-in ones, any registered in this process with
 `register` (a module of your own, imported before the sweep starts), and any installed package's under
-the entry-point group ENTRY_POINTS (docs/launchers.md: writing a launcher). Looked up once, when the sweep
-starts; a name none of them knows is one ConfigError, before anything is written."""
+the entry-point group ENTRY_POINTS (docs/launchers.md, "Writing a launcher"). Looked up once, when the
+sweep starts; a name none of them knows is one ConfigError, before anything is written."""
 from __future__ import annotations
 
 import importlib

@@ -2,8 +2,8 @@
 project's test bench, not a machine users rent. bench/predict/perf.py picks it (`perf.device_model`) for a
 run on this machine's cores; a study's own runs calibrate its constants (bench/predict/calibrate.py).
 
-Where it differs from a GPU, each what the CPU's own trace shows (docs/architecture.md, "Where the step
-went"):
+Where it differs from a GPU, each what the CPU's own trace shows (docs/trace.md, "What a CPU cannot tell
+apart"):
 
 - gloo's calls block the main thread that computes, so every collective is exposed and nothing contends
   (`CpuModel.overlaps`);

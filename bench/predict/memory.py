@@ -6,7 +6,7 @@ parameters, gradients and AdamW state every GPU holds. It prunes only runs that 
 it lets through that does not fit ends `oom`, and micro_batch auto halves from there.
 
 Why a bound and not a formula where nothing is measured: a guess presented as a figure launches an OOM
-or prunes a feasible run (docs/prediction.md, "Memory").
+or prunes a feasible run (docs/memory.md, "The lower bound where nothing is measured").
 
 A configuration is every spec field that changes memory (MEMORY_FIELDS, the nodes and GPUs per node as
 the ranks a parameter is split across) plus a fingerprint of what measured it: the worker's sources and the
