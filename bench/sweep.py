@@ -31,7 +31,7 @@ from bench.predict.memory import (
 )
 from bench.predict.perf import Predictor
 from bench.run import schedule
-from bench.run.runner import Study, execute
+from bench.run.runner import RunOptions, execute
 from bench.study.answer import format_answer, predicted_split
 from bench.study.compose import available_sweeps, compose, make_launcher
 from bench.study.plan import PlannedRun, expand
@@ -201,13 +201,13 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
-def study_from(cfg: SweepConfig, placement: Placement) -> Study:
+def run_options(cfg: SweepConfig, placement: Placement) -> RunOptions:
     """What the runner reads of this sweep: its options, its launcher's settings and placement, and what
     its predictor is refitted for (the cluster, the models)."""
-    return Study(name=cfg.sweep_name or "", launcher=cfg.launcher, placement=placement, cluster=cfg.cluster,
-                 models=tuple(cfg.axes.model), search=cfg.micro_batch_search,
-                 tolerance=cfg.preflight.tolerance, force=cfg.force, rerun_failed=cfg.rerun_failed,
-                 progress=cfg.progress)
+    return RunOptions(sweep_name=cfg.sweep_name or "", launcher=cfg.launcher, placement=placement,
+                      cluster=cfg.cluster, models=tuple(cfg.axes.model), search=cfg.micro_batch_search,
+                      tolerance=cfg.preflight.tolerance, force=cfg.force, rerun_failed=cfg.rerun_failed,
+                      progress=cfg.progress)
 
 
 def _plan_and_launch(cfg: SweepConfig, placement: Placement, plan: list[PlannedRun], predictor: Predictor,
@@ -217,7 +217,7 @@ def _plan_and_launch(cfg: SweepConfig, placement: Placement, plan: list[PlannedR
     (on the nodes `listed` before anything was written), then the runner. Each layer is handed what it
     reads, from the top layer down."""
     write_plan(sweep_dir, plan, yaml_text)
-    study, mode = study_from(cfg, placement), preflight.mode_of(cfg.preflight.mode, placement)
+    options, mode = run_options(cfg, placement), preflight.mode_of(cfg.preflight.mode, placement)
     nodes = preflight.nodes_of(cfg, placement) if mode != "off" else None
     feasible = [p for p in plan if p.feasible]
     held = schedule.makespan_line(cfg.cluster.name, placement, plan, cfg.launcher.probes_alone)
@@ -241,7 +241,7 @@ def _plan_and_launch(cfg: SweepConfig, placement: Placement, plan: list[PlannedR
         if preflight.problems(verdict) and mode == "on":
             print(preflight.refusal(verdict, launcher), file=sys.stderr)
             return preflight.EXIT_REFUSED
-    counts = execute(study, plan, launcher, sweep_dir)
+    counts = execute(options, plan, launcher, sweep_dir)
     interrupted = counts.pop("interrupted")
     print("done: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) +
           f"; table: {sweep_dir / rundir.RESULTS_CSV}; report: python -m analysis.report {sweep_dir}")

@@ -125,13 +125,13 @@ from bench.core.load_config import from_dict
 from bench.launchers.local import LocalLauncher
 from bench.study.plan import expand
 from bench.run.runner import execute
-from bench.sweep import compose, study_from
+from bench.sweep import compose, run_options
 cfg = from_dict(compose(["+sweep=smoke", "results_root={tmp_path}", "trace.enabled=false", "steps=3",
                          "warmup_steps=1"])[0])
 plan = [p for p in expand(cfg) if p.spec.kind == "train" and p.spec.world_size == 4][:1]
 sweep_dir = Path({str(tmp_path)!r}) / "smoke"
 launcher = LocalLauncher(cfg, gpus=["0", "1", "2", "3"])
-execute(study_from(cfg, launcher.placement(cfg)), plan, launcher, sweep_dir)
+execute(run_options(cfg, launcher.placement(cfg)), plan, launcher, sweep_dir)
 """
     subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True, timeout=300, capture_output=True)
     from bench.core import rundir

@@ -49,7 +49,7 @@ from bench.launchers.kubernetes import KubernetesLauncher
 from bench.run.runner import execute
 from bench.run.watch import watch
 from bench.study.plan import expand
-from bench.sweep import compose, study_from
+from bench.sweep import compose, run_options
 
 IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdpbench:1.0"
 
@@ -391,7 +391,7 @@ def run_one(tmp_path: Path, shared_data: Path, scenario: str, sweep: str = "p5_s
     launcher = KubernetesLauncher(cfg, custom=fake, core=fake, version=fake)
     plan = [p for p in expand(cfg) if p.feasible][:1]
     sweep_dir = tmp_path / cfg.sweep_name
-    execute(study_from(cfg, placement_of(cfg)), plan, launcher, sweep_dir)
+    execute(run_options(cfg, placement_of(cfg)), plan, launcher, sweep_dir)
     frame = pd.read_csv(tmp_path / cfg.sweep_name / "results.csv")
     assert not fake.jobs, "the job was left behind"
     assert fake.deleted and all(p == "Foreground" for _, p in fake.deleted)
@@ -476,7 +476,7 @@ def test_pending_pods_do_not_count_against_the_run_timeout(tmp_path, shared_data
             return super().list_namespaced_pod(namespace, label_selector)
     cfg = cfg_for("p5_scaling", "launcher.timeout_s=0.2", "launcher.queue_timeout_s=60")
     fake = BusyCluster("ok", shared_data, finish_after=33)
-    execute(study_from(cfg, placement_of(cfg)), [p for p in expand(cfg) if p.feasible][:1],
+    execute(run_options(cfg, placement_of(cfg)), [p for p in expand(cfg) if p.feasible][:1],
             KubernetesLauncher(cfg, custom=fake, core=fake, version=fake), tmp_path / "s")
     row = pd.read_csv(tmp_path / "s" / "results.csv").iloc[0]
     assert row.status == "ok" and row.queue_s > 0.2 and row.wall_s < row.queue_s
@@ -516,7 +516,7 @@ def test_an_api_error_fails_the_run_deletes_the_job_and_the_sweep_goes_on(tmp_pa
     launcher = KubernetesLauncher(cfg, custom=fake, core=fake, version=fake)
     plan = [p for p in expand(cfg) if p.feasible][:2]
     sweep_dir = tmp_path / cfg.sweep_name
-    execute(study_from(cfg, placement_of(cfg)), plan, launcher, sweep_dir)
+    execute(run_options(cfg, placement_of(cfg)), plan, launcher, sweep_dir)
     frame = pd.read_csv(tmp_path / cfg.sweep_name / "results.csv")
     # both runs were tried: the first did not abort the sweep
     assert list(frame.status) == ["failed", "failed"]
@@ -533,13 +533,13 @@ def test_a_job_left_by_a_dead_sweep_is_reattached_not_created_again(tmp_path, sh
     stop = threading.Event()
     from bench.run.progress import Progress
     from bench.run.runner import _run, _Sweep
-    study = study_from(cfg, placement_of(cfg))
-    steps = _run(_Sweep(study, launcher, sweep_dir, stop, Progress(1, False), plan), plan[0])
+    options = run_options(cfg, placement_of(cfg))
+    steps = _run(_Sweep(options, launcher, sweep_dir, stop, Progress(1, False), plan), plan[0])
     next(steps)  # submitted and watched once; then the sweep "dies": its generator is simply dropped
     created = list(fake.jobs)
     assert len(created) == 1
     fake.finish_after = 0  # the job finishes while no sweep watches it
-    execute(study_from(cfg, placement_of(cfg)), plan, launcher, sweep_dir)
+    execute(run_options(cfg, placement_of(cfg)), plan, launcher, sweep_dir)
     row = pd.read_csv(sweep_dir / "results.csv").iloc[0]
     assert row.status == "ok" and row.attempt == 1 and row.tokens_per_s == 48000.0
     assert [name for name, _ in fake.deleted] == created and not fake.jobs
@@ -826,7 +826,7 @@ def test_a_deletion_that_does_not_finish_holds_up_no_other_run(tmp_path, shared_
     cfg = cfg_for("p5_scaling")
     fake = StuckDeletion(shared_data)
     plan = [p for p in expand(cfg) if p.feasible][:2]
-    execute(study_from(cfg, placement_of(cfg)), plan, KubernetesLauncher(cfg, custom=fake, core=fake),
+    execute(run_options(cfg, placement_of(cfg)), plan, KubernetesLauncher(cfg, custom=fake, core=fake),
             tmp_path / "s")
     stuck, running = fake.created
     gaps = [b - a for a, b in zip(fake.gets[running], fake.gets[running][1:])]
@@ -960,7 +960,7 @@ def test_a_create_the_cluster_forbids_is_the_runs_one_line_error(tmp_path, share
 
     cfg = cfg_for("p5_scaling")
     fake = Forbidding("ok", shared_data)
-    execute(study_from(cfg, placement_of(cfg)), [p for p in expand(cfg) if p.feasible][:1],
+    execute(run_options(cfg, placement_of(cfg)), [p for p in expand(cfg) if p.feasible][:1],
             KubernetesLauncher(cfg, custom=fake, core=fake), tmp_path / "s")
     row = pd.read_csv(tmp_path / "s" / "results.csv").iloc[0]
     assert row.status == "launch_error"
@@ -990,7 +990,7 @@ class RefusedWhileRunning(FakeKube):
 def test_a_refused_connection_keeps_its_cause_in_the_runs_line(tmp_path, shared_data, capfd) -> None:
     cfg = cfg_for("p5_scaling")
     fake = RefusedWhileRunning("running-forever", shared_data)
-    execute(study_from(cfg, placement_of(cfg)), [p for p in expand(cfg) if p.feasible][:1],
+    execute(run_options(cfg, placement_of(cfg)), [p for p in expand(cfg) if p.feasible][:1],
             KubernetesLauncher(cfg, custom=fake, core=fake), tmp_path / "s")
     assert _line(capfd, "[1/1] failed").endswith(
         ": launcher kubernetes: ApiError: the Kubernetes API is not reachable: Connection refused")
