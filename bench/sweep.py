@@ -16,9 +16,10 @@ import time
 from pathlib import Path
 
 from bench import preflight
-from bench.core import config_doc, rundir
+from bench.core import config_doc, faults, rundir
 from bench.core.config import EXIT_CONFIG, ConfigError, SweepConfig
 from bench.core.load_config import from_dict
+from bench.launchers import BUILT_IN, launcher_sections
 from bench.launchers.base import Launcher, Placement
 from bench.predict.calibration_file import study_predictor
 from bench.predict.cost import plan_cost
@@ -144,10 +145,12 @@ def _exit_status(sweep_dir: Path, plan: list[PlannedRun]) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in args):  # the usage, the sweeps, every configuration key
-        print(__doc__.strip() + "\n\nsweeps: " + ", ".join(available_sweeps()) + "\n\n" + config_doc.text())
+        keys = config_doc.text(launcher_sections())
+        print(__doc__.strip() + "\n\nsweeps: " + ", ".join(available_sweeps()) + "\n\n" + keys)
         return 0
-    if "--help-config" in args:  # the keys alone; --markdown: docs/study.md's reference
-        print(config_doc.markdown() if "--markdown" in args else config_doc.text() + "\n", end="")
+    if "--help-config" in args:  # the keys alone (every launcher's); --markdown: docs/study.md's reference
+        print(config_doc.markdown(launcher_sections(list(BUILT_IN))) if "--markdown" in args
+              else config_doc.text(launcher_sections()) + "\n", end="")
         return 0
     show_cfg = "--cfg" in args
     overrides = [FLAGS.get(a, a) for a in args if a != "--cfg"]
@@ -161,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         if show_cfg:
             print(yaml_text)
             return 0
-        cfg = from_dict(raw)
+        cfg = from_dict(raw, launcher_sections())
+        faults.rules()  # the test hook's, if any: a bad rule is one line before anything is written
         started = time.perf_counter()
         launcher = make_launcher(cfg)
         placement = launcher.placement(cfg)  # where and how the runs run: decided here, once
