@@ -151,12 +151,17 @@ def text(launchers: Sections) -> str:
     return "\n".join(lines)
 
 
+KEYS_PER_HEADING = 10
+
+
 def markdown(launchers: Sections) -> str:
     """The reference docs/study.md embeds: a heading per section, a bullet per key."""
     lines: list[str] = []
     for section in sections(launchers):
         lines += [f"### {section.name or 'Top level'}", "", *_wrap(section.doc, ""), ""]
-        for k in section.keys:
+        for i, k in enumerate(section.keys):
+            if i and i % KEYS_PER_HEADING == 0:  # a page reads in one sitting: a heading every so many keys
+                lines += ["", f"#### {section.name or 'Top level'}, continued", ""]
             default = "required" if k.default is None else f"default `{k.default}`"
             within = f"{k.range}, " if k.range else ""
             lines += _wrap(f"`{k.key}` (`{k.type}`, {within}{default}): {k.doc}", "  ", "- ")
