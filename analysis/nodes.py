@@ -59,8 +59,8 @@ def straggler_notes(frame: pd.DataFrame) -> list[str]:
         notes.append(f"{sweep}: {len(runs)} run(s) were held back by a straggler ({nodes}): its compute per "
                      "step was more than preflight.tolerance above the other nodes', so those runs' scaling "
                      "efficiency measures that node, not FSDP; leave it out (Slurm: "
-                     "cluster.slurm.extra_sbatch=['--exclude=NODE']; Kubernetes: "
-                     "cluster.kubernetes.exclude_nodes=[NODE]) and run them again")
+                     "launcher.slurm.extra_sbatch=['--exclude=NODE']; Kubernetes: "
+                     "launcher.kubernetes.exclude_nodes=[NODE]) and run them again")
     return notes
 
 

@@ -11,6 +11,7 @@ from analysis.strong import knee_sentences, strong_rows
 from bench.core import rundir
 from bench.core.load_config import from_dict
 from bench.core.schema import RunSummary
+from bench.launchers import launcher_sections
 from bench.run.collect import write_results
 from bench.study.plan import expand
 from bench.sweep import compose, write_plan
@@ -88,7 +89,7 @@ def test_a_planned_study_reports_the_predicted_answer_and_finished_runs_replace_
     days and dollars from the plan's predicted tokens/s, marked with their source; then the 7B's one-node
     run finishes and its row is measured, the others' efficiency now against it."""
     raw, yaml_text = compose(["+sweep=p5_strong", "memory.measure=false"])
-    plan = expand(from_dict(raw))
+    plan = expand(from_dict(raw, launcher_sections()))
     sweep = tmp_path / "p5_strong"
     write_plan(sweep, plan, yaml_text)
     out = tmp_path / "report"
@@ -142,6 +143,6 @@ def test_a_planned_study_reports_the_predicted_answer_and_finished_runs_replace_
 def test_the_report_refuses_a_bad_budget_knee_or_price_before_writing(tmp_path, capsys, args,
                                                                       message) -> None:
     raw, yaml_text = compose(["+sweep=p5_strong", "memory.measure=false", "axes.model=[llama2_7b]"])
-    write_plan(tmp_path / "p5_strong", expand(from_dict(raw)), yaml_text)
+    write_plan(tmp_path / "p5_strong", expand(from_dict(raw, launcher_sections())), yaml_text)
     assert report.main([str(tmp_path / "p5_strong"), "--out", str(tmp_path / "out"), *args]) == 2
     assert capsys.readouterr().err == message + "\n" and not (tmp_path / "out").exists()

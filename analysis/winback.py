@@ -22,9 +22,9 @@ from analysis.scaling import CONFIG, configuration_label, node_count
 from analysis.step_split import ends, measured, peer
 from bench.core import rundir
 from bench.core.config import ClusterConfig, ConfigError
-from bench.core.load_config import from_dict
+from bench.core.load_config import from_dict, upgraded
 from bench.core.schema import RunSpec
-from bench.launchers import placement_of
+from bench.launchers import launcher_sections, placement_of
 from bench.predict.calibration_file import study_predictor
 from bench.predict.perf import Predictor
 from bench.predict.split import (
@@ -67,7 +67,8 @@ def study_model(sweep: Path) -> tuple[Predictor, ClusterConfig] | None:
     """The sweep's predictor and its cluster, from its resolved config (sweep.yaml); None where it has
     none or it is not one this version reads."""
     try:
-        cfg = from_dict(yaml.safe_load((sweep / rundir.SWEEP_CONFIG).read_text()))
+        saved = upgraded(yaml.safe_load((sweep / rundir.SWEEP_CONFIG).read_text()))  # keys since moved too
+        cfg = from_dict(saved, launcher_sections())
         placement = placement_of(cfg)
     except (OSError, yaml.YAMLError, ConfigError, AttributeError, TypeError):
         return None

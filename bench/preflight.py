@@ -366,15 +366,18 @@ def format_verdict(verdict: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bench.core import faults
     from bench.core.config import EXIT_CONFIG
     from bench.core.load_config import from_dict
+    from bench.launchers import launcher_sections
     from bench.study.compose import compose, make_launcher
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         raw, _ = compose(args)
         if not raw.get("sweep_name"):
             raise ConfigError("choose a sweep with +sweep=NAME")
-        cfg = from_dict(raw)
+        cfg = from_dict(raw, launcher_sections())
+        faults.rules()  # the test hook's, if any: a bad rule is one line before anything is written
         launcher = make_launcher(cfg)
         launcher.preflight()
         listed = cluster_nodes(cfg.preflight, launcher)  # before the sweep dir: none is one line

@@ -16,9 +16,10 @@ import time
 from pathlib import Path
 
 from bench import preflight
-from bench.core import config_doc, rundir
+from bench.core import config_doc, faults, rundir
 from bench.core.config import EXIT_CONFIG, ConfigError, SweepConfig
 from bench.core.load_config import from_dict
+from bench.launchers import BUILT_IN, launcher_sections
 from bench.launchers.base import Launcher, Placement
 from bench.predict.calibration_file import study_predictor
 from bench.predict.cost import plan_cost
@@ -31,7 +32,7 @@ from bench.predict.memory import (
 )
 from bench.predict.perf import Predictor
 from bench.run import schedule
-from bench.run.runner import Study, execute
+from bench.run.runner import RunOptions, execute
 from bench.study.answer import format_answer, predicted_split
 from bench.study.compose import available_sweeps, compose, make_launcher
 from bench.study.plan import PlannedRun, expand
@@ -144,10 +145,12 @@ def _exit_status(sweep_dir: Path, plan: list[PlannedRun]) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in args):  # the usage, the sweeps, every configuration key
-        print(__doc__.strip() + "\n\nsweeps: " + ", ".join(available_sweeps()) + "\n\n" + config_doc.text())
+        keys = config_doc.text(launcher_sections())
+        print(__doc__.strip() + "\n\nsweeps: " + ", ".join(available_sweeps()) + "\n\n" + keys)
         return 0
-    if "--help-config" in args:  # the keys alone; --markdown: docs/study.md's reference
-        print(config_doc.markdown() if "--markdown" in args else config_doc.text() + "\n", end="")
+    if "--help-config" in args:  # the keys alone (every launcher's); --markdown: docs/study.md's reference
+        print(config_doc.markdown(launcher_sections(list(BUILT_IN))) if "--markdown" in args
+              else config_doc.text(launcher_sections()) + "\n", end="")
         return 0
     show_cfg = "--cfg" in args
     overrides = [FLAGS.get(a, a) for a in args if a != "--cfg"]
@@ -161,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         if show_cfg:
             print(yaml_text)
             return 0
-        cfg = from_dict(raw)
+        cfg = from_dict(raw, launcher_sections())
+        faults.rules()  # the test hook's, if any: a bad rule is one line before anything is written
         started = time.perf_counter()
         launcher = make_launcher(cfg)
         placement = launcher.placement(cfg)  # where and how the runs run: decided here, once
@@ -201,13 +205,13 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
-def study_from(cfg: SweepConfig, placement: Placement) -> Study:
+def run_options(cfg: SweepConfig, placement: Placement) -> RunOptions:
     """What the runner reads of this sweep: its options, its launcher's settings and placement, and what
     its predictor is refitted for (the cluster, the models)."""
-    return Study(name=cfg.sweep_name or "", launcher=cfg.launcher, placement=placement, cluster=cfg.cluster,
-                 models=tuple(cfg.axes.model), search=cfg.micro_batch_search,
-                 tolerance=cfg.preflight.tolerance, force=cfg.force, rerun_failed=cfg.rerun_failed,
-                 progress=cfg.progress)
+    return RunOptions(sweep_name=cfg.sweep_name or "", launcher=cfg.launcher, placement=placement,
+                      cluster=cfg.cluster, models=tuple(cfg.axes.model), search=cfg.micro_batch_search,
+                      tolerance=cfg.preflight.tolerance, force=cfg.force, rerun_failed=cfg.rerun_failed,
+                      progress=cfg.progress)
 
 
 def _plan_and_launch(cfg: SweepConfig, placement: Placement, plan: list[PlannedRun], predictor: Predictor,
@@ -217,7 +221,7 @@ def _plan_and_launch(cfg: SweepConfig, placement: Placement, plan: list[PlannedR
     (on the nodes `listed` before anything was written), then the runner. Each layer is handed what it
     reads, from the top layer down."""
     write_plan(sweep_dir, plan, yaml_text)
-    study, mode = study_from(cfg, placement), preflight.mode_of(cfg.preflight.mode, placement)
+    options, mode = run_options(cfg, placement), preflight.mode_of(cfg.preflight.mode, placement)
     nodes = preflight.nodes_of(cfg, placement) if mode != "off" else None
     feasible = [p for p in plan if p.feasible]
     held = schedule.makespan_line(cfg.cluster.name, placement, plan, cfg.launcher.probes_alone)
@@ -241,7 +245,7 @@ def _plan_and_launch(cfg: SweepConfig, placement: Placement, plan: list[PlannedR
         if preflight.problems(verdict) and mode == "on":
             print(preflight.refusal(verdict, launcher), file=sys.stderr)
             return preflight.EXIT_REFUSED
-    counts = execute(study, plan, launcher, sweep_dir)
+    counts = execute(options, plan, launcher, sweep_dir)
     interrupted = counts.pop("interrupted")
     print("done: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) +
           f"; table: {sweep_dir / rundir.RESULTS_CSV}; report: python -m analysis.report {sweep_dir}")

@@ -242,29 +242,34 @@ def test_the_readme_links_every_page() -> None:
 
 
 def test_the_configuration_reference_is_the_configs_own() -> None:
-    """docs/study.md's reference is what bench/core/config.py says: every key, in both or in neither, with
-    its type, default and docstring (python scripts/config_docs.py writes it)."""
+    """docs/study.md's reference is what bench/core/config.py and the built-in launchers' own sections say:
+    every key, in both or in neither, with its type, range, default and docstring (python
+    scripts/config_docs.py writes it)."""
     from bench.core.config_doc import in_page, sections
+    from bench.launchers import BUILT_IN, launcher_sections
+    built_in = launcher_sections(list(BUILT_IN))
     page = (ROOT / "docs" / "study.md").read_text()
-    assert in_page(page) == page, "docs/study.md differs from the config: run python scripts/config_docs.py"
+    assert in_page(page, built_in) == page, \
+        "docs/study.md differs from the config: run python scripts/config_docs.py"
     documented = set(re.findall(r"^- `([\w.\[\]]+)` \(", page, re.M))
-    assert documented == {k.key for s in sections() for k in s.keys}
-    assert "- `trace.steps` (`int`, default `2`): Profiled steps per run" in page
-    stale = page.replace("- `trace.steps` (`int`, default `2`)", "- `trace.steps` (`int`, default `3`)")
-    assert in_page(stale) == page  # the check sees a stale default, and the script repairs it
+    assert documented == {k.key for s in sections(built_in) for k in s.keys}
+    assert "- `trace.steps` (`int`, >= 1, default `2`): Profiled steps per run" in page
+    stale = page.replace("- `trace.steps` (`int`, >= 1, default `2`)", "- `trace.steps` (`int`, default `3`)")
+    assert in_page(stale, built_in) == page  # the check sees a stale default, and the script repairs it
 
 
 def test_help_lists_every_key_with_its_choices_and_default(capsys) -> None:
     from bench.core.config_doc import markdown, sections
+    from bench.launchers import BUILT_IN, launcher_sections
     from bench.sweep import main
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("`python -m bench.sweep +sweep=NAME") and "sweeps: ablation, " in out
-    for section in sections():
+    for section in sections(launcher_sections()):
         assert all(f"  {k.key}: {k.type}" in out for k in section.keys), section.name
     sharding = "list[FULL_SHARD | SHARD_GRAD_OP | HYBRID_SHARD | NO_SHARD] = [FULL_SHARD]"
     assert f"  axes.sharding: {sharding}\n" in out
-    assert "  cluster.slurm.admission: harness | slurm = harness\n      Who packs" in out
+    assert "  launcher.slurm.admission: harness | slurm = harness\n      Who packs" in out
     assert "  launcher.name: str (required)\n" in out
     assert main(["--help-config", "--markdown"]) == 0
-    assert capsys.readouterr().out == markdown()
+    assert capsys.readouterr().out == markdown(launcher_sections(list(BUILT_IN)))

@@ -1,19 +1,22 @@
 """Where and how a study's runs run is decided once, by its launcher (bench.launchers.base.Placement): no
 layer tells launchers apart by name, each built-in launcher answers for its cluster, and a launcher defined
-in one file of its own plans, dry-runs and runs a study with no other edit."""
+in one file of its own, with its own settings section, plans, dry-runs and runs a study with no other
+edit."""
 from __future__ import annotations
 
 import ast
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Annotated
 
 import pytest
 
 from bench import launchers
 from bench.core import rundir
-from bench.core.config import ConfigError, SweepConfig
+from bench.core.config import POSITIVE, ConfigError, SweepConfig
 from bench.core.load_config import from_dict
+from bench.launchers import launcher_sections
 from bench.launchers.base import CLUSTER_PROBE_S, CLUSTER_STARTUP_S, MACHINE_STARTUP_S, Placement
 from bench.launchers.local import LocalLauncher
 from bench.sweep import compose, main
@@ -25,7 +28,7 @@ ALLOWED = (ROOT / "bench" / "launchers", ROOT / "bench" / "core" / "validation.p
 
 
 def cfg_of(*overrides: str) -> SweepConfig:
-    return from_dict(compose(list(overrides))[0])
+    return from_dict(compose(list(overrides))[0], launcher_sections())
 
 
 def _is_launcher_name(node: ast.AST) -> bool:
@@ -80,7 +83,7 @@ def test_the_check_finds_a_new_comparison() -> None:
     (("+sweep=p5_scaling",), dict(startup_s=CLUSTER_STARTUP_S, probe_s=CLUSTER_PROBE_S, run_launcher="slurm",
                                   this_machine=False, one_host=False, node_budget=16, admits_all=False,
                                   preflight=True)),
-    (("+sweep=p5_scaling", "cluster.slurm.admission=slurm"), dict(admits_all=True, node_budget=16)),
+    (("+sweep=p5_scaling", "launcher.slurm.admission=slurm"), dict(admits_all=True, node_budget=16)),
     (("+sweep=smoke", "cluster=slurm_local", "launcher=slurm"),
      dict(startup_s=MACHINE_STARTUP_S, probe_s=0.0, this_machine=True, one_host=False, preflight=True)),
     (("+sweep=p5_scaling", "launcher=kubernetes", "launcher.max_nodes=4"),
@@ -101,23 +104,49 @@ def test_an_unknown_launcher_is_one_line_before_anything_is_written(tmp_path: Pa
     assert err.count("\n") == 1 and "launcher.name: 'nope'" in err and not list(tmp_path.iterdir())
 
 
+@dataclass
+class InHouseSettings:
+    """The in-house scheduler's own keys."""
+
+    slots: Annotated[int, POSITIVE] = 2
+    """Nodes' worth of runs the in-house scheduler runs side by side."""
+
+
 @launchers.register
 class InHouseLauncher(LocalLauncher):
     """A fourth launcher, as a user writes one for a scheduler of their own: here it runs on this machine
-    like the local launcher, but answers for its placement itself (runs side by side up to two nodes, a
-    start-up of its own, the preflight on)."""
+    like the local launcher (with the local launcher's keys), but answers for its placement itself (runs
+    side by side up to its own key's nodes, a start-up of its own) and brings its own section of the
+    configuration, launcher.inhouse."""
 
     name = "inhouse"
+    settings = InHouseSettings
 
     @classmethod
     def placement(cls, cfg: SweepConfig) -> Placement:
-        return replace(LocalLauncher.placement(cfg), run_launcher=cls.name, node_budget=2, startup_s=3.0)
+        return replace(LocalLauncher.placement(cfg), run_launcher=cls.name,
+                       node_budget=cfg.launcher.inhouse.slots, startup_s=3.0)
 
 
 ONE_RANK = ["+sweep=smoke", "launcher.name=inhouse", "axes.gpus_per_node=[1]", "axes.nodes=[1]",
             "axes.precision=[bf16_mixed]", "axes.activation_checkpointing=[none]", "axes.compile=[false]",
             "axes.global_batch=[null]", "nccl.enabled=false", "trace.enabled=false", "steps=3",
             "warmup_steps=1", "progress=false", "memory.measure=false"]
+
+
+def test_a_fourth_launchers_section_is_typed_checked_and_listed_with_no_other_edit(tmp_path: Path,
+                                                                                 capsys) -> None:
+    assert launchers.placement_of(cfg_of(*ONE_RANK, "launcher.inhouse.slots=3")).node_budget == 3
+    for override, message in (("launcher.inhouse.slots=0", "launcher.inhouse.slots=0 must be > 0"),
+                              ("launcher.inhouse.slotz=3", "unknown key launcher.inhouse.slotz; known there: "
+                                                           "slots"),
+                              ("launcher.inhouse.slots=many", "launcher.inhouse.slots: Value 'many'")):
+        assert main([*ONE_RANK, override, f"results_root={tmp_path}"]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1 and not list(tmp_path.iterdir()), err
+    assert main(["--help-config"]) == 0
+    assert ("[launcher.inhouse]\nThe in-house scheduler's own keys.\n"
+            "  launcher.inhouse.slots: int (> 0) = 2\n      Nodes' worth of runs") in capsys.readouterr().out
 
 
 def test_a_fourth_launcher_plans_dry_runs_and_runs_a_study_with_no_other_edit(tmp_path: Path, capsys) -> None:

@@ -14,7 +14,7 @@ from bench import preflight
 from bench.core import rundir
 from bench.core.config import ConfigError, SweepConfig
 from bench.core.load_config import from_dict
-from bench.launchers import placement_of
+from bench.launchers import launcher_sections, placement_of
 from bench.launchers.k8s_manifests import manifest
 from bench.launchers.slurm_script import render_script
 from bench.study.plan import expand
@@ -22,7 +22,7 @@ from bench.sweep import compose
 
 
 def cfg_of(*overrides: str):
-    return from_dict(compose(["+sweep=smoke", *overrides])[0])
+    return from_dict(compose(["+sweep=smoke", *overrides])[0], launcher_sections())
 
 
 def _nodes(cfg: SweepConfig) -> preflight.Nodes:
@@ -93,7 +93,7 @@ def test_each_job_runs_on_its_node_on_slurm_and_kubernetes(tmp_path: Path, share
     assert "#SBATCH --nodelist=node3\n#SBATCH --no-requeue\n" in script and " -m trainer.preflight " in script
     study = render_script(slurm, next(p.spec for p in expand(slurm) if p.spec.kind == "train"), tmp_path, {})
     assert "--no-requeue" not in study  # a study's run is requeued after a node failure, on its own clock
-    k8s = cfg_of("cluster=p5.48xlarge", "launcher=kubernetes", "cluster.kubernetes.image=reg.io/fsdpbench:1")
+    k8s = cfg_of("cluster=p5.48xlarge", "launcher=kubernetes", "launcher.kubernetes.image=reg.io/fsdpbench:1")
     job = manifest(k8s, preflight.pair_spec(_nodes(k8s), ("ip-10-0-0-1", "ip-10-0-0-2")))
     assert job["kind"] == "MPIJob"  # nccl-tests between the pair, as the study's own probes
     pod = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench.core import rundir
+from bench.core import faults, rundir
 from bench.core.records import parse_records
 from conftest import SMOKE_SHAPE, UNTRACED
 
@@ -22,11 +22,12 @@ ONE_NODE = ["axes.global_batch=[null]",
             "nccl.enabled=false", "steps=3", "warmup_steps=1", "exclude=[]"]
 
 
-def sweep(tmp_path: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def sweep(tmp_path: Path, *args: str, timeout: float = 600, rules: str = "") -> subprocess.CompletedProcess:
+    """The smoke's sweep, its workers given the test hook's fault `rules`."""
     return subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=smoke_full",
                            f"results_root={tmp_path}",
                            *SMOKE_SHAPE, *UNTRACED, *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=faults.environ(rules))
 
 
 def table(tmp_path: Path) -> pd.DataFrame:
@@ -39,10 +40,10 @@ def by_precision(frame: pd.DataFrame) -> dict[str, str]:
 
 @pytest.mark.slow  # a real sweep or a whole deep model: minutes on 2 cores (CI runs it)
 def test_timeout_and_oom_are_classified_and_the_rest_finish(tmp_path: Path) -> None:
-    faults = ("faults=[{match:{precision:fp32},fault:hang,step:1},"
-              "{match:{precision:bf16_mixed},fault:oom,step:1}]")
-    proc = sweep(tmp_path, *ONE_NODE, "axes.precision=[fp32,bf16_mixed,bf16_pure]", faults,
-                 "launcher.timeout_s=25", "launcher.grace_s=3")
+    rules = ("[{match: {precision: fp32}, fault: hang, step: 1}, "
+             "{match: {precision: bf16_mixed}, fault: oom, step: 1}]")
+    proc = sweep(tmp_path, *ONE_NODE, "axes.precision=[fp32,bf16_mixed,bf16_pure]",
+                 "launcher.timeout_s=25", "launcher.grace_s=3", rules=rules)
     assert proc.returncode == 1, proc.stderr[-2000:]  # some run failed: table written, exit 1
     frame = table(tmp_path)
     assert by_precision(frame) == {"fp32": "timeout", "bf16_mixed": "oom", "bf16_pure": "ok"}
@@ -79,11 +80,11 @@ def test_sigterm_mid_sweep_leaves_a_consistent_store(tmp_path: Path) -> None:
     # turns on the CPU's 16-bit units).
     args = [*(a for a in ONE_NODE if not a.startswith("axes.activation_checkpointing")),
             "axes.precision=[fp32]", "axes.activation_checkpointing=[none,selective,full]"]
+    hang = "[{match: {activation_checkpointing: selective}, fault: hang, step: 1}]"
     proc = subprocess.Popen([sys.executable, "-m", "bench.sweep", "+sweep=smoke_full",
-                             f"results_root={tmp_path}",
-                             *SMOKE_SHAPE, *args,
-                             "faults=[{match:{activation_checkpointing:selective},fault:hang,step:1}]"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             f"results_root={tmp_path}", *SMOKE_SHAPE, *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=faults.environ(hang))
     runs = tmp_path / "smoke_full" / "runs"
     hanging = lambda: [d for d in runs.glob("*-acsel-*") if any(  # noqa: E731
         r["kind"] == "step" for r in rundir.read_records(d))]
@@ -146,9 +147,10 @@ def test_smoke_sweep_end_to_end_then_resume(smoke_results: Path) -> None:
     import yaml
 
     from bench.core.load_config import from_dict
-    from bench.launchers import placement_of
+    from bench.launchers import launcher_sections, placement_of
     from bench.predict.calibration_file import study_predictor
-    cfg = from_dict(yaml.safe_load((smoke_results / "smoke_full" / rundir.SWEEP_CONFIG).read_text()))
+    saved = yaml.safe_load((smoke_results / "smoke_full" / rundir.SWEEP_CONFIG).read_text())
+    cfg = from_dict(saved, launcher_sections())
     fresh = study_predictor(cfg.cluster, placement_of(cfg), cfg.axes.model, smoke_results / "smoke_full",
                             write=False)[0].fit
     fitted = json.loads((smoke_results / "smoke_full" / rundir.CALIBRATION_JSON).read_text())["runs"]
@@ -162,7 +164,7 @@ def test_smoke_sweep_end_to_end_then_resume(smoke_results: Path) -> None:
     # torchrun kept its error files in each run's attempt dir, not a torchelastic_* dir in /tmp per node
     for d in (smoke_results / "smoke_full" / "runs").glob("*"):
         assert (rundir.current_attempt_dir(d) / rundir.TORCHELASTIC_DIR).is_dir(), d
-    # every CPU worker was forked by the sweep's warm process (launcher.warm_workers, on by default)
+    # every CPU worker was forked by the sweep's warm process (launcher.local.warm_workers, on by default)
     starts = [r["startup"] for d in (smoke_results / "smoke_full" / "runs").glob("tiny_llama-*")
               for r in rundir.read_records(d) if r["kind"] == "meta"]
     assert len(starts) >= len(frame[frame.kind == "train"]) and all(s["warm"] for s in starts)
@@ -275,9 +277,9 @@ def test_auto_micro_batch_launches_once_where_it_fits_and_backs_off_from_an_inje
     """Both start at 8 (max). bf16: fits, one launch, no trials. fp32: OOM injected at 8 and 4, so its own
     run at 8 fails, trials at 4 and 2, and the run again at 2; the search is in its summary."""
     args = [*ONE_NODE, "axes.precision=[fp32,bf16_mixed]", "axes.micro_batch=[auto]",
-            "micro_batch_search.max=8", "micro_batch_search.steps=2",
-            "faults=[{match:{micro_batch:[8,4],precision:fp32},fault:oom,step:1}]"]
-    proc = sweep(tmp_path, *args)
+            "micro_batch_search.max=8", "micro_batch_search.steps=2"]
+    rules = "[{match: {micro_batch: [8, 4], precision: fp32}, fault: oom, step: 1}]"
+    proc = sweep(tmp_path, *args, rules=rules)
     assert proc.returncode == 0, proc.stderr[-2000:]
     frame = table(tmp_path).set_index("precision")
     assert (frame.status == "ok").all() and frame.micro_batch.to_dict() == {"fp32": 2, "bf16_mixed": 8}
@@ -291,7 +293,7 @@ def test_auto_micro_batch_launches_once_where_it_fits_and_backs_off_from_an_inje
     assert not (bf16 / "search").exists() and [a["attempt"] for a in rundir.read_ledger(bf16)] == [1]
     assert frame.tokens_per_s["fp32"] > 0  # the real run (3 steps), not the 2-step trial
     assert json.loads((fp32 / rundir.SUMMARY_JSON).read_text())["steps"] == 3
-    assert "skipped 2" in sweep(tmp_path, *args).stdout  # resume finds both done
+    assert "skipped 2" in sweep(tmp_path, *args, rules=rules).stdout  # resume finds both done
 
 
 @pytest.mark.slow  # 18 s on 2 cores: a 5 s collective timeout, two dumps and their analysis
@@ -302,7 +304,7 @@ def test_a_hung_collective_names_the_rank_that_never_came(tmp_path: Path) -> Non
     the collective it never reached and the rank that waited, from torch's analysis of the two dumps."""
     from trainer.flight import analyze
     proc = sweep(tmp_path, *ONE_NODE, "axes.precision=[bf16_mixed]", "launcher.collective_timeout_s=5",
-                 "launcher.timeout_s=90", "faults=[{match:{},fault:hang,step:1,rank:1}]")
+                 "launcher.timeout_s=90", rules="[{match: {}, fault: hang, step: 1, rank: 1}]")
     assert proc.returncode == 1, proc.stderr[-2000:]
     run = table(tmp_path).iloc[0]
     assert run.status == "nccl_error", run.error

@@ -26,7 +26,7 @@ from bench.core.hardware import GPUS  # noqa: E402
 from bench.core.load_config import from_dict  # noqa: E402
 from bench.core.models import get_arch  # noqa: E402
 from bench.core.schema import RunSpec  # noqa: E402
-from bench.launchers import placement_of  # noqa: E402
+from bench.launchers import launcher_sections, placement_of  # noqa: E402
 from bench.predict.calibrate import Observation, fit  # noqa: E402
 from bench.predict.comm import Network  # noqa: E402
 from bench.predict.network import sweep_probes  # noqa: E402
@@ -57,7 +57,7 @@ def staged(root: Path, axes: list[str]) -> list[float]:
     print("\n".join(line for line in dry if line.startswith("tiny_llama-n2")))  # the planned runs' lines
     whole = sweep(root, *axes).splitlines()
     print(next(line for line in whole if "skipped" in line))
-    cfg = from_dict(compose(["+sweep=smoke", f"results_root={root}", *axes])[0])
+    cfg = from_dict(compose(["+sweep=smoke", f"results_root={root}", *axes])[0], launcher_sections())
     published = Predictor(cfg.cluster, placement_of(cfg), sweep_probes(root / "smoke"))
     print(f"\n{'two-node run':<72} {'measured':>9} {'predicted':>10} {'error':>7}  "
           f"{'published':>9} {'error':>7}  predicted with")

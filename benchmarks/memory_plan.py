@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.core.load_config import from_dict  # noqa: E402
 from bench.core.models import model_source  # noqa: E402
+from bench.launchers import launcher_sections  # noqa: E402
 from bench.predict.memory import (  # noqa: E402
     CUBLAS_WORKSPACE_GIB,
     MEMORY_FIELDS,
@@ -110,7 +111,7 @@ def census_cost(sweep: str, model: str) -> None:
 def compare(sweep: str, cache: Path) -> list[float]:
     """Lower bound / measured for each distinct measured configuration of the sweep, printed as a table."""
     raw, _ = compose([f"+sweep={sweep}", f"memory.cache_dir={cache}"])
-    cfg = from_dict(raw)
+    cfg = from_dict(raw, launcher_sections())
     seen, errors = set(), []
     print(f"\n{sweep} ({cfg.cluster.name}):")
     for p in expand(cfg, MemoryPlanner(cfg, out=sys.stderr)):
@@ -136,7 +137,7 @@ def planned_and_whole(sweep: str, cache: Path, *extra: str) -> list[tuple[str, f
     """(label, planned peak, whole peak, whole record) for each configuration of the sweep the planner
     measured: the planner's figure from the cache, and the same spec stepped whole at its own world size."""
     raw, _ = compose([f"+sweep={sweep}", f"memory.cache_dir={cache}", *extra])
-    cfg = from_dict(raw)
+    cfg = from_dict(raw, launcher_sections())
     planned = {p.spec.run_id: (p.spec, p.memory) for p in expand(cfg, MemoryPlanner(cfg, out=sys.stderr))
                if p.memory is not None and p.memory.source == "measured"}
     distinct = {json.dumps([s.to_dict()[k] for k in (*MEMORY_FIELDS, "model_config")]): s
@@ -160,7 +161,8 @@ def check(sweeps: tuple[str, ...], *extra: str) -> bool:
     with fresh_cache() as cache:
         started = time.perf_counter()
         for sweep in sweeps:  # the planner's way first, cold: its cost is the planning a user waits for
-            cfg = from_dict(compose([f"+sweep={sweep}", f"memory.cache_dir={cache}", *extra])[0])
+            raw = compose([f"+sweep={sweep}", f"memory.cache_dir={cache}", *extra])[0]
+            cfg = from_dict(raw, launcher_sections())
             list(expand(cfg, MemoryPlanner(cfg, out=sys.stderr)))
         planning = time.perf_counter() - started
         rows = [row for sweep in sweeps for row in planned_and_whole(sweep, cache, *extra)]

@@ -13,6 +13,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.core.load_config import from_dict  # noqa: E402
+from bench.launchers import launcher_sections  # noqa: E402
 from bench.study.plan import expand  # noqa: E402
 from bench.sweep import compose  # noqa: E402
 
@@ -29,7 +30,7 @@ OVERRIDES = ["+sweep=p5_scaling",
 def once() -> tuple[float, int, int]:
     t0 = time.perf_counter()
     raw, _ = compose(OVERRIDES)
-    plan = expand(from_dict(raw))
+    plan = expand(from_dict(raw, launcher_sections()))
     return time.perf_counter() - t0, len(plan), sum(not p.feasible for p in plan)
 
 

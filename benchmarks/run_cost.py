@@ -1,8 +1,8 @@
 """Where a run's wall time goes: one-rank and 2x2 runs of the smoke study, each phase of each run from the
 harness's and the worker's own clocks, the median over several runs; with warm workers (the local launcher's
 default: each CPU worker forked by the sweep's warm process, its imports done) beside cold ones
-(launcher.warm_workers=false: each worker imports torch, FSDP2 and transformers itself), and beside another
-checkout (`--against REV`, in a git worktree, as it runs by default), in alternating sweeps. The warm
+(launcher.local.warm_workers=false: each worker imports torch, FSDP2 and transformers itself), and beside
+another checkout (`--against REV`, in a git worktree, as it runs by default), in alternating sweeps. The warm
 process's own imports are paid once per sweep, by its first CPU run (in that run's launcher start).
 
 Phases (wall-clock times; the worker's from its summary's `timeline`, rank 0's view):
@@ -141,8 +141,8 @@ def main() -> None:
     args = parser.parse_args()
     shapes = {"1x1": 3, "2x2": 1} if args.quick else {s: args.repeats for s in SHAPES}
     tmp = Path(tempfile.mkdtemp(prefix="fsdpbench-run-cost-"))
-    checkouts = {"warm": (ROOT, ["launcher.warm_workers=true"]),
-                 "cold": (ROOT, ["launcher.warm_workers=false"])}
+    checkouts = {"warm": (ROOT, ["launcher.local.warm_workers=true"]),
+                 "cold": (ROOT, ["launcher.local.warm_workers=false"])}
     try:
         if args.against:
             checkouts[args.against] = (worktree(args.against, tmp / "against"), [])

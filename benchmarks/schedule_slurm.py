@@ -13,7 +13,7 @@ slurm_local's nodes are); target <= 1.10 x the lower bound of their real duratio
 
     scripts/slurm_cluster.sh restart && python benchmarks/schedule_slurm.py [--sleep-s 15]  # a clean cluster
     python benchmarks/schedule_slurm.py --unequal  # the 24-run mix of real trainings, concurrent
-    python benchmarks/schedule_slurm.py --compare 3  # cluster.slurm.admission harness against slurm
+    python benchmarks/schedule_slurm.py --compare 3  # launcher.slurm.admission harness against slurm
                                                    # (every run submitted with --time from its prediction,
                                                    # Slurm's backfill packing), both mixes, 3 passes each
     python benchmarks/schedule_slurm.py --quick    # the concurrent pass under each admission, workers
@@ -36,8 +36,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.core import rundir  # noqa: E402
+from bench.core import faults, rundir  # noqa: E402
 from bench.core.load_config import from_dict  # noqa: E402
+from bench.launchers import launcher_sections  # noqa: E402
 from bench.study.plan import expand  # noqa: E402
 from bench.sweep import compose  # noqa: E402
 
@@ -48,32 +49,33 @@ MIX = ["axes.global_batch=[null]",
        "axes.compile=[false]", "nccl.enabled=false",
        # 8 x 1 node (2 precisions x 4 lengths), 4 x 2 nodes (bf16 only), 2 x 4 nodes (bf16, 2 lengths)
        "exclude=[{nodes:[2,4],precision:fp32},{nodes:4,seq_len:[32,64]}]",
-       "cluster=slurm_local", "launcher=slurm", "launcher.poll_s=0.5", "cluster.slurm.exclusive=true",
+       "cluster=slurm_local", "launcher=slurm", "launcher.poll_s=0.5", "launcher.slurm.exclusive=true",
        "progress=false", "preflight.mode=off"]  # the schedule's own time, not the nodes' check
 RUNS_BY_NODES = {1: 8, 2: 4, 4: 2}  # what the docstring and the lower bound are stated for
 UNEQUAL = ["axes.global_batch=[null]", "axes.nodes=[1,2,4]", "axes.gpus_per_node=[1]",
            "axes.precision=[fp32,bf16_mixed]", "axes.activation_checkpointing=[none,full]",
            "axes.seq_len=[128,256]", "axes.sharding=[FULL_SHARD]", "axes.compile=[false]", "exclude=[]",
            "steps=20", "nccl.enabled=false", "cluster=slurm_local", "launcher=slurm", "launcher.poll_s=0.5",
-           "cluster.slurm.exclusive=true", "progress=false", "preflight.mode=off"]
+           "launcher.slurm.exclusive=true", "progress=false", "preflight.mode=off"]
 
 
 def planned_unequal() -> list[float | None]:
     """The unequal mix's estimated run times, as the plan orders and packs them (nothing launched)."""
     from bench.launchers import placement_of
     from bench.run.schedule import job_of
-    cfg = from_dict(compose(["+sweep=smoke", *UNEQUAL, "memory.measure=false"])[0])
+    cfg = from_dict(compose(["+sweep=smoke", *UNEQUAL, "memory.measure=false"])[0], launcher_sections())
     placement = placement_of(cfg)
     return [job_of(p, placement).seconds for p in expand(cfg, placement=placement)]
 
 
-def sleeping(seconds: int) -> list[str]:
-    return [*MIX, f"faults=[{{match:{{}},fault:sleep,seconds:{seconds}}}]"]
+def sleeping(seconds: int) -> str:
+    """Every run sleeps this long instead of training: the test hook's rule (bench/core/faults.py)."""
+    return f"[{{match: {{}}, fault: sleep, seconds: {seconds}}}]"
 
 
 def planned_mix() -> dict[int, int]:
     """Runs of the mix by node count, as the sweep plans them (nothing launched, nothing measured)."""
-    cfg = from_dict(compose(["+sweep=smoke", *sleeping(1), "memory.measure=false"])[0])
+    cfg = from_dict(compose(["+sweep=smoke", *MIX, "memory.measure=false"])[0], launcher_sections())
     return dict(collections.Counter(p.spec.nodes for p in expand(cfg)))
 
 
@@ -107,7 +109,8 @@ def run(results: Path, sleep_s: int, *extra: str, mix: list[str] | None = None,
         ) -> tuple[float, list[tuple[int, float, float]]]:
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=smoke", f"results_root={results}",
-                           *(mix or sleeping(sleep_s)), *extra], cwd=ROOT, capture_output=True, text=True)
+                           *(mix or MIX), *extra], cwd=ROOT, capture_output=True, text=True,
+                          env=faults.environ("" if mix else sleeping(sleep_s)))
     wall = time.monotonic() - t0
     if proc.returncode not in (0, 1):  # sleep-mode runs have no summary: 1 is expected
         sys.exit(f"sweep failed ({proc.returncode}): {proc.stderr[-2000:]}")
@@ -120,7 +123,7 @@ def makespan(jobs: list[tuple[int, float, float]]) -> tuple[float, float]:
     return span, max(sum(n * (e - s) for n, s, e in jobs) / 4, max(e - s for _, s, e in jobs))
 
 
-ADMISSIONS = {"harness": [], "slurm": ["cluster.slurm.admission=slurm"]}  # cluster.slurm.admission
+ADMISSIONS = {"harness": [], "slurm": ["launcher.slurm.admission=slurm"]}  # launcher.slurm.admission
 
 
 def ratio(results: Path, sleep_s: int, mix: list[str] | None, admission: str) -> tuple[float, float, float]:

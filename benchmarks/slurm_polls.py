@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.core.config import SweepConfig  # noqa: E402
 from bench.core.load_config import from_dict  # noqa: E402
+from bench.launchers import launcher_sections  # noqa: E402
 from bench.launchers.base import Submission  # noqa: E402
 from bench.launchers.slurm import SlurmLauncher  # noqa: E402
 from bench.launchers.slurm_queue import Board, Row  # noqa: E402
@@ -70,9 +71,9 @@ class PerJobBoard(Board):
 
 def local_cluster(*overrides: str) -> SweepConfig:
     """The sweep's configuration on the local cluster (cluster=slurm_local; OVERRIDES: another one of its
-    kind, `cluster.slurm.conf=...` of a FSDPBENCH_SLURM_DIR of scripts/slurm_cluster.sh)."""
+    kind, `launcher.slurm.conf=...` of a FSDPBENCH_SLURM_DIR of scripts/slurm_cluster.sh)."""
     return from_dict(compose(["+sweep=smoke", "cluster=slurm_local", "launcher=slurm", *OVERRIDES,
-                              *overrides])[0])
+                              *overrides])[0], launcher_sections())
 
 
 def launcher_for(per_job: bool) -> tuple[SlurmLauncher, collections.Counter[str]]:
@@ -94,7 +95,7 @@ def launcher_for(per_job: bool) -> tuple[SlurmLauncher, collections.Counter[str]
 
 def sdiag(*args: str) -> subprocess.CompletedProcess:
     """slurmctld's statistics (sdiag) of the local cluster: `-r` resets them (root or SlurmUser only)."""
-    conf = local_cluster().cluster.slurm.conf
+    conf = local_cluster().launcher.slurm.conf
     return subprocess.run(["sdiag", *args], capture_output=True, text=True,
                           env={**os.environ, **({"SLURM_CONF": conf} if conf else {})})
 
@@ -176,7 +177,7 @@ def main() -> None:
     parser.add_argument("--conf", help="slurm.conf of another local cluster (default: slurm_local's)")
     args = parser.parse_args()
     if args.conf:
-        OVERRIDES.append(f"cluster.slurm.conf={args.conf}")
+        OVERRIDES.append(f"launcher.slurm.conf={args.conf}")
     jobs, shortest_s, longest_s = (10, 2.0, 5.0) if args.quick else (args.jobs, 20.0, 60.0)
     with tempfile.TemporaryDirectory() as tmp:
         passes = {name: one_pass(per_job, jobs, shortest_s, longest_s, Path(tmp))

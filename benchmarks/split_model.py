@@ -78,10 +78,11 @@ def study_observations(sweep: Path, cpu: CpuFacts | None = None) -> list[Observa
     import yaml
 
     from bench.core import rundir
-    from bench.core.load_config import from_dict
-    from bench.launchers import placement_of
+    from bench.core.load_config import from_dict, upgraded
+    from bench.launchers import launcher_sections, placement_of
     from bench.predict.network import probes_of
-    cfg = from_dict(yaml.safe_load((sweep / rundir.SWEEP_CONFIG).read_text()))
+    cfg = from_dict(upgraded(yaml.safe_load((sweep / rundir.SWEEP_CONFIG).read_text())),
+                    launcher_sections())
     summaries = study_summaries(sweep)
     predictor = perf.Predictor(cfg.cluster, placement_of(cfg), probes_of(summaries),
                                cpu=recorded(summaries, cpu or this_cpu()))

@@ -74,13 +74,14 @@ def test_the_socket_interface_is_pinned_the_same_way_on_every_launcher() -> None
     """One NCCL_SOCKET_IFNAME from the cluster file, in the environment every launcher writes (Slurm script,
     Kubernetes manifest, local processes) for training and probes alike."""
     from bench.core.load_config import from_dict
+    from bench.launchers import launcher_sections
     from bench.launchers.base import job_env
     from bench.launchers.k8s_manifests import manifest
     from bench.launchers.slurm import SlurmLauncher
     from bench.study.plan import expand
     from bench.sweep import compose
-    raw, _ = compose(["+sweep=efa_probe", "cluster.kubernetes.image=img", "nccl.split_per_node=true"])
-    cfg = from_dict(raw)
+    raw, _ = compose(["+sweep=efa_probe", "launcher.kubernetes.image=img", "nccl.split_per_node=true"])
+    cfg = from_dict(raw, launcher_sections())
     probe = next(p.spec for p in expand(cfg) if p.spec.efa_per_node == 0 and p.spec.nodes == 2)
     assert job_env(cfg, probe, None)["NCCL_SOCKET_IFNAME"] == "^lo,docker,veth" \
         == nccl_env(0, "^lo,docker,veth")["NCCL_SOCKET_IFNAME"]

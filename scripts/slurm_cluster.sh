@@ -60,7 +60,7 @@ SlurmctldTimeout=30
 SlurmdTimeout=30
 SchedulerType=sched/backfill
 # backfill every second (default 30 s): this cluster's runs last seconds where a real study's last tens of
-# minutes; cluster.slurm.admission=slurm leaves the packing to it (benchmarks/schedule_slurm.py --compare)
+# minutes; launcher.slurm.admission=slurm leaves the packing to it (benchmarks/schedule_slurm.py --compare)
 SchedulerParameters=bf_interval=1
 SlurmdParameters=config_overrides
 TaskProlog=$DIR/taskprolog.sh

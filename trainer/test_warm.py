@@ -256,9 +256,11 @@ def test_the_local_launcher_starts_cold_where_it_cannot_start_a_warm_process(tmp
     import tempfile
 
     from bench.core.load_config import from_dict
+    from bench.launchers import launcher_sections
     from bench.launchers.local import LocalLauncher
     from bench.study.compose import compose
-    launcher = LocalLauncher(from_dict(compose(["+sweep=smoke", f"results_root={tmp_path}"])[0]), gpus=[])
+    cfg = from_dict(compose(["+sweep=smoke", f"results_root={tmp_path}"])[0], launcher_sections())
+    launcher = LocalLauncher(cfg, gpus=[])
 
     def no_space(*_a, **_k):
         raise OSError(28, "No space left on device")

@@ -51,6 +51,7 @@ Fault = Literal["none", "oom", "nan", "hang", "crash", "sleep", "slow_collective
 FAULTS: tuple[Fault, ...] = get_args(Fault)
 FaultCollective = Collective  # FSDP2's torch.distributed calls: the three the probes measure
 FAULT_COLLECTIVES: tuple[FaultCollective, ...] = get_args(FaultCollective)
+FAULTS_ENV = "FSDPBENCH_FAULTS"  # the test hook's rules, in the sweep's environment (bench/core/faults.py)
 # which ranks of a run record a profiler trace (per_node: local rank 0)
 TraceRanks = Literal["all", "per_node"]
 TRACE_RANKS: tuple[TraceRanks, ...] = get_args(TraceRanks)

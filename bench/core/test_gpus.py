@@ -15,6 +15,7 @@ from bench.core.config import ConfigError
 from bench.core.gpus import agent_devices, local_gpus, parse_nvidia_smi_list
 from bench.core.load_config import from_dict
 from bench.core.schema import RunSpec
+from bench.launchers import launcher_sections
 from bench.launchers.local import LocalLauncher
 from bench.study.plan import expand
 from bench.sweep import compose
@@ -62,7 +63,7 @@ def test_each_simulated_node_gets_its_own_gpus() -> None:
 
 def _smoke(*overrides: str):
     sweep = [] if any(o.startswith("+sweep=") for o in overrides) else ["+sweep=smoke"]
-    return from_dict(compose([*sweep, *overrides])[0])
+    return from_dict(compose([*sweep, *overrides])[0], launcher_sections())
 
 
 def _agent_env(launcher: LocalLauncher, spec: RunSpec) -> list[str]:
@@ -122,16 +123,17 @@ import sys
 sys.path.insert(0, {str(ROOT)!r})
 from pathlib import Path
 from bench.core.load_config import from_dict
+from bench.launchers import launcher_sections
 from bench.launchers.local import LocalLauncher
 from bench.study.plan import expand
 from bench.run.runner import execute
-from bench.sweep import compose, study_from
+from bench.sweep import compose, run_options
 cfg = from_dict(compose(["+sweep=smoke", "results_root={tmp_path}", "trace.enabled=false", "steps=3",
-                         "warmup_steps=1"])[0])
+                         "warmup_steps=1"])[0], launcher_sections())
 plan = [p for p in expand(cfg) if p.spec.kind == "train" and p.spec.world_size == 4][:1]
 sweep_dir = Path({str(tmp_path)!r}) / "smoke"
 launcher = LocalLauncher(cfg, gpus=["0", "1", "2", "3"])
-execute(study_from(cfg, launcher.placement(cfg)), plan, launcher, sweep_dir)
+execute(run_options(cfg, launcher.placement(cfg)), plan, launcher, sweep_dir)
 """
     subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True, timeout=300, capture_output=True)
     from bench.core import rundir

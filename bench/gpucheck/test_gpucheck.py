@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench.core import rundir
-from bench.core.schema import RunSpec, RunSummary
+from bench.core.schema import FAULTS_ENV, RunSpec, RunSummary
 from bench.gpucheck import check as gpucheck, evidence, judge
 from bench.gpucheck.check import Step
 from conftest import ROOT
@@ -201,14 +201,14 @@ ONE_RUN = (*gpucheck.SMOKE_ONE_RANK, "axes.precision=[bf16_mixed]", "axes.activa
 
 @pytest.mark.slow  # two real sweeps, one stopped at its budget: half a minute of the default suite's five
 def test_steps_run_under_their_budgets_and_an_overrun_is_stopped_and_named(stand_in_gpu, tmp_path: Path,
-                                                                            capsys) -> None:
+                                                                            capsys, monkeypatch) -> None:
     # the tiny run's step takes about 9 s here (warm cache): a 45 s budget is five times that, and leaves
     # the second step 12 s and the rest it did not use
     steps = (Step("smoke", "smoke", "one tiny run", ONE_RUN, 45),
              Step("slow", "slow", "a run that sleeps past its step's budget",
-                  (*ONE_RUN, "sweep_name=slow", "axes.seq_len=[64]",
-                   "faults=[{match:{},fault:sleep,seconds:300}]"),
-                  12))
+                  (*ONE_RUN, "sweep_name=slow", "axes.seq_len=[64]"), 12))
+    # the test hook's rule, in the steps' sweeps' environment: the slow step's run alone (its seq_len) sleeps
+    monkeypatch.setenv(FAULTS_ENV, "[{match: {seq_len: 64}, fault: sleep, seconds: 300}]")
     root = tmp_path / "results"
     assert gpucheck.measure(root, steps) == gpucheck.EXIT_OK
     out = capsys.readouterr().out

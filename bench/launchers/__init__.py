@@ -1,7 +1,10 @@
 """The launchers, found by `launcher.name`: the built-in ones, any registered in this process with
 `register` (a module of your own, imported before the sweep starts), and any installed package's under
 the entry-point group ENTRY_POINTS (docs/launchers.md, "Writing a launcher"). Looked up once, when the
-sweep starts; a name none of them knows is one ConfigError, before anything is written."""
+sweep starts; a name none of them knows is one ConfigError, before anything is written.
+
+Each launcher owns its settings: the dataclass its class declares as `settings` is the configuration's
+section launcher.<its name> (`launcher_sections`), typed, checked and documented as every other section is."""
 from __future__ import annotations
 
 import importlib
@@ -38,6 +41,17 @@ def names() -> list[str]:
 def placement_of(cfg: Any) -> Any:
     """The study's Placement, as the launcher launcher.name names answers for its cluster."""
     return launcher_for(cfg.launcher.name).placement(cfg)
+
+
+def launcher_sections(only: list[str] | None = None) -> dict[str, type]:
+    """launcher.<name> -> the dataclass of that launcher's own keys, for each launcher (of `only`, else of
+    every one this process can launch with) whose class declares `settings` itself: a subclass that
+    declares none (dryrun, the local launcher's) reads its parent's section."""
+    out = {}
+    for name in [*BUILT_IN, *(n for n in names() if n not in BUILT_IN)] if only is None else only:
+        if (settings := vars(launcher_for(name)).get("settings")) is not None:
+            out[name] = settings
+    return out
 
 
 def launcher_for(name: str) -> Any:

@@ -11,15 +11,14 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
-from bench.core import rundir
+from bench.core import faults, rundir
 from bench.core.config import SweepConfig
 from bench.core.records import COLLECTIVE_TIMEOUT_ENV, can_set_death_signal, set_death_signal
 from bench.core.schema import RunSpec
@@ -144,6 +143,10 @@ class Launcher(Protocol):
     defaults."""
 
     name: str
+    settings: ClassVar[type | None] = None
+    """The dataclass of this launcher's own keys, the configuration's section launcher.<name> (a field and
+    the docstring under it per key, ranges annotated on the fields, as bench/core/config.py writes them);
+    None: it has none."""
 
     @classmethod
     def placement(cls, cfg: SweepConfig) -> Placement:
@@ -153,7 +156,7 @@ class Launcher(Protocol):
 
     def render(self, spec: RunSpec, run_dir: Path, seconds: float | None = None) -> Submission:
         """The run's job, ready to submit; `seconds`, its predicted duration where known, is for a scheduler
-        that packs jobs by their time limits (Slurm with cluster.slurm.admission=slurm)."""
+        that packs jobs by their time limits (Slurm with launcher.slurm.admission=slurm)."""
         ...
 
     def submit(self, submission: Submission, run_dir: Path) -> Any: ...
@@ -259,18 +262,16 @@ def collective_timeout_s(cfg: SweepConfig) -> float:
     return cfg.launcher.collective_timeout_s or cfg.launcher.timeout_s * 2 / 3
 
 
-def job_env(cfg: SweepConfig, spec: RunSpec, run_dir: str | None) -> dict[str, str]:
+def job_env(cfg: SweepConfig, spec: RunSpec, run_dir: str | None, image: str | None = None) -> dict[str, str]:
     """The environment of every worker, the same on every launcher.
 
     Training runs keep torch's NCCL flight recorder (as AWS's reference PyTorchJob does): on a watchdog
     timeout each rank dumps its last collectives to `<run_dir>/nccl_trace_rank_<N>` (run_dir as the worker
     sees it; None where the worker has no shared run dir, then torch's default under /tmp), which says
     which rank lagged. GPU clusters get the NCCL/EFA environment of the run's adapter count. A worker in a
-    container learns its image (FSDPBENCH_IMAGE, for its system record: bench/core/system.py).
+    container learns its `image` (FSDPBENCH_IMAGE, for its system record: bench/core/system.py).
     """
     env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    image = {"kubernetes": cfg.cluster.kubernetes.image, "slurm": cfg.cluster.slurm.container_image}.get(
-        cfg.launcher.name)
     if image:
         env[IMAGE_ENV] = image
     if spec.kind == "train":
@@ -286,9 +287,10 @@ def job_env(cfg: SweepConfig, spec: RunSpec, run_dir: str | None) -> dict[str, s
     return env
 
 
-def fault_args(cfg: SweepConfig, spec: RunSpec) -> list[str]:
-    """Worker arguments of the first fault rule matching this run (test hook), else none."""
-    for rule in cfg.faults:
+def fault_args(spec: RunSpec) -> list[str]:
+    """Worker arguments of the first fault rule matching this run (the test hook's: bench/core/faults.py),
+    else none."""
+    for rule in faults.rules():
         if all(getattr(spec, k, None) in (v if isinstance(v, (list, tuple)) else [v])
                for k, v in rule.match.items()):
             argv = ["--fault", rule.fault, "--fault-step", str(rule.step)]
@@ -316,7 +318,7 @@ def preflight_args(cfg: SweepConfig, spec: RunSpec) -> list[str]:
 def worker_args(cfg: SweepConfig, spec: RunSpec) -> list[str]:
     """What the configuration adds to a worker's command line: a fault (test hook), a trace, the
     preflight's workload."""
-    return fault_args(cfg, spec) + trace_args(cfg, spec) + preflight_args(cfg, spec)
+    return fault_args(spec) + trace_args(cfg, spec) + preflight_args(cfg, spec)
 
 
 def trace_args(cfg: SweepConfig, spec: RunSpec) -> list[str]:
@@ -345,10 +347,6 @@ def command_env() -> dict[str, str]:
     checkout's packages first on the path."""
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT),
                                                                       os.environ.get("PYTHONPATH")]))}
-
-
-def python_executable(cfg: SweepConfig) -> str:
-    return cfg.launcher.python or sys.executable
 
 
 WARM_BIND_S = 10  # how long the warm process may take to listen (a worker that finds no socket runs cold)
@@ -396,22 +394,22 @@ def cold_env(env: dict[str, str]) -> dict[str, str]:
 
 
 class WarmWorkers:
-    """A sweep's warm process for its CPU workers (trainer/warm.py), started at the first run that asks for
-    it and stopped by the launcher's close. No socket where launcher.warm_workers is off or none can be
-    started: the workers then start cold."""
+    """A sweep's warm process for its CPU workers (trainer/warm.py), run by `python`, started at the first
+    run that asks for it and stopped by the launcher's close. No socket where the launcher's warm_workers is
+    off (`enabled`) or none can be started: the workers then start cold."""
 
-    def __init__(self, cfg: SweepConfig) -> None:
-        self.cfg = cfg
+    def __init__(self, enabled: bool, python: str) -> None:
+        self.enabled, self.python = enabled, python
         self.process: WarmProcess | None = None
 
     def socket(self, env: dict[str, str], workdir: str | None) -> str | None:
         """The warm process's socket (started now if not yet), or None."""
-        if not self.cfg.launcher.warm_workers:
+        if not self.enabled:
             return None
         if self.process is None or not self.process.alive():
             self.close()
             try:
-                self.process = WarmProcess.start(python_executable(self.cfg), env, workdir)
+                self.process = WarmProcess.start(self.python, env, workdir)
             except OSError:  # no temporary directory or process to be had: the workers start cold
                 return None
         return str(self.process.socket)

@@ -100,7 +100,7 @@ def _call(method: Callable[..., Any], server: str, *args: Any, **kwargs: Any) ->
 def kubeconfig_path(setting: str | None) -> tuple[str, str]:
     """The kubeconfig file(s) to read (a path list, as $KUBECONFIG may be), and where that came from."""
     if setting:
-        return setting, "launcher.kubeconfig"
+        return setting, "launcher.kubernetes.kubeconfig"
     if os.environ.get("KUBECONFIG"):
         return os.environ["KUBECONFIG"], "$KUBECONFIG"
     return DEFAULT_KUBECONFIG, "the default"
@@ -113,11 +113,11 @@ def no_config(path: str, source: str, e: Exception) -> str:
     found = any(os.path.exists(f) for f in files)
     why = f"kubeconfig {where} ({source}): {e}" if found else f"no kubeconfig at {where} ({source})"
     return (f"no Kubernetes configuration: {why}, and not in a pod of a cluster; set KUBECONFIG or "
-            "launcher.kubeconfig, or preview with --dry-run")
+            "launcher.kubernetes.kubeconfig, or preview with --dry-run")
 
 
 def load_config(kubeconfig: str | None, context: str | None) -> str:
-    """Configure the client from the kubeconfig (launcher.kubeconfig, else $KUBECONFIG, else
+    """Configure the client from the kubeconfig (launcher.kubernetes.kubeconfig, else $KUBECONFIG, else
     ~/.kube/config), else, in a pod, from its service account; returns the API server's address."""
     from kubernetes import client, config
     from kubernetes.config.config_exception import ConfigException

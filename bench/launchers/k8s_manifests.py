@@ -81,11 +81,12 @@ def _labels(cfg: SweepConfig, spec: RunSpec) -> dict[str, str]:
 def _env(cfg: SweepConfig, spec: RunSpec) -> list[dict[str, Any]]:
     """The launchers' common environment (no shared run dir in a pod: the flight recorder dumps under /tmp
     and the watchdog's report reaches the pod log)."""
-    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(job_env(cfg, spec, None).items())]
+    common = job_env(cfg, spec, None, image=cfg.launcher.kubernetes.image)
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(common.items())]
     env.append({"name": "FSDPBENCH_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
-    if cfg.cluster.kubernetes.hf_token_secret:
+    if cfg.launcher.kubernetes.hf_token_secret:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
-            "name": cfg.cluster.kubernetes.hf_token_secret, "key": "token"}}})
+            "name": cfg.launcher.kubernetes.hf_token_secret, "key": "token"}}})
     return env
 
 
@@ -99,7 +100,7 @@ def _resources(cfg: SweepConfig, spec: RunSpec) -> dict[str, Any]:
 
 
 def _pod_spec(cfg: SweepConfig, spec: RunSpec, container: dict[str, Any], worker: bool) -> dict[str, Any]:
-    k = cfg.cluster.kubernetes
+    k = cfg.launcher.kubernetes
     pod: dict[str, Any] = {"containers": [container], "restartPolicy": "Never"}
     if worker:
         pod["volumes"] = [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": k.shm_size}}]
@@ -119,21 +120,21 @@ def _pod_spec(cfg: SweepConfig, spec: RunSpec, container: dict[str, Any], worker
 def _node_term(cfg: SweepConfig, spec: RunSpec | None) -> dict[str, Any]:
     """The one node selector term a pod must meet (its requirements all hold): a worker of the preflight on
     its node or pair of nodes (spec.hosts), and every pod off the nodes the study leaves out
-    (cluster.kubernetes.exclude_nodes, by node name); empty where neither applies."""
+    (launcher.kubernetes.exclude_nodes, by node name); empty where neither applies."""
     term: dict[str, Any] = {}
     if spec is not None and spec.hosts:
         term["matchExpressions"] = [{"key": HOSTNAME_LABEL, "operator": "In",
                                      "values": spec.hosts.split(",")}]
-    if excluded := cfg.cluster.kubernetes.exclude_nodes:
+    if excluded := cfg.launcher.kubernetes.exclude_nodes:
         term["matchFields"] = [{"key": "metadata.name", "operator": "NotIn", "values": list(excluded)}]
     return term
 
 
 def _image(cfg: SweepConfig) -> str:
-    if not cfg.cluster.kubernetes.image:
-        raise ConfigError(f"cluster {cfg.cluster.name}: set cluster.kubernetes.image to your worker image "
+    if not cfg.launcher.kubernetes.image:
+        raise ConfigError(f"cluster {cfg.cluster.name}: set launcher.kubernetes.image to your worker image "
                           "(build it from the Dockerfile in this repository)")
-    return cfg.cluster.kubernetes.image
+    return cfg.launcher.kubernetes.image
 
 
 def pytorchjob(cfg: SweepConfig, spec: RunSpec, name: str) -> dict[str, Any]:
@@ -154,7 +155,7 @@ def pytorchjob(cfg: SweepConfig, spec: RunSpec, name: str) -> dict[str, Any]:
     template = {"metadata": {"labels": _labels(cfg, spec)}, "spec": _pod_spec(cfg, spec, container, True)}
     return {
         "apiVersion": f"{GROUP}/{PYTORCHJOB['version']}", "kind": PYTORCHJOB["kind"],
-        "metadata": {"name": name, "namespace": cfg.cluster.kubernetes.namespace,
+        "metadata": {"name": name, "namespace": cfg.launcher.kubernetes.namespace,
                      "labels": _labels(cfg, spec)},
         "spec": {
             "nprocPerNode": str(spec.gpus_per_node),
@@ -173,7 +174,7 @@ def mpijob(cfg: SweepConfig, spec: RunSpec, name: str) -> dict[str, Any]:
     """One MPIJob: an mpirun launcher and `nodes` workers, one rank of the probe's nccl-tests binary per
     GPU."""
     ranks = spec.nodes * spec.gpus_per_node
-    env = job_env(cfg, spec, None)
+    env = job_env(cfg, spec, None, image=cfg.launcher.kubernetes.image)
     command = [MPIRUN, "--allow-run-as-root", "--tag-output", "-np", str(ranks),
                "-N", str(spec.gpus_per_node), "--bind-to", "none"]
     for key in MPIRUN_PASS_ENV:
@@ -191,7 +192,7 @@ def mpijob(cfg: SweepConfig, spec: RunSpec, name: str) -> dict[str, Any]:
     labels = _labels(cfg, spec)
     return {
         "apiVersion": f"{GROUP}/{MPIJOB['version']}", "kind": MPIJOB["kind"],
-        "metadata": {"name": name, "namespace": cfg.cluster.kubernetes.namespace, "labels": labels},
+        "metadata": {"name": name, "namespace": cfg.launcher.kubernetes.namespace, "labels": labels},
         "spec": {
             "slotsPerWorker": spec.gpus_per_node,
             "launcherCreationPolicy": "WaitForWorkersReady",

@@ -18,12 +18,12 @@ import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
 
 from bench.core import rundir
-from bench.core.config import ConfigError, SweepConfig
+from bench.core.config import ConfigError, Matches, SweepConfig
 from bench.core.schema import RunSpec
 from bench.launchers.base import (
     DONE,
@@ -53,6 +53,49 @@ STUCK_WAITING = {"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "Create
 # command that removes it; the runner waits between its looks at the other runs
 DELETE_WAIT_S = 120
 DELETED = "the job was deleted outside the sweep"
+
+
+# What the Kubernetes API accepts (RFC 1123 labels and subdomains, resource quantities, image references),
+# declared on the settings below so a bad value is one line before anything is written, not a refused
+# create per run
+RFC1123_LABEL = Matches(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?",
+                        "an RFC 1123 label of lower-case letters, digits and -")
+_SUBDOMAIN = r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+SECRET, SERVICE_ACCOUNT, NODE = (Matches(_SUBDOMAIN, f"a {what} name")
+                                 for what in ("Secret", "ServiceAccount", "node"))
+QUANTITY = Matches(r"[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?", "a quantity such as 64Gi")
+IMAGE = Matches(r"(?=.{1,253}$)(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+                r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+                r"(?:@sha256:[0-9a-f]{64})?", "an image reference such as registry/repo:tag")
+
+
+@dataclass
+class KubernetesSettings:
+    """The Kubernetes launcher's own keys: which API server and namespace, the worker image, and what each
+    run's pods get (a Kubeflow PyTorchJob per training run, an MPIJob per nccl-tests probe)."""
+
+    kubeconfig: str | None = None
+    """The kubeconfig file; null: $KUBECONFIG, else ~/.kube/config, else the in-cluster config."""
+    context: str | None = None
+    """The kubeconfig context; null: its current context."""
+    namespace: Annotated[str, RFC1123_LABEL] = "default"
+    """The namespace the jobs are created in."""
+    image: Annotated[str | None, IMAGE] = None
+    """Your worker image, built from this repository's Dockerfile (registry/repo:tag); needed to launch."""
+    instance_type_label: str = "node.kubernetes.io/instance-type"
+    """The node label the pods select on, with the value cluster.instance_type."""
+    shm_size: Annotated[str, QUANTITY] = "64Gi"
+    """Size of each worker's /dev/shm (NCCL and data loaders need more than the default)."""
+    hf_token_secret: Annotated[str | None, SECRET] = None
+    """Name of a Secret with key `token` (a Hugging Face token), referenced by the pods, never inlined;
+    null: none."""
+    image_pull_secret: Annotated[str | None, SECRET] = None
+    """Name of the Secret the pods pull the image with; null: none."""
+    service_account: Annotated[str | None, SERVICE_ACCOUNT] = None
+    """The ServiceAccount the pods run as; null: the namespace's default."""
+    exclude_nodes: Annotated[list[str], NODE] = field(default_factory=list)
+    """Nodes the study's pods keep off, by node name as `kubectl get nodes` and the preflight name them (a
+    required node affinity on each pod: metadata.name NotIn); the preflight leaves them out too."""
 
 
 @dataclass
@@ -191,6 +234,7 @@ def pod_executions(pods: list[Any], final: str) -> list[dict[str, Any]]:
 
 class KubernetesLauncher(Launcher):
     name = "kubernetes"
+    settings = KubernetesSettings
 
     @classmethod
     def placement(cls, cfg: SweepConfig) -> Placement:
@@ -199,7 +243,7 @@ class KubernetesLauncher(Launcher):
     def __init__(self, cfg: SweepConfig, custom: Any = None, core: Any = None, version: Any = None,
                  extensions: Any = None) -> None:
         self.cfg = cfg
-        self.namespace = cfg.cluster.kubernetes.namespace
+        self.namespace = cfg.launcher.kubernetes.namespace
         self._custom, self._core, self._version, self._ext = custom, core, version, extensions
         self.server = ""  # the API server's address, once connected through a kubeconfig
         self.crds: dict[str, dict[str, Any]] | None = None  # kind -> CRD the cluster serves (preflight)
@@ -208,7 +252,8 @@ class KubernetesLauncher(Launcher):
         if self._custom is not None:
             return
         from kubernetes import client
-        self.server = load_config(self.cfg.launcher.kubeconfig, self.cfg.launcher.context)
+        own = self.cfg.launcher.kubernetes
+        self.server = load_config(own.kubeconfig, own.context)
         self._custom, self._core = client.CustomObjectsApi(), client.CoreV1Api()
         self._version = client.VersionApi()
         self._ext = client.ApiextensionsV1Api()
@@ -226,9 +271,9 @@ class KubernetesLauncher(Launcher):
 
     def preflight(self) -> None:
         """Configuration, image and reachability, before anything is created."""
-        if not self.cfg.cluster.kubernetes.image:
-            raise ConfigError(f"cluster {self.cfg.cluster.name}: set cluster.kubernetes.image to your worker "
-                              "image (see the Dockerfile)")
+        if not self.cfg.launcher.kubernetes.image:
+            raise ConfigError(f"cluster {self.cfg.cluster.name}: set launcher.kubernetes.image to your "
+                              "worker image (see the Dockerfile)")
         self._connect()
         where = f"Kubernetes API at {self.server}" if self.server else "Kubernetes API"
         try:
@@ -243,11 +288,11 @@ class KubernetesLauncher(Launcher):
     def node_selector(self) -> str | None:
         """The label selector of the study's nodes (the instance type's label); None: every node."""
         kind = self.cfg.cluster.instance_type
-        return f"{self.cfg.cluster.kubernetes.instance_type_label}={kind}" if kind != "local" else None
+        return f"{self.cfg.launcher.kubernetes.instance_type_label}={kind}" if kind != "local" else None
 
     def node_names(self) -> tuple[list[str], dict[str, str]]:
         """The Ready nodes of the cluster's instance type, and those that are not (by why), less the ones
-        the study leaves out (cluster.kubernetes.exclude_nodes): the preflight's. None Ready is one
+        the study leaves out (launcher.kubernetes.exclude_nodes): the preflight's. None Ready is one
         ConfigError naming the selector and what to do."""
         selector = self.node_selector()
         try:
@@ -255,7 +300,7 @@ class KubernetesLauncher(Launcher):
         except ApiError as e:  # a user whose rights end at its namespace may not list nodes
             raise ConfigError(f"preflight: cannot list the nodes ({selector or 'all'}): {e}; name them with "
                               "preflight.nodes=[...], or preflight.mode=off") from None
-        left_out = set(self.cfg.cluster.kubernetes.exclude_nodes)
+        left_out = set(self.cfg.launcher.kubernetes.exclude_nodes)
         up, down = [], {}
         for node in (n for n in listed if n.metadata.name not in left_out):
             ready = next((c.status for c in node.status.conditions or [] if c.type == "Ready"), "Unknown")
@@ -271,17 +316,17 @@ class KubernetesLauncher(Launcher):
         seen = (f"{len(down)} not Ready: " + ", ".join(f"{n} ({why})" for n, why in list(down.items())[:3])
                 + (" ..." if len(down) > 3 else "")) if down else "the cluster lists none"
         if left_out:
-            seen += f"; {left_out} left out by cluster.kubernetes.exclude_nodes"
-        label = self.cfg.cluster.kubernetes.instance_type_label
+            seen += f"; {left_out} left out by launcher.kubernetes.exclude_nodes"
+        label = self.cfg.launcher.kubernetes.instance_type_label
         return (f"preflight: no Ready node matches {selector or 'any node'} ({seen}); check "
-                f"cluster.instance_type and cluster.kubernetes.instance_type_label against `kubectl get "
+                f"cluster.instance_type and launcher.kubernetes.instance_type_label against `kubectl get "
                 f"nodes -L {label}`, or scale the node group up (preflight.mode=off lets the runs' own pods "
                 "do it)")
 
     def leave_out(self, nodes: list[str]) -> str:
         """A required node affinity on every pod of the study (k8s_manifests.py); the preflight leaves them
         out too (node_names)."""
-        return f"cluster.kubernetes.exclude_nodes=[{','.join(nodes)}]"
+        return f"launcher.kubernetes.exclude_nodes=[{','.join(nodes)}]"
 
     def read_crds(self) -> dict[str, dict[str, Any]]:
         """The Kubeflow CRDs installed in the cluster (apiextensions.k8s.io/v1), by kind; a kind whose CRD is

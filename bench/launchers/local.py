@@ -6,9 +6,10 @@ included): the kernel sends them SIGTERM when the sweep's main thread exits (PR_
 torchrun passes that on to its workers. So a local job never outlives its sweep, and a resumed sweep has
 nothing to re-attach to: a survivor it still finds through the ledger is killed.
 
-Warm workers (launcher.warm_workers, on by default): an agent that runs on CPU names the sweep's warm process
-(`python -m trainer.warm`, started at the first such run, stopped by `close`) in FSDPBENCH_WARM_SOCKET; each
-worker torchrun starts hands itself to it (bench/core/warm.py) and runs in a child that has its imports done.
+Warm workers (launcher.local.warm_workers, on by default): an agent that runs on CPU names the sweep's warm
+process (`python -m trainer.warm`, started at the first such run, stopped by `close`) in
+FSDPBENCH_WARM_SOCKET; each worker torchrun starts hands itself to it (bench/core/warm.py) and runs in a
+child that has its imports done.
 
 GPUs: each agent gets its own devices (CUDA_VISIBLE_DEVICES per agent), so two simulated nodes never put
 two ranks on one GPU. A run that needs more GPUs than the machine has runs on CPU (gloo) when the local
@@ -21,6 +22,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -44,7 +46,6 @@ from bench.launchers.base import (
     cold_env,
     die_with_parent,
     job_env,
-    python_executable,
     rendezvous_conf,
     torchrun_argv,
     worker_args,
@@ -63,6 +64,20 @@ def free_port() -> int:
 
 
 @dataclass
+class LocalSettings:
+    """The local launcher's own keys (launcher=local and launcher=dryrun): how it starts its torchrun
+    agents on this machine."""
+
+    python: str | None = None
+    """The interpreter that runs torchrun and the workers; null: this one."""
+    warm_workers: bool = True
+    """A run on CPU starts its workers from one warm process per sweep, which has torch, transformers and
+    the trainer imported already (`python -m trainer.warm`), instead of each worker importing them (seconds
+    of every run's wall time); torchrun still starts and watches each worker's process. false: every worker
+    starts cold. Runs on a GPU always start cold."""
+
+
+@dataclass
 class LocalHandle:
     procs: list[subprocess.Popen]
     logs: list[IO[bytes]]
@@ -72,11 +87,14 @@ class LocalHandle:
 
 class LocalLauncher(Launcher):
     name = "local"
+    settings = LocalSettings
 
     def __init__(self, cfg: SweepConfig, gpus: list[str] | None = None) -> None:
         self.cfg = cfg
+        own: LocalSettings = cfg.launcher.local  # launcher.local: this launcher's keys (dryrun's too)
+        self.python = own.python or sys.executable
         self.gpus = local_gpus() if gpus is None else gpus
-        self.warm = WarmWorkers(cfg)
+        self.warm = WarmWorkers(own.warm_workers, self.python)
 
     @classmethod
     def placement(cls, cfg: SweepConfig) -> Placement:
@@ -107,11 +125,10 @@ class LocalLauncher(Launcher):
                 f"{len(specs) - on_gpu} on CPU (gloo; they need more ranks than GPUs)")
 
     def render(self, spec: RunSpec, run_dir: Path, seconds: float | None = None) -> Submission:
-        py = python_executable(self.cfg)
         run_dir = Path(os.path.abspath(run_dir))  # the workers start in the project root, not the sweep's cwd
         worker = worker_module_argv(spec, run_dir, worker_args(self.cfg, spec))
-        agent = torchrun_argv(py, spec, f"127.0.0.1:{PORT_TOKEN}", spec.run_id, rendezvous_conf(self.cfg),
-                              str(run_dir / rundir.TORCHELASTIC_DIR), MONITOR_S)
+        agent = torchrun_argv(self.python, spec, f"127.0.0.1:{PORT_TOKEN}", spec.run_id,
+                              rendezvous_conf(self.cfg), str(run_dir / rundir.TORCHELASTIC_DIR), MONITOR_S)
         # `env` sets each agent's devices without a shell, and a simulated node's name where there are
         # several (one host name for all of them otherwise); torchrun's workers inherit them
         argvs = tuple(tuple(["env", f"CUDA_VISIBLE_DEVICES={devices}",

@@ -10,13 +10,14 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, get_args
 
 from bench.core import rundir
-from bench.core.config import ConfigError, SweepConfig
+from bench.core.config import NON_NEGATIVE, ConfigError, SweepConfig
 from bench.core.schema import RunSpec
 from bench.launchers.base import (
     DONE,
@@ -57,9 +58,59 @@ from bench.launchers.slurm_script import (
 from bench.probes.command import JSON_IF_SUPPORTED_SCRIPT
 
 _CMD_TIMEOUT_S = 60
+Admission = Literal["harness", "slurm"]
+ADMISSIONS: tuple[Admission, ...] = get_args(Admission)  # launcher.slurm.admission
 # admission=slurm: each job's --time is its predicted duration times this (a run slower than that is ended
 # by Slurm: TIMEOUT); backfill packs by these limits
 TIME_LIMIT_FACTOR = 2.0
+
+
+@dataclass
+class SlurmSettings:
+    """The Slurm launcher's own keys: sbatch's options, the pyxis/enroot container, and where the project
+    and its interpreter are on the nodes. A cluster file may set them for its cluster
+    (sweeps/cluster/slurm_local.yaml: its partition and SLURM_CONF)."""
+
+    partition: str | None = None
+    """sbatch --partition; null: the cluster's default partition."""
+    account: str | None = None
+    """sbatch --account; null: the user's default account."""
+    time_limit: str = "02:00:00"
+    """sbatch --time of each run (Slurm's time format, e.g. HH:MM:SS); with admission=slurm only of a run
+    that has no prediction, the others getting twice their predicted duration."""
+    admission: Admission = "harness"
+    """Who packs the study's runs onto nodes: `harness` (the runner submits what fits launcher.max_nodes,
+    the largest first) or `slurm` (every run submitted at once, each with --time from its prediction, and
+    Slurm's backfill packs them within the partition); `benchmarks/schedule_slurm.py` measures both."""
+    exclusive: bool = True
+    """sbatch --exclusive: no other job shares a benchmarked node."""
+    gpus_per_node: Annotated[int | None, NON_NEGATIVE] = None
+    """sbatch --gpus-per-node; null: the cluster's GPUs per node where it names a GPU; 0: no GRES request
+    (a cluster without GPU GRES)."""
+    container_image: str | None = None
+    """The pyxis/enroot image each run's srun starts in (e.g. a .sqsh file); null: run on the host."""
+    container_mounts: str | None = None
+    """pyxis mounts, SRC:DST[,...]: they must cover results_root, or nothing comes back."""
+    container_workdir: str = "/workspace/fsdpbench"
+    """The project's directory inside the image (the Dockerfile's WORKDIR)."""
+    extra_sbatch: list[str] = field(default_factory=list)
+    """Further `#SBATCH` options, one `--option[=value]` each, e.g. `--qos=high`."""
+    conf: str | None = None
+    """SLURM_CONF for the client commands (sbatch, squeue, sacct, ...); null: the environment's."""
+    nccl_tests_binary: str = "all_reduce_perf"
+    """nccl-tests' all-reduce binary, a name on the nodes' PATH or a path (GPU clusters; CPU clusters use
+    the torch probe); all_gather_perf and reduce_scatter_perf are taken from beside it."""
+    mpi: str = "pmix"
+    """srun --mpi for the nccl-tests probes (one MPI rank per GPU)."""
+    python: str | None = None
+    """The interpreter on the nodes; null: this one (pyxis: the image's `python`)."""
+    workdir: str | None = None
+    """The project checkout on the nodes; null: this checkout."""
+    warm_workers: bool = True
+    """Where the nodes are this machine (the local test cluster, instance type local) and the runs on its
+    CPU: each job's workers start from one warm process per sweep, as the local launcher's do
+    (launcher.local.warm_workers), each child joining its worker's cgroups so the job's limits hold it.
+    false: every worker starts cold. On a real cluster's nodes they always start cold."""
 
 
 @dataclass
@@ -75,28 +126,31 @@ DOWN_STATES = ("down", "drain", "fail", "no_respond", "not_responding")  # sinfo
 
 class SlurmLauncher(Launcher):
     name = "slurm"
+    settings = SlurmSettings
 
     @classmethod
     def placement(cls, cfg: SweepConfig) -> Placement:
-        """cluster.slurm.admission=slurm: every run submitted at once, Slurm's backfill packing them (and
+        """launcher.slurm.admission=slurm: every run submitted at once, Slurm's backfill packing them (and
         holding the node cap: a cap of the harness's own is refused)."""
-        admits_all = cfg.cluster.slurm.admission == "slurm"
+        admits_all = cfg.launcher.slurm.admission == "slurm"
         if admits_all and cfg.launcher.max_nodes is not None:
-            raise ConfigError("cluster.slurm.admission=slurm leaves the node cap to Slurm: name a partition "
-                              "(cluster.slurm.partition), or a --qos or --reservation in "
-                              "cluster.slurm.extra_sbatch, instead of launcher.max_nodes")
+            raise ConfigError("launcher.slurm.admission=slurm leaves the node cap to Slurm: name a partition "
+                              "(launcher.slurm.partition), or a --qos or --reservation in "
+                              "launcher.slurm.extra_sbatch, instead of launcher.max_nodes")
         return cluster_placement(cfg, cls.name, admits_all=admits_all)
 
     def __init__(self, cfg: SweepConfig) -> None:
         self.cfg = cfg
         self.env = cold_env(dict(os.environ))  # sbatch exports it to the job
         self._controller_config: str | None = None  # `scontrol show config`, once it answered
-        if cfg.cluster.slurm.conf:
-            self.env["SLURM_CONF"] = cfg.cluster.slurm.conf
+        own: SlurmSettings = cfg.launcher.slurm  # launcher.slurm: this launcher's keys
+        if own.conf:
+            self.env["SLURM_CONF"] = own.conf
         # Where the nodes are this machine's CPUs (the local test cluster), the jobs' workers start warm as
         # a local run's do; each warm child joins its job's cgroups (trainer/warm.py), so a node's limits
         # hold it as they would a cold worker
-        self.warm = WarmWorkers(cfg) if nodes_are_this_machine(cfg) and cfg.cluster.gpu is None else None
+        here = nodes_are_this_machine(cfg) and cfg.cluster.gpu is None
+        self.warm = WarmWorkers(own.warm_workers, own.python or sys.executable) if here else None
         # the jobs in flight, looked at together: at most once a launcher.poll_s
         self.board = Board(self._ask, least_s=cfg.launcher.poll_s)
 
@@ -114,7 +168,7 @@ class SlurmLauncher(Launcher):
 
     def node_names(self) -> tuple[list[str], dict[str, str]]:
         """The partition's nodes a job can run on, and those Slurm holds down (by state): the preflight's."""
-        partition = self.cfg.cluster.slurm.partition
+        partition = self.cfg.launcher.slurm.partition
         left_out = self._excluded()
         nodes = {n: v for n, v in self._nodes(*(["-p", partition] if partition else [])).items()
                  if n not in left_out}
@@ -123,11 +177,12 @@ class SlurmLauncher(Launcher):
 
     def leave_out(self, nodes: list[str]) -> str:
         """sbatch's --exclude, a Slurm hostlist (the preflight leaves the nodes out too: _excluded)."""
-        return f"\"cluster.slurm.extra_sbatch=['--exclude={','.join(nodes)}']\""
+        return f"\"launcher.slurm.extra_sbatch=['--exclude={','.join(nodes)}']\""
 
     def _excluded(self) -> set[str]:
-        """Nodes the study's jobs leave out (slurm.extra_sbatch's --exclude=, a hostlist Slurm expands)."""
-        lists = [x.split("=", 1)[1] for x in self.cfg.cluster.slurm.extra_sbatch
+        """Nodes the study's jobs leave out (launcher.slurm.extra_sbatch's --exclude=, a hostlist Slurm
+        expands)."""
+        lists = [x.split("=", 1)[1] for x in self.cfg.launcher.slurm.extra_sbatch
                  if x.startswith("--exclude=")]
         if not lists:
             return set()
@@ -148,10 +203,11 @@ class SlurmLauncher(Launcher):
             self.warm.close()
 
     def render(self, spec: RunSpec, run_dir: Path, seconds: float | None = None) -> Submission:
-        env = job_env(self.cfg, spec, worker_path(self.cfg, run_dir))
+        own = self.cfg.launcher.slurm
+        env = job_env(self.cfg, spec, worker_path(self.cfg, run_dir), image=own.container_image)
         script = render_script(self.cfg, spec, run_dir, env)
         log = rundir.log_path(Path(os.path.abspath(run_dir)), "slurm-%j")
-        limit = time_limit(seconds) if self.cfg.cluster.slurm.admission == "slurm" and seconds else None
+        limit = time_limit(seconds) if own.admission == "slurm" and seconds else None
         argv = ("sbatch", "--parsable", f"--job-name={job_name(spec, run_dir)}", f"--output={log}",
                 *([f"--time={limit}"] if limit else []),  # over the script's #SBATCH --time
                 os.path.abspath(run_dir / rundir.SUBMISSION_DIR / SCRIPT))

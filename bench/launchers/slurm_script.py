@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import sys
 from pathlib import Path
 
 from bench.core import rundir
@@ -16,7 +17,6 @@ from bench.core.schema import RunSpec
 from bench.launchers.base import (
     IMAGE_PYTHON,
     PROJECT_ROOT,
-    python_executable,
     rendezvous_conf,
     torchrun_argv,
     worker_args,
@@ -71,14 +71,14 @@ def uses_nccl_tests(cfg: SweepConfig, spec: RunSpec) -> bool:
 
 
 def sbatch_lines(cfg: SweepConfig, spec: RunSpec) -> list[str]:
-    s = cfg.cluster.slurm
+    s = cfg.launcher.slurm
     tasks = spec.gpus_per_node if uses_nccl_tests(cfg, spec) else 1  # MPI ranks or torchrun agents
     lines = [f"#SBATCH --nodes={spec.nodes}", f"#SBATCH --ntasks-per-node={tasks}",
-             f"#SBATCH --time={_check_safe('slurm.time_limit', s.time_limit)}"]
+             f"#SBATCH --time={_check_safe('launcher.slurm.time_limit', s.time_limit)}"]
     if s.partition:
-        lines.append(f"#SBATCH --partition={_check_safe('slurm.partition', s.partition)}")
+        lines.append(f"#SBATCH --partition={_check_safe('launcher.slurm.partition', s.partition)}")
     if s.account:
-        lines.append(f"#SBATCH --account={_check_safe('slurm.account', s.account)}")
+        lines.append(f"#SBATCH --account={_check_safe('launcher.slurm.account', s.account)}")
     if s.exclusive:
         lines.append("#SBATCH --exclusive")
     if spec.hosts:  # a preflight's job on its node, or its pair of nodes: a node that fails the launch is
@@ -90,13 +90,13 @@ def sbatch_lines(cfg: SweepConfig, spec: RunSpec) -> list[str]:
         lines.append(f"#SBATCH --gpus-per-node={int(gpus)}")
     for extra in s.extra_sbatch:
         if not extra.startswith("--") or any(c in extra for c in "\n\r"):
-            raise ConfigError(f"slurm.extra_sbatch: {extra!r} must be one --option[=value]")
+            raise ConfigError(f"launcher.slurm.extra_sbatch: {extra!r} must be one --option[=value]")
         lines.append(f"#SBATCH {extra}")
     return lines
 
 
 def _srun_prefix(cfg: SweepConfig, tasks_per_node: int, mpi: str | None = None) -> list[str]:
-    s = cfg.cluster.slurm
+    s = cfg.launcher.slurm
     srun = ["srun", "--label", "--kill-on-bad-exit=1", f"--ntasks-per-node={tasks_per_node}"]
     if mpi:
         srun.append(f"--mpi={mpi}")
@@ -121,23 +121,23 @@ def worker_path(cfg: SweepConfig, path: Path) -> str:
     """An absolute host path as the worker sees it: itself on the host, its mount target in a pyxis
     container. A results dir no mount covers would be written inside the container and lost with it."""
     path = Path(os.path.abspath(path))
-    s = cfg.cluster.slurm
+    s = cfg.launcher.slurm
     if not s.container_image:
         return str(path)
     for host, inside in sorted(_mounts(s.container_mounts or ""), key=lambda m: -len(m[0].parts)):
         if path == host or host in path.parents:
             return str(inside / path.relative_to(host))
-    raise ConfigError(f"results dir {path} is not under any slurm.container_mounts "
+    raise ConfigError(f"results dir {path} is not under any launcher.slurm.container_mounts "
                       f"({s.container_mounts or 'none'}): the runs would write their results inside the "
                       "container and lose them; mount it, e.g. "
-                      f"slurm.container_mounts={path.parent}:{path.parent}")
+                      f"launcher.slurm.container_mounts={path.parent}:{path.parent}")
 
 
 def _python(cfg: SweepConfig) -> str:
-    """launcher.python, else the image's interpreter in a container, else this one (shared install)."""
-    if cfg.cluster.slurm.container_image and not cfg.launcher.python:
-        return IMAGE_PYTHON
-    return python_executable(cfg)
+    """launcher.slurm.python, else the image's interpreter in a container, else this one (shared
+    install)."""
+    s = cfg.launcher.slurm
+    return s.python or (IMAGE_PYTHON if s.container_image else sys.executable)
 
 
 def limits_efa(cfg: SweepConfig, spec: RunSpec) -> bool:
@@ -160,10 +160,10 @@ def worker_command(cfg: SweepConfig, spec: RunSpec, run_dir: Path) -> str:
     it (on the host, or inside the pyxis container)."""
     if uses_nccl_tests(cfg, spec):
         try:
-            probe = perf_argv(spec, binary=cfg.cluster.slurm.nccl_tests_binary)
+            probe = perf_argv(spec, binary=cfg.launcher.slurm.nccl_tests_binary)
         except ValueError as e:  # a binary whose siblings cannot be found
-            raise ConfigError(f"cluster.slurm.nccl_tests_binary: {e}") from None
-        argv = (_srun_prefix(cfg, spec.gpus_per_node, cfg.cluster.slurm.mpi) + _efa_limit(cfg, spec, run_dir)
+            raise ConfigError(f"launcher.slurm.nccl_tests_binary: {e}") from None
+        argv = (_srun_prefix(cfg, spec.gpus_per_node, cfg.launcher.slurm.mpi) + _efa_limit(cfg, spec, run_dir)
                 + ["bash", _submission_file(cfg, run_dir, NCCL_TESTS), worker_path(cfg, run_dir / JSON_FILE)]
                 + probe)
         return shlex.join(argv)
@@ -191,7 +191,7 @@ def system_command(cfg: SweepConfig, spec: RunSpec) -> list[str]:
 
 def render_script(cfg: SweepConfig, spec: RunSpec, run_dir: Path, env: dict[str, str]) -> str:
     """The batch script of one run (pure: the same inputs give the same text)."""
-    workdir = cfg.launcher.workdir or str(PROJECT_ROOT)
+    workdir = cfg.launcher.slurm.workdir or str(PROJECT_ROOT)
     body = [
         "#!/bin/bash",
         f"# fsdpbench run {spec.run_id}: {spec.label}",

@@ -42,28 +42,28 @@ from kubernetes.client.exceptions import ApiException
 from bench.core.config import ConfigError
 from bench.core.load_config import from_dict
 from bench.core.records import format_record
-from bench.launchers import placement_of
+from bench.launchers import launcher_sections, placement_of
 from bench.launchers.k8s_manifests import RUN_ID_LABEL, manifest
 from bench.launchers.k8s_schema import CRD_NAMES, load_crds, validate
 from bench.launchers.kubernetes import KubernetesLauncher
 from bench.run.runner import execute
 from bench.run.watch import watch
 from bench.study.plan import expand
-from bench.sweep import compose, study_from
+from bench.sweep import compose, run_options
 
 IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdpbench:1.0"
 
 
 def cfg_for(sweep: str, *overrides: str):
-    raw, _ = compose([f"+sweep={sweep}", "launcher=kubernetes", f"cluster.kubernetes.image={IMAGE}",
+    raw, _ = compose([f"+sweep={sweep}", "launcher=kubernetes", f"launcher.kubernetes.image={IMAGE}",
                       "launcher.poll_s=0.01", "launcher.grace_s=0.05", *overrides])
-    return from_dict(raw)
+    return from_dict(raw, launcher_sections())
 
 
 @pytest.mark.parametrize("sweep", ["p5_scaling", "p4de_scaling", "ablation", "efa_probe", "p5_options"])
 def test_every_manifest_the_sweeps_produce_validates(shared_data, sweep: str) -> None:
-    cfg = cfg_for(sweep, "cluster.kubernetes.hf_token_secret=hf-token",
-                  "cluster.kubernetes.image_pull_secret=ecr", "cluster.kubernetes.service_account=trainer")
+    cfg = cfg_for(sweep, "launcher.kubernetes.hf_token_secret=hf-token",
+                  "launcher.kubernetes.image_pull_secret=ecr", "launcher.kubernetes.service_account=trainer")
     plan = expand(cfg)
     for planned in plan:
         obj = manifest(cfg, planned.spec)
@@ -115,7 +115,7 @@ def test_webhook_rules(shared_data) -> None:
 
 
 def test_pytorchjob_content() -> None:
-    obj = _train_manifest(**{"cluster.kubernetes.hf_token_secret": "hf-token"})
+    obj = _train_manifest(**{"launcher.kubernetes.hf_token_secret": "hf-token"})
     worker = obj["spec"]["pytorchReplicaSpecs"]["Worker"]
     pod = worker["template"]["spec"]
     container = pod["containers"][0]
@@ -391,7 +391,7 @@ def run_one(tmp_path: Path, shared_data: Path, scenario: str, sweep: str = "p5_s
     launcher = KubernetesLauncher(cfg, custom=fake, core=fake, version=fake)
     plan = [p for p in expand(cfg) if p.feasible][:1]
     sweep_dir = tmp_path / cfg.sweep_name
-    execute(study_from(cfg, placement_of(cfg)), plan, launcher, sweep_dir)
+    execute(run_options(cfg, placement_of(cfg)), plan, launcher, sweep_dir)
     frame = pd.read_csv(tmp_path / cfg.sweep_name / "results.csv")
     assert not fake.jobs, "the job was left behind"
     assert fake.deleted and all(p == "Foreground" for _, p in fake.deleted)
@@ -476,7 +476,7 @@ def test_pending_pods_do_not_count_against_the_run_timeout(tmp_path, shared_data
             return super().list_namespaced_pod(namespace, label_selector)
     cfg = cfg_for("p5_scaling", "launcher.timeout_s=0.2", "launcher.queue_timeout_s=60")
     fake = BusyCluster("ok", shared_data, finish_after=33)
-    execute(study_from(cfg, placement_of(cfg)), [p for p in expand(cfg) if p.feasible][:1],
+    execute(run_options(cfg, placement_of(cfg)), [p for p in expand(cfg) if p.feasible][:1],
             KubernetesLauncher(cfg, custom=fake, core=fake, version=fake), tmp_path / "s")
     row = pd.read_csv(tmp_path / "s" / "results.csv").iloc[0]
     assert row.status == "ok" and row.queue_s > 0.2 and row.wall_s < row.queue_s
@@ -516,7 +516,7 @@ def test_an_api_error_fails_the_run_deletes_the_job_and_the_sweep_goes_on(tmp_pa
     launcher = KubernetesLauncher(cfg, custom=fake, core=fake, version=fake)
     plan = [p for p in expand(cfg) if p.feasible][:2]
     sweep_dir = tmp_path / cfg.sweep_name
-    execute(study_from(cfg, placement_of(cfg)), plan, launcher, sweep_dir)
+    execute(run_options(cfg, placement_of(cfg)), plan, launcher, sweep_dir)
     frame = pd.read_csv(tmp_path / cfg.sweep_name / "results.csv")
     # both runs were tried: the first did not abort the sweep
     assert list(frame.status) == ["failed", "failed"]
@@ -533,13 +533,13 @@ def test_a_job_left_by_a_dead_sweep_is_reattached_not_created_again(tmp_path, sh
     stop = threading.Event()
     from bench.run.progress import Progress
     from bench.run.runner import _run, _Sweep
-    study = study_from(cfg, placement_of(cfg))
-    steps = _run(_Sweep(study, launcher, sweep_dir, stop, Progress(1, False), plan), plan[0])
+    options = run_options(cfg, placement_of(cfg))
+    steps = _run(_Sweep(options, launcher, sweep_dir, stop, Progress(1, False), plan), plan[0])
     next(steps)  # submitted and watched once; then the sweep "dies": its generator is simply dropped
     created = list(fake.jobs)
     assert len(created) == 1
     fake.finish_after = 0  # the job finishes while no sweep watches it
-    execute(study_from(cfg, placement_of(cfg)), plan, launcher, sweep_dir)
+    execute(run_options(cfg, placement_of(cfg)), plan, launcher, sweep_dir)
     row = pd.read_csv(sweep_dir / "results.csv").iloc[0]
     assert row.status == "ok" and row.attempt == 1 and row.tokens_per_s == 48000.0
     assert [name for name, _ in fake.deleted] == created and not fake.jobs
@@ -563,7 +563,7 @@ def test_missing_kubeconfig_is_one_clear_error(tmp_path, monkeypatch, capsys) ->
     from bench.sweep import main
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "nope"))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    assert main(["+sweep=p5_scaling", "launcher=kubernetes", f"cluster.kubernetes.image={IMAGE}",
+    assert main(["+sweep=p5_scaling", "launcher=kubernetes", f"launcher.kubernetes.image={IMAGE}",
                  f"results_root={tmp_path}"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: no Kubernetes configuration") and err.count("\n") == 1
@@ -577,7 +577,7 @@ def test_unreachable_cluster_is_one_clear_error(tmp_path, monkeypatch) -> None:
         "clusters": [{"name": "k", "cluster": {"server": "https://127.0.0.1:1"}}],
         "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
         "users": [{"name": "u", "user": {"token": "x"}}]}))
-    cfg = cfg_for("p5_scaling", f"launcher.kubeconfig={kubeconfig}")
+    cfg = cfg_for("p5_scaling", f"launcher.kubernetes.kubeconfig={kubeconfig}")
     with pytest.raises(ConfigError) as refused:
         KubernetesLauncher(cfg).preflight()
     # the cause, which urllib3 puts at the end of a line longer than any shown, is the message
@@ -587,8 +587,8 @@ def test_unreachable_cluster_is_one_clear_error(tmp_path, monkeypatch) -> None:
 
 def test_missing_image_is_a_config_error() -> None:
     raw, _ = compose(["+sweep=p5_scaling", "launcher=kubernetes"])
-    with pytest.raises(ConfigError, match="cluster.kubernetes.image"):
-        KubernetesLauncher(from_dict(raw)).preflight()
+    with pytest.raises(ConfigError, match="launcher.kubernetes.image"):
+        KubernetesLauncher(from_dict(raw, launcher_sections())).preflight()
 
 
 
@@ -655,7 +655,7 @@ def test_a_manifest_the_server_refuses_is_one_line_before_anything_is_created(tm
     def connect(self) -> None:
         self._custom = self._core = self._version = self._ext = fake
     monkeypatch.setattr(KubernetesLauncher, "_connect", connect)
-    argv = ["+sweep=p5_scaling", "launcher=kubernetes", f"cluster.kubernetes.image={IMAGE}",
+    argv = ["+sweep=p5_scaling", "launcher=kubernetes", f"launcher.kubernetes.image={IMAGE}",
             f"results_root={tmp_path}"]
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -826,7 +826,7 @@ def test_a_deletion_that_does_not_finish_holds_up_no_other_run(tmp_path, shared_
     cfg = cfg_for("p5_scaling")
     fake = StuckDeletion(shared_data)
     plan = [p for p in expand(cfg) if p.feasible][:2]
-    execute(study_from(cfg, placement_of(cfg)), plan, KubernetesLauncher(cfg, custom=fake, core=fake),
+    execute(run_options(cfg, placement_of(cfg)), plan, KubernetesLauncher(cfg, custom=fake, core=fake),
             tmp_path / "s")
     stuck, running = fake.created
     gaps = [b - a for a, b in zip(fake.gets[running], fake.gets[running][1:])]
@@ -860,12 +860,12 @@ def test_a_cluster_without_a_ready_node_is_one_line_before_anything_is_written(t
     fake = FakeKube("ok", shared_data)
     fake.nodes = nodes
     _use(monkeypatch, fake)
-    assert main(["+sweep=p5_scaling", "launcher=kubernetes", f"cluster.kubernetes.image={IMAGE}",
+    assert main(["+sweep=p5_scaling", "launcher=kubernetes", f"launcher.kubernetes.image={IMAGE}",
                  f"results_root={tmp_path}"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(
         f"error: preflight: no Ready node matches node.kubernetes.io/instance-type=p5.48xlarge ({seen}); "
-        "check cluster.instance_type and cluster.kubernetes.instance_type_label"), err
+        "check cluster.instance_type and launcher.kubernetes.instance_type_label"), err
     assert "scale the node group up" in err and not (tmp_path / "p5_scaling").exists() and not fake.created
 
 
@@ -875,7 +875,7 @@ def test_nodes_the_user_may_not_list_are_one_line_naming_the_permission(tmp_path
     fake = FakeKube("ok", shared_data)
     fake.nodes = None
     _use(monkeypatch, fake)
-    assert main(["+sweep=p5_scaling", "launcher=kubernetes", f"cluster.kubernetes.image={IMAGE}",
+    assert main(["+sweep=p5_scaling", "launcher=kubernetes", f"launcher.kubernetes.image={IMAGE}",
                  f"results_root={tmp_path}"]) == 2
     err = capsys.readouterr().err
     assert err == ("error: preflight: cannot list the nodes (node.kubernetes.io/instance-type=p5.48xlarge): "
@@ -893,26 +893,27 @@ def test_a_refused_node_is_answered_with_the_kubernetes_setting(tmp_path, shared
     fake = FakeKube("running-forever", shared_data)
     fake.nodes = [_node("ip-a"), _node("ip-b"), _node("ip-c", "p4d.24xlarge")]
     _use(monkeypatch, fake)
-    assert main(["+sweep=p5_scaling", "launcher=kubernetes", f"cluster.kubernetes.image={IMAGE}",
+    assert main(["+sweep=p5_scaling", "launcher=kubernetes", f"launcher.kubernetes.image={IMAGE}",
                  f"results_root={tmp_path}", "preflight.timeout_s=0.1", "memory.measure=false"]) == 3
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "leave the node out (cluster.kubernetes.exclude_nodes=[ip-a,ip-b])" in err
+    assert err.count("\n") == 1
+    assert "leave the node out (launcher.kubernetes.exclude_nodes=[ip-a,ip-b])" in err
     assert "slurm" not in err
     assert len(fake.created) == 2 and all(n.startswith("fsdpbench-preflight-node-") for n in fake.created)
     assert not fake.jobs
 
 
 def test_excluded_nodes_keep_every_pod_off_them(shared_data) -> None:
-    """cluster.kubernetes.exclude_nodes: a required node affinity on every pod (a probe's launcher too) by
+    """launcher.kubernetes.exclude_nodes: a required node affinity on every pod (a probe's launcher too) by
     node name, valid against the CRDs; the preflight checks the other nodes; a bad name is one line."""
     from bench import preflight
     crds = load_crds(shared_data / "k8s")
-    cfg = cfg_for("efa_probe", "cluster.kubernetes.exclude_nodes=[ip-b,ip-d]")
+    cfg = cfg_for("efa_probe", "launcher.kubernetes.exclude_nodes=[ip-b,ip-d]")
     nodes = preflight.nodes_of(cfg, placement_of(cfg))
     off = {"key": "metadata.name", "operator": "NotIn", "values": ["ip-b", "ip-d"]}
     probe = manifest(cfg, next(p.spec for p in expand(cfg) if p.spec.kind == "nccl"))
     pair = manifest(cfg, preflight.pair_spec(nodes, ("ip-a", "ip-c")))
-    train = manifest(cfg_for("p5_scaling", "cluster.kubernetes.exclude_nodes=[ip-b,ip-d]"),
+    train = manifest(cfg_for("p5_scaling", "launcher.kubernetes.exclude_nodes=[ip-b,ip-d]"),
                      next(p.spec for p in expand(cfg_for("p5_scaling")) if p.spec.kind == "train"))
     for job in (probe, pair, train):
         replicas = job["spec"].get("mpiReplicaSpecs") or job["spec"]["pytorchReplicaSpecs"]
@@ -928,8 +929,8 @@ def test_excluded_nodes_keep_every_pod_off_them(shared_data) -> None:
     fake = FakeKube("ok", shared_data)
     fake.nodes = [_node(n) for n in ("ip-a", "ip-b", "ip-c", "ip-d")]
     assert KubernetesLauncher(cfg, custom=fake, core=fake).node_names() == (["ip-a", "ip-c"], {})
-    with pytest.raises(ConfigError, match="cluster.kubernetes.exclude_nodes='IP_B' is not a node name"):
-        cfg_for("efa_probe", "cluster.kubernetes.exclude_nodes=[IP_B]")
+    with pytest.raises(ConfigError, match="launcher.kubernetes.exclude_nodes='IP_B' is not a node name"):
+        cfg_for("efa_probe", "launcher.kubernetes.exclude_nodes=[IP_B]")
 
 
 FORBIDDEN = ('pytorchjobs.kubeflow.org is forbidden: User "alice" cannot create resource "pytorchjobs" in '
@@ -960,7 +961,7 @@ def test_a_create_the_cluster_forbids_is_the_runs_one_line_error(tmp_path, share
 
     cfg = cfg_for("p5_scaling")
     fake = Forbidding("ok", shared_data)
-    execute(study_from(cfg, placement_of(cfg)), [p for p in expand(cfg) if p.feasible][:1],
+    execute(run_options(cfg, placement_of(cfg)), [p for p in expand(cfg) if p.feasible][:1],
             KubernetesLauncher(cfg, custom=fake, core=fake), tmp_path / "s")
     row = pd.read_csv(tmp_path / "s" / "results.csv").iloc[0]
     assert row.status == "launch_error"
@@ -990,7 +991,7 @@ class RefusedWhileRunning(FakeKube):
 def test_a_refused_connection_keeps_its_cause_in_the_runs_line(tmp_path, shared_data, capfd) -> None:
     cfg = cfg_for("p5_scaling")
     fake = RefusedWhileRunning("running-forever", shared_data)
-    execute(study_from(cfg, placement_of(cfg)), [p for p in expand(cfg) if p.feasible][:1],
+    execute(run_options(cfg, placement_of(cfg)), [p for p in expand(cfg) if p.feasible][:1],
             KubernetesLauncher(cfg, custom=fake, core=fake), tmp_path / "s")
     assert _line(capfd, "[1/1] failed").endswith(
         ": launcher kubernetes: ApiError: the Kubernetes API is not reachable: Connection refused")
@@ -1058,7 +1059,8 @@ def test_unverified_tls_is_said_once_not_per_request(tmp_path) -> None:
     server, kubeconfig = _tls_server(tmp_path, 200)
     code = ("import sys; from bench.launchers.kubernetes import KubernetesLauncher; "
             "from bench.launchers.test_kubernetes import cfg_for; "
-            "launcher = KubernetesLauncher(cfg_for('p5_scaling', 'launcher.kubeconfig=' + sys.argv[1])); "
+            "launcher = KubernetesLauncher(cfg_for('p5_scaling', "
+            "'launcher.kubernetes.kubeconfig=' + sys.argv[1])); "
             "launcher.preflight(); print(launcher.node_names(), launcher.node_names(), launcher.server)")
     try:
         proc = subprocess.run([sys.executable, "-c", code, str(kubeconfig)], capture_output=True, text=True,
@@ -1077,7 +1079,8 @@ def test_a_wrong_token_is_named_as_the_credentials_by_a_real_client(tmp_path) ->
     server, kubeconfig = _tls_server(tmp_path, 401)
     try:
         with pytest.raises(ConfigError) as refused:
-            KubernetesLauncher(cfg_for("p5_scaling", f"launcher.kubeconfig={kubeconfig}")).preflight()
+            cfg = cfg_for("p5_scaling", f"launcher.kubernetes.kubeconfig={kubeconfig}")
+            KubernetesLauncher(cfg).preflight()
     finally:
         server.shutdown()
     assert str(refused.value).endswith(": 401 Unauthorized: the API server refused the credentials (the "

@@ -19,8 +19,8 @@ LAUNCHERS = (LocalLauncher, SlurmLauncher, KubernetesLauncher)
 
 def callers() -> list[Path]:
     """The harness's code that holds launchers: above bench/launchers (core's `launcher` is the config's)."""
-    return [p for p in sorted(BENCH.rglob("*.py"))
-            if not {"launchers", "core"} & set(p.parts) and not p.name.startswith("test_")]
+    return [p for p in sorted(BENCH.rglob("*.py"))  # parts below bench/: a checkout's own path may hold them
+            if not {"launchers", "core"} & set(p.relative_to(BENCH).parts) and not p.name.startswith("test_")]
 
 
 def launcher_uses(path: Path) -> tuple[set[str], list[str]]:

@@ -16,8 +16,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from bench.core import faults
 from bench.core.config import ConfigError
 from bench.core.load_config import from_dict
+from bench.launchers import launcher_sections
 from bench.launchers.base import Outcome
 from bench.launchers.slurm import SlurmLauncher, _parse_job_record
 from bench.launchers.slurm_script import render_script
@@ -31,10 +33,15 @@ ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
 
 
+def efa_probe_cfg():
+    return from_dict(compose(["+sweep=efa_probe", "launcher.slurm.python=/opt/venv/bin/python"])[0],
+                     launcher_sections())
+
+
 def cfg_for(*overrides: str):
-    raw, _ = compose(["+sweep=p5_scaling", "launcher.python=/opt/venv/bin/python",
-                      "launcher.workdir=/fsx/fsdpbench", *overrides])
-    return from_dict(raw)
+    raw, _ = compose(["+sweep=p5_scaling", "launcher.slurm.python=/opt/venv/bin/python",
+                      "launcher.slurm.workdir=/fsx/fsdpbench", *overrides])
+    return from_dict(raw, launcher_sections())
 
 
 def first_run(cfg, kind: str = "train", nodes: int = 4):
@@ -48,11 +55,11 @@ def test_batch_script_matches_golden(kind: str, collective: str | None) -> None:
     configured all_reduce_perf), its first size (the study's gather size halved down: -b 24705 doubles to
     404,766,720 bytes, one Llama 2 7B block in bf16) and its missing -o; the reduce-scatter's starts where
     the same block's gradients in fp32 (bf16_mixed's reduce dtype), twice the bytes, are a row."""
-    sized = ["cluster.slurm.nccl_tests_binary=/opt/nccl-tests/build/all_reduce_perf",
+    sized = ["launcher.slurm.nccl_tests_binary=/opt/nccl-tests/build/all_reduce_perf",
              "axes.model=[llama2_7b]"]  # the binaries beside it; one model's sizes
-    cfg = cfg_for("cluster.slurm.partition=p5", "cluster.slurm.account=ml-infra",
-                  "cluster.slurm.container_image=/fsx/images/fsdpbench.sqsh",
-                  "cluster.slurm.container_mounts=/fsx:/fsx", "cluster.slurm.extra_sbatch=['--qos=high']",
+    cfg = cfg_for("launcher.slurm.partition=p5", "launcher.slurm.account=ml-infra",
+                  "launcher.slurm.container_image=/fsx/images/fsdpbench.sqsh",
+                  "launcher.slurm.container_mounts=/fsx:/fsx", "launcher.slurm.extra_sbatch=['--qos=high']",
                   *(sized if collective in ("all_gather", "reduce_scatter") else []))
     spec = next(p.spec for p in expand(cfg) if p.spec.kind == kind and p.spec.nodes == 4
                 and (collective is None or p.spec.collective == collective))
@@ -74,7 +81,7 @@ def test_batch_script_matches_golden(kind: str, collective: str | None) -> None:
 
 def test_config_values_cannot_inject_commands() -> None:
     evil = "img.sqsh; touch /tmp/pwned #"
-    cfg = cfg_for(f"cluster.slurm.container_image='{evil}'", "cluster.slurm.container_mounts=/tmp")
+    cfg = cfg_for(f"launcher.slurm.container_image='{evil}'", "launcher.slurm.container_mounts=/tmp")
     script = SlurmLauncher(cfg).render(first_run(cfg), Path("/tmp/r p/x'y")).files["job.sbatch"]
     srun = next(line for line in script.splitlines() if line.startswith("srun "))
     tokens = shlex.split(srun)
@@ -82,10 +89,10 @@ def test_config_values_cannot_inject_commands() -> None:
     assert "/tmp/r p/x'y" in tokens  # the run dir, quoted, as one argument
 
 
-@pytest.mark.parametrize("override", ["cluster.slurm.partition='p5;reboot'",
-                                      "cluster.slurm.account='a b'",
-                                      "cluster.slurm.time_limit='1:00 --uid=0'",
-                                      "cluster.slurm.extra_sbatch=['qos=high']"])
+@pytest.mark.parametrize("override", ["launcher.slurm.partition='p5;reboot'",
+                                      "launcher.slurm.account='a b'",
+                                      "launcher.slurm.time_limit='1:00 --uid=0'",
+                                      "launcher.slurm.extra_sbatch=['qos=high']"])
 def test_values_that_land_in_sbatch_lines_are_checked(override: str) -> None:
     cfg = cfg_for(override)
     with pytest.raises(ConfigError):
@@ -99,7 +106,7 @@ def _probe_script(cfg, efa: int) -> tuple[str, dict[str, str]]:
 
 
 def test_efa_counts_below_the_nodes_adapters_limit_libfabric_to_that_many(tmp_path) -> None:
-    cfg = from_dict(compose(["+sweep=efa_probe", "launcher.python=/opt/venv/bin/python"])[0])
+    cfg = efa_probe_cfg()
     scripts = {efa: _probe_script(cfg, efa) for efa in (0, 1, 4, 32)}
     srun = {efa: next(ln for ln in s.splitlines() if ln.startswith("srun "))
             for efa, (s, _) in scripts.items()}
@@ -143,7 +150,7 @@ def _stand_in(path: Path, usage: str) -> Path:
 def test_nccl_tests_gets_json_output_only_where_the_binary_has_it(tmp_path) -> None:
     """-J came with nccl-tests 2.17.3; an older binary takes it for an unknown option, prints usage and
     exits 0 (a probe with no table). The probe's wrapper asks the node's own binary (-h) first."""
-    cfg = from_dict(compose(["+sweep=efa_probe", "launcher.python=/opt/venv/bin/python"])[0])
+    cfg = efa_probe_cfg()
     script, files = _probe_script(cfg, 32)
     srun = next(ln for ln in script.splitlines() if ln.startswith("srun "))
     json_file = "/fsx/results/efa_probe/runs/run/attempt-1/nccl-tests.json"
@@ -164,7 +171,7 @@ def test_a_usage_text_longer_than_a_pipe_still_gets_json_output(tmp_path) -> Non
     """The wrapper reads the binary's whole usage text: a grep that left at the first match would fail the
     binary with SIGPIPE while it still writes (here: --output_file first, then 256 KiB more than a pipe
     holds), and under pipefail the probe would lose -J for a binary that has it."""
-    cfg = from_dict(compose(["+sweep=efa_probe", "launcher.python=/opt/venv/bin/python"])[0])
+    cfg = efa_probe_cfg()
     _, files = _probe_script(cfg, 32)
     wrapper = tmp_path / "nccl_tests.sh"
     wrapper.write_text(files["nccl_tests.sh"])
@@ -182,8 +189,9 @@ def test_pyxis_runs_start_in_the_project_and_write_where_the_host_reads(tmp_path
     """pyxis starts in the image's WORKDIR and sees only mounted paths: the script names the workdir, the
     image's interpreter and every path as the container sees it; a results dir outside the mounts is one
     ConfigError before anything is written."""
-    cfg = from_dict(compose(["+sweep=p5_scaling", "cluster.slurm.container_image=/fsx/images/fsdpbench.sqsh",
-                             "cluster.slurm.container_mounts='/fsx/results:/results,/fsx/data:/data:ro'"])[0])
+    raw, _ = compose(["+sweep=p5_scaling", "launcher.slurm.container_image=/fsx/images/fsdpbench.sqsh",
+                      "launcher.slurm.container_mounts='/fsx/results:/results,/fsx/data:/data:ro'"])
+    cfg = from_dict(raw, launcher_sections())
     run_dir = Path("/fsx/results/p5/runs/r/attempt-1")
     script = SlurmLauncher(cfg).render(first_run(cfg), run_dir).files["job.sbatch"]
     srun = shlex.split(next(ln for ln in script.splitlines() if ln.startswith("srun ")).replace('"', ""))
@@ -192,18 +200,19 @@ def test_pyxis_runs_start_in_the_project_and_write_where_the_host_reads(tmp_path
     assert srun[srun.index("--run-dir") + 1] == "/results/p5/runs/r/attempt-1"
     assert "export TORCH_NCCL_DEBUG_INFO_TEMP_FILE=/results/p5/runs/r/attempt-1/nccl_trace_rank_" in script
     with pytest.raises(ConfigError,
-                       match=r"results dir /scratch/p5/runs/r is not under any slurm.container_mounts"):
+                       match=r"results dir /scratch/p5/runs/r is not under any "
+                             r"launcher.slurm.container_mounts"):
         SlurmLauncher(cfg).render(first_run(cfg), Path("/scratch/p5/runs/r"))
     # The sweep refuses before writing anything (results_root relative to a cwd no mount covers).
     from bench.sweep import main
     rc = main(["+sweep=p5_scaling", "launcher=slurm", "--dry-run", f"results_root={tmp_path}",
-               "cluster.slurm.container_image=/fsx/images/fsdpbench.sqsh",
-               "cluster.slurm.container_mounts=/fsx:/fsx"])
+               "launcher.slurm.container_image=/fsx/images/fsdpbench.sqsh",
+               "launcher.slurm.container_mounts=/fsx:/fsx"])
     assert rc == 2 and not (tmp_path / "p5_scaling").exists()
 
 
 def test_gpus_per_node_zero_emits_no_gpu_request() -> None:
-    cfg = cfg_for("cluster.slurm.gpus_per_node=0")
+    cfg = cfg_for("launcher.slurm.gpus_per_node=0")
     script = SlurmLauncher(cfg).render(first_run(cfg), Path("/tmp/run")).files["job.sbatch"]
     assert "#SBATCH --gpus-per-node" not in script  # (the trainer still gets its --gpus-per-node argument)
     default = SlurmLauncher(cfg_for()).render(first_run(cfg), Path("/tmp/r")).files["job.sbatch"]
@@ -214,7 +223,7 @@ def test_slurm_admission_gives_each_job_a_time_limit_from_its_prediction() -> No
     """admission=slurm: sbatch --time is twice the predicted duration in whole minutes (Slurm's unit), over
     the script's #SBATCH --time; a run with no prediction keeps the script's; the harness's admission adds
     none. A node cap of the harness's own (launcher.max_nodes) is refused: Slurm holds the cap there."""
-    slurm = cfg_for("cluster.slurm.admission=slurm")
+    slurm = cfg_for("launcher.slurm.admission=slurm")
     spec = first_run(slurm)
     argv = SlurmLauncher(slurm).render(spec, Path("/tmp/run"), seconds=100.0).argvs[0]
     assert "--time=4" in argv and argv[-1].endswith("job.sbatch")  # 200 s: 4 minutes
@@ -224,10 +233,10 @@ def test_slurm_admission_gives_each_job_a_time_limit_from_its_prediction() -> No
     assert not any(a.startswith("--time")
                    for a in SlurmLauncher(harness).render(spec, Path("/tmp/r"), seconds=100.0).argvs[0])
     with pytest.raises(ConfigError, match="leaves the node cap to Slurm"):
-        SlurmLauncher.placement(cfg_for("cluster.slurm.admission=slurm", "launcher.max_nodes=2"))
+        SlurmLauncher.placement(cfg_for("launcher.slurm.admission=slurm", "launcher.max_nodes=2"))
     assert SlurmLauncher.placement(cfg_for("launcher.max_nodes=2")).node_budget == 2  # the harness's own cap
     with pytest.raises(ConfigError, match="admission='backfill' is not one of: harness, slurm"):
-        cfg_for("cluster.slurm.admission=backfill")
+        cfg_for("launcher.slurm.admission=backfill")
 
 
 def test_job_records_parse_from_scontrol_and_jobcomp() -> None:
@@ -265,11 +274,12 @@ def test_missing_sbatch_says_what_to_do(capsys, monkeypatch) -> None:
 # ---------------------------------------------------------------- the real cluster
 
 
-def run_sweep(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+def run_sweep(tmp_path: Path, *args: str, rules: str = "") -> subprocess.CompletedProcess:
+    """The smoke's sweep on the cluster `args` name, its workers given the test hook's fault `rules`."""
     return subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=smoke_full",
                            f"results_root={tmp_path}",
                            *SMOKE_SHAPE, *UNTRACED, "launcher.poll_s=0.5", "preflight.mode=off", *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+                          cwd=ROOT, capture_output=True, text=True, timeout=900, env=faults.environ(rules))
 
 
 @pytest.mark.slurm
@@ -303,9 +313,9 @@ def test_failures_on_slurm_are_classified(slurm_cluster, tmp_path: Path) -> None
                      "axes.nodes=[1]",
                      "axes.sharding=[FULL_SHARD]", "axes.activation_checkpointing=[none]",
                      "axes.precision=[fp32,bf16_mixed]", "nccl.enabled=false", "steps=3", "warmup_steps=1",
-                     "cluster.slurm.time_limit=00:01:00",
-                     "faults=[{match:{precision:fp32},fault:crash,step:1},"
-                     "{match:{precision:bf16_mixed},fault:hang,step:1}]")
+                     "launcher.slurm.time_limit=00:01:00",
+                     rules="[{match: {precision: fp32}, fault: crash, step: 1}, "
+                           "{match: {precision: bf16_mixed}, fault: hang, step: 1}]")
     assert proc.returncode == 1, proc.stderr[-2000:]
     frame = pd.read_csv(tmp_path / "smoke_full" / "results.csv")
     status = dict(zip(frame.precision, frame.status))
@@ -326,11 +336,11 @@ def _spans(sweep_dir: Path) -> dict[str, tuple[float, float, int, str]]:
 def test_slurm_runs_share_the_cluster_and_probes_and_full_width_runs_run_alone(
         slurm_cluster, tmp_path) -> None:
     from bench.run.test_concurrency import overlaps
-    proc = run_sweep(tmp_path, "cluster=slurm_local", "launcher=slurm", "cluster.slurm.exclusive=true",
+    proc = run_sweep(tmp_path, "cluster=slurm_local", "launcher=slurm", "launcher.slurm.exclusive=true",
                      "axes.global_batch=[null]",
                      "axes.nodes=[2,4]", "axes.sharding=[FULL_SHARD]", "axes.activation_checkpointing=[none]",
                      "axes.precision=[fp32,bf16_mixed]", "nccl.nodes=[2]", "nccl.collectives=[all_reduce]",
-                     "faults=[{match:{},fault:sleep,seconds:8}]")
+                     rules="[{match: {}, fault: sleep, seconds: 8}]")
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]  # sleep mode: no summaries
     spans = _spans(tmp_path / "smoke_full")
     assert len(spans) == 5, spans
@@ -345,14 +355,14 @@ def test_slurm_runs_share_the_cluster_and_probes_and_full_width_runs_run_alone(
 @pytest.mark.slow  # a real cluster, minutes each: .ci/run's slow step
 def test_a_job_held_in_the_queue_is_given_up_and_a_running_one_times_out(slurm_cluster, tmp_path) -> None:
     base = ["cluster=slurm_local", "launcher=slurm", *[a for a in ONE_RUN]]
-    held = run_sweep(tmp_path / "held", *base, "cluster.slurm.extra_sbatch=['--hold']",
+    held = run_sweep(tmp_path / "held", *base, "launcher.slurm.extra_sbatch=['--hold']",
                      "launcher.queue_timeout_s=4", "launcher.timeout_s=1")
     row = pd.read_csv(tmp_path / "held" / "smoke_full" / "results.csv").iloc[0]
     assert held.returncode == 1 and row.status == "launch_error", row.error
     assert "in the queue" in row.error and "JobHeldUser" in row.error  # Slurm's own reason, kept
     assert row.queue_s >= 4 and pd.isna(row.wall_s)  # never ran: no run time
-    hung = run_sweep(tmp_path / "hung", *base, "faults=[{match:{},fault:sleep,seconds:600}]",
-                     "launcher.timeout_s=6")
+    hung = run_sweep(tmp_path / "hung", *base, "launcher.timeout_s=6",
+                     rules="[{match: {}, fault: sleep, seconds: 600}]")
     row = pd.read_csv(tmp_path / "hung" / "smoke_full" / "results.csv").iloc[0]
     assert hung.returncode == 1 and row.status == "timeout" and 6 <= row.wall_s < 30, row.error
     assert row.error.startswith("no result within the run's time limit (6 s); killed by the harness")
@@ -376,11 +386,13 @@ def test_a_rerun_reattaches_to_the_job_a_killed_sweep_left_running(slurm_cluster
     import time
 
     from bench.core import rundir
-    args = ["cluster=slurm_local", "launcher=slurm", *ONE_RUN, "faults=[{match:{},fault:sleep,seconds:20}]"]
+    args = ["cluster=slurm_local", "launcher=slurm", *ONE_RUN]
+    sleeping = "[{match: {}, fault: sleep, seconds: 20}]"
     first = subprocess.Popen([sys.executable, "-m", "bench.sweep", "+sweep=smoke_full",
                               f"results_root={tmp_path}",
                               *SMOKE_SHAPE, *UNTRACED, "launcher.poll_s=0.5", "preflight.mode=off", *args],
-                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             env=faults.environ(sleeping))
     runs = tmp_path / "smoke_full" / "runs"
     deadline = time.monotonic() + 120
     while not any((rundir.read_ledger(d) or [{}])[-1].get("job") for d in runs.glob("*")):
@@ -390,7 +402,7 @@ def test_a_rerun_reattaches_to_the_job_a_killed_sweep_left_running(slurm_cluster
     first.wait(timeout=30)
     d = next(runs.iterdir())
     job_id = rundir.read_ledger(d)[-1]["job"]["job_id"]
-    again = run_sweep(tmp_path, *args)
+    again = run_sweep(tmp_path, *args, rules=sleeping)
     assert again.returncode == 1, again.stderr[-2000:]  # sleep mode has no summary; what matters is below
     ledger = rundir.read_ledger(d)
     assert len(ledger) == 1 and ledger[0]["job"]["job_id"] == job_id and "reattached_at" in ledger[0]
@@ -662,8 +674,8 @@ def test_a_node_whose_environment_differs_is_named_with_the_difference(slurm_clu
 def test_a_binary_whose_siblings_cannot_be_found_is_one_config_error() -> None:
     """The all-gather and reduce-scatter binaries are taken from beside all_reduce_perf: a binary of
     another name cannot say where they are."""
-    cfg = cfg_for("cluster.slurm.nccl_tests_binary=/opt/tools/allreduce")
+    cfg = cfg_for("launcher.slurm.nccl_tests_binary=/opt/tools/allreduce")
     spec = next(p.spec for p in expand(cfg) if p.spec.kind == "nccl" and p.spec.collective == "all_gather")
-    with pytest.raises(ConfigError, match="cluster.slurm.nccl_tests_binary: '/opt/tools/allreduce' is not an "
-                                          "nccl-tests all_reduce_perf binary"):
+    with pytest.raises(ConfigError, match="launcher.slurm.nccl_tests_binary: '/opt/tools/allreduce' is not "
+                                          "an nccl-tests all_reduce_perf binary"):
         SlurmLauncher(cfg).render(spec, Path("/fsx/results/p5_scaling/runs/run"))

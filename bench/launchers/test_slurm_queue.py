@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from bench.core.load_config import from_dict
+from bench.launchers import launcher_sections
 from bench.launchers.base import Outcome, Submission
 from bench.launchers.slurm import SlurmLauncher
 from bench.launchers.slurm_queue import LOOK_GROWTH, LOOK_MAX_S, Board, exit_code
@@ -32,7 +33,7 @@ def test_exit_codes_read_alike_from_squeue_and_from_sacct() -> None:
 def launcher_asking(*overrides: str) -> tuple[SlurmLauncher, list[list[str]]]:
     """A launcher of the test cluster, and every command it runs, in order."""
     launcher = SlurmLauncher(from_dict(compose(["+sweep=smoke", "cluster=slurm_local", "launcher=slurm",
-                                                *overrides])[0]))
+                                                *overrides])[0], launcher_sections()))
     asked: list[list[str]] = []
     run = launcher._run
 

@@ -20,9 +20,13 @@ from conftest import ROOT
 
 
 def test_every_kubernetes_worker_learns_its_image() -> None:
+    train_cfg = cfg_for("p5_scaling")  # launcher.kubernetes.image: the image every pod runs
+    train = next(p.spec for p in expand(train_cfg) if p.spec.kind == "train")
+    pods = manifest(train_cfg, train)["spec"]["pytorchReplicaSpecs"]
+    assert all({"name": IMAGE_ENV, "value": IMAGE} in pods[role]["template"]["spec"]["containers"][0]["env"]
+               for role in pods)
     cfg = cfg_for("efa_probe")
     probe = next(p.spec for p in expand(cfg) if p.spec.kind == "nccl" and p.spec.nodes == 2)
-    assert job_env(cfg, probe, None)[IMAGE_ENV] == IMAGE
     launcher = manifest(cfg, probe)["spec"]["mpiReplicaSpecs"]["Launcher"]
     command = launcher["template"]["spec"]["containers"][0]["command"]
     assert f"{IMAGE_ENV}={IMAGE}" in command  # -x: the ranks' environment, which their record reads

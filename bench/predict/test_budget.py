@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.core.load_config import from_dict
+from bench.launchers import launcher_sections
 from bench.predict.budget import Point, answer, days_to_train, step_up
 from bench.study.answer import answer_table, format_answer
 from bench.study.plan import answer_points, expand
@@ -77,7 +78,7 @@ def test_weak_scaling_has_days_at_each_batch_and_no_knee() -> None:
 
 def test_the_plan_of_p5_strong_answers_in_days_from_its_own_predicted_tokens_per_second() -> None:
     raw, _ = compose(["+sweep=p5_strong", "memory.measure=false", "cluster.price_per_hour=50"])
-    cfg = from_dict(raw)
+    cfg = from_dict(raw, launcher_sections())
     plan = expand(cfg)
     by_nodes = {(p.spec.model, p.spec.accumulation, p.spec.nodes): p for p in plan if p.spec.kind == "train"}
     groups = answer_points(plan)
@@ -110,17 +111,15 @@ def test_days_to_train_is_steps_times_step_time() -> None:
     assert days_to_train(86400 * 10.0, 10.0, 1.0) == 1.0
 
 
-PRICE = "error: cluster.price_per_hour must be USD per instance-hour (>= 0), got "
-TOKENS = "error: study.train_tokens must be a positive number of tokens, e.g. 1e12, got "
-
-
 @pytest.mark.parametrize("override, message", [
-    ("cluster.price_per_hour=-1", PRICE + "-1.0"), ("cluster.price_per_hour=nan", PRICE + "nan"),
+    ("cluster.price_per_hour=-1", "error: cluster.price_per_hour=-1.0 must be >= 0"),
+    ("cluster.price_per_hour=nan", "error: cluster.price_per_hour=nan must be a finite number >= 0"),
     ("cluster.price_per_hour=abc", "error: cluster.price_per_hour: Value 'abc' of type 'str' could not be "
                                    "converted to Float"),
-    ("study.train_tokens=0", TOKENS + "0.0"), ("study.train_tokens=inf", TOKENS + "inf"),
-    ("study.knee_share=0", "error: study.knee_share must be in (0, 1], got 0.0"),
-    ("study.knee_share=1.5", "error: study.knee_share must be in (0, 1], got 1.5"),
+    ("study.train_tokens=0", "error: study.train_tokens=0.0 must be > 0"),
+    ("study.train_tokens=inf", "error: study.train_tokens=inf must be a finite number > 0"),
+    ("study.knee_share=0", "error: study.knee_share=0.0 must be in (0, 1]"),
+    ("study.knee_share=1.5", "error: study.knee_share=1.5 must be in (0, 1]"),
 ])
 def test_a_bad_price_budget_or_knee_is_one_line_and_exit_2_before_anything_is_written(
         tmp_path, override: str, message: str) -> None:

@@ -16,7 +16,7 @@ from bench.core.hardware import GPUS
 from bench.core.load_config import from_dict
 from bench.core.models import get_arch
 from bench.core.schema import RunSpec, RunSummary
-from bench.launchers import placement_of
+from bench.launchers import launcher_sections, placement_of
 from bench.predict import calibrate, calibration_file, perf
 from bench.predict.calibrate import Observation, fit
 from bench.predict.comm import Network
@@ -185,7 +185,8 @@ def test_the_interval_covers_the_runs_scatter() -> None:
 # --- the study's file ----------------------------------------------------------------------------------
 
 def _cfg(tmp_path: Path, *overrides: str) -> object:
-    return from_dict(compose(["+sweep=smoke", f"results_root={tmp_path}", *overrides])[0])
+    return from_dict(compose(["+sweep=smoke", f"results_root={tmp_path}", *overrides])[0],
+                     launcher_sections())
 
 
 def _finished(sweep_dir: Path, cfg: object, nodes: int, gpus: int, tokens: float,

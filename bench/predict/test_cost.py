@@ -6,7 +6,7 @@ import pytest
 from bench.core.flops import model_flops_per_token
 from bench.core.load_config import from_dict
 from bench.core.models import get_arch
-from bench.launchers import placement_of
+from bench.launchers import launcher_sections, placement_of
 from bench.launchers.base import CLUSTER_STARTUP_S, MACHINE_STARTUP_S
 from bench.launchers.local import LocalLauncher
 from bench.launchers.slurm import SlurmLauncher
@@ -17,7 +17,7 @@ from bench.sweep import compose, main
 
 def cfg_for(*overrides: str):
     raw, _ = compose(list(overrides))
-    return from_dict(raw)
+    return from_dict(raw, launcher_sections())
 
 
 def test_timeout_bound_and_gpu_hours_have_exact_answers() -> None:

@@ -17,6 +17,7 @@ import bench.predict.memory as memory
 from bench.core.load_config import from_dict
 from bench.core.models import count_params, get_arch
 from bench.core.schema import RunSpec
+from bench.launchers import launcher_sections
 from bench.predict.memory import MemoryPlanner, fingerprint, memory_key
 from bench.study.plan import expand, feasibility
 from bench.sweep import _gib, compose, format_plan
@@ -27,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def cfg_for(tmp_path: Path, *overrides: str):
     raw, _ = compose([*overrides, f"memory.cache_dir={tmp_path / 'cache'}"])
-    return from_dict(raw)
+    return from_dict(raw, launcher_sections())
 
 
 def test_each_configuration_is_measured_once_then_read_from_the_cache(tmp_path: Path, capsys) -> None:

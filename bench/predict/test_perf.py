@@ -16,7 +16,7 @@ from bench.core.load_config import from_dict
 from bench.core.models import count_params, get_arch
 from bench.core.schema import RunSpec, RunSummary
 from bench.gpucheck.evidence import EVIDENCE_DIR, table_runs
-from bench.launchers import placement_of
+from bench.launchers import launcher_sections, placement_of
 from bench.core.fabric import FABRICS, Fabric, ScaleOut, ScaleUp
 from bench.predict.comm import Network, collectives, step_collectives
 from bench.predict.cpu import CpuFacts
@@ -298,7 +298,7 @@ def test_a_probe_calibrates_nccls_model_and_other_node_counts_are_predicted_not_
 
 def test_the_plan_carries_predictions_and_times_the_schedule_with_them() -> None:
     raw, _ = compose(["+sweep=p5_scaling", "axes.model=[llama2_7b]", "nccl.enabled=false"])
-    cfg = from_dict(raw)
+    cfg = from_dict(raw, launcher_sections())
     plan = expand(cfg)
     full = {p.spec.nodes: p for p in plan if p.spec.sharding == "FULL_SHARD"}
     assert full[1].pred_efficiency == 1.0 and 0.85 < full[16].pred_efficiency < 1.0
@@ -324,7 +324,7 @@ def test_no_predicted_efficiency_exceeds_linear_scaling(monkeypatch: pytest.Monk
     from bench.predict import perf
     from bench.study.plan import with_predictions
     monkeypatch.setattr(perf, "CPU", replace(perf.CPU, intra_busbw_gbs=1e6))
-    cfg = from_dict(compose(["+sweep=smoke", "memory.measure=false"])[0])
+    cfg = from_dict(compose(["+sweep=smoke", "memory.measure=false"])[0], launcher_sections())
     many_cores = SimpleNamespace(calibration=replace(CALIBRATION, cpu_capacity=64.0, cpu_step_s=1e-7),
                                  spread=lambda tokens: 0.1)
     predictor = _predictor(cfg, fit=many_cores, cpu=SMOKE_CPU)
@@ -386,7 +386,7 @@ def test_a_slower_all_gather_probe_predicts_a_longer_exposed_all_gather_and_name
     network's source names the probe."""
     from bench.predict.comm import gpu_collective_s
     from bench.predict.network import probes_of
-    cfg = from_dict(compose(["+sweep=p5_scaling", "nccl.enabled=false"])[0])
+    cfg = from_dict(compose(["+sweep=p5_scaling", "nccl.enabled=false"])[0], launcher_sections())
     spec = RunSpec(model="llama2_70b", nodes=4, gpus_per_node=8, activation_checkpointing="full",
                    micro_batch=1, seq_len=4096, efa_per_node=32, cluster="p5.48xlarge")
     ar_only = _predictor(cfg, probes_of([_probe_summary("all_reduce", 1.0)]))
@@ -411,7 +411,7 @@ def test_a_one_node_gather_probe_feeds_the_in_node_collectives_at_every_node_cou
     count; the plan names the probe."""
     from bench.predict.comm import gpu_collective_s
     from bench.predict.network import probes_of
-    cfg = from_dict(compose(["+sweep=p5_scaling", "nccl.enabled=false"])[0])
+    cfg = from_dict(compose(["+sweep=p5_scaling", "nccl.enabled=false"])[0], launcher_sections())
     probed = _predictor(cfg, probes_of([_probe_summary("all_gather", 2.0, nodes=1, efa=0)]))
     plain, arch = _predictor(cfg), get_arch("llama2_7b")
     for nodes, sharding in ((1, "FULL_SHARD"), (4, "HYBRID_SHARD")):
@@ -435,7 +435,7 @@ def test_a_cpu_collective_is_its_rings_steps_at_the_calibrated_step_whatever_its
     from bench.predict.comm import bus_factor, gpu_collective_s
     from bench.predict.cpu import CPU, CPU_RING_SHARED
     from bench.predict.network import probes_of
-    cfg = from_dict(compose(["+sweep=smoke"])[0])
+    cfg = from_dict(compose(["+sweep=smoke"])[0], launcher_sections())
     arch = get_arch("tiny_llama")
     cal = replace(CALIBRATION, cpu_step_s=1.7e-3, cpu_capacity=2.0, source="this study's 3 runs")
     four = {kind: 1 + CPU_RING_SHARED[kind] * ((17 / 2) ** 0.25 - 1) for kind in CPU_RING_SHARED}

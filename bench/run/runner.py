@@ -57,12 +57,12 @@ def git_revision() -> str | None:
 
 
 @dataclass(frozen=True)
-class Study:
-    """What running a plan reads of the sweep's configuration (bench.sweep builds it once): the study's
-    name and options, its launcher's settings and placement, and what its predictor is refitted for after
-    each run that ends ok (the cluster, the models it trains)."""
+class RunOptions:
+    """What running a plan reads of the sweep's configuration (bench.sweep.run_options builds it once): the
+    sweep's name and options, its launcher's settings and placement, and what its predictor is refitted for
+    after each run that ends ok (the cluster, the models it trains)."""
 
-    name: str
+    sweep_name: str
     launcher: LauncherConfig
     placement: Placement
     cluster: ClusterConfig
@@ -75,11 +75,11 @@ class Study:
     progress: bool = True
 
 
-def should_run(previous: RunSummary | None, study: Study) -> bool:
+def should_run(previous: RunSummary | None, options: RunOptions) -> bool:
     """Resume rule: redo nothing finished, unless --force; failed runs only with --rerun-failed."""
-    if study.force or previous is None or previous.status == "cancelled":
+    if options.force or previous is None or previous.status == "cancelled":
         return True
-    return study.rerun_failed and previous.status in RETRYABLE_STATUSES
+    return options.rerun_failed and previous.status in RETRYABLE_STATUSES
 
 
 @contextmanager
@@ -103,11 +103,11 @@ def stop_on_signals() -> Iterator[threading.Event]:
 
 
 class _Sweep:
-    """What the runs of one invocation share: the study, launcher, sweep dir, stop event, progress."""
+    """What the runs of one invocation share: the run options, launcher, sweep dir, stop event, progress."""
 
-    def __init__(self, study: Study, launcher: Launcher, sweep_dir: Path, stop: threading.Event,
+    def __init__(self, options: RunOptions, launcher: Launcher, sweep_dir: Path, stop: threading.Event,
                  progress: Progress, plan: list[PlannedRun]) -> None:
-        self.study, self.launcher, self.sweep_dir = study, launcher, sweep_dir
+        self.options, self.launcher, self.sweep_dir = options, launcher, sweep_dir
         self.stop, self.progress, self.plan = stop, progress, plan
         self.rev = git_revision()
         self.counts: Counter[str] = Counter()
@@ -133,8 +133,8 @@ class _Sweep:
         """The study's predictor as of now: its probes, and its calibration on the runs it has finished
         (the plan was predicted with the same until a run ends ok)."""
         if self._predictor is None:
-            study = self.study
-            self._predictor = study_predictor(study.cluster, study.placement, study.models, self.sweep_dir)[0]
+            o = self.options
+            self._predictor = study_predictor(o.cluster, o.placement, o.models, self.sweep_dir)[0]
         return self._predictor
 
     def settle(self) -> None:
@@ -147,7 +147,7 @@ class _Sweep:
     def job(self, planned: PlannedRun) -> schedule.Job:
         """The run as the schedule orders it: its predicted duration, else (no prediction: GPUs the cluster
         file does not name) the median wall time of the study's finished runs at its node count."""
-        job = schedule.job_of(planned, self.study.placement)
+        job = schedule.job_of(planned, self.options.placement)
         if job.seconds is None and (walls := self.walls.get(planned.spec.nodes)):
             job = replace(job, seconds=statistics.median(walls))
         return job
@@ -162,11 +162,12 @@ class _Sweep:
         return [fresh.get(p.spec.run_id, p) for p in waiting]
 
 
-def execute(study: Study, plan: list[PlannedRun], launcher: Launcher, sweep_dir: Path) -> dict[str, int]:
+def execute(options: RunOptions, plan: list[PlannedRun], launcher: Launcher,
+            sweep_dir: Path) -> dict[str, int]:
     """Run the plan; returns counts by status of this invocation (skipped runs under 'skipped')."""
-    budget = study.placement.node_budget
-    with stop_on_signals() as stop, Progress(len(plan), study.progress, budget) as progress:
-        sweep = _Sweep(study, launcher, sweep_dir, stop, progress, plan)
+    budget = options.placement.node_budget
+    with stop_on_signals() as stop, Progress(len(plan), options.progress, budget) as progress:
+        sweep = _Sweep(options, launcher, sweep_dir, stop, progress, plan)
         active: dict[str, tuple[PlannedRun, RunSteps]] = {}
         full = False
         try:
@@ -178,7 +179,7 @@ def execute(study: Study, plan: list[PlannedRun], launcher: Launcher, sweep_dir:
             stop.set()
             for planned, steps in active.values():
                 steps.close()
-                sweep.end(planned, RunSummary(run_id=planned.spec.run_id, sweep=study.name,
+                sweep.end(planned, RunSummary(run_id=planned.spec.run_id, sweep=options.sweep_name,
                                               status="cancelled", spec=planned.spec,
                                               error="cancelled by a second interrupt",
                                               run_dir=str(rundir.run_dir(sweep_dir, planned.spec))))
@@ -202,7 +203,7 @@ def _admit(sweep: _Sweep, plan: list[PlannedRun]) -> list[PlannedRun]:
     for planned in plan:
         run_dir = rundir.run_dir(sweep.sweep_dir, planned.spec)
         previous = rundir.read_summary(run_dir)
-        if not should_run(previous, sweep.study):
+        if not should_run(previous, sweep.options):
             sweep.progress.finish(planned.spec.label, f"skip ({previous.status})", None)
             sweep.counts["skipped"] += 1
             continue
@@ -210,19 +211,19 @@ def _admit(sweep: _Sweep, plan: list[PlannedRun]) -> list[PlannedRun]:
         if planned.feasible:
             todo.append(planned)
         else:
-            sweep.end(planned, infeasible_summary(planned.spec, sweep.study.name, run_dir,
+            sweep.end(planned, infeasible_summary(planned.spec, sweep.options.sweep_name, run_dir,
                                                   planned.predicted(), planned.reason))
     by_id = {p.spec.run_id: p for p in todo}
-    return [by_id[job.key] for job in schedule.order([schedule.job_of(p, sweep.study.placement)
+    return [by_id[job.key] for job in schedule.order([schedule.job_of(p, sweep.options.placement)
                                                       for p in todo])]
 
 
 def _drive(sweep: _Sweep, waiting: list[PlannedRun], active: dict[str, tuple[PlannedRun, RunSteps]],
            budget: int | None) -> None:
     """Start what fits, step every run in flight, end what finished; until nothing waits or runs."""
-    settings = sweep.study.launcher
+    settings = sweep.options.launcher
     jobs = {p.spec.run_id: sweep.job(p) for p in waiting}
-    admitting = sys.maxsize if sweep.study.placement.admits_all else budget  # the scheduler packs them
+    admitting = sys.maxsize if sweep.options.placement.admits_all else budget  # the scheduler packs them
     while waiting or active:
         if sweep.stop.is_set():
             waiting.clear()
@@ -246,8 +247,9 @@ def _drive(sweep: _Sweep, waiting: list[PlannedRun], active: dict[str, tuple[Pla
             except rundir.NoSpace:  # not the run's failure: the sweep stops (execute)
                 raise
             except Exception as e:  # a defect outside the launcher calls: the run fails, the sweep goes on
-                summary = RunSummary(run_id=planned.spec.run_id, sweep=sweep.study.name, status="failed",
-                                     spec=planned.spec, error=f"harness error: {type(e).__name__}: {e}",
+                summary = RunSummary(run_id=planned.spec.run_id, sweep=sweep.options.sweep_name,
+                                     status="failed", spec=planned.spec,
+                                     error=f"harness error: {type(e).__name__}: {e}",
                                      run_dir=str(rundir.run_dir(sweep.sweep_dir, planned.spec)))
             del active[key]
             sweep.end(planned, summary)
@@ -264,7 +266,7 @@ def _run(sweep: _Sweep, planned: PlannedRun) -> RunSteps:
 
 def _attempt(sweep: _Sweep, planned: PlannedRun, run_dir: Path) -> RunSteps:
     """One submission of a run (or the re-attached job of an earlier sweep), watched to its end."""
-    study, launcher, spec = sweep.study, sweep.launcher, planned.spec
+    options, launcher, spec = sweep.options, sweep.launcher, planned.spec
     started = now_iso()
     handle, attempt = _reattach(sweep, run_dir)
     if handle is None:
@@ -276,7 +278,7 @@ def _attempt(sweep: _Sweep, planned: PlannedRun, run_dir: Path) -> RunSteps:
                                   sweep.job(planned).seconds)
     try:
         if handle is not None:
-            outcome = yield from watch(study.launcher, launcher, handle, sweep.stop)
+            outcome = yield from watch(options.launcher, launcher, handle, sweep.stop)
             launcher.logs(handle, attempt_dir)
     except Exception as e:  # the launcher failed while the job ran: API error, command timeout ...
         outcome = Outcome(returncodes=[], error=f"launcher {launcher.name}: {type(e).__name__}: {e}")
@@ -290,8 +292,8 @@ def _attempt(sweep: _Sweep, planned: PlannedRun, run_dir: Path) -> RunSteps:
         outcome.executions = _executions(launcher, handle) or outcome.executions
     rundir.record_attempt(run_dir, attempt=attempt, ended_at=now_iso(),
                           **({"executions": outcome.executions} if outcome.executions else {}))
-    summary = summarize_run(spec, study.name, attempt_dir, outcome, predicted=planned.predicted(),
-                            git_rev=sweep.rev, started_at=started, tolerance=study.tolerance)
+    summary = summarize_run(spec, options.sweep_name, attempt_dir, outcome, predicted=planned.predicted(),
+                            git_rev=sweep.rev, started_at=started, tolerance=options.tolerance)
     summary.run_dir, summary.attempt = str(run_dir), attempt
     return summary
 
@@ -326,7 +328,7 @@ def _reattach(sweep: _Sweep, run_dir: Path) -> tuple[Any, int]:
         handle = sweep.launcher.attach(last["job"], rundir.attempt_dir(run_dir, attempt))
     except Exception:  # noqa: BLE001 - cannot tell: treat as gone, a new attempt starts
         handle = None
-    if handle is not None and (sweep.study.force or sweep.study.rerun_failed):
+    if handle is not None and (sweep.options.force or sweep.options.rerun_failed):
         _cleanup(sweep.launcher, handle, run_dir, attempt)
         handle = None
     if handle is None:
@@ -377,7 +379,7 @@ def _search_micro_batch(sweep: _Sweep, planned: PlannedRun, run_dir: Path) -> Ru
     trial runs (in <run dir>/search/mbN) at the next smaller sizes (half; with a global batch, the next that
     divides each rank's share), then the real run again at the size that fitted. The search is recorded in the
     summary's extra, the first entry being the real run's own attempt."""
-    spec, search = planned.spec, sweep.study.search
+    spec, search = planned.spec, sweep.options.search
     start = planned.micro_batch_start or 1
     first = yield from _attempt(sweep, replace(planned, spec=replace(spec, micro_batch=start)), run_dir)
     trials = [_trial_row(start, first)]

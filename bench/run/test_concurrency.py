@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench.core import rundir
+from bench.core import faults, rundir
 from conftest import SMOKE_SHAPE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,9 +32,11 @@ def sweep_argv(results: Path, *args: str) -> list[str]:
             *args]
 
 
-def run_sweep(results: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_sweep(results: Path, *args: str, timeout: float = 600,
+              rules: str = "") -> subprocess.CompletedProcess:
+    """The smoke's sweep, its workers given the test hook's fault `rules`."""
     return subprocess.run(sweep_argv(results, *args), cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=faults.environ(rules))
 
 
 def intervals(sweep_dir: Path) -> dict[str, tuple[float, float, int, str]]:
@@ -66,14 +68,14 @@ def max_nodes_in_flight(spans: dict[str, tuple[float, float, int, str]]) -> int:
 SLEEPY = ["axes.global_batch=[null]",
           "axes.nodes=[1,2]", "axes.sharding=[FULL_SHARD]", "axes.activation_checkpointing=[none]",
           "axes.precision=[fp32,bf16_mixed]",
-          "nccl.collectives=[all_reduce]",  # one probe per node count, as the spans below count them
-          "faults=[{match:{},fault:sleep,seconds:3}]"]
+          "nccl.collectives=[all_reduce]"]  # one probe per node count, as the spans below count them
 
 
 @pytest.mark.slow  # a real sweep or a whole deep model: minutes on 2 cores (CI runs it)
 def test_runs_overlap_within_the_budget_and_full_width_runs_and_probes_run_alone(tmp_path: Path) -> None:
     """Budget 2 nodes: the 1-node runs share it, a 2-node run (the whole budget) and every probe run alone."""
-    proc = run_sweep(tmp_path, *SLEEPY, "launcher.max_nodes=2")
+    proc = run_sweep(tmp_path, *SLEEPY, "launcher.max_nodes=2",
+                     rules="[{match: {}, fault: sleep, seconds: 3}]")
     assert proc.returncode == 1, proc.stderr[-2000:]  # sleep-mode runs report no summary: failed, by design
     spans = intervals(tmp_path / "smoke_full")
     assert len(spans) == 6  # 4 training runs, 2 probes, every one really ran
@@ -88,8 +90,8 @@ def test_runs_overlap_within_the_budget_and_full_width_runs_and_probes_run_alone
 
 @pytest.mark.slow  # 15 s on 2 cores: a 2-run sweep whose runs each sleep 2 s
 def test_without_a_budget_local_runs_one_at_a_time(tmp_path: Path) -> None:
-    proc = run_sweep(tmp_path, *SLEEPY[:-1], "faults=[{match:{},fault:sleep,seconds:2}]",
-                     "nccl.enabled=false", "axes.precision=[fp32]")
+    proc = run_sweep(tmp_path, *SLEEPY, "nccl.enabled=false", "axes.precision=[fp32]",
+                     rules="[{match: {}, fault: sleep, seconds: 2}]")
     assert proc.returncode == 1, proc.stderr[-2000:]
     spans = list(intervals(tmp_path / "smoke_full").values())
     assert len(spans) == 2 and not overlaps(*spans)
@@ -128,10 +130,10 @@ ONE_NODE = ["axes.global_batch=[null]",
 
 @pytest.mark.slow  # a real sweep or a whole deep model: minutes on 2 cores (CI runs it)
 def test_kill_9_leaves_no_worker_a_table_and_one_attempt_on_resume(tmp_path: Path) -> None:
-    faults = ("faults=[{match:{activation_checkpointing:full},fault:sleep,seconds:1},"
-              "{match:{activation_checkpointing:none},fault:hang}]")
-    sweep = subprocess.Popen(sweep_argv(tmp_path, *ONE_NODE, faults), cwd=ROOT, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+    rules = ("[{match: {activation_checkpointing: full}, fault: sleep, seconds: 1}, "
+             "{match: {activation_checkpointing: none}, fault: hang}]")
+    sweep = subprocess.Popen(sweep_argv(tmp_path, *ONE_NODE), cwd=ROOT, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, env=faults.environ(rules))
     runs = tmp_path / "smoke_full" / "runs"
     hung = lambda: [d for d in runs.glob("*-noac-*") if any(  # noqa: E731
         r["kind"] == "step" for r in rundir.read_records(d))]
@@ -163,8 +165,8 @@ def test_kill_9_leaves_no_worker_a_table_and_one_attempt_on_resume(tmp_path: Pat
 
 
 def test_a_second_sweep_on_the_same_dir_exits_2_and_launches_nothing(tmp_path: Path) -> None:
-    first = subprocess.Popen(sweep_argv(tmp_path, *ONE_NODE, "faults=[{match:{},fault:hang}]"), cwd=ROOT,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = subprocess.Popen(sweep_argv(tmp_path, *ONE_NODE), cwd=ROOT, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, env=faults.environ("[{match: {}, fault: hang}]"))
     try:
         runs = tmp_path / "smoke_full" / "runs"
         _wait_for(lambda: any(runs.glob("*/ledger.json")), 120, "the first sweep never submitted")

@@ -59,15 +59,16 @@ def test_runs_without_a_prediction_are_ordered_by_the_studys_finished_runs(tmp_p
     import threading
 
     from bench.core.load_config import from_dict
-    from bench.launchers import placement_of
+    from bench.launchers import launcher_sections, placement_of
     from bench.run.runner import _Sweep
     from bench.study.plan import expand
-    from bench.sweep import compose, study_from
-    cfg = from_dict(compose(["+sweep=p5_scaling", "axes.model=[llama2_7b]", "axes.sharding=[FULL_SHARD]",
-                             "cluster.gpu=null", "nccl.enabled=false", "memory.measure=false"])[0])
+    from bench.sweep import compose, run_options
+    raw = compose(["+sweep=p5_scaling", "axes.model=[llama2_7b]", "axes.sharding=[FULL_SHARD]",
+                   "cluster.gpu=null", "nccl.enabled=false", "memory.measure=false"])[0]
+    cfg = from_dict(raw, launcher_sections())
     plan = {p.spec.nodes: p for p in expand(cfg)}
-    study = study_from(cfg, placement_of(cfg))
-    sweep = _Sweep(study, None, tmp_path, threading.Event(), None, list(plan.values()))
+    options = run_options(cfg, placement_of(cfg))
+    sweep = _Sweep(options, None, tmp_path, threading.Event(), None, list(plan.values()))
     assert sweep.job(plan[2]).seconds is None  # nothing finished yet: no estimate
     sweep.walls = {2: [100.0, 300.0, 260.0], 4: [50.0]}
     assert sweep.job(plan[2]).seconds == 260.0 and sweep.job(plan[4]).seconds == 50.0

@@ -10,6 +10,7 @@ import pytest
 from bench.core.load_config import from_dict
 from bench.core.records import RECORDS_DIR, format_record
 from bench.core.schema import RunSpec
+from bench.launchers import launcher_sections
 from bench.launchers.base import Outcome
 from bench.launchers.local import LocalLauncher
 from bench.run.collect import summarize_run
@@ -17,8 +18,6 @@ from bench.sweep import compose, main
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    (["faults=[{match:{},fault:slow_collective,collective:all_gatherr}]"],
-     "faults: unknown collective 'all_gatherr'; known: all_reduce, all_gather, reduce_scatter"),
     (["trace.ranks=some"], "trace.ranks='some' is not one of: all, per_node"),
     (["trace.steps=0"], "trace.steps=0 must be >= 1"),
 ])
@@ -34,7 +33,8 @@ def test_the_worker_is_told_to_trace_and_the_run_id_stays(tmp_path: Path) -> Non
     spec = RunSpec(model="tiny_llama", nodes=2, gpus_per_node=2, micro_batch=2)
     ids = {}
     for overrides in ([], ["trace.ranks=per_node", "trace.steps=2"], ["trace.enabled=false"]):
-        cfg = from_dict(compose(["+sweep=smoke", f"results_root={tmp_path}", *overrides])[0])
+        raw = compose(["+sweep=smoke", f"results_root={tmp_path}", *overrides])[0]
+        cfg = from_dict(raw, launcher_sections())
         argv = LocalLauncher(cfg).render(spec, tmp_path).argvs[0]
         ids[tuple(overrides)] = spec.run_id
         tail = list(argv[argv.index("--trace-steps"):][:4]) if "--trace-steps" in argv else []
@@ -49,7 +49,7 @@ def test_a_sweep_run_from_another_dir_keeps_each_trace_in_its_own_run_dir(
     (written by the worker under --run-dir) in the project's results/ instead of the study's."""
     monkeypatch.chdir(tmp_path)
     spec = RunSpec(model="tiny_llama", nodes=2, gpus_per_node=2, micro_batch=2)
-    cfg = from_dict(compose(["+sweep=smoke", "results_root=results"])[0])
+    cfg = from_dict(compose(["+sweep=smoke", "results_root=results"])[0], launcher_sections())
     submission = LocalLauncher(cfg).render(spec, Path("results/smoke/runs") / spec.run_id)
     argv = submission.argvs[0]
     run_dir = Path(argv[argv.index("--run-dir") + 1])

@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 
 from bench.core.load_config import from_dict
+from bench.launchers import launcher_sections
 from bench.launchers.base import DONE, PENDING, RUNNING, Outcome, Poll
 from bench.run import watch
 from bench.run.classify import classify
@@ -38,7 +39,7 @@ def _watched(script: list[tuple[str, int]], monkeypatch, timeout_s: float = 120,
            queue_timeout_s: float = 200) -> Outcome:
     clock = [0.0]
     monkeypatch.setattr(watch.time, "monotonic", lambda: clock[0])
-    cfg = from_dict(compose(["+sweep=smoke"])[0])
+    cfg = from_dict(compose(["+sweep=smoke"])[0], launcher_sections())
     cfg = replace(cfg, launcher=replace(cfg.launcher, timeout_s=timeout_s, queue_timeout_s=queue_timeout_s))
     steps = watch.watch(cfg.launcher, Scripted(script, clock), object(), threading.Event())
     try:

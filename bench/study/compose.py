@@ -3,11 +3,12 @@
 bench.preflight` both start from."""
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from bench.core.config import ConfigError, SweepConfig
-from bench.core.load_config import omegaconf_message, register_schema
-from bench.launchers import launcher_for
+from bench.core.load_config import moved, omegaconf_message, register_schema
+from bench.launchers import launcher_for, launcher_sections
 from bench.launchers.base import PROJECT_ROOT, Launcher
 
 CONFIG_DIR = PROJECT_ROOT / "sweeps"
@@ -17,13 +18,22 @@ def available_sweeps() -> list[str]:
     return sorted(p.stem for p in (CONFIG_DIR / "sweep").glob("*.yaml"))
 
 
+def override_key(override: str) -> str:
+    """The key an override sets or removes: `+cluster.gpu=H100-SXM` -> cluster.gpu."""
+    return override.split("=", 1)[0].lstrip("~+").split("@", 1)[0]
+
+
 def compose(overrides: list[str]) -> tuple[dict[str, Any], str]:
-    """Resolved config as a plain dict, and its YAML for the results store."""
+    """Resolved config as a plain dict, and its YAML for the results store; a key that has moved is one
+    ConfigError naming its new key (in a YAML file too: `omegaconf_message`)."""
     from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
-    register_schema()
+    for override in overrides:
+        if message := moved(override_key(override)):
+            raise ConfigError(message)
+    register_schema(launcher_sections())
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
             cfg = hydra_compose(config_name="config", overrides=overrides)
@@ -32,9 +42,11 @@ def compose(overrides: list[str]) -> tuple[dict[str, Any], str]:
     except OmegaConfBaseException as e:
         raise ConfigError(omegaconf_message(e)) from None
     except HydraException as e:
-        cause = e.__cause__
-        if isinstance(cause, OmegaConfBaseException):  # "Error merging override X" + why: keep the why
-            raise ConfigError(omegaconf_message(cause)) from None
+        cause = e.__cause__ or e.__context__
+        if isinstance(cause, OmegaConfBaseException):  # "Error merging override X" + why: keep the why,
+            where = re.match(r"In '([^']+)'", str(e))  # and the file it is in ("In 'cluster/mine': ...")
+            in_file = f"{where.group(1)}.yaml: " if where else ""
+            raise ConfigError(in_file + omegaconf_message(cause)) from None
         raise ConfigError(hydra_message(str(e)) or type(e).__name__) from None
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.core.load_config import from_dict
-from bench.launchers import placement_of
+from bench.launchers import launcher_sections, placement_of
 from bench.predict.calibration_file import study_predictor
 from bench.predict.split import Options, best_change, lost_points, rounded
 from bench.study.answer import _split, options, predicted_split
@@ -26,7 +26,7 @@ P5 = {"sweep_name": "p5", "launcher": {"name": "slurm"}, "nccl": {"enabled": Fal
 
 def test_the_plan_prints_each_node_counts_split_and_the_change_predicted_to_win_the_most_back(
         tmp_path: Path) -> None:
-    cfg = from_dict(P5)
+    cfg = from_dict(P5, launcher_sections())
     plan = expand(cfg)
     predictor = study_predictor(cfg.cluster, placement_of(cfg), cfg.axes.model, tmp_path)[0]
     text = predicted_split(cfg.cluster, plan, predictor)

@@ -2,16 +2,18 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
 
+from bench.core import faults
 from bench.core.config import ConfigError
 from bench.core.load_config import from_dict
 from bench.core.models import block_params, count_params, get_arch
-from bench.core.schema import RunSpec
-from bench.launchers import placement_of
+from bench.core.schema import FAULTS_ENV, RunSpec
+from bench.launchers import launcher_sections, placement_of
 from bench.predict.memory import MemoryFigure, states_gib
 from bench.study.plan import auto_starts, expand, feasibility, micro_batch_sizes
 from bench.sweep import compose, main
@@ -19,7 +21,7 @@ from bench.sweep import compose, main
 
 def plan_for(*overrides: str):
     raw, _ = compose(list(overrides))
-    return expand(from_dict(raw))
+    return expand(from_dict(raw, launcher_sections()))
 
 
 def test_smoke_full_plan_is_the_product_minus_exclusions() -> None:
@@ -153,23 +155,23 @@ def test_ablation_changes_one_factor_at_a_time() -> None:
      "cluster.price_per_hour: Value 'abc' of type 'str' could not be converted to Float"),
     (["launcher.timeout_s=abc"], "launcher.timeout_s: Value 'abc'"),
     (["launcher.poll_s=abc"], "launcher.poll_s: Value 'abc'"),
-    (["launcher.timeout_s=-5"], "launcher.timeout_s must be a positive number of seconds"),
+    (["launcher.timeout_s=-5"], "launcher.timeout_s=-5.0 must be > 0"),
+    (["launcher.timeout_s=inf"], "launcher.timeout_s=inf must be a finite number > 0"),
     # typos are refused, not ignored: `+dry_runn=true` would launch for real
     (["+bogus_key=1"], "unknown key bogus_key; known there: sweep_name"),
     (["+dry_runn=true"], "unknown key dry_runn; known there: sweep_name, results_root, dry_run"),
     (["+steps_typo=5"], "unknown key steps_typo"),
-    (["faults=[{match:{precison:fp32},fault:nan}]"], "faults: unknown match key(s) precison"),
-    (["cluster.slurm.partitionn=p5"],
-     "unknown key cluster.slurm.partitionn; known there: partition, account"),
+    (["launcher.slurm.partitionn=p5"],
+     "unknown key launcher.slurm.partitionn; known there: partition, account"),
     # `+` does not get past the schema
-    (["+cluster.slurm.partitionn=p5"], "unknown key cluster.slurm.partitionn"),
+    (["+launcher.slurm.partitionn=p5"], "unknown key launcher.slurm.partitionn"),
     (["axes.nodes=4"], "axes.nodes: must be a list, e.g. [4]"),
     (["axes.nodes=[1,x]"], "axes.nodes[1]: Value 'x'"),
-    (["launcher.max_nodes=0"], "launcher.max_nodes must be a positive integer"),
+    (["launcher.max_nodes=0"], "launcher.max_nodes=0 must be > 0"),
     (["cluster=nope"], "Could not find 'cluster/nope'; available: local, p4d.24xlarge"),
     # a global batch that no run can split, and accumulation modes where they cannot act
-    (["axes.global_batch=[0]"], "axes.global_batch must be a positive integer, got 0"),
-    (["axes.global_batch=[-8]"], "axes.global_batch must be a positive integer, got -8"),
+    (["axes.global_batch=[0]"], "axes.global_batch=0 must be > 0"),
+    (["axes.global_batch=[-8]"], "axes.global_batch=-8 must be > 0"),
     (["axes.global_batch=[1.5]"], "axes.global_batch[0]: Value '1.5' of type 'float' could not be converted"),
     (["axes.global_batch=[6]", "axes.micro_batch=[1]"],
      "global_batch 6 is not divisible by the 4 data-parallel ranks of 2 node(s) x 2 GPUs"),
@@ -184,8 +186,8 @@ def test_ablation_changes_one_factor_at_a_time() -> None:
      "accumulation=allreduce_once defers HYBRID_SHARD's all-reduce across nodes; FULL_SHARD has none"),
     (["axes.accumulation=[keep_gathered]", "axes.global_batch=[16]", "axes.sharding=[NO_SHARD]"],
      "accumulation=keep_gathered keeps gathered parameters; NO_SHARD never shards them"),
-    (["study.train_tokens=-1"], "study.train_tokens must be a positive number"),
-    (["study.knee_share=1.5"], "study.knee_share must be in (0, 1]"),
+    (["study.train_tokens=-1"], "study.train_tokens=-1.0 must be > 0"),
+    (["study.knee_share=1.5"], "study.knee_share=1.5 must be in (0, 1]"),
     # probes of a collective nccl-tests and the torch probe do not run, or of adapters the instance lacks
     (["nccl.collectives=[all_reduce,broadcast]"],
      "nccl.collectives: unknown collective(s) ['broadcast']; known: all_reduce, all_gather, reduce_scatter"),
@@ -217,16 +219,97 @@ def test_unknown_sweep_is_a_config_error(capsys) -> None:
     assert "sweep/nope" in err and "available: ablation, efa_probe" in err and err.count("\n") == 1
 
 
-def test_a_fault_named_nan_is_a_name_not_a_number() -> None:
-    raw, _ = compose(["+sweep=smoke", "faults=[{match:{precision:fp32},fault:nan}]"])
-    assert from_dict(raw).faults[0].fault == "nan"
+@pytest.mark.parametrize("override,message", [
+    ("cluster.slurm.partition=p5", "cluster.slurm.partition has moved: set launcher.slurm.partition (each "
+     "launcher owns its keys)"),
+    ("+cluster.kubernetes.image=reg.io/x:1", "set launcher.kubernetes.image"),
+    ("launcher.python=/opt/venv/bin/python", "set launcher.local.python or launcher.slurm.python"),
+    ("launcher.warm_workers=false", "set launcher.local.warm_workers or launcher.slurm.warm_workers"),
+    ("launcher.workdir=/fsx/fsdpbench", "set launcher.slurm.workdir"),
+    ("launcher.kubeconfig=/k", "set launcher.kubernetes.kubeconfig"),
+    ("launcher.context=prod", "set launcher.kubernetes.context"),
+    ("faults=[{match:{},fault:hang}]", "faults is no setting any more: faults are a test hook, given in "
+     "$FSDPBENCH_FAULTS"),
+])
+def test_an_old_key_is_one_line_naming_its_new_key(override: str, message: str, capsys, tmp_path,
+                                                   monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["+sweep=smoke", override, f"results_root={tmp_path}/r"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("group,text,message", [
+    ("cluster", "slurm:\n  partition: debug\n",
+     "cluster/mine.yaml: cluster.slurm has moved: set launcher.slurm"),
+    ("launcher", "kubeconfig: /k\n", "launcher/mine.yaml: launcher.kubeconfig has moved: set "
+     "launcher.kubernetes.kubeconfig")])
+def test_an_old_key_in_a_yaml_file_is_one_line_naming_its_new_key(group: str, text: str, message: str,
+                                                                   capsys, tmp_path) -> None:
+    """A file of the old layout, as a user's own copy would still have it (found on Hydra's search path)."""
+    head = {"cluster": "name: mine\ninstance_type: local\ngpus_per_node: 2\nmax_nodes: 4\n",
+            "launcher": "name: kubernetes\n"}[group]
+    (tmp_path / "mine" / group).mkdir(parents=True)
+    (tmp_path / "mine" / group / "mine.yaml").write_text(head + text)
+    assert main(["+sweep=smoke", f"{group}=mine", f"hydra.searchpath=[file://{tmp_path / 'mine'}]",
+                 f"results_root={tmp_path / 'r'}"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {message} (each launcher owns its keys)\n" and not (tmp_path / "r").exists()
+
+
+def test_a_fault_named_nan_is_a_name_not_a_number(monkeypatch) -> None:
+    monkeypatch.setenv(FAULTS_ENV, "[{match: {precision: fp32}, fault: nan}]")
+    assert faults.rules()[0].fault == "nan"
+
+
+@pytest.mark.parametrize("text,message", [
+    ("[{match: {precison: fp32}, fault: nan}]", "FSDPBENCH_FAULTS: unknown match key(s) precison"),
+    ("[{match: {}, fault: slow_collective, collective: all_gatherr}]",
+     "FSDPBENCH_FAULTS: unknown collective 'all_gatherr'; known: all_reduce, all_gather, reduce_scatter"),
+    ("[{match: {}, fault: explode}]", "FSDPBENCH_FAULTS: unknown fault 'explode'; known: none, oom"),
+    ("[{match: {}, fault: hang, stepp: 1}]",
+     "FSDPBENCH_FAULTS: unknown key stepp; known there: match, fault"),
+    ("{fault: hang}", "FSDPBENCH_FAULTS must be a list of rules"),
+    ("[{fault: [}]", "FSDPBENCH_FAULTS: not YAML"),
+])
+def test_a_bad_fault_rule_is_one_line_before_anything_is_written(text: str, message: str, capsys, tmp_path,
+                                                                 monkeypatch) -> None:
+    monkeypatch.setenv(FAULTS_ENV, text)
+    assert main(["+sweep=smoke", f"results_root={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and list(tmp_path.iterdir()) == []
+
+
+def test_a_fault_rule_reaches_the_command_line_of_the_workers_it_matches(monkeypatch, tmp_path) -> None:
+    """$FSDPBENCH_FAULTS -> each matching run's worker arguments (--fault ...), and no other run's; the run
+    ids are the same with the rule and without (a test hook, not what a run measures)."""
+    from bench.launchers.local import LocalLauncher
+    cfg = from_dict(compose(["+sweep=smoke", f"results_root={tmp_path}"])[0], launcher_sections())
+    specs = [p.spec for p in expand(cfg) if p.spec.kind == "train"]
+    assert {s.precision for s in specs} >= {"fp32", "bf16_mixed"}
+    monkeypatch.setenv(FAULTS_ENV, "[{match: {precision: fp32}, fault: hang, step: 2, rank: 1}]")
+    assert [p.spec.run_id for p in expand(cfg) if p.spec.kind == "train"] == [s.run_id for s in specs]
+    for spec in specs:
+        argv = list(LocalLauncher(cfg, gpus=[]).render(spec, tmp_path).argvs[0])
+        at = argv.index("--fault") if "--fault" in argv else len(argv)
+        hang = ["--fault", "hang", "--fault-step", "2", "--fault-rank", "1"]
+        assert argv[at:at + 6] == (hang if spec.precision == "fp32" else []), spec.label
+
+
+def test_faults_are_no_key_of_the_configuration(capsys) -> None:
+    """The test hook is kept out of what a user reads: the schema, --help-config and the saved sweep.yaml."""
+    assert main(["--help-config"]) == 0
+    listing = capsys.readouterr().out
+    assert "launcher.timeout_s: float (> 0) = 900" in listing and not re.search(r"\bfaults?\b", listing)
+    raw, yaml_text = compose(["+sweep=smoke"])
+    assert "faults" not in raw and not re.search(r"\bfaults?\b", yaml_text)
 
 
 def test_config_error_type_is_raised_by_from_dict() -> None:
     raw, _ = compose(["+sweep=smoke"])
     raw["axes"]["micro_batch"] = [0]
     with pytest.raises(ConfigError, match="positive integer"):
-        from_dict(raw)
+        from_dict(raw, launcher_sections())
 
 
 class GrowingMemory:
@@ -244,7 +327,7 @@ def test_auto_micro_batch_starts_at_the_largest_power_of_two_that_fits() -> None
     raw, _ = compose(["+sweep=p5_scaling", "axes.model=[llama2_13b]", "axes.nodes=[1]",
                       "axes.micro_batch=[auto]", "axes.activation_checkpointing=[none]",
                       "nccl.enabled=false"])
-    cfg = from_dict(raw)
+    cfg = from_dict(raw, launcher_sections())
     plan = expand(cfg, GrowingMemory())
     assert plan and all(p.spec.micro_batch == 0 and "mbauto" in p.spec.label and p.feasible for p in plan)
     assert {p.micro_batch_start for p in plan} == {16}
@@ -293,7 +376,7 @@ def test_the_micro_batch_search_finds_what_trying_every_size_finds(name: str, pe
     raw, _ = compose(["+sweep=p5_scaling", "axes.model=[llama2_13b]", "axes.nodes=[1,2,4]",
                       "axes.micro_batch=[auto]", "axes.activation_checkpointing=[none]", "nccl.enabled=false",
                       "micro_batch_search.max=64", "axes.global_batch=[null,96]"])
-    cfg = from_dict(raw)
+    cfg = from_dict(raw, launcher_sections())
     specs = [p.spec for p in expand(cfg)]
     memory = CountingMemory(peak, over_states)
     found = auto_starts(cfg, specs, memory)
@@ -309,11 +392,11 @@ def test_the_micro_batch_search_finds_what_trying_every_size_finds(name: str, pe
 @pytest.mark.parametrize("override,message", [
     ("axes.micro_batch=[0]", "axes.micro_batch must be a positive"),
     ("axes.micro_batch=[big]", "axes.micro_batch must be a positive"),
-    ("micro_batch_search.max=0", "micro_batch_search.max must be")])
+    ("micro_batch_search.max=0", "micro_batch_search.max=0 must be > 0")])
 def test_micro_batch_values_are_checked(override: str, message: str) -> None:
     raw, _ = compose(["+sweep=smoke", override])
     with pytest.raises(ConfigError, match=message):
-        from_dict(raw)
+        from_dict(raw, launcher_sections())
 
 
 def test_a_dry_run_plans_the_run_ids_the_launch_will_use() -> None:
@@ -323,12 +406,12 @@ def test_a_dry_run_plans_the_run_ids_the_launch_will_use() -> None:
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["cluster.kubernetes.namespace=Bad_NS"],
-     "cluster.kubernetes.namespace='Bad_NS' is not an RFC 1123 label"),
-    (["cluster.kubernetes.shm_size=lots"], "cluster.kubernetes.shm_size='lots' is not a quantity"),
-    (["cluster.kubernetes.image='Registry/My Image:1'"], "is not an image reference"),
-    (["cluster.kubernetes.image_pull_secret=Not_A_Name"], "is not a Secret name"),
-    ([], "set cluster.kubernetes.image to your worker image"),  # --dry-run without an image: one line
+    (["launcher.kubernetes.namespace=Bad_NS"],
+     "launcher.kubernetes.namespace='Bad_NS' is not an RFC 1123 label"),
+    (["launcher.kubernetes.shm_size=lots"], "launcher.kubernetes.shm_size='lots' is not a quantity"),
+    (["launcher.kubernetes.image='Registry/My Image:1'"], "is not an image reference"),
+    (["launcher.kubernetes.image_pull_secret=Not_A_Name"], "is not a Secret name"),
+    ([], "set launcher.kubernetes.image to your worker image"),  # --dry-run without an image: one line
 ])
 def test_bad_kubernetes_values_are_one_line_before_anything_is_written(overrides, message, capsys, tmp_path,
                                                                       monkeypatch) -> None:
@@ -395,7 +478,7 @@ def test_new_axes_keep_the_run_ids_of_existing_studies() -> None:
 def test_the_schedule_line_names_its_node_budget_in_words() -> None:
     from bench.run.schedule import makespan_line
     for budget, words in ((1, "1 node in flight"), (4, "4 nodes in flight")):
-        cfg = from_dict(compose(["+sweep=smoke", f"launcher.max_nodes={budget}"])[0])
+        cfg = from_dict(compose(["+sweep=smoke", f"launcher.max_nodes={budget}"])[0], launcher_sections())
         line = makespan_line(cfg.cluster.name, placement_of(cfg), [], cfg.launcher.probes_alone)
         assert line.startswith(f"schedule: {words};")
 
