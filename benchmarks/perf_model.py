@@ -51,9 +51,9 @@ from bench.predict.published import (  # noqa: E402
 )
 from bench.predict.split import PARTS as TRACE_PARTS  # noqa: E402
 
-# The fitted constants. Contention is not among them: the published rows cannot tell it (a fit runs it to
-# 0, its bound, trading it against the elementwise traffic), so it stays at its measured figure
-# (perf.CALIBRATION's comment)
+# The fitted constants. Contention is not among them: it stays at its measured figure (perf.CALIBRATION's
+# comment); with the others fitted, the loss over these rows is lowest near it (benchmarks/evidence/README.md,
+# "Published FSDP rows")
 NAMES = ("A100", "H100", "elementwise_bytes", "compile_traffic")
 BOUNDS = ((0.3, 0.98), (0.3, 0.98), (0.0, 2000.0), (0.1, 1.0))
 

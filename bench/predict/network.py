@@ -18,10 +18,11 @@ from bench.core.schema import RunSpec, RunSummary
 from bench.predict.collective import Calibration, calibrate
 from bench.predict.comm import Network
 
-# 0 EFA on an EFA instance: NCCL's socket transport over the instance's ENA, two TCP flows at EC2's 10 Gb/s
-# single-flow limit inside a cluster placement group (EC2 user guide, "instance network bandwidth"); an
-# assumption the study's own 0-EFA probe calibrates
-SOCKETS = ScaleOut("tcp", 2, 10.0, rdma=False)
+# 0 EFA on an EFA instance: NCCL's socket transport over one 100 Gb/s ENA port, at the share of line rate
+# the published socket tables give (network.DEFAULTS["tcp"]: 2.5 GB/s a node, what two TCP flows at EC2's
+# 10 Gb/s single-flow limit in a cluster placement group carry: EC2 user guide, "instance network
+# bandwidth"); an assumption the study's own 0-EFA probe calibrates
+SOCKETS = ScaleOut("tcp", 1, 100.0, rdma=False)
 
 # Per transport, the latency of one network hop (in place of what the net plugin reports to NCCL's tuner)
 # and the multi-node bandwidth's fraction of NCCL's model of it, fitted to the published nccl-tests tables

@@ -145,17 +145,49 @@ def overlapped(a: tuple[float, float], b: tuple[float, float]) -> float:
     return max(0.0, min(a[1], b[1]) - max(a[0], b[0]))
 
 
-def charged(gap: tuple[float, float], first: Sequence[Op], then: Sequence[Op]) -> list[tuple[Op, float]]:
-    """Who an idle span of the compute stream is charged to: the shard queue's collectives for the time they
-    ran in it, the replicate queue's for the rest of the time they ran in it (each queue's collectives run
-    one at a time, so neither counts a moment twice)."""
-    out = [(op, overlapped(gap, (op.start, op.end))) for op in first]
-    covered = [(max(gap[0], op.start), min(gap[1], op.end)) for op, s in out if s > 0]
-    for op in then:
-        span = (max(gap[0], op.start), min(gap[1], op.end))
-        if span[1] > span[0]:
-            out.append((op, span[1] - span[0] - sum(overlapped(span, c) for c in covered)))
-    return [(op, s) for op, s in out if s > 0]
+def per_op(ops: Sequence[Op], spans: Sequence[tuple[float, float]]) -> list[float]:
+    """Each op's time within `spans` (both sorted and disjoint: one queue's ops, one stream's spans), in one
+    pass over both."""
+    out, j = [], 0
+    for op in ops:
+        while j < len(spans) and spans[j][1] <= op.start:
+            j += 1
+        k, inside = j, 0.0
+        while k < len(spans) and spans[k][0] < op.end:
+            inside += overlapped(spans[k], (op.start, op.end))
+            k += 1
+        out.append(inside)
+    return out
+
+
+def outside(spans: Sequence[tuple[float, float]], ops: Sequence[Op]) -> list[tuple[float, float]]:
+    """The parts of sorted, disjoint `spans` no op of a queue ran in."""
+    out, j = [], 0
+    for start, stop in spans:
+        t = start
+        while j < len(ops) and ops[j].end <= start:
+            j += 1
+        k = j
+        while k < len(ops) and ops[k].start < stop:
+            if ops[k].start > t:
+                out.append((t, ops[k].start))
+            t = max(t, ops[k].end)
+            k += 1
+        if t < stop:
+            out.append((t, stop))
+    return out
+
+
+def charged(gaps: Sequence[tuple[float, float]], first: Sequence[Op], then: Sequence[Op]) -> dict[str, float]:
+    """Per part, the compute stream's idle time charged to it: the shard queue's collectives for the time they
+    ran in the gaps, the replicate queue's for the rest of the gaps' time they ran in (each queue runs one
+    collective at a time, so neither counts a moment twice)."""
+    exposed = dict.fromkeys(PARTS, 0.0)
+    for op, seconds in zip(first, per_op(first, gaps)):
+        exposed[op.part] += seconds
+    for op, seconds in zip(then, per_op(then, outside(gaps, first))):
+        exposed[op.part] += seconds
+    return exposed
 
 
 def micro_batch(root: Unit, blocks: Sequence[Unit]) -> Overlap:
@@ -165,15 +197,12 @@ def micro_batch(root: Unit, blocks: Sequence[Unit]) -> Overlap:
     issued = forward(root, blocks, shard, stream)
     backward(root, blocks, shard, replicate, stream, issued)
     end = max(stream.free, shard.free, replicate.free)
-    exposed = dict.fromkeys(PARTS, 0.0)
-    for gap in idle(stream, end):
-        for op, seconds in charged(gap, shard.ops, replicate.ops):
-            exposed[op.part] += seconds
+    exposed = charged(idle(stream, end), shard.ops, replicate.ops)
     by_part = dict.fromkeys(PARTS, 0.0)
     for op in shard.ops + replicate.ops:
         by_part[op.part] += op.end - op.start
     total = sum(by_part.values())
-    lost = sum(op.share * overlapped(span, (op.start, op.end))
-               for op in shard.ops + replicate.ops for span in stream.busy)
+    busy = sorted(stream.busy)
+    lost = sum(op.share * s for ops in (shard.ops, replicate.ops) for op, s in zip(ops, per_op(ops, busy)))
     shown = sum(exposed.values())
     return Overlap(exposed, {k: v for k, v in by_part.items() if v > 0}, max(0.0, total - shown), total, lost)

@@ -93,10 +93,13 @@ def _row(source: str, arch: ModelArch | str, gpu: str | GpuSpec, nodes: int, sha
                         efficiency, stack=stack)
 
 
-def rdma_network(gpu: GpuSpec, nodes: int, node_gbps: float) -> Network:
-    """A published row's network where its publisher states a node's RDMA line rate alone: 8 InfiniBand
-    adapters sharing it (one per GPU, as HGX nodes have them) on the GPU's board."""
-    fabric = gpu_node(gpu.name, 8, gpu.compute_capability or 90, ScaleOut("infiniband", 8, node_gbps / 8, True))
+def rdma_network(gpu: GpuSpec, nodes: int, node_gbps: float, transport: str = "roce") -> Network:
+    """A published row's network where its publisher states a node's RDMA line rate alone: 8 adapters sharing
+    it (one per GPU, as HGX nodes have them) on the GPU's board. RoCE where the link layer is stated so or
+    known (llm-foundry's A100 tables name it; IBM's Vela cluster, the fms-fsdp rows, is RoCE: its rows in
+    benchmarks/published/fsdp say so) and where it is not stated (torchtitan's "backend RDMA network",
+    llm-foundry's H100 tables): an assumption, whose sensitivity benchmarks/evidence/README.md gives."""
+    fabric = gpu_node(gpu.name, 8, gpu.compute_capability or 90, ScaleOut(transport, 8, node_gbps / 8, True))
     return network_for(fabric, 0, nodes)
 
 
