@@ -95,8 +95,8 @@ class Summary:
 
         def pts(v: float | None) -> str:
             return "-" if v is None else f"{v:.1f}"
-        return (f"{name:<22} {self.rows:>3} rows: tokens/s/GPU median |error| {pct(self.tokens_median)}, worst "
-                f"{pct(self.tokens_worst)}; {self.efficiencies} efficiencies: median |error| "
+        return (f"{name:<22} {self.rows:>3} rows: tokens/s/GPU median |error| {pct(self.tokens_median)}, "
+                f"worst {pct(self.tokens_worst)}; {self.efficiencies} efficiencies: median |error| "
                 f"{pts(self.efficiency_median)} points, worst {pts(self.efficiency_worst)}")
 
 
@@ -107,7 +107,8 @@ def summary(rows: list[PublishedFsdpRow], cal: Calibration) -> Summary:
                    statistics.median(pts) if pts else None, max(pts, default=None))
 
 
-def split(rows: list[PublishedFsdpRow], held: set[str]) -> tuple[list[PublishedFsdpRow], list[PublishedFsdpRow]]:
+def split(rows: list[PublishedFsdpRow],
+          held: set[str]) -> tuple[list[PublishedFsdpRow], list[PublishedFsdpRow]]:
     """(the rows fitting may read, the set-aside rows); efficiencies take a series' base from its own set."""
     return [r for r in rows if r.id not in held], [r for r in rows if r.id in held]
 

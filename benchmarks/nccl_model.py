@@ -291,9 +291,9 @@ def table_loss(tables: list[tuple[Measured, Fabric]], cal: Calibration) -> float
     """The mean over tables of each table's mean squared log error (every table weighs the same)."""
     losses = []
     for m, fabric in tables:
-        logs = [math.log(predict_collective(m.kind, r.size, m.nodes, m.gpus_per_node, fabric, version=m.version,
-                                            env=m.env, calibration=cal).seconds * 1e6 / r.time_us)
-                for r in m.rows]
+        logs = [math.log(predict_collective(m.kind, r.size, m.nodes, m.gpus_per_node, fabric,
+                                            version=m.version, env=m.env, calibration=cal).seconds
+                         * 1e6 / r.time_us) for r in m.rows]
         losses.append(sum(x * x for x in logs) / len(logs))
     return sum(losses) / len(losses)
 
@@ -323,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--published", action="store_true",
                         help="NCCL's published constants only, no transport's fitted figures")
     parser.add_argument("--fit", action="store_true",
-                        help="fit each transport's figures to the tables --split does not set aside, and print them")
+                        help="fit each transport's figures to the tables --split does not set aside; "
+                             "print them")
     args = parser.parse_args(argv)
     try:
         entries = read_index(args.tables)

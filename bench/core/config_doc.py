@@ -124,7 +124,8 @@ def _sections(cls: type, name: str) -> list[Section]:
     hints, declared, docs = get_type_hints(cls), get_type_hints(cls, include_extras=True), field_docs(cls)
     prefix = f"{name}." if name else ""
     keys = tuple(Key(prefix + f.name, type_text(hints[f.name]), _default(f), docs.get(f.name, ""),
-                     range_text(declared[f.name])) for f in fields(cls) if _section_class(hints[f.name]) is None)
+                     range_text(declared[f.name]))
+                 for f in fields(cls) if _section_class(hints[f.name]) is None)
     below = [f for f in fields(cls) if _section_class(hints[f.name]) is not None]
     below.sort(key=lambda f: f.name not in FIRST)
     out = [Section(name, inspect.cleandoc(cls.__doc__ or ""), keys)]

@@ -174,8 +174,10 @@ def ethernet(gpus_per_node: int, ports: int, gbps: float, scale_up: ScaleUp, com
 # its GPU but no fabric: HGX boards join their SXM GPUs by NVSwitch (A100: 12 NVLink 3 links of 25 GB/s; H100
 # and H200: 18 NVLink 4 links; B200: 18 NVLink 5 links of 50 GB/s, with NVLink SHARP from Hopper on: the
 # A100, H100 and B200 datasheets); PCIe cards (H100 PCIe and NVL, A10G, L4) reach each other over PCIe.
-GPU_SCALE_UP = {"A100-SXM4-40GB": ScaleUp("nvswitch", 8, 300.0), "A100-SXM4-80GB": ScaleUp("nvswitch", 8, 300.0),
-                "H100-SXM": _h100_domain(), "H200": _h100_domain(), "B200": ScaleUp("nvswitch", 8, 900.0, True),
+GPU_SCALE_UP = {"A100-SXM4-40GB": ScaleUp("nvswitch", 8, 300.0),
+                "A100-SXM4-80GB": ScaleUp("nvswitch", 8, 300.0),
+                "H100-SXM": _h100_domain(), "H200": _h100_domain(),
+                "B200": ScaleUp("nvswitch", 8, 900.0, True),
                 "H100-96GB-500W": _h100_domain()}  # torchtitan's Grand Teton H100s: 8 on NVLink 4 switches
 
 

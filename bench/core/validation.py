@@ -188,8 +188,8 @@ def _check_efa_fabric(cluster: ClusterConfig, efa: list[int], key: str) -> None:
     """EFA adapters only where the cluster's network is EFA (another fabric has none to choose)."""
     transport = fabric_transport(cluster)
     if cluster.efa_per_node and transport not in (None, "efa"):
-        raise ConfigError(f"cluster.efa_per_node={cluster.efa_per_node}, but cluster {cluster.name}'s network is "
-                          f"{transport}: set it to 0")
+        raise ConfigError(f"cluster.efa_per_node={cluster.efa_per_node}, but cluster {cluster.name}'s "
+                          f"network is {transport}: set it to 0")
     if efa and transport not in (None, "efa"):
         raise ConfigError(f"{key}: {efa} EFA adapters, but cluster {cluster.name}'s network is {transport}: "
                           f"set {key}=[0] (its fabric is used whole)")

@@ -21,9 +21,11 @@ from bench.core.models import ModelArch, block_params, count_params, float8_line
 from bench.core.schema import RunSpec
 from bench.predict.collective import Calibration, CollectiveTime, predict_collective
 
+
 @dataclass(frozen=True)
 class Network:
-    """What a run's collectives run over: the node's fabric as the run uses it (the EFA adapters it was given),
+    """What a run's collectives run over: the node's fabric as the run uses it (the EFA adapters it was
+    given),
     the NCCL version its runs recorded, and NCCL's model of that fabric calibrated by the study's own probes
     where it has them (per collective, on one node and across nodes); else the model's published figures
     (bench/predict/network.py DEFAULTS). `fabric` None: no GPU network (a CPU study's gloo, its own)."""

@@ -28,7 +28,6 @@ studies".
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any

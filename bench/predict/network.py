@@ -14,7 +14,7 @@ from typing import Any
 from bench.core.config import ClusterConfig
 from bench.core.fabric import FABRICS, Fabric, ScaleOut, ScaleUp, gpu_node
 from bench.core.hardware import GpuSpec
-from bench.core.schema import RunSpec, RunSummary
+from bench.core.schema import RunSummary
 from bench.predict.collective import Calibration, calibrate
 from bench.predict.comm import Network
 
@@ -31,9 +31,11 @@ SOCKETS = ScaleOut("tcp", 1, 100.0, rdma=False)
 # benchmarks/evidence/README.md, "NCCL's model against published tables"). Fits, not derivations; a
 # transport not here (tcpx: no table to fit) keeps NCCL's published constants; a study's probes replace them.
 DEFAULTS: dict[str, Calibration] = {
-    transport: Calibration(net_latency_us=hop, net_bw=bw, source=f"fitted to {n} published {transport} tables")
-    for transport, hop, bw, n in (("efa", 20.0, 0.75, 8), ("infiniband", 7.5, 0.6, 10), ("roce", 50.0, 0.95, 7),
-                                  ("slingshot", 10.0, 0.4, 10), ("tcp", 25.0, 0.2, 4), ("tcpxo", 15.0, 0.85, 2))}
+    transport: Calibration(net_latency_us=hop, net_bw=bw,
+                           source=f"fitted to {n} published {transport} tables")
+    for transport, hop, bw, n in (("efa", 20.0, 0.75, 8), ("infiniband", 7.5, 0.6, 10),
+                                  ("roce", 50.0, 0.95, 7), ("slingshot", 10.0, 0.4, 10),
+                                  ("tcp", 25.0, 0.2, 4), ("tcpxo", 15.0, 0.85, 2))}
 
 
 def fabric_of(cluster: ClusterConfig, gpu: GpuSpec | None) -> Fabric | None:
@@ -52,7 +54,8 @@ def fabric_of(cluster: ClusterConfig, gpu: GpuSpec | None) -> Fabric | None:
     if conf.scale_up is None and conf.scale_out is None:
         return base
     up = conf.scale_up
-    scale_up = base.scale_up if up is None else ScaleUp(up.kind, up.gpus or cluster.gpus_per_node, up.gbs, up.nvls)
+    scale_up = (base.scale_up if up is None
+                else ScaleUp(up.kind, up.gpus or cluster.gpus_per_node, up.gbs, up.nvls))
     out = conf.scale_out
     scale_out = base.scale_out if out is None else ScaleOut(out.transport, out.adapters, out.gbps, out.rdma,
                                                              out.latency_us)

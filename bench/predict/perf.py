@@ -266,7 +266,8 @@ class GpuModel:
             times = {exposed_part(c): nccl_time(c.kind, c.size * share[c.kind] / c.groups, c.ranks, c.nodes,
                                                 network).seconds for c in comms}
             units.append(Unit(forward, backward, times.get("exposed_all_gather_fwd", 0.0),
-                              times.get("exposed_all_gather_bwd", 0.0), times.get("exposed_reduce_scatter", 0.0),
+                              times.get("exposed_all_gather_bwd", 0.0),
+                              times.get("exposed_reduce_scatter", 0.0),
                               times.get("exposed_all_reduce", 0.0), self.cal.contention))
         return units[0], units[1]
 

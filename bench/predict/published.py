@@ -395,7 +395,8 @@ def _row_network(fabric: Fabric | None, spec: RunSpec | None, nodes: int) -> Net
     """A row's network: its fabric with every adapter it has (an EFA instance's all of them), NCCL's model of
     it at the row's node count."""
     efa = spec.efa_per_node if spec is not None else 0
-    if fabric is not None and fabric.scale_out is not None and fabric.scale_out.transport == "efa" and not efa:
+    out = fabric.scale_out if fabric is not None else None
+    if out is not None and out.transport == "efa" and not efa:
         efa = fabric.scale_out.adapters
     return network_for(fabric, efa, nodes)
 

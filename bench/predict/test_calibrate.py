@@ -20,8 +20,8 @@ from bench.launchers import launcher_sections, placement_of
 from bench.predict import calibrate, calibration_file, perf
 from bench.predict.calibrate import Observation, fit
 from bench.predict.comm import Network
-from bench.predict.network import published
 from bench.predict.cpu import CPU_EMULATED_16BIT, CpuFacts, cpu_efficiency
+from bench.predict.network import published
 from bench.predict.perf import CALIBRATION, CPU, EXPOSED_PARTS, Predictor, gpu_efficiency, predict
 from bench.predict.split import comparable
 from bench.study.plan import PlannedRun

@@ -20,7 +20,8 @@ H100 = GPUS["H100-SXM"]
 
 
 def _cluster(name: str, **overrides: str) -> ClusterConfig:
-    raw, _ = compose([f"cluster={name}", "+sweep=p5_scaling", "axes.efa_per_node=[0]", "nccl.efa_per_node=[0]",
+    raw, _ = compose([f"cluster={name}", "+sweep=p5_scaling", "axes.efa_per_node=[0]",
+                      "nccl.efa_per_node=[0]",
                       *(f"{k}={v}" for k, v in overrides.items())])
     return from_dict(raw, launcher_sections()).cluster
 
@@ -63,7 +64,8 @@ def test_a_runs_efa_adapters_are_its_share_of_an_efa_fabric_and_nothing_of_anoth
 
 def test_efa_adapters_on_a_fabric_without_efa_are_one_line_before_anything_is_written() -> None:
     from bench.core.config import ConfigError
-    with pytest.raises(ConfigError, match="cluster ethernet-tcp's network is tcp: set axes.efa_per_node=\\[0\\]"):
+    with pytest.raises(ConfigError,
+                       match="cluster ethernet-tcp's network is tcp: set axes.efa_per_node=\\[0\\]"):
         from_dict(compose(["cluster=ethernet-tcp", "+sweep=p5_scaling"])[0], launcher_sections())
 
 

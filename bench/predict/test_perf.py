@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
+from bench.core.fabric import FABRICS, Fabric, ScaleOut, ScaleUp
 from bench.core.hardware import GPUS
 from bench.core.load_config import from_dict
 from bench.core.models import count_params, get_arch
 from bench.core.schema import RunSpec, RunSummary
 from bench.gpucheck.evidence import EVIDENCE_DIR, table_runs
 from bench.launchers import launcher_sections, placement_of
-from bench.core.fabric import FABRICS, Fabric, ScaleOut, ScaleUp
 from bench.predict.comm import Network, collectives, step_collectives
 from bench.predict.cpu import CpuFacts
 from bench.predict.network import Probe, fabric_of, network_for, one_node, published
@@ -251,10 +251,10 @@ def test_a_network_bound_run_is_predicted_network_bound_and_a_network_blind_mode
                    micro_batch=1, seq_len=4096, efa_per_node=0)
     tcp = published("p5.48xlarge", 0)
     blind = Network(Fabric(ScaleUp("nvswitch", 8, 1e6), ScaleOut("infiniband", 8, 1e7, True), 8, 90),
-                    "a model that ignores the network")  # NCCL's constants alone: no transport's fitted figures
+                    "a model that ignores the network")  # NCCL's constants alone, nothing fitted
     assert predict(spec, H100, tcp).bound == "network-bound"
     assert _efficiency(spec, tcp) < 0.25
-    assert _efficiency(spec, blind) > 0.85  # near flat (contention and copies remain): it fails the line above
+    assert _efficiency(spec, blind) > 0.85  # near flat (contention, copies remain): fails the line above
     with_efa = replace(spec, efa_per_node=32)
     assert _efficiency(with_efa, P5) > 0.85 and predict(with_efa, H100, P5).bound != "network-bound"
 
@@ -299,7 +299,7 @@ def test_a_probe_calibrates_nccls_model_and_other_node_counts_are_predicted_not_
         ratio = nccl_time("all_reduce", big, 8 * nodes, nodes, fed).seconds / nccl_time(
             "all_reduce", big, 8 * nodes, nodes, published("p5.48xlarge", 32, nodes)).seconds
         assert ratio == pytest.approx(1.6, rel=0.05)
-        assert fed.fed_by("all_gather") == "the study's all_reduce probe at 2 nodes"  # any kind, where its own
+        assert fed.fed_by("all_gather") == "the study's all_reduce probe at 2 nodes"  # the all-reduce's
     sixteen = nccl_time("all_reduce", 2**30, 128, 16, network_for(fabric, 32, 16, (probe,))).seconds * 1e6
     assert all(abs(sixteen / us - 1) > 0.05 for _, us in rows)  # predicted at 16 nodes, no row copied
 

@@ -14,8 +14,9 @@ from typing import Any
 from bench.core.config import ClusterConfig, StudyConfig
 from bench.core.schema import RunSpec
 from bench.predict.budget import DEFAULT_TRAIN_TOKENS, Answer, Row, answer, step_up
-from bench.predict.perf import Prediction, Predictor
 from bench.predict.comm import EXPOSED_PARTS
+from bench.predict.device import Bound
+from bench.predict.perf import Prediction, Predictor
 from bench.predict.split import (
     LABELS,
     MODELLED,
@@ -179,6 +180,11 @@ SHOWN = 0.10  # a part's collectives count as exposed from where the step waits 
 # (and for a percent of the step): below, prefetch hides them
 
 
+def cell(b: Bound) -> str:
+    """One part's pick, bound and exposed ms of its ms: "ring/LL128 network bw, 9.13 of 138"."""
+    return f"{b.algorithm}/{b.protocol} {BOUND_WORDS[b.bound]}, {ms(b.exposed_s)} of {ms(b.total_s)}"
+
+
 def bounds_table(runs: list[PlannedRun]) -> list[str]:
     """A line per node count: per part of the step's collectives, NCCL's predicted algorithm and protocol
     for one block's message, what bounds it, and the ms per step the step waits for of its ms in all."""
@@ -189,9 +195,7 @@ def bounds_table(runs: list[PlannedRun]) -> list[str]:
     for p in runs:
         assert p.perf is not None
         have = {b.part: b for b in p.perf.bounds}
-        rows.append((str(p.spec.nodes), *(f"{have[k].algorithm}/{have[k].protocol} {BOUND_WORDS[have[k].bound]}, "
-                                          f"{ms(have[k].exposed_s)} of {ms(have[k].total_s)}"
-                                          if k in have else "-" for k in found)))
+        rows.append((str(p.spec.nodes), *(cell(have[k]) if k in have else "-" for k in found)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     head = ("  NCCL's predicted pick for one block's message, what bounds it, and the exposed ms of the "
             "step's ms of each part:")
