@@ -187,8 +187,8 @@ VARIANTS = {
     "the CPU's ring step at its prior (the traced collectives not in the fit)": (
         (calibrate, "FITTED_PARTS", {"gpu": ("compute",), "cpu": ("compute", "other", "waiting")}),),
     "the CPU's bus bandwidth at 0.75 GB/s (the probes' largest rows) instead of 2": (
-        (CpuModel, "collective_s", lambda self, c, network, units: ORIGINAL_COLLECTIVE_S(
-            replace(self, gpu=replace(self.gpu, intra_busbw_gbs=0.75)), c, network, units)),),
+        (CpuModel, "collective_s", lambda self, c, units: ORIGINAL_COLLECTIVE_S(
+            replace(self, gpu=replace(self.gpu, intra_busbw_gbs=0.75)), c, units)),),
     **{f"the turns' slower share at {share:g} (shipped {cpu.CPU_TURNS_SHARED:g}; 0: all waited)": (
         (cpu, "CPU_TURNS_SHARED", share),) for share in (0.0, 0.25, 0.75, 1.0)},
     **{f"a CPU reduce-scatter's and all-reduce's ring share at {share:g} (shipped "

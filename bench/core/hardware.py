@@ -107,25 +107,14 @@ class InstanceSpec:
     efa: int
     network_gbps: int
     source: str
-    # What the node's adapters really carried in a 2-node all-reduce of 512 MiB (the size of an FSDP
-    # unit's gather), as node-level throughput = algbw x 2(N-1)/N, GB/s; None: not published.
-    allreduce_node_gbs: float | None = None
-    allreduce_source: str = ""
 
 
 INSTANCES: dict[str, InstanceSpec] = {i.name: i for i in [
-    InstanceSpec("p4d.24xlarge", "A100-SXM4-40GB", 8, 4, 400, "AWS EC2 P4 instance page", 39.62,
-                 "as p4de.24xlarge (the same 4 x 100 Gb/s EFA)"),
-    InstanceSpec("p4de.24xlarge", "A100-SXM4-80GB", 8, 4, 400, "AWS EC2 P4 instance page", 39.62,
-                 "nccl-tests on 2x p4de.24xlarge: 13552 us for 512 MiB (aws-samples/awsome-distributed-"
-                 "training micro-benchmarks/nccl-tests/README.md; shared/data/nccl-tests/sample_02.txt)"),
-    InstanceSpec("p5.48xlarge", "H100-SXM", 8, 32, 3200, "AWS EC2 P5 instance page", 209.78,
-                 "nccl-tests on 2x p5.48xlarge: 2559 us for 512 MiB (aws-samples/awsome-distributed-"
-                 "training micro-benchmarks/nccl-tests/README.md; shared/data/nccl-tests/sample_03.txt)"),
-    InstanceSpec("p5e.48xlarge", "H200", 8, 32, 3200, "AWS EC2 P5 instance page", 209.78,
-                 "as p5.48xlarge (the same 32 x 100 Gb/s EFA)"),
-    InstanceSpec("p5en.48xlarge", "H200", 8, 16, 3200, "AWS EC2 P5 instance page (EFAv3)", 209.78,
-                 "as p5.48xlarge's fraction of the same 3200 Gb/s (not published for EFAv3)"),
+    InstanceSpec("p4d.24xlarge", "A100-SXM4-40GB", 8, 4, 400, "AWS EC2 P4 instance page"),
+    InstanceSpec("p4de.24xlarge", "A100-SXM4-80GB", 8, 4, 400, "AWS EC2 P4 instance page"),
+    InstanceSpec("p5.48xlarge", "H100-SXM", 8, 32, 3200, "AWS EC2 P5 instance page"),
+    InstanceSpec("p5e.48xlarge", "H200", 8, 32, 3200, "AWS EC2 P5 instance page"),
+    InstanceSpec("p5en.48xlarge", "H200", 8, 16, 3200, "AWS EC2 P5 instance page (EFAv3)"),
     InstanceSpec("g5.48xlarge", "A10G", 8, 1, 100, "AWS EC2 G5 instance page"),
     InstanceSpec("local", None, 0, 0, 0, "this machine"),
 ]}

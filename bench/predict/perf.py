@@ -2,7 +2,7 @@
 
 One training step per GPU is modelled as
 
-    step = max(matmuls + elementwise + optimizer + exposed communication + contention, host)
+    step = max(matmuls + elementwise + optimizer + exposed communication + contention and copies, host)
 
 - matmuls: the run's hardware FLOPs (bench/core/flops.py, recompute of activation checkpointing included)
   at MATMUL_EFFICIENCY of the GPU's dense peak;
@@ -16,12 +16,13 @@ One training step per GPU is modelled as
   stream (sync_once's unsharded gradients: `traffic.accumulation_bytes`) at HBM bandwidth;
 - communication (bench/predict/comm.py): FSDP's collectives per step (all-gathers of the parameters in forward
   and backward, reduce-scatter of the gradients; HYBRID_SHARD's inter-node all-reduce; NO_SHARD's all-reduce),
-  each taking the longer of its intra-node leg and its network leg (bench/predict/network.py: the study's
-  own probe of that collective where it has one, else the published figures). FSDP2 prefetches the next
-  unit's gather while a unit computes, so only what outlasts its phase's compute is exposed, plus the first
-  unit's gather and the last unit's reduction, which nothing hides;
-- contention: communication that overlaps still slows compute (NCCL's kernels take SMs and HBM
-  bandwidth): a fraction of the hidden communication time;
+  each one's time NCCL's on the cluster's fabric (bench/predict/collective.py: the algorithm and protocol NCCL
+  picks, its latency and bandwidth; calibrated by the study's own probes where it has them, else by the
+  transport's fitted figures: bench/predict/network.py), run unit by unit beside the compute as FSDP2's
+  streams run them (bench/predict/overlap.py): the step waits for what its compute does not hide;
+- contention: a collective running beside the compute slows it (NCCL's kernels take SMs and HBM bandwidth):
+  Calibration.contention of the time they run together, and FSDP2's copies around the collectives on the
+  compute stream at HBM bandwidth (traffic.copy_bytes);
 - host: eager PyTorch launches each kernel from Python, and FSDP2's hooks run per block; a GPU that
   finishes its work sooner waits for the CPU. HOST_BLOCK_PASS_S per block and pass (forward, two for the
   backward, one more where activation checkpointing recomputes): the floor of a small model's step.
