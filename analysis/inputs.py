@@ -8,6 +8,7 @@ from functools import cached_property
 import pandas as pd
 
 from analysis import system
+from analysis.bounds import bounds_table
 from analysis.comm import achieved, comm_model
 from analysis.cost import run_costs, sweep_energy_prices, sweep_prices, with_energy
 from analysis.first_screen import best_peak, with_mfu_peak
@@ -78,6 +79,11 @@ class ReportInputs:
     def got(self) -> pd.DataFrame:
         """What each run got of the network (analysis/comm.py achieved)."""
         return achieved(self.frame, self.sizes) if not self.sizes.empty else pd.DataFrame()
+
+    @cached_property
+    def bounds(self) -> pd.DataFrame:
+        """Per planned configuration and node count, what bounds each collective (analysis/bounds.py)."""
+        return bounds_table(self.loaded.plan, self.loaded.sweeps)
 
     @cached_property
     def comm(self) -> pd.DataFrame:

@@ -416,6 +416,17 @@ SECTIONS: list[Section] = [
         "the last rank arrived), against the probe of the same collective placed as its group is, at the "
         "nearest size."),
     Section(
+        "collective_bounds", "What bounds each collective, predicted", _table_of("bounds"),
+        Columns(("model", "configuration", "nodes", "part", "algorithm", "protocol", "bound", "exposed_s",
+                 "total_s"),
+                labels={"part": "collective", "algorithm": "NCCL algorithm", "protocol": "protocol",
+                        "bound": "bound by", "exposed_s": "exposed (s)", "total_s": "in all (s)"}),
+        definition="per configuration and node count of the plan on a GPU cluster, each part of the step's "
+        "collectives as the study's model predicts NCCL runs it: the algorithm and protocol NCCL picks for "
+        "one block's message, what bounds it (latency, in-node bandwidth, network bandwidth), and the "
+        "seconds per step the step waits for of its seconds in all (the plan prints the same on "
+        "--dry-run; docs/prediction.md, \"Which term decides\")."),
+    Section(
         "comm_model", "Communication model", _table_of("comm"),
         Columns(("sweep", "model", "sharding", "precision", "activation_checkpointing", "nodes",
                  "comm_gb_per_gpu", "busbw_gbs", "busbw_all_gather_gbs", "busbw_reduce_scatter_gbs",

@@ -18,6 +18,7 @@ table what the benchmark would model, and exits 2 naming each entry it cannot re
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import statistics
 import sys
@@ -30,7 +31,14 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.core.fabric import FABRICS, Fabric, ScaleOut, ScaleUp  # noqa: E402
-from bench.predict.collective import available, build_comm, env_choices, predict_collective  # noqa: E402
+from bench.predict.collective import (  # noqa: E402
+    Calibration,
+    available,
+    build_comm,
+    env_choices,
+    predict_collective,
+)
+from bench.predict.network import DEFAULTS  # noqa: E402
 from bench.probes.parse import parse_all  # noqa: E402
 from bench.probes.result import NcclRow  # noqa: E402
 
@@ -142,13 +150,22 @@ def measured(directory: Path, entry: dict[str, Any]) -> Measured:
     return Measured(kind, int(entry["nodes"]), int(entry["gpus_per_node"]), version, env, rows)
 
 
-def read_table(directory: Path, entry: dict[str, Any]) -> Table:
-    """One index entry's table, every out-of-place row predicted."""
+def transport(fabric: Fabric, nodes: int) -> str | None:
+    """The network a table's collective crosses (None on one node)."""
+    return fabric.scale_out.transport if fabric.scale_out is not None and nodes > 1 else None
+
+
+def read_table(directory: Path, entry: dict[str, Any],
+               defaults: dict[str, Calibration] | None = None) -> Table:
+    """One index entry's table, every out-of-place row predicted: NCCL's model with a transport's fitted
+    figures (network.DEFAULTS, or `defaults`), NCCL's published constants where none is given."""
     m = measured(directory, entry)
     fabric = fabric_of(entry)
+    cal = (DEFAULTS if defaults is None else defaults).get(transport(fabric, m.nodes) or "")
     rows = []
     for r in m.rows:
-        t = predict_collective(m.kind, r.size, m.nodes, m.gpus_per_node, fabric, version=m.version, env=m.env)
+        t = predict_collective(m.kind, r.size, m.nodes, m.gpus_per_node, fabric, version=m.version, env=m.env,
+                               calibration=cal)
         rows.append(Row(r.size, r.time_us, t.seconds * 1e6, f"{t.algorithm}/{t.protocol}"))
     title = (f"{entry['id']}: {m.kind} {m.nodes} x {m.gpus_per_node} {entry['gpu']} on {fabric.name}, "
              f"NCCL {m.version or '?'}{' ' + str(m.env) if m.env else ''}; {fabric.describe()}")
@@ -264,6 +281,38 @@ def report(tables: list[Table], held_out: set[str], quick: bool) -> list[str]:
     return lines
 
 
+# The grid of a transport's fitted figures: the latency of one network hop (us), and the multi-node
+# bandwidth's fraction of NCCL's model of it
+HOP_US = (0.0, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 25.0, 30.0, 40.0, 50.0, 75.0, 100.0, 150.0, 200.0)
+NET_BW = tuple(round(0.1 + 0.05 * i, 2) for i in range(25))
+
+
+def table_loss(tables: list[tuple[Measured, Fabric]], cal: Calibration) -> float:
+    """The mean over tables of each table's mean squared log error (every table weighs the same)."""
+    losses = []
+    for m, fabric in tables:
+        logs = [math.log(predict_collective(m.kind, r.size, m.nodes, m.gpus_per_node, fabric,
+                                            version=m.version, env=m.env, calibration=cal).seconds
+                         * 1e6 / r.time_us) for r in m.rows]
+        losses.append(sum(x * x for x in logs) / len(logs))
+    return sum(losses) / len(losses)
+
+
+def fit(directory: Path, entries: list[dict[str, Any]]) -> dict[str, tuple[Calibration, int]]:
+    """Per transport, the hop latency and bandwidth fraction (a grid) that minimise table_loss over its
+    multi-node tables among `entries` (those not set aside): what network.DEFAULTS ships."""
+    by: dict[str, list[tuple[Measured, Fabric]]] = {}
+    for entry in entries:
+        fabric = fabric_of(entry)
+        if (tr := transport(fabric, int(entry["nodes"]))) is not None:
+            by.setdefault(tr, []).append((measured(directory, entry), fabric))
+    out = {}
+    for tr, group in sorted(by.items()):
+        grid = [Calibration(net_latency_us=h, net_bw=b) for h in HOP_US for b in NET_BW]
+        out[tr] = (min(grid, key=lambda cal: table_loss(group, cal)), len(group))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tables", type=Path, default=DEFAULT_TABLES, help="the table directory")
@@ -271,6 +320,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="per-table and overall medians only")
     parser.add_argument("--check", action="store_true",
                         help="read every table and build its fabric, predict nothing; exit 2 on any problem")
+    parser.add_argument("--published", action="store_true",
+                        help="NCCL's published constants only, no transport's fitted figures")
+    parser.add_argument("--fit", action="store_true",
+                        help="fit each transport's figures to the tables --split does not set aside; "
+                             "print them")
     args = parser.parse_args(argv)
     try:
         entries = read_index(args.tables)
@@ -281,7 +335,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.check:
             return check(args.tables, entries)
         skipped = [e for e in entries if not modelled(e)]
-        tables = [read_table(args.tables, e) for e in entries if modelled(e)]
+        if args.fit:
+            fitting = [e for e in entries if modelled(e) and str(e["id"]) not in held_out]
+            for tr, (cal, n) in fit(args.tables, fitting).items():
+                print(f"{tr}: {n} tables, hop latency {cal.net_latency_us:g} us, bandwidth x {cal.net_bw:g}")
+            return 0
+        defaults = {} if args.published else None
+        tables = [read_table(args.tables, e, defaults) for e in entries if modelled(e)]
     except (TableError, ValueError, KeyError, yaml.YAMLError) as err:
         print(f"nccl_model: {err}", file=sys.stderr)
         return 2

@@ -23,7 +23,7 @@ from bench.gpucheck.evidence import EVIDENCE_DIR, table_runs  # noqa: E402
 from bench.predict import calibrate, cpu, perf  # noqa: E402
 from bench.predict.calibrate import Observation, fit as fit_study  # noqa: E402
 from bench.predict.cpu import CpuFacts, CpuModel, cpu_share, recorded, this_cpu  # noqa: E402
-from bench.predict.network import network_for  # noqa: E402
+from bench.predict.network import one_node  # noqa: E402
 from bench.predict.perf import EXPOSED_PARTS, Calibration, predict  # noqa: E402
 from bench.predict.split import (  # noqa: E402
     MODELLED,
@@ -51,7 +51,7 @@ def split_here(cal: Calibration) -> dict[str, list[float]]:
             total = sum(v for k, v in split.items() if k in TRACE_PARTS)
             step = float(row["step_time_s"])
             measured = comparable({k: v * step / total for k, v in split.items() if k in TRACE_PARTS})
-            parts = predict(spec, gpu, network_for("local", 0), cal=cal).parts
+            parts = predict(spec, gpu, one_node(gpu), cal=cal).parts
             for k, m in measured.items():
                 if m > 0:
                     errors[k].append(parts.get(k, 0.0) / m - 1)
@@ -187,8 +187,8 @@ VARIANTS = {
     "the CPU's ring step at its prior (the traced collectives not in the fit)": (
         (calibrate, "FITTED_PARTS", {"gpu": ("compute",), "cpu": ("compute", "other", "waiting")}),),
     "the CPU's bus bandwidth at 0.75 GB/s (the probes' largest rows) instead of 2": (
-        (CpuModel, "collective_s", lambda self, c, network, units: ORIGINAL_COLLECTIVE_S(
-            replace(self, gpu=replace(self.gpu, intra_busbw_gbs=0.75)), c, network, units)),),
+        (CpuModel, "collective_s", lambda self, c, units: ORIGINAL_COLLECTIVE_S(
+            replace(self, gpu=replace(self.gpu, intra_busbw_gbs=0.75)), c, units)),),
     **{f"the turns' slower share at {share:g} (shipped {cpu.CPU_TURNS_SHARED:g}; 0: all waited)": (
         (cpu, "CPU_TURNS_SHARED", share),) for share in (0.0, 0.25, 0.75, 1.0)},
     **{f"a CPU reduce-scatter's and all-reduce's ring share at {share:g} (shipped "

@@ -362,3 +362,21 @@ def test_three_traced_steps_bring_the_split_within_target_on_a_third_machine() -
 # and backward, reduce-scatter, all-reduce, tokens/s, and the backward gather's twins' own noise
 DOCUMENTED_AVX2 = {3: (0.17, 0.15, 0.13, 0.12, 0.17, 0.06, 0.16),
                    1: (0.17, 0.25, 0.24, 0.22, 0.18, 0.06, 0.38)}
+
+
+@pytest.mark.slow
+def test_fsdp_rows_reports_the_set_aside_rows_apart_from_the_fitted_ones() -> None:
+    """The published FSDP rows: the two thirds the constants may be fitted to and the third set aside before
+    anything was fitted, each summarised alone, with issue 77's targets."""
+    out = quick("fsdp_rows.py")
+    fitting = _figure(r"fitting \(two thirds\)\s+(\d+) rows", out)
+    held = _figure(r"held out \(a third\)\s+(\d+) rows", out)
+    assert fitting > held > 0 and "tokens_median <= 0.1" in out
+
+
+@pytest.mark.slow
+def test_nccl_model_reports_the_set_aside_tables_apart() -> None:
+    """Every published table predicted with the shipped figures; the held-out third apart from the rest."""
+    out = quick("nccl_model.py", "--split", "benchmarks/published/nccl-tests/holdout.txt")
+    assert _figure(r"held out \((\d+) tables\)", out) == 23
+    assert _figure(r"the rest \((\d+) tables\)", out) == 44

@@ -31,6 +31,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from omegaconf import MISSING
 
+from bench.core.fabric import CpuVendor, ScaleUpKind, Transport
 from bench.core.schema import (
     COLLECTIVES,
     Accumulation,
@@ -122,6 +123,58 @@ def constraint_of(hint: Any) -> Constraint | None:
 
 
 @dataclass
+class ScaleUpConfig:
+    """How a node's GPUs reach one another (cluster.fabric.scale_up)."""
+
+    kind: ScaleUpKind = "nvswitch"
+    """nvswitch (every GPU to every other at its full NVLink rate, HGX/DGX boards), nvlink (GPUs linked in
+    pairs or a mesh), or pcie (no NVLink)."""
+    gbs: Annotated[float, POSITIVE] = 450.0
+    """One-direction GB/s each GPU has into the domain: NVLink 4 (H100, H200) 18 links x 25 = 450, NVLink 3
+    (A100) 300, NVLink 5 (B200) 900; a PCIe x16 link 24 (Gen4) or 48 (Gen5)."""
+    gpus: Annotated[int | None, Range(ge=1)] = None
+    """GPUs one NVLink domain joins; null: the node's (GB200 NVL72: 72, trays of 4 GPUs)."""
+    nvls: bool = False
+    """NVLink SHARP in the switches (NVSwitch with H100, H200, B200), which NCCL's NVLS algorithms use."""
+
+
+@dataclass
+class ScaleOutConfig:
+    """A node's GPU-facing network (cluster.fabric.scale_out)."""
+
+    transport: Transport = "efa"
+    """efa (AWS), infiniband, roce, tcp (NCCL's sockets over plain Ethernet), tcpx or tcpxo (GCP A3's
+    GPUDirect-TCPX/-TCPXO)."""
+    adapters: Annotated[int, Range(ge=1)] = 1
+    """GPU-facing adapters (or Ethernet ports NCCL uses) per node."""
+    gbps: Annotated[float, POSITIVE] = 100.0
+    """Line rate per adapter, Gb/s."""
+    rdma: bool = True
+    """GPUDirect RDMA: the adapter reads and writes GPU memory (false for tcp)."""
+    latency_us: Annotated[float, NON_NEGATIVE] = 0.0
+    """The latency NCCL's net plugin reports per network hop, us (aws-ofi-nccl: 75 on p4d/p5, 35 on p5en;
+    NCCL's IB and socket transports: 0)."""
+
+
+@dataclass
+class FabricConfig:
+    """The cluster's GPU network (cluster.fabric): a published fabric by name, or its two parts. Left empty,
+    the instance type's published fabric where bench/core/fabric.py FABRICS has it, else the GPU's board
+    with efa_per_node EFA adapters (0: NCCL's sockets over TCP)."""
+
+    preset: str | None = None
+    """A published fabric of bench/core/fabric.py FABRICS (p5.48xlarge, dgx-h100-ndr, a3-megagpu-8g, ...)."""
+    scale_up: ScaleUpConfig | None = None
+    """The node's GPUs among themselves; null: the preset's, else the GPU's board."""
+    scale_out: ScaleOutConfig | None = None
+    """The network between nodes; null: the preset's, else efa_per_node's."""
+    pcie_gen: Annotated[int, Range(ge=3, le=6)] = 5
+    """PCIe generation of the GPUs' and adapters' x16 links (4 A100 nodes, 5 H100 nodes)."""
+    cpu: CpuVendor = "intel"
+    """The host CPU's vendor (NCCL's LL bandwidth and per-step network overhead depend on it)."""
+
+
+@dataclass
 class ClusterConfig:
     """One file of sweeps/cluster/, chosen with cluster=NAME: the machine type and how many of it there
     are."""
@@ -144,7 +197,9 @@ class ClusterConfig:
     host_memory_gib: float | None = None
     """Host memory per node in GiB, what offload=cpu's state must fit; null: unchecked."""
     efa_per_node: int = 0
-    """EFA adapters per node; 0: TCP sockets."""
+    """EFA adapters per node a run uses unless axes.efa_per_node says otherwise (0: NCCL's sockets over TCP);
+    an EFA fabric's adapters at most. 0 on other fabrics."""
+    fabric: FabricConfig = field(default_factory=FabricConfig)
     price_per_hour: Annotated[float | None, NON_NEGATIVE] = None
     """On-demand price in USD per instance-hour, dated in the file; null: no dollars (the report asks for
     --price)."""

@@ -100,6 +100,14 @@ def _default(f: Any) -> str | None:
     return None if value is MISSING else value_text(value)
 
 
+def _section_class(hint: Any) -> type | None:
+    """The dataclass a field holds, alone or optional (cluster.fabric.scale_up); None for a plain key."""
+    if is_dataclass(hint):
+        return hint
+    inner = [a for a in get_args(hint) if a is not type(None)]
+    return inner[0] if len(inner) == 1 and is_dataclass(inner[0]) else None
+
+
 def range_text(hint: Any) -> str:
     """What a field's annotation declares beside its type (`Annotated[float, POSITIVE]`: `> 0`; on a list,
     `each > 0`), or ""."""
@@ -116,12 +124,15 @@ def _sections(cls: type, name: str) -> list[Section]:
     hints, declared, docs = get_type_hints(cls), get_type_hints(cls, include_extras=True), field_docs(cls)
     prefix = f"{name}." if name else ""
     keys = tuple(Key(prefix + f.name, type_text(hints[f.name]), _default(f), docs.get(f.name, ""),
-                     range_text(declared[f.name])) for f in fields(cls) if not is_dataclass(hints[f.name]))
-    below = [f for f in fields(cls) if is_dataclass(hints[f.name])]
+                     range_text(declared[f.name]))
+                 for f in fields(cls) if _section_class(hints[f.name]) is None)
+    below = [f for f in fields(cls) if _section_class(hints[f.name]) is not None]
     below.sort(key=lambda f: f.name not in FIRST)
     out = [Section(name, inspect.cleandoc(cls.__doc__ or ""), keys)]
     for f in below:
-        out += _sections(hints[f.name], prefix + f.name)
+        inner = _section_class(hints[f.name])
+        assert inner is not None
+        out += _sections(inner, prefix + f.name)
     return out
 
 

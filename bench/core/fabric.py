@@ -8,16 +8,20 @@ these by bench/predict/nccl_graph.py. Nothing here imports the rest of the proje
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Literal, get_args
 
-SCALE_UP_KINDS = ("nvswitch", "nvlink", "pcie")
+ScaleUpKind = Literal["nvswitch", "nvlink", "pcie"]
+SCALE_UP_KINDS: tuple[ScaleUpKind, ...] = get_args(ScaleUpKind)
 # efa: AWS Elastic Fabric Adapter (aws-ofi-nccl); infiniband and roce: NCCL's IB verbs transport; tcp: NCCL's
 # socket transport (IPoIB too); tcpx / tcpxo: GCP's GPUDirect-TCPX (A3 High) and -TCPXO (A3 Mega) net plugins;
 # slingshot: HPE Slingshot 11 through aws-ofi-nccl over libfabric's cxi provider, GPUDirect RDMA (a Perlmutter
 # log prints "NET/OFI Selected Provider is cxi" and channels "via NET/AWS Libfabric/N/GDRDMA":
 # sparticlesteve/podman-nccl-testing logs/shifter-nccl-tests-30743809.out; HPE shs-ccl-docs ccl_env.sh)
-TRANSPORTS = ("efa", "infiniband", "roce", "tcp", "tcpx", "tcpxo", "slingshot")
-CPU_VENDORS = ("intel", "amd", "arm")
+Transport = Literal["efa", "infiniband", "roce", "tcp", "tcpx", "tcpxo", "slingshot"]
+TRANSPORTS: tuple[Transport, ...] = get_args(Transport)
+CpuVendor = Literal["intel", "amd", "arm"]
+CPU_VENDORS: tuple[CpuVendor, ...] = get_args(CpuVendor)
 # PCIe x16 generation -> GB/s one direction as NCCL counts a link (src/graph/topo.cc kvDictPciGen: lanes x
 # GT/s / 8 less encoding; Gen3 12 is topo.h PCI_BW)
 PCIE_GBS = {3: 12.0, 4: 24.0, 5: 48.0, 6: 96.0}
@@ -164,3 +168,24 @@ def ethernet(gpus_per_node: int, ports: int, gbps: float, scale_up: ScaleUp, com
     return Fabric(scale_up, ScaleOut("tcp", ports, gbps, False), gpus_per_node, compute_capability,
                   pcie_gen=pcie_gen, cpu=cpu, name=name,
                   source=f"user-described: {ports} x {gbps:g} Gb/s Ethernet, NCCL sockets over TCP")
+
+
+# The scale-up domain of an 8-GPU node of each GPU of bench/core/hardware.py, for a cluster file that names
+# its GPU but no fabric: HGX boards join their SXM GPUs by NVSwitch (A100: 12 NVLink 3 links of 25 GB/s; H100
+# and H200: 18 NVLink 4 links; B200: 18 NVLink 5 links of 50 GB/s, with NVLink SHARP from Hopper on: the
+# A100, H100 and B200 datasheets); PCIe cards (H100 PCIe and NVL, A10G, L4) reach each other over PCIe.
+GPU_SCALE_UP = {"A100-SXM4-40GB": ScaleUp("nvswitch", 8, 300.0),
+                "A100-SXM4-80GB": ScaleUp("nvswitch", 8, 300.0),
+                "H100-SXM": _h100_domain(), "H200": _h100_domain(),
+                "B200": ScaleUp("nvswitch", 8, 900.0, True),
+                "H100-96GB-500W": _h100_domain()}  # torchtitan's Grand Teton H100s: 8 on NVLink 4 switches
+
+
+def gpu_node(gpu: str, gpus_per_node: int, compute_capability: int, scale_out: ScaleOut | None,
+             pcie_gen: int = 4) -> Fabric:
+    """A node of `gpus_per_node` of a known GPU with the network `scale_out`, where no published fabric names
+    the cluster's instance: the GPU's board (GPU_SCALE_UP), else PCIe."""
+    up = GPU_SCALE_UP.get(gpu, ScaleUp("pcie", gpus_per_node, PCIE_GBS[pcie_gen]))
+    return Fabric(replace(up, gpus=max(up.gpus, gpus_per_node)), scale_out, gpus_per_node, compute_capability,
+                  pcie_gen=pcie_gen, name=f"{gpus_per_node} x {gpu}",
+                  source="the GPU's board (bench/core/fabric.py GPU_SCALE_UP) and the cluster file's network")

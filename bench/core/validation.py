@@ -24,6 +24,7 @@ from bench.core.config import (
     constraint_of,
     literal_choices,
 )
+from bench.core.fabric import FABRICS
 from bench.core.hardware import GPUS, supports_fp8
 from bench.core.models import ModelError, model_source
 from bench.core.schema import COLLECTIVES
@@ -79,6 +80,7 @@ def _check_axes(axes: Axes, cluster: ClusterConfig) -> None:
     for v in axes.micro_batch:
         if v != AUTO and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise ConfigError(f"axes.micro_batch must be a positive integer or {AUTO}, got {v!r}")
+    _check_efa_fabric(cluster, [v for v in axes.efa_per_node if v], "axes.efa_per_node")
     for v in axes.efa_per_node:
         if v is not None and cluster.efa_per_node and v > cluster.efa_per_node:
             raise ConfigError(f"axes.efa_per_node: {v} EFA adapters per node, but {cluster.instance_type} "
@@ -113,6 +115,7 @@ def _check_probes(nccl: NcclSweepConfig, cluster: ClusterConfig) -> None:
     than it has would measure nothing, or another count mislabelled)."""
     if nccl.enabled and not nccl.collectives:
         raise ConfigError("nccl.collectives is empty: name at least one of " + ", ".join(COLLECTIVES))
+    _check_efa_fabric(cluster, [v for v in nccl.efa_per_node or () if v], "nccl.efa_per_node")
     for v in nccl.efa_per_node or ():
         if cluster.efa_per_node and v > cluster.efa_per_node:
             raise ConfigError(f"nccl.efa_per_node: {v} EFA adapters per node, but {cluster.instance_type} "
@@ -167,3 +170,26 @@ def validate(cfg: SweepConfig) -> None:
         raise ConfigError(f"nccl.nodes {list(nccl.nodes)} exceed cluster {cfg.cluster.name}'s max_nodes="
                           f"{cfg.cluster.max_nodes}")
     _check_probes(nccl, cfg.cluster)
+
+
+def fabric_transport(cluster: ClusterConfig) -> str | None:
+    """The transport of the cluster's network: its file's scale_out, else its preset's or instance type's
+    published fabric's (bench/core/fabric.py FABRICS); None where neither says."""
+    if cluster.fabric.scale_out is not None:
+        return cluster.fabric.scale_out.transport
+    name = cluster.fabric.preset or cluster.instance_type
+    if cluster.fabric.preset and name not in FABRICS:
+        raise ConfigError(f"cluster.fabric.preset: {name!r} is none of {', '.join(sorted(FABRICS))}")
+    known = FABRICS.get(name)
+    return known.scale_out.transport if known and known.scale_out else None
+
+
+def _check_efa_fabric(cluster: ClusterConfig, efa: list[int], key: str) -> None:
+    """EFA adapters only where the cluster's network is EFA (another fabric has none to choose)."""
+    transport = fabric_transport(cluster)
+    if cluster.efa_per_node and transport not in (None, "efa"):
+        raise ConfigError(f"cluster.efa_per_node={cluster.efa_per_node}, but cluster {cluster.name}'s "
+                          f"network is {transport}: set it to 0")
+    if efa and transport not in (None, "efa"):
+        raise ConfigError(f"{key}: {efa} EFA adapters, but cluster {cluster.name}'s network is {transport}: "
+                          f"set {key}=[0] (its fabric is used whole)")

@@ -3,82 +3,54 @@ bench/predict/perf.py's step model exposes or hides behind compute.
 
 Per micro-batch, the strategy's all-gathers and reduce-scatters (HYBRID_SHARD's all-reduce across nodes,
 NO_SHARD's all-reduce) as trainer/parallel.py maps the four strategies; per optimizer step, the
-micro-batches grouped by what each accumulation mode lets them communicate. A collective takes the longer
-of its intra-node leg and its network leg, plus its ring's step latency once per FSDP unit. The intra-node
-leg: the study's one-node probe of that collective at the size nearest one FSDP unit's message where it
-has one, else the GPUs' published all-reduce bus bandwidth. The network leg: the bytes a node's adapters
-carry over the node's throughput for that collective (the study's all-gather or reduce-scatter probe at
-the size nearest one unit's message where it has one, else the all-reduce figure).
-
-A GPU's collective is one function, `gpu_collective_s`; a CPU study's (gloo on a local study's shared
-cores) is its device's own (bench/predict/cpu.py CpuModel.collective_s).
+micro-batches grouped by what each accumulation mode lets them communicate. On a GPU cluster one
+collective's time is NCCL's: the algorithm and protocol NCCL picks for its size, node count and the node's
+fabric, each with its latency and bandwidth (bench/predict/collective.py), calibrated by the study's own
+probes where it has them (bench/predict/network.py); `gpu_collective_s`. A CPU study's (gloo on a local
+study's shared cores) is its device's own (bench/predict/cpu.py CpuModel.collective_s).
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, replace
 
+from bench.core.fabric import Fabric
 from bench.core.flops import COMPUTE_BYTES, REDUCE_BYTES
 from bench.core.hardware import GpuSpec
 from bench.core.models import ModelArch, block_params, count_params, float8_linear_params
 from bench.core.schema import RunSpec
-
-# Latency of one step of NCCL's ring (a collective over R ranks takes R-1 steps, an all-reduce 2(R-1)),
-# where the study has not probed it: an 8-byte all-reduce's time over its ring steps in real nccl-tests
-# outputs (shared/data/nccl-tests): 2 nodes x 8 H100, 135.8 us / 30 steps (sample_05); one node of 8 GPUs,
-# 22.8 us / 14 steps (sample_09). The study's own all-reduce probe replaces both (probe_network).
-INTER_NODE_STEP_S = 4.5e-6
-INTRA_NODE_STEP_S = 1.6e-6
-
-
-@dataclass(frozen=True)
-class Curve:
-    """A study's probe of one collective at one node and EFA count: node-level throughput per message size
-    (algbw x f(N-1)/N over the N nodes, f = 1 for a gather or reduce-scatter), its bandwidth-bound rows;
-    on one node, the bus bandwidth among its ranks (Network.intra)."""
-
-    kind: str  # "all_gather" or "reduce_scatter" (all-reduce is Network.node_gbs)
-    rows: tuple[tuple[int, float], ...]  # (message bytes, node GB/s), ascending
-    source: str
-
-    def at(self, message: float) -> tuple[int, float]:
-        """The row nearest `message` bytes on a log scale."""
-        return min(self.rows, key=lambda r: abs(math.log(r[0] / max(message, 1.0))))
+from bench.predict.collective import Calibration, CollectiveTime, predict_collective
 
 
 @dataclass(frozen=True)
 class Network:
-    """What a node's adapters carry for FSDP's collectives, and where that figure comes from."""
+    """What a run's collectives run over: the node's fabric as the run uses it (the EFA adapters it was
+    given),
+    the NCCL version its runs recorded, and NCCL's model of that fabric calibrated by the study's own probes
+    where it has them (per collective, on one node and across nodes); else the model's published figures
+    (bench/predict/network.py DEFAULTS). `fabric` None: no GPU network (a CPU study's gloo, its own)."""
 
-    node_gbs: float  # GB/s of node-level all-reduce throughput (algbw x 2(N-1)/N) at FSDP's message sizes
+    fabric: Fabric | None
     source: str
-    step_latency_s: float = INTER_NODE_STEP_S  # one ring step: what each of FSDP's many collectives pays
-    curves: tuple[Curve, ...] = ()  # the study's all-gather and reduce-scatter probes, where it has them
-    # its one-node all-gather and reduce-scatter probes: bus bandwidth among one node's ranks (GB/s) per size
-    intra: tuple[Curve, ...] = ()
+    version: str | None = None  # NCCL's, as the study's runs recorded it; None: collective.DEFAULT_VERSION
+    tuning: tuple[tuple[str, bool, Calibration], ...] = ()  # (kind, across nodes, its calibration)
 
-    def gbs(self, kind: str, message: float) -> float:
-        """Node-level GB/s of `kind` at one unit's `message` bytes: its own probe's nearest row, else the
-        all-reduce figure (all-reduce itself, and a collective the study has not probed)."""
-        curve = next((c for c in self.curves if c.kind == kind and c.rows), None)
-        return curve.at(message)[1] if curve else self.node_gbs
-
-    def intra_gbs(self, kind: str, message: float, published: float) -> float:
-        """Bus GB/s of `kind` among one node's GPUs at one unit's `message` bytes: its one-node probe's
-        nearest row, else `published` (the GPU's all-reduce figure)."""
-        curve = next((c for c in self.intra if c.kind == kind and c.rows), None)
-        return curve.at(message)[1] if curve else published
+    def calibration(self, kind: str, across: bool) -> Calibration | None:
+        """A probe's calibration of `kind` (on one node or across nodes), else the all-reduce's, else any
+        kind's probed so: a fabric's latency and bandwidth are the network's before they are a kind's."""
+        scope = {k: c for k, a, c in self.tuning if a == across}
+        return scope.get(kind) or scope.get("all_reduce") or next(iter(scope.values()), None)
 
     @property
     def described(self) -> str:
-        """Where every collective's figure comes from (the plan's "network:" line)."""
-        return self.source + "".join(f"; {c.kind.replace('_', '-')}s: {c.source}"
-                                     for c in (*self.curves, *self.intra))
+        """Where every collective's figures come from (the plan's "network:" line)."""
+        return self.source + "".join(f"; {kind.replace('_', '-')} {'across nodes' if a else 'on one node'}: "
+                                     f"{c.source}" for kind, a, c in self.tuning)
 
     def fed_by(self, kind: str) -> str:
-        """Which probe or figure gives `kind`'s bandwidth, in words."""
-        curve = next((c for c in self.curves if c.kind == kind and c.rows), None)
-        return curve.source if curve else self.source
+        """Which probe or figure calibrates `kind` across nodes, in words."""
+        found = self.calibration(kind, True)
+        return found.source if found else self.source
 
 
 @dataclass(frozen=True)
@@ -88,6 +60,8 @@ class Collective:
     ranks: int  # ranks in one group
     nodes: int  # nodes the group spans
     phase: str  # "forward" or "backward"
+    groups: int = 1  # groups that run it at once, side by side, each on its share of `size` and of the nodes'
+    # adapters (HYBRID_SHARD's all-reduce: one group per GPU of a node)
 
 
 def collectives(spec: RunSpec, arch: ModelArch) -> list[Collective]:
@@ -111,8 +85,37 @@ def collectives(spec: RunSpec, arch: ModelArch) -> list[Collective]:
         return [Collective("all_gather", gather, g, 1, "forward"),
                 Collective("all_gather", gather, g, 1, "backward"),
                 Collective("reduce_scatter", grads, g, 1, "backward"),
-                Collective("all_reduce", grads, n, n, "backward")]  # g groups at once: all of grads per node
+                Collective("all_reduce", grads, n, n, "backward", groups=g)]  # all of grads per node
     return [Collective("all_reduce", grads, world, n, "backward")]  # NO_SHARD
+
+
+EXPOSED_PARTS = ("exposed_all_gather_fwd", "exposed_all_gather_bwd", "exposed_reduce_scatter",
+                 "exposed_all_reduce")
+
+
+def exposed_part(c: Collective) -> str:
+    """The trace's part a collective's exposed time lands in: the all-gathers by the pass that issues them."""
+    if c.kind == "all_gather":
+        return "exposed_all_gather_fwd" if c.phase == "forward" else "exposed_all_gather_bwd"
+    return f"exposed_{c.kind}"
+
+
+def unit_shares(spec: RunSpec, arch: ModelArch, blocks: int) -> tuple[dict[str, float], dict[str, float]]:
+    """The root unit's and one block's share of each kind of the model's collectives: a gather moves its
+    unit's parameters in the compute dtype (the converted linears of Float8 blocks in one byte; the root's
+    embedding and output layer are not converted), a reduction its gradients. One unit: the root, all."""
+    if blocks == 0:
+        return dict.fromkeys(("all_gather", "reduce_scatter", "all_reduce"), 1.0), dict.fromkeys(
+            ("all_gather", "reduce_scatter", "all_reduce"), 0.0)
+    params = count_params(arch)
+    root = params - sum(block_params(arch))
+    gather = params * COMPUTE_BYTES[spec.precision]
+    if spec.precision == "fp8_tensorwise":
+        gather -= float8_linear_params(arch) * (COMPUTE_BYTES[spec.precision] - 1)
+    gathered = root * COMPUTE_BYTES[spec.precision] / gather
+    reduced = root / params
+    root_share = {"all_gather": gathered, "reduce_scatter": reduced, "all_reduce": reduced}
+    return root_share, {k: (1 - v) / blocks for k, v in root_share.items()}
 
 
 def unit_messages(spec: RunSpec, arch: ModelArch) -> dict[str, int]:
@@ -152,15 +155,31 @@ def bus_factor(kind: str, ranks: int) -> float:
 
 
 def gpu_collective_s(c: Collective, gpu: GpuSpec, network: Network, units: int = 1) -> float:
-    """One collective of FSDP's on a GPU cluster: the longer of the intra-node leg and the network leg (a
-    hierarchical collective pipelines both), plus the ring's step latency once per FSDP unit (each unit
-    gathers and reduces on its own)."""
-    per_node = c.ranks // c.nodes
-    intra_gbs = network.intra_gbs(c.kind, c.size / units, gpu.intra_busbw_gbs)
-    intra = bus_factor(c.kind, per_node) * c.size / (intra_gbs * 1e9) if per_node > 1 else 0.0
-    gbs = network.gbs(c.kind, c.size / units) if c.nodes > 1 else 0.0
-    net = bus_factor(c.kind, c.nodes) * c.size / (gbs * 1e9) if c.nodes > 1 else 0.0
-    return max(intra, net) + units * ring_steps(c) * network.step_latency_s
+    """One of FSDP's collectives on a GPU cluster, `units` FSDP units each gathering or reducing its share on
+    its own: NCCL's pick of algorithm and protocol and its time by NCCL's model of the node's fabric
+    (bench/predict/collective.py), calibrated by the study's probes where it has them."""
+    return units * nccl_time(c.kind, c.size / units, c.ranks, c.nodes, network).seconds
+
+
+@functools.lru_cache(maxsize=4096)
+def nccl_time(kind: str, nbytes: float, ranks: int, nodes: int, network: Network) -> CollectiveTime:
+    """One collective of `nbytes` (nccl-tests' size) over `ranks` ranks on `nodes` nodes of the network's
+    fabric, calibrated as the network says (a one-node probe's figures with a multi-node one's)."""
+    if network.fabric is None:
+        raise ValueError("a GPU collective needs the cluster's fabric (bench/predict/network.py fabric_of)")
+    across, inside = network.calibration(kind, True), network.calibration(kind, False)
+    cal = combined(inside, across) if nodes > 1 else inside
+    return predict_collective(kind, max(1, round(nbytes)), nodes, max(1, ranks // nodes), network.fabric,
+                              version=network.version, calibration=cal)
+
+
+def combined(inside: Calibration | None, across: Calibration | None) -> Calibration | None:
+    """A multi-node collective's figures: the network's from a multi-node probe, the node's own latency and
+    bandwidth from a one-node probe."""
+    if inside is None or across is None:
+        return across or inside
+    return replace(across, latency=inside.latency, intra_bw=inside.intra_bw,
+                   source=f"{across.source}; {inside.source}")
 
 
 def ring_steps(c: Collective) -> int:

@@ -28,17 +28,23 @@ studies".
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from bench.core.hardware import GpuSpec
-from bench.core.models import ModelArch
+from bench.core.models import ModelArch, block_params
 from bench.core.schema import RunSpec, RunSummary
 from bench.core.system import cpu_facts
-from bench.predict.comm import Collective, Network, bus_factor
-from bench.predict.device import PUBLISHED, Calibration, Peaks, block_passes_s
+from bench.predict.comm import (
+    EXPOSED_PARTS,
+    Collective,
+    Network,
+    bus_factor,
+    exposed_part,
+    step_collectives,
+)
+from bench.predict.device import PUBLISHED, Calibration, Communication, Peaks, Work, block_passes_s
 
 CPU = GpuSpec("cpu", 0, {"fp32": 0.0}, "this machine's cores", hbm_tbs=0.02, intra_busbw_gbs=2.0,
               family="cpu")
@@ -220,28 +226,45 @@ class CpuModel:
         """gloo's ring on this machine's cores, no probe (the plan's "network:" line says so)."""
         cal = self.cal
         source = cal.source if cal.source != PUBLISHED else "its prior: no traced run calibrated it yet"
-        return Network(math.inf, f"gloo on this machine's cores: a ring step {cal.cpu_step_s * 1e3:.3g} ms "
+        return Network(None, f"gloo on this machine's cores: a ring step {cal.cpu_step_s * 1e3:.3g} ms "
                        f"({source}), slower in a ring of more than the {self.capacity:.3g} ranks the machine "
-                       f"runs at full speed, bus bytes at {self.gpu.intra_busbw_gbs:g} GB/s", cal.cpu_step_s)
+                       f"runs at full speed, bus bytes at {self.gpu.intra_busbw_gbs:g} GB/s")
 
-    def collective_s(self, c: Collective, network: Network, units: int) -> float:
+    def collective_s(self, c: Collective, units: int) -> float:
         """Its ring's steps, once per FSDP unit, each at the study's ring step slowed by its ranks' turns,
         and its bus bytes at the CPU's loopback bandwidth."""
         bus = bus_factor(c.kind, c.ranks) * c.size / (self.gpu.intra_busbw_gbs * 1e9)
-        step = network.step_latency_s * ring_step_factor(c.kind, c.ranks, self.capacity)
+        step = self.cal.cpu_step_s * ring_step_factor(c.kind, c.ranks, self.capacity)
         return units * gloo_ring_steps(c) * step + bus
+
+    def communication(self, spec: RunSpec, arch: ModelArch, network: Network, work: Work) -> Communication:
+        """Every collective exposed: gloo's calls block the thread that computes (`overlaps` off; on, a
+        pass hides what its compute outlasts but its first gather or last reduction, a sensitivity
+        benchmarks/split_model.py prints)."""
+        units = len(block_params(arch)) + 1  # each block and the root: what FSDP gathers one at a time
+        window = {"forward": work.forward, "backward": work.backward}
+        exposed, hidden, total = dict.fromkeys(EXPOSED_PARTS, 0.0), 0.0, 0.0
+        for comms, count in step_collectives(spec, arch):
+            for phase, budget in window.items():
+                times = [(exposed_part(c), self.collective_s(c, units)) for c in comms if c.phase == phase]
+                comm = sum(s for _, s in times)
+                shown = min(comm, max(0.0, comm - budget) + comm / units) if self.overlaps else comm
+                for part, s in times:
+                    exposed[part] += count * shown * s / comm if comm else 0.0
+                hidden, total = hidden + count * (comm - shown), total + count * comm
+        return Communication(exposed, hidden, total, 0.0)
 
     def host_s(self, spec: RunSpec, arch: ModelArch, recompute: float) -> float:
         """The rank's own host work at its calibrated rate, at its running speed."""
         return block_passes_s(self.cal.cpu_host_s, spec, arch, recompute) / self.turns(spec)[0]
 
-    def parts(self, spec: RunSpec, compute: float, exposed: dict[str, float], hidden: float,
-              optimizer: float, host: float) -> tuple[dict[str, float], float]:
+    def parts(self, spec: RunSpec, compute: float, comm: Communication, optimizer: float,
+              host: float) -> tuple[dict[str, float], float]:
         """Its work (compute, optimizer, host) and every collective exposed, then the turns: the rest of the
         rank's share, part of it spent running its own work slower beside its peers, the rest waiting
         (cpu_turns). No floor: the host's work is part of the step."""
         turns = self.turns(spec)[1]
-        parts = {"compute": compute, **exposed, "optimizer": optimizer}
+        parts = {"compute": compute, **comm.exposed, "optimizer": optimizer}
         work = compute + optimizer + host
         slower = 1 + CPU_TURNS_SHARED * (turns - 1)
         parts = {k: v * slower if k in ("compute", "optimizer") else v for k, v in parts.items()}

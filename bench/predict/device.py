@@ -14,7 +14,7 @@ from typing import Protocol
 from bench.core.hardware import GpuSpec
 from bench.core.models import ModelArch
 from bench.core.schema import RunSpec
-from bench.predict.comm import Collective, Network
+from bench.predict.comm import Network
 
 PUBLISHED = "published constants"  # Calibration.source of the shipped constants (perf.CALIBRATION)
 HALF_SIBLING = {"fp16": "bf16", "bf16": "fp16"}
@@ -60,6 +60,50 @@ class Peaks:
     memory: float  # bytes/s of its memory bandwidth (HBM; a CPU rank's share of the machine's)
 
 
+@dataclass(frozen=True)
+class Work:
+    """One micro-batch's compute by FSDP unit, in seconds: what its collectives run beside."""
+
+    root_forward: float  # the root unit's: the output layer and the loss (the whole model where it is one)
+    root_backward: float
+    block_forward: float  # each block's, where the blocks are units of their own
+    block_backward: float  # with the forward activation checkpointing reruns
+    blocks: int  # blocks wrapped as units of their own (0: the model is one unit)
+
+    @property
+    def forward(self) -> float:
+        return self.root_forward + self.blocks * self.block_forward
+
+    @property
+    def backward(self) -> float:
+        return self.root_backward + self.blocks * self.block_backward
+
+
+@dataclass(frozen=True)
+class Bound:
+    """One part's collectives (an exposed part: a kind and its pass) as NCCL is predicted to run them: its
+    pick and what bounds it for one block's message, and the step's seconds of them, exposed and in all."""
+
+    part: str
+    algorithm: str
+    protocol: str
+    bound: str  # collective.BOUNDS: latency, intra-node bandwidth, network bandwidth
+    unit_s: float  # one block's collective
+    total_s: float  # every one of the step's
+    exposed_s: float  # of which the step waits for
+
+
+@dataclass(frozen=True)
+class Communication:
+    """A step's collectives against its compute."""
+
+    exposed: dict[str, float]  # per exposed part (perf.EXPOSED_PARTS), seconds the step waits for them
+    hidden: float  # seconds of collectives that ran beside compute
+    total: float  # seconds of every collective, as if nothing overlapped
+    contention: float  # seconds the compute lost to the collectives beside it (and FSDP2's copies)
+    bounds: tuple[Bound, ...] = ()  # per part where the device's model knows NCCL's pick (a GPU's)
+
+
 def block_passes_s(per: float, spec: RunSpec, arch: ModelArch, recompute: float) -> float:
     """The host's time for a step's blocks and passes at `per` seconds a block and pass: forward, two for
     the backward, one more where activation checkpointing recomputes; per micro-batch."""
@@ -71,7 +115,6 @@ class DeviceModel(Protocol):
     each is on a GPU, cpu.py's on the CPU)."""
 
     gpu: GpuSpec  # its figures (a GPU's datasheet; the CPU's: cpu.CPU)
-    overlaps: bool  # whether a collective runs beside the compute (else the step waits for all of it)
 
     def efficiency(self, dtype: str) -> float:
         """Its matmuls' fraction of the dense peak at a compute dtype: calibrated, else its prior."""
@@ -85,19 +128,19 @@ class DeviceModel(Protocol):
         """What its collectives run over, given the node network the run was set on."""
         ...
 
-    def collective_s(self, c: Collective, network: Network, units: int) -> float:
-        """One collective's seconds over `units` FSDP units, each gathering or reducing on its own."""
+    def communication(self, spec: RunSpec, arch: ModelArch, network: Network, work: Work) -> Communication:
+        """The step's collectives (comm.step_collectives) against its micro-batches' compute `work`."""
         ...
 
     def host_s(self, spec: RunSpec, arch: ModelArch, recompute: float) -> float:
         """The host's seconds for a step's blocks and passes (block_passes_s at its own rate)."""
         ...
 
-    def parts(self, spec: RunSpec, compute: float, exposed: dict[str, float], hidden: float,
-              optimizer: float, host: float) -> tuple[dict[str, float], float]:
+    def parts(self, spec: RunSpec, compute: float, comm: Communication, optimizer: float,
+              host: float) -> tuple[dict[str, float], float]:
         """The step's parts (perf.Prediction.parts: compute, each exposed kind, the optimizer, other and
-        where it has them the turns' waiting), given the device's compute, exposed and hidden
-        communication, optimizer and host seconds; and the host's floor under the step (0: none)."""
+        where it has them the turns' waiting), given the device's compute, its communication, optimizer
+        and host seconds; and the host's floor under the step (0: none)."""
         ...
 
     def unmodeled(self, spec: RunSpec) -> str | None:

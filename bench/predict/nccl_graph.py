@@ -82,8 +82,11 @@ def node_of(fabric: Fabric, local_ranks: int, nodes: int) -> Node:
         return Node(local_ranks, link, nvlink, 0, 0.0, fabric.compute_capability)
     devices = min(out.adapters, fabric.gpus_per_node)
     nic_gbs = out.node_gbs / devices
-    used = max(1, round(devices * local_ranks / fabric.gpus_per_node))
-    return Node(local_ranks, link, nvlink, used, min(nic_gbs, fabric.pcie_gbs), fabric.compute_capability)
+    share = devices * local_ranks / fabric.gpus_per_node  # the ranks' share of the node's adapters: fewer
+    # than one where the node's other GPUs' communicators run beside them on the same adapters
+    used = max(1, round(share))
+    return Node(local_ranks, link, nvlink, used, min(nic_gbs * min(1.0, share), fabric.pcie_gbs),
+                fabric.compute_capability)
 
 
 def speeds(node: Node) -> tuple[float, ...]:

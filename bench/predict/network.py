@@ -1,117 +1,178 @@
-"""The network a run is predicted on: the study's own probes where it has them (all-reduce across nodes as
-one figure and its ring's step latency; all-gather and reduce-scatter per message size, across nodes and
-among one node's ranks), else the instance's published measurement, else line rate (bench/predict/comm.py
-says how each collective takes them)."""
+"""The network a run's collectives are predicted on: the cluster's fabric (its cluster file's, else the
+published fabric of its instance type, else its GPU's board with its EFA adapters: `fabric_of`) as the run
+uses it (`run_fabric`: the EFA adapters it was given), the NCCL version the study's runs recorded, and the
+study's own probes, each of which calibrates NCCL's model of the fabric (bench/predict/collective.py
+calibrate) on the shape it ran: every node count and size a run needs is then predicted by that model,
+never read off a probe's row. Without a probe, the figures fitted to published nccl-tests tables of the
+fabric's transport (DEFAULTS)."""
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from bench.core.hardware import INSTANCES
+from bench.core.config import ClusterConfig
+from bench.core.fabric import FABRICS, Fabric, ScaleOut, ScaleUp, gpu_node
+from bench.core.hardware import GpuSpec
 from bench.core.schema import RunSummary
-from bench.predict.comm import INTER_NODE_STEP_S, INTRA_NODE_STEP_S, Curve, Network, bus_factor
+from bench.predict.collective import Calibration, calibrate
+from bench.predict.comm import Network
 
-RDMA_EFFICIENCY = 0.9  # of line rate, InfiniBand/RoCE clusters: GCP a3-mega H100s, 2 nodes, 8 GiB all-reduce
-# (shared/data/nccl-tests/sample_05.txt: 180.7 GB/s of 200). EFA instances use their published measurement.
-SOCKET_NODE_GBS = 2.5  # 0 EFA, NCCL's socket transport: 2 TCP flows at EC2's 10 Gb/s single-flow limit
-# inside a cluster placement group (EC2 user guide, "instance network bandwidth"); an assumption the
-# study's own 0-EFA probe replaces
+# 0 EFA on an EFA instance: NCCL's socket transport over one 100 Gb/s ENA port, at the share of line rate
+# the published socket tables give (network.DEFAULTS["tcp"]: 2.5 GB/s a node, what two TCP flows at EC2's
+# 10 Gb/s single-flow limit in a cluster placement group carry: EC2 user guide, "instance network
+# bandwidth"); an assumption the study's own 0-EFA probe calibrates
+SOCKETS = ScaleOut("tcp", 1, 100.0, rdma=False)
 
-LATENCY_MAX_BYTES = 65536  # probe rows up to this size are latency, not bandwidth, bound
-
-
-def network_for(instance_type: str, efa: int, probe: Network | None = None, nodes: int = 2) -> Network:
-    """The study's own all-reduce probe where it has one at this node and EFA count; else the instance's
-    published measurement scaled to the adapters in use; else line rate at RDMA_EFFICIENCY. One node's
-    collectives take NVLink's ring steps, not the network's."""
-    if probe is not None:
-        return probe
-    latency = INTER_NODE_STEP_S if nodes > 1 else INTRA_NODE_STEP_S
-    if efa == 0:
-        return Network(SOCKET_NODE_GBS, "0 EFA: NCCL sockets over TCP (assumed; probe it)", latency)
-    inst = INSTANCES.get(instance_type)
-    if inst and inst.allreduce_node_gbs and inst.efa:
-        return Network(inst.allreduce_node_gbs * min(efa, inst.efa) / inst.efa,
-                       f"{inst.name} with {efa} EFA: {inst.allreduce_source}", latency)
-    gbps = inst.network_gbps * min(efa, inst.efa) / inst.efa if inst and inst.efa else 100.0 * efa
-    return Network(gbps / 8 * RDMA_EFFICIENCY, f"{gbps:g} Gb/s line rate x {RDMA_EFFICIENCY}", latency)
+# Per transport, the latency of one network hop (in place of what the net plugin reports to NCCL's tuner)
+# and the multi-node bandwidth's fraction of NCCL's model of it, fitted to the published nccl-tests tables
+# not set aside (benchmarks/published/nccl-tests: `python benchmarks/nccl_model.py --fit --split
+# benchmarks/published/nccl-tests/holdout.txt`; the tables, the fit and its sensitivity:
+# benchmarks/evidence/README.md, "NCCL's model against published tables"). Fits, not derivations; a
+# transport not here (tcpx: no table to fit) keeps NCCL's published constants; a study's probes replace them.
+DEFAULTS: dict[str, Calibration] = {
+    transport: Calibration(net_latency_us=hop, net_bw=bw,
+                           source=f"fitted to {n} published {transport} tables")
+    for transport, hop, bw, n in (("efa", 20.0, 0.75, 8), ("infiniband", 7.5, 0.6, 10),
+                                  ("roce", 50.0, 0.95, 7), ("slingshot", 10.0, 0.4, 10),
+                                  ("tcp", 25.0, 0.2, 4), ("tcpxo", 15.0, 0.85, 2))}
 
 
-FSDP_MESSAGE = 2**29  # bytes: about one unit's gather of a 7B-70B model, and the published figures' size
+def fabric_of(cluster: ClusterConfig, gpu: GpuSpec | None) -> Fabric | None:
+    """The cluster's fabric: its file's scale-up and scale-out parts (over its preset's, or its instance's
+    published fabric), else that published fabric, else its GPU's board with efa_per_node EFA adapters at
+    100 Gb/s (0: sockets). None without a GPU (a CPU study)."""
+    conf = cluster.fabric
+    base = FABRICS.get(conf.preset or cluster.instance_type)
+    if conf.preset and base is None:
+        raise ValueError(f"cluster.fabric.preset: {conf.preset!r} is none of {', '.join(sorted(FABRICS))}")
+    if gpu is None or not gpu.compute_capability:
+        return base
+    if base is None:
+        out = ScaleOut("efa", cluster.efa_per_node, 100.0, True) if cluster.efa_per_node else SOCKETS
+        base = gpu_node(gpu.name, cluster.gpus_per_node, gpu.compute_capability, out, conf.pcie_gen)
+    if conf.scale_up is None and conf.scale_out is None:
+        return base
+    up = conf.scale_up
+    scale_up = (base.scale_up if up is None
+                else ScaleUp(up.kind, up.gpus or cluster.gpus_per_node, up.gbs, up.nvls))
+    out = conf.scale_out
+    scale_out = base.scale_out if out is None else ScaleOut(out.transport, out.adapters, out.gbps, out.rdma,
+                                                             out.latency_us)
+    return replace(base, scale_up=scale_up, scale_out=scale_out, pcie_gen=conf.pcie_gen, cpu=conf.cpu,
+                   name=f"{cluster.name}'s fabric", source=f"cluster file {cluster.name}")
 
 
-def probe_network(nodes: int, sizes: list[dict[str, Any]], ranks: int | None = None) -> Network | None:
-    """An all-reduce probe (nccl-tests' per-size rows: size, algbw, time_us) as node-level throughput at
-    the size nearest FSDP_MESSAGE (algbw x 2(N-1)/N), and its ring's step latency: the median time of the
-    latency-bound rows over the all-reduce's 2(R-1) steps. None without usable rows; one node's probe
-    measures no network (its throughput is not used), only its latency, and needs two ranks for it."""
-    rows = [r for r in sizes if r.get("size") and r.get("algbw")]
-    ranks = ranks or nodes
-    if not rows or ranks < 2:
+def run_fabric(fabric: Fabric, efa: int) -> Fabric:
+    """The fabric as a run uses it: on an EFA fabric `efa` of its adapters (0: NCCL's sockets over TCP);
+    any other fabric whole."""
+    out = fabric.scale_out
+    if out is None or out.transport != "efa":
+        return fabric
+    if efa <= 0:
+        return replace(fabric, scale_out=SOCKETS)
+    return replace(fabric, scale_out=replace(out, adapters=min(efa, out.adapters)))
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A study's nccl-tests (or torch) probe of one collective: its shape and its rows."""
+
+    kind: str
+    nodes: int
+    ranks: int
+    efa: int
+    rows: tuple[tuple[int, float], ...]  # (bytes, us) per size
+    version: str | None  # the NCCL version it printed
+    source: str
+
+    @property
+    def across(self) -> bool:
+        return self.nodes > 1
+
+
+def probe_of(summary: RunSummary) -> Probe | None:
+    """An ok probe's rows (nccl-tests' out-of-place time per size), None without two of them."""
+    spec = summary.spec
+    rows = tuple(sorted((int(r["size"]), float(r["time_us"])) for r in summary.extra.get("sizes", [])
+                        if r.get("size") and r.get("time_us")))
+    if len(rows) < 2 or spec.world_size < 2:
         return None
-    small = sorted(r["time_us"] for r in rows if r["size"] <= LATENCY_MAX_BYTES and r.get("time_us"))
-    latency = (small[len(small) // 2] * 1e-6 / (2 * (ranks - 1)) if small
-               else INTER_NODE_STEP_S if nodes > 1 else INTRA_NODE_STEP_S)
-    if nodes < 2:
-        return Network(0.0, f"the study's all-reduce probe on one node ({ranks} ranks)", latency)
-    row = min(rows, key=lambda r: abs(math.log(r["size"] / FSDP_MESSAGE)))
-    return Network(row["algbw"] * 2 * (nodes - 1) / nodes,
-                   f"the study's all-reduce probe at {nodes} nodes ({row['size'] / 2**20:.0f} MiB)", latency)
+    where = f"at {spec.nodes} nodes, {spec.efa_per_node} EFA" if spec.nodes > 1 else "on one node"
+    version = summary.extra.get("nccl_version") or None
+    return Probe(spec.collective, spec.nodes, spec.world_size, spec.efa_per_node, rows,
+                 str(version) if version else None,
+                 f"the study's {spec.collective} probe {where} ({spec.world_size} ranks)")
 
 
-def probe_curve(kind: str, nodes: int, sizes: list[dict[str, Any]], source: str,
-                ranks: int = 1) -> Curve | None:
-    """An all-gather or reduce-scatter probe's bandwidth-bound rows per size: across nodes, node-level
-    throughput (algbw x (N-1)/N, the bus bytes one node's adapters carry per byte of the tensor); on one
-    node, the bus bandwidth among its `ranks` (algbw x (R-1)/R, the figure the GPUs' published one is).
-    None on one rank or without such rows. Of several placements at one size, the slower."""
-    over = nodes if nodes > 1 else ranks
-    if over < 2:
-        return None
-    by_size: dict[int, float] = {}
-    for r in sizes:
-        if r.get("size", 0) > LATENCY_MAX_BYTES and r.get("algbw"):
-            gbs = r["algbw"] * bus_factor(kind, over)
-            by_size[r["size"]] = min(by_size.get(r["size"], gbs), gbs)
-    return Curve(kind, tuple(sorted(by_size.items())), source) if by_size else None
+def probes_of(summaries: Iterable[RunSummary]) -> tuple[Probe, ...]:
+    """The study's ok probes; of several of one collective at one node and EFA count, the one over the most
+    ranks (the longest ring)."""
+    best: dict[tuple[str, int, int], Probe] = {}
+    for summary in summaries:
+        if summary.spec.kind != "nccl" or summary.status != "ok":
+            continue
+        probe = probe_of(summary)
+        key = (probe.kind, probe.nodes, probe.efa) if probe else None
+        if probe and key and (key not in best or probe.ranks > best[key].ranks):
+            best[key] = probe
+    return tuple(best[k] for k in sorted(best))
 
 
-def sweep_probes(sweep_dir: Any) -> dict[tuple[int, int], Network]:
-    """The finished all-reduce probes of a sweep dir (a resumed or re-planned study) by (nodes, EFA)."""
+def sweep_probes(sweep_dir: Any) -> tuple[Probe, ...]:
+    """The finished probes of a sweep dir (a resumed or re-planned study)."""
     from bench.core import rundir
     return probes_of(rundir.read_summaries(sweep_dir))
 
 
-def probes_of(summaries: Iterable[RunSummary]) -> dict[tuple[int, int], Network]:
-    """The ok probes among summaries by (nodes, EFA): the all-reduce's Network, carrying the all-gather's
-    and reduce-scatter's curves (one node's: among its ranks, Network.intra; where only those were probed,
-    a Network whose all-reduce figure is NaN, which perf.Predictor.setting replaces); of several probes of one
-    collective at one node and EFA count, the one over the most ranks (the longest ring)."""
-    nets: dict[tuple[int, int], tuple[int, Network]] = {}
-    curves: dict[tuple[int, int, str], tuple[int, Curve]] = {}
-    for summary in summaries:
-        spec = summary.spec
-        if spec.kind != "nccl" or summary.status != "ok":
-            continue
-        key, sizes = (spec.nodes, spec.efa_per_node), summary.extra.get("sizes", [])
-        if spec.collective == "all_reduce":
-            network = probe_network(spec.nodes, sizes, spec.world_size)
-            if network and (key not in nets or spec.world_size > nets[key][0]):
-                nets[key] = (spec.world_size, network)
-            continue
-        where = f"at {spec.nodes} nodes, {spec.efa_per_node} EFA" if spec.nodes > 1 else "on one node"
-        source = f"the study's {spec.collective} probe {where} ({spec.world_size} ranks)"
-        curve = probe_curve(spec.collective, spec.nodes, sizes, source, spec.world_size)
-        slot = (*key, spec.collective)
-        if curve and (slot not in curves or spec.world_size > curves[slot][0]):
-            curves[slot] = (spec.world_size, curve)
-    out = {key: network for key, (_, network) in nets.items()}
-    for (nodes, efa, _), (_, curve) in sorted(curves.items()):
-        base = out.get((nodes, efa), Network(math.nan, ""))
-        if nodes == 1:  # among one node's ranks
-            out[(nodes, efa)] = replace(base, intra=base.intra + (curve,))
-        else:
-            out[(nodes, efa)] = replace(base, curves=base.curves + (curve,))
+def tuned(probe: Probe, fabric: Fabric) -> Calibration | None:
+    """NCCL's model of `fabric` calibrated on one probe (None where the model cannot take its shape)."""
+    ppn = probe.ranks // probe.nodes
+    try:
+        cal = calibrate(probe.kind, probe.rows, probe.nodes, ppn, run_fabric(fabric, probe.efa),
+                        version=probe.version)
+    except ValueError:
+        return None
+    return replace(cal, source=probe.source)
+
+
+def nearest(probes: Iterable[Probe], nodes: int) -> dict[tuple[str, bool], Probe]:
+    """Per collective and scope (one node, across nodes), the probe whose node count is nearest `nodes`."""
+    out: dict[tuple[str, bool], Probe] = {}
+    for p in probes:
+        key = (p.kind, p.across)
+        if key not in out or abs(p.nodes - nodes) < abs(out[key].nodes - nodes):
+            out[key] = p
     return out
+
+
+def network_for(fabric: Fabric | None, efa: int, nodes: int, probes: Iterable[Probe] = (),
+                version: str | None = None) -> Network:
+    """A run's network on `nodes` nodes with `efa` EFA adapters each: its fabric as the run uses it, NCCL
+    calibrated by the study's probes at that EFA count (per collective, the probe nearest the run's node
+    count; on one node and across nodes), else by the transport's published tables (DEFAULTS)."""
+    if fabric is None:
+        return Network(None, "no GPU network")
+    mine = run_fabric(fabric, efa)
+    at_efa = [p for p in probes if p.efa == efa or not p.across]
+    tuning = tuple((kind, across, cal) for (kind, across), p in sorted(nearest(at_efa, nodes).items())
+                   if (cal := tuned(p, fabric)) is not None)
+    default = DEFAULTS.get(mine.scale_out.transport) if mine.scale_out else None
+    if default is not None and not any(across for _, across, _ in tuning):
+        tuning += (("all_reduce", True, default),)
+    versions = {p.version for p in at_efa if p.version}
+    found = version or (versions.pop() if len(versions) == 1 else None)
+    return Network(mine, f"NCCL on {mine.describe()}", found, tuning)
+
+
+def published(name: str, efa: int | None = None, nodes: int = 2) -> Network:
+    """The network of a published fabric (bench/core/fabric.py FABRICS) with `efa` of its EFA adapters
+    (None: all of them), no probe: what the plan predicts on before a study has probed."""
+    fabric = FABRICS[name]
+    adapters = fabric.scale_out.adapters if fabric.scale_out else 0
+    return network_for(fabric, adapters if efa is None else efa, nodes)
+
+
+def one_node(gpu: GpuSpec, gpus: int = 1) -> Network:
+    """One node of `gpus` of a known GPU on its board, no network: this project's own GPU runs."""
+    return network_for(gpu_node(gpu.name, gpus, gpu.compute_capability or 90, None), 0, 1)

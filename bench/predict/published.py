@@ -23,12 +23,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
-from bench.core.fabric import FABRICS, TRANSPORTS, Fabric, ScaleOut, ScaleUp
+from bench.core.fabric import FABRICS, TRANSPORTS, Fabric, ScaleOut, ScaleUp, gpu_node
 from bench.core.hardware import GPUS, INSTANCES, GpuSpec
 from bench.core.models import PRESETS, ModelArch, get_arch
 from bench.core.schema import AC_MODES, ACCUMULATIONS, PRECISIONS, SHARDINGS, RunSpec
-from bench.predict.comm import INTRA_NODE_STEP_S, Network
-from bench.predict.network import RDMA_EFFICIENCY, network_for
+from bench.predict.comm import Network
+from bench.predict.network import network_for, published
 from bench.predict.perf import Stack
 
 IBM = ("PyTorch blog, \"Maximizing training throughput using PyTorch FSDP\" (IBM and Meta, 2024-03-13), "
@@ -45,7 +45,8 @@ FOUNDRY_TABLE = Path(__file__).parent / "data" / "llm_foundry_benchmarks.md"
 CODELLAMA_34B = ModelArch("codellama_34b", "llama", 8192, 22016, 48, 64, 8, 128, 32000, False, 16384)
 H100_96GB_500W = GpuSpec("H100-96GB-500W", 96, GPUS["H100-SXM"].peak_tflops,
                          "torchtitan's Grand Teton H100: 96 GB HBM2e, 2.4 TB/s, 500 W", hbm_tbs=2.4,
-                         intra_busbw_gbs=GPUS["H100-SXM"].intra_busbw_gbs, family="H100")
+                         intra_busbw_gbs=GPUS["H100-SXM"].intra_busbw_gbs, family="H100",
+                         compute_capability=90)
 
 
 def _mpt(name: str, d: int, layers: int, heads: int) -> ModelArch:
@@ -87,9 +88,19 @@ def _row(source: str, arch: ModelArch | str, gpu: str | GpuSpec, nodes: int, sha
     spec = RunSpec(model="tiny_llama", nodes=nodes, gpus_per_node=8, sharding=sharding, precision=precision,
                    activation_checkpointing=ac, micro_batch=mb, seq_len=seq, compile=compile,
                    global_batch=global_batch, accumulation=accumulation)
-    network = Network(node_gbps / 8 * RDMA_EFFICIENCY, f"{node_gbps:g} Gb/s RDMA x {RDMA_EFFICIENCY}")
-    return PublishedRow(source, arch, GPUS[gpu] if isinstance(gpu, str) else gpu, spec, network, tokens,
+    spec_gpu = GPUS[gpu] if isinstance(gpu, str) else gpu
+    return PublishedRow(source, arch, spec_gpu, spec, rdma_network(spec_gpu, nodes, node_gbps), tokens,
                         efficiency, stack=stack)
+
+
+def rdma_network(gpu: GpuSpec, nodes: int, node_gbps: float, transport: str = "roce") -> Network:
+    """A published row's network where its publisher states a node's RDMA line rate alone: 8 adapters sharing
+    it (one per GPU, as HGX nodes have them) on the GPU's board. RoCE where the link layer is stated so or
+    known (llm-foundry's A100 tables name it; IBM's Vela cluster, the fms-fsdp rows, is RoCE: its rows in
+    benchmarks/published/fsdp say so) and where it is not stated (torchtitan's "backend RDMA network",
+    llm-foundry's H100 tables): an assumption, whose sensitivity benchmarks/evidence/README.md gives."""
+    fabric = gpu_node(gpu.name, 8, gpu.compute_capability or 90, ScaleOut(transport, 8, node_gbps / 8, True))
+    return network_for(fabric, 0, nodes)
 
 
 A100, H100 = "A100-SXM4-80GB", "H100-SXM"
@@ -128,7 +139,7 @@ CALIBRATION_ROWS: list[PublishedRow] = [
 _p5 = RunSpec(model="llama2_7b", nodes=16, gpus_per_node=8, activation_checkpointing="full", micro_batch=1,
               seq_len=4096, efa_per_node=32, cluster="p5.48xlarge")
 CALIBRATION_ROWS.append(PublishedRow(AWS, get_arch("llama2_7b"), GPUS[H100], _p5,
-                                     network_for("p5.48xlarge", 32), scaling_efficiency=0.87, base_nodes=1))
+                                     published("p5.48xlarge", 32, 16), scaling_efficiency=0.87, base_nodes=1))
 
 # llm-foundry's training stacks, from the commits that published its tables (mosaicml/llm-foundry, history of
 # scripts/train/benchmarking/README.md): the A100 tables (300cc5c58, 2023-05) and the H100 BF16 and FP8 tables
@@ -380,20 +391,14 @@ def _row_fabric(r: _Fields, gpu: GpuSpec | None, nodes: int, gpus: int) -> Fabri
     return Fabric(up, out, gpus, capability, pcie_gen=pcie, name=r.raw["id"], source=r.raw["source"])
 
 
-def _row_network(fabric: str | dict[str, Any] | None, nodes: int) -> Network:
-    """None on one node (its collectives take NVLink's ring steps, as network_for sets them); an AWS
-    instance's published measurement (network_for); else the node's line rate x RDMA_EFFICIENCY, as `_row`."""
-    if fabric is None or nodes == 1:
-        return Network(0.0, "one node: no network", INTRA_NODE_STEP_S)
-    if isinstance(fabric, str):
-        out = FABRICS[fabric].scale_out
-        assert out is not None  # every preset has a network
-        if fabric in INSTANCES:
-            return network_for(fabric, out.adapters, nodes=nodes)
-        gbps, transport = out.adapters * out.gbps, out.transport
-    else:
-        gbps, transport = fabric["adapters"] * fabric["gbps"], fabric["transport"]
-    return Network(gbps / 8 * RDMA_EFFICIENCY, f"{gbps:g} Gb/s {transport} line rate x {RDMA_EFFICIENCY}")
+def _row_network(fabric: Fabric | None, spec: RunSpec | None, nodes: int) -> Network:
+    """A row's network: its fabric with every adapter it has (an EFA instance's all of them), NCCL's model of
+    it at the row's node count."""
+    efa = spec.efa_per_node if spec is not None else 0
+    out = fabric.scale_out if fabric is not None else None
+    if out is not None and out.transport == "efa" and not efa:
+        efa = fabric.scale_out.adapters
+    return network_for(fabric, efa, nodes)
 
 
 def _row_spec(r: _Fields, arch: ModelArch, nodes: int, gpus: int) -> RunSpec | None:
@@ -473,9 +478,9 @@ def _read_row(r: _Fields) -> PublishedFsdpRow:
         r.fail("a row not modelled says why_not")
     return PublishedFsdpRow(
         r.raw["id"], r.raw["series"], r.raw["source"], r.raw["confidence"], r.raw["already_used"], nodes,
-        gpus, arch, gpu, spec, fabric, _row_network(r.raw["fabric"], nodes), r.raw["stack"], tokens, measured,
+        gpus, arch, gpu, spec, fabric, _row_network(fabric, spec, nodes), r.raw["stack"], tokens, measured,
         efficiency, base, spec.at_nodes(base_nodes) if spec and base_nodes else None,
-        _row_network(r.raw["fabric"], base_nodes) if base_nodes else None, r.raw["modelled"], why or "",
+        _row_network(fabric, spec, base_nodes) if base_nodes else None, r.raw["modelled"], why or "",
         r.raw["notes"])
 
 

@@ -21,14 +21,15 @@ from bench.predict import calibrate, calibration_file, perf
 from bench.predict.calibrate import Observation, fit
 from bench.predict.comm import Network
 from bench.predict.cpu import CPU_EMULATED_16BIT, CpuFacts, cpu_efficiency
+from bench.predict.network import published
 from bench.predict.perf import CALIBRATION, CPU, EXPOSED_PARTS, Predictor, gpu_efficiency, predict
 from bench.predict.split import comparable
 from bench.study.plan import PlannedRun
 from bench.sweep import compose, format_plan
 
 H100 = GPUS["H100-SXM"]
-EFA = Network(200.0, "test network", 4.5e-6)
-LOOPBACK = Network(0.5, "test loopback", 1e-3)
+EFA = published("p5.48xlarge")
+LOOPBACK = Network(None, "test loopback")
 # what a study's cluster "really" is: other constants than the published ones (contention as published:
 # one node's NVLink collectives hide almost entirely, so its runs cannot tell it)
 TRUE_GPU = replace(CALIBRATION, matmul_efficiency={**CALIBRATION.matmul_efficiency, "H100": 0.5},
@@ -323,7 +324,7 @@ def test_a_cpu_offload_run_is_predicted_as_a_floor_and_is_no_evidence(tmp_path: 
     assert offload.unmodeled.startswith("CPU offload") and perf.FLOOR in offload.fields()["pred_source"]
     # the GPU's work alone (tiny_llama: the launches bound both)
     assert offload.step_time_s <= plain.step_time_s
-    assert predict(runs[1].spec, CPU, Network(1.0, "loopback"), cpu=EPYC).unmodeled is None  # host is all
+    assert predict(runs[1].spec, CPU, Network(None, "loopback"), cpu=EPYC).unmodeled is None  # host is all
     line = format_plan([PlannedRun(runs[1].spec, None, True, perf=offload)]).splitlines()[-1]
     assert f"<={offload.tokens_per_s_per_gpu:,.0f}" in line and f"<={offload.mfu:.2f}" in line
     calibrated, _ = _study_predictor(cfg, sweep_dir)  # fitted on the plain run alone

@@ -62,7 +62,7 @@ def test_a_cpu_prediction_reads_the_cpu_it_is_given_and_never_the_readers() -> N
     """The facts are passed in: without them a CPU prediction is refused (no silent read of the machine that
     runs it); with them, a study of one CPU predicts the same wherever read, another CPU otherwise."""
     spec = RunSpec(model="tiny_llama", nodes=1, gpus_per_node=2, precision="fp16_mixed")
-    loopback = Network(0.5, "loopback", 1e-3)
+    loopback = Network(None, "loopback")
     with pytest.raises(ValueError, match="needs the CPU's facts"):
         predict(spec, CPU, loopback)
     ran_on, other = predict(spec, CPU, loopback, cpu=AVX512), predict(spec, CPU, loopback, cpu=READER)

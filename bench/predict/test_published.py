@@ -12,8 +12,7 @@ import yaml
 from bench.core.fabric import FABRICS
 from bench.core.models import PRESETS, count_params
 from bench.core.schema import RunSpec
-from bench.predict.comm import INTER_NODE_STEP_S, INTRA_NODE_STEP_S
-from bench.predict.network import RDMA_EFFICIENCY, network_for
+from bench.predict.network import network_for, published
 from bench.predict.published import (
     FSDP_ROWS,
     FsdpRowError,
@@ -102,15 +101,15 @@ def test_efficiency_bases_are_rows_of_the_same_series_on_fewer_gpus(
     assert kempner.base_spec is not None and kempner.base_spec.world_size == 1
 
 
-def test_the_network_is_the_fabrics_line_rate_an_aws_measurement_or_none_on_one_node(
+def test_the_network_is_nccl_on_the_rows_fabric_with_every_adapter_and_none_on_one_node(
         rows: dict[str, PublishedFsdpRow]) -> None:
-    meta = rows["torchtitan_h100_llama31_8b_eager_128gpu"].network
-    assert meta.node_gbs == pytest.approx(8 * 400 / 8 * RDMA_EFFICIENCY)
-    assert meta.step_latency_s == INTER_NODE_STEP_S
-    assert rows["aws_p5_torchtitan_llama3_8b_bf16_4n"].network == network_for("p5.48xlarge", 32, nodes=4)
+    meta = rows["torchtitan_h100_llama31_8b_eager_128gpu"]
+    assert meta.network.fabric is meta.fabric and meta.fabric is not None
+    assert meta.fabric.scale_out is not None and meta.fabric.scale_out.node_gbs == 8 * 400 / 8
+    assert rows["aws_p5_torchtitan_llama3_8b_bf16_4n"].network == published("p5.48xlarge", 32, 4)
     assert rows["aws_p5_torchtitan_llama3_8b_bf16_4n"].fabric is FABRICS["p5.48xlarge"]
     one = rows["torchtitan_h100_llama31_8b_eager_8gpu"]
-    assert one.network.node_gbs == 0 and one.network.step_latency_s == INTRA_NODE_STEP_S
+    assert one.network == network_for(one.fabric, 0, 1) and one.network.fabric.scale_out is None
     assert one.fabric is not None and one.fabric.scale_out is None and one.fabric.scale_up.nvls
     kempner = rows["kempner_h200_llama3_8b_mb4ga2_4gpu"].fabric
     assert kempner is not None and (kempner.scale_up.kind, kempner.scale_up.nvls) == ("nvlink", False)
@@ -137,8 +136,8 @@ BAD = {
     "a fabric of another node": ({"fabric": "p5.48xlarge"}, "fabric p5.48xlarge has 8 GPUs per node"),
     "a fabric's unknown field": ({"fabric": {"transport": "roce", "adapters": 4, "gbps": 400, "rdma": True,
                                              "basis": "stated", "mtu": 4096}}, "fabric: unknown field 'mtu'"),
-    "an unknown transport": ({"fabric": {"transport": "slingshot", "adapters": 4, "gbps": 200, "rdma": True,
-                                         "basis": "stated"}}, "transport='slingshot' is not one of"),
+    "an unknown transport": ({"fabric": {"transport": "omnipath", "adapters": 4, "gbps": 200, "rdma": True,
+                                         "basis": "stated"}}, "transport='omnipath' is not one of"),
     "an unknown basis": ({"fabric": {"transport": "roce", "adapters": 4, "gbps": 400, "rdma": True,
                                      "basis": "rumour"}}, "basis='rumour' is not one of"),
     "an arch missing a field": ({"arch": {"name": "x", "hidden": 64}}, "arch: missing field 'intermediate'"),

@@ -13,7 +13,7 @@ from bench.core.schema import RunSpec
 from bench.predict.comm import Network
 from bench.predict.cpu import CPU, CPU_TURNS_SHARED, CpuFacts, cpu_share
 from bench.predict.memory import MemoryFigure, states_gib
-from bench.predict.network import network_for
+from bench.predict.network import one_node, published
 from bench.predict.perf import CALIBRATION, EXPOSED_PARTS, Prediction, predict
 from bench.predict.split import (
     Known,
@@ -29,14 +29,14 @@ from bench.predict.split import (
 )
 
 H100 = GPUS["H100-SXM"]
-LOOPBACK = Network(0.5, "test loopback", 1e-3)
+LOOPBACK = Network(None, "test loopback")
 CPU_STUDY = replace(CALIBRATION, cpu_capacity=2.0, cpu_host_s=3e-3)
 SEVEN_B = RunSpec(model="llama2_7b", nodes=1, gpus_per_node=8, micro_batch=2, seq_len=4096, efa_per_node=0,
                   cluster="p5.48xlarge")
 
 
 def _p5(spec: RunSpec) -> Prediction:
-    return predict(spec, H100, network_for("p5.48xlarge", spec.efa_per_node, None, spec.nodes))
+    return predict(spec, H100, published("p5.48xlarge", spec.efa_per_node, spec.nodes))
 
 
 def test_the_points_lost_add_up_part_by_part() -> None:
@@ -61,7 +61,7 @@ def test_a_gpu_predictions_parts_add_up_and_its_exposed_communication_is_the_exp
     assert pred.exposed_s == pytest.approx(sum(pred.parts[k] for k in EXPOSED_PARTS), rel=1e-12)
     assert pred.parts["exposed_reduce_scatter"] > 0 and pred.parts["exposed_all_reduce"] == 0
     assert "waiting" not in pred.parts  # a GPU's straggler is no property of a configuration
-    host_bound = predict(RunSpec(model="tiny_llama", nodes=1, gpus_per_node=1), H100, network_for("local", 0))
+    host_bound = predict(RunSpec(model="tiny_llama", nodes=1, gpus_per_node=1), H100, one_node(H100))
     assert host_bound.bound == "host-bound" and host_bound.parts["other"] > 10 * host_bound.parts["compute"]
     assert sum(host_bound.parts.values()) == pytest.approx(host_bound.host_s)
 

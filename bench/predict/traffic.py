@@ -3,8 +3,10 @@ each operand, write the result, once): counted in real steps by trainer/test_acc
 trainer/test_loss_traffic.py, and charged by bench/predict/perf.py at the GPU's HBM bandwidth."""
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from bench.core.flops import COMPUTE_BYTES, PARAM_BYTES, REDUCE_BYTES, shard_size
-from bench.core.models import ModelArch
+from bench.core.models import ModelArch, count_params
 from bench.core.schema import RunSpec
 
 
@@ -44,3 +46,20 @@ def loss_bytes(spec: RunSpec, arch: ModelArch, per_logit: float | None = None) -
     loss = logits if arch.family == "t5" else 4
     cast = 2 * (logits + loss) if logits != loss else 0
     return float((6 * loss + cast) * arch.vocab)
+
+
+def copy_bytes(spec: RunSpec, arch: ModelArch, kinds: Iterable[tuple[str, float, int]]) -> float:
+    """HBM bytes of FSDP2's copies around one micro-batch's collectives, on the compute stream (the trace's
+    collective_copies): each all-gather's copy-out reads the gathered buffer and writes the parameters
+    (foreach_all_gather_copy_out: twice its bytes); each reduce-scatter's copy-in reads the unsharded
+    gradients in the compute dtype and writes the flat input in the reduce dtype (foreach_reduce's
+    chunk_cat, casting as it copies). `kinds`: (kind, bytes of the model's collective, ranks in its
+    group); a group of one rank runs none."""
+    grads = count_params(arch) * (COMPUTE_BYTES[spec.precision] + REDUCE_BYTES[spec.precision])
+    total = 0.0
+    for kind, size, ranks in kinds:
+        if ranks > 1 and kind == "all_gather":
+            total += 2 * size
+        elif ranks > 1 and kind == "reduce_scatter":
+            total += grads
+    return total

@@ -14,8 +14,11 @@ from typing import Any
 from bench.core.config import ClusterConfig, StudyConfig
 from bench.core.schema import RunSpec
 from bench.predict.budget import DEFAULT_TRAIN_TOKENS, Answer, Row, answer, step_up
+from bench.predict.comm import EXPOSED_PARTS
+from bench.predict.device import Bound
 from bench.predict.perf import Prediction, Predictor
 from bench.predict.split import (
+    LABELS,
     MODELLED,
     SHORT,
     Known,
@@ -172,6 +175,48 @@ def table(runs: list[PlannedRun]) -> list[str]:
     return ["  " + "  ".join([*(c.rjust(w) for c, w in zip(r[:-1], widths)), r[-1]]) for r in rows]
 
 
+BOUND_WORDS = {"latency": "latency", "intra-node bandwidth": "in-node bw", "network bandwidth": "network bw"}
+SHOWN = 0.10  # a part's collectives count as exposed from where the step waits for this share of them
+# (and for a percent of the step): below, prefetch hides them
+
+
+def cell(b: Bound) -> str:
+    """One part's pick, bound and exposed ms of its ms: "ring/LL128 network bw, 9.13 of 138"."""
+    return f"{b.algorithm}/{b.protocol} {BOUND_WORDS[b.bound]}, {ms(b.exposed_s)} of {ms(b.total_s)}"
+
+
+def bounds_table(runs: list[PlannedRun]) -> list[str]:
+    """A line per node count: per part of the step's collectives, NCCL's predicted algorithm and protocol
+    for one block's message, what bounds it, and the ms per step the step waits for of its ms in all."""
+    found = [k for k in EXPOSED_PARTS if any(b.part == k for p in runs if p.perf for b in p.perf.bounds)]
+    if not found:
+        return []
+    rows = [("nodes", *(SHORT[k] for k in found))]
+    for p in runs:
+        assert p.perf is not None
+        have = {b.part: b for b in p.perf.bounds}
+        rows.append((str(p.spec.nodes), *(cell(have[k]) if k in have else "-" for k in found)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    head = ("  NCCL's predicted pick for one block's message, what bounds it, and the exposed ms of the "
+            "step's ms of each part:")
+    return [head, *("  " + "  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows)]
+
+
+def exposure_line(runs: list[PlannedRun]) -> str:
+    """Per part, the node count from which its collectives stop hiding behind compute, and what bounds them
+    there: "from 32 nodes the backward reduce-scatter is latency-bound and exposed: 4.1 of 11 ms"."""
+    said = []
+    for k in EXPOSED_PARTS:
+        for p in runs:
+            assert p.perf is not None
+            b = next((b for b in p.perf.bounds if b.part == k), None)
+            if b and b.exposed_s >= max(SHOWN * b.total_s, 0.01 * p.perf.step_time_s):
+                said.append(f"from {_nodes(p.spec.nodes)} the {LABELS[k].removeprefix('exposed ')} is "
+                            f"{b.bound}-bound and exposed: {ms(b.exposed_s)} of {ms(b.total_s)} ms")
+                break
+    return "  " + "; ".join(said) if said else ""
+
+
 def one_line(p: PlannedRun) -> str:
     """A run's predicted step and its parts in a line: "117 ms: compute 63.4, optimizer 1.44, other 52.5"."""
     assert p.perf is not None
@@ -222,5 +267,6 @@ def predicted_split(cluster: ClusterConfig, plan: list[PlannedRun], predictor: P
         if len(runs) == 1:  # one node count: its split in a line
             lines.append(f"{config_label(spec)}, {runs[0].spec.nodes} node(s): {one_line(runs[0])}")
             continue
-        lines += [f"{config_label(spec)}:", *table(runs), change_line(cluster, plan, predictor, runs)]
+        lines += [f"{config_label(spec)}:", *table(runs), *bounds_table(runs), exposure_line(runs),
+                  change_line(cluster, plan, predictor, runs)]
     return "\n".join(line for line in lines if line)

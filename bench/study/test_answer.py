@@ -47,3 +47,22 @@ def test_the_plan_prints_each_node_counts_split_and_the_change_predicted_to_win_
     assert "memory not measured" not in line  # adapters change no memory: the plan's own judgement
     assert gain.points == pytest.approx(lost - best_change(
         gain.base, gain.top, predictor.predict, Options(32, None))[0], abs=1e-9)
+
+
+def test_the_plan_says_what_bounds_each_collective_and_from_which_node_count_it_shows(tmp_path: Path) -> None:
+    """Per node count and part: NCCL's predicted pick and bound for one block's message and the step's
+    exposed ms of its ms, all read off each run's prediction; over TCP at 16 nodes the reduce-scatter is
+    exposed, and the sentence names the first node count where the step waits for a tenth of it."""
+    cfg = from_dict(P5, launcher_sections())
+    plan = expand(cfg)
+    predictor = study_predictor(cfg.cluster, placement_of(cfg), cfg.axes.model, tmp_path)[0]
+    text = predicted_split(cfg.cluster, plan, predictor).split("\n")
+    sixteen = max((p for p in plan if p.spec.kind == "train"), key=lambda p: p.spec.nodes)
+    rs = next(b for b in sixteen.perf.bounds if b.part == "exposed_reduce_scatter")
+    assert rs.bound == "network bandwidth" and rs.exposed_s > 0.1 * rs.total_s
+    head = text.index(next(line for line in text if line.startswith("  NCCL's predicted pick")))
+    row = next(line for line in text[head:] if line.split()[:1] == ["16"])
+    assert f"{rs.algorithm}/{rs.protocol} network bw, {rs.exposed_s * 1e3:,.0f} of {rs.total_s * 1e3:,.0f}" \
+        in row
+    said = next(line for line in text if "stops" not in line and " is network bandwidth-bound" in line)
+    assert "from 16 nodes the reduce-scatter is network bandwidth-bound and exposed" in said

@@ -168,7 +168,7 @@ def test_ablation_changes_one_factor_at_a_time() -> None:
     (["axes.nodes=4"], "axes.nodes: must be a list, e.g. [4]"),
     (["axes.nodes=[1,x]"], "axes.nodes[1]: Value 'x'"),
     (["launcher.max_nodes=0"], "launcher.max_nodes=0 must be > 0"),
-    (["cluster=nope"], "Could not find 'cluster/nope'; available: local, p4d.24xlarge"),
+    (["cluster=nope"], "Could not find 'cluster/nope'; available: a3-megagpu-8g, dgx-h100-ib, ethernet-tcp"),
     # a global batch that no run can split, and accumulation modes where they cannot act
     (["axes.global_batch=[0]"], "axes.global_batch=0 must be > 0"),
     (["axes.global_batch=[-8]"], "axes.global_batch=-8 must be > 0"),
