@@ -29,7 +29,7 @@ from bench.predict.budget import DEFAULT_KNEE_SHARE, Answer, Point, Row, answer,
 ROW = ("model", "configuration", "scaling", "nodes", "tokens_per_step", "micro_batch", "grad_accum",
        "step_time_s", "pred_step_time_s", "source", "efficiency", "next_share", "next_step", "days_to_train",
        "usd_to_train", "price_per_hour", "energy_j_per_token", "energy_price", "kwh_to_train",
-       "energy_usd_to_train", "answer", "straggler")
+       "energy_usd_to_train", "answer", "straggler", "configuration_id")
 # what a node count's figure needs, of the aggregated results and of the plan
 FIGURES = [*CONFIG, "nodes", "global_batch", "micro_batch", "grad_accum", "step_time_s", "pred_step_time_s",
            "pred_source", "status", "straggler", "energy_j_per_token"]
@@ -101,7 +101,7 @@ def strong_rows(agg: pd.DataFrame, prices: dict[str, float | None], train_tokens
     weak, `answer` marks the fastest, the cheapest and the knee; energy_prices: USD per kWh by cluster."""
     found = figures(agg, plan)
     rows = []
-    for _, group in found.groupby(CONFIG, dropna=False, sort=True):
+    for index, (_, group) in enumerate(found.groupby(CONFIG, dropna=False, sort=True)):
         group = group.sort_values("nodes").drop_duplicates("nodes")
         measured = group["step_time_s"].notna()
         predicted = group["pred_step_time_s"].where(group["status"] != "infeasible")  # never a figure
@@ -129,7 +129,8 @@ def strong_rows(agg: pd.DataFrame, prices: dict[str, float | None], train_tokens
             "energy_j_per_token": group["energy_j_per_token"].values, "energy_price": energy_price,
             "kwh_to_train": [r.kwh for r in ans.rows],
             "energy_usd_to_train": [r.energy_usd for r in ans.rows],
-            "answer": [", ".join(marks[id(r)]) for r in ans.rows], "straggler": group["straggler"].values}))
+            "answer": [", ".join(marks[id(r)]) for r in ans.rows], "straggler": group["straggler"].values,
+            "configuration_id": index}))
     if not rows:
         return pd.DataFrame(columns=list(ROW))
     out = pd.concat(rows, ignore_index=True)
@@ -149,7 +150,9 @@ def knee_sentences(rows: pd.DataFrame, train_tokens: float, knee_share: float) -
     and why; the fastest and the cheapest where they differ from it."""
     out = []
     strong = rows[rows["scaling"] == "strong"]
-    for (model, label), group in strong.groupby(["model", "configuration"], sort=False):
+    # one answer per configuration: two sweeps, clusters or EFA counts may share a model and a label
+    for (model, label, _), group in strong.groupby(["model", "configuration", "configuration_id"],
+                                                   sort=False):
         ans = _answer(group.reset_index(drop=True), train_tokens, knee_share)
         at = ans.knee or ans.fastest
         if at is None:  # no node count with a figure

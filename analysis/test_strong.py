@@ -12,6 +12,7 @@ from bench.core import rundir
 from bench.core.load_config import from_dict
 from bench.core.schema import RunSummary
 from bench.launchers import launcher_sections
+from bench.predict.budget import Point, answer
 from bench.run.collect import write_results
 from bench.study.plan import expand
 from bench.sweep import compose, write_plan
@@ -66,6 +67,27 @@ def test_days_dollars_efficiency_and_knee_from_the_step_times() -> None:
     assert beyond.startswith("llama2_7b, FULL_SHARD bf16_mixed + full AC, global batch 1024 sync_each: "
                              "16 nodes")
     assert "the knee lies beyond the planned node counts" in beyond
+
+
+def test_two_clusters_with_one_configuration_get_an_answer_each() -> None:
+    """The same model and configuration on two EFA counts (or two sweeps, or a sweep copied under another
+    name): each is answered against its own node counts, at its own price."""
+    agg = _agg()
+    other = agg.assign(cluster="p4de.24xlarge", step_time_s=agg["step_time_s"] * 2,
+                       pred_step_time_s=agg["pred_step_time_s"] * 2)
+    rows = strong_rows(pd.concat([agg, other], ignore_index=True),
+                       {"p5.48xlarge": 100.0, "p4de.24xlarge": 40.0}, 1e12)
+    strong = rows[rows["scaling"] == "strong"]
+    assert strong.groupby("configuration_id")["nodes"].apply(list).tolist() == [[1, 2, 4, 8, 16]] * 2
+    first, second = knee_sentences(rows, 1e12, 0.5)
+    steps = 1e12 / TOKENS_PER_STEP
+    assert f"${steps * 40 / 3600 * 8 * 40:,.0f}" in first  # p4de sorts first: twice the time, its price
+    assert f"${steps * 20 / 3600 * 8 * 100:,.0f}" in second
+
+
+def test_a_budget_refuses_two_points_at_one_node_count() -> None:
+    with pytest.raises(ValueError, match="one point per node count"):
+        answer([Point(2, 1.0, 1.0, "measured"), Point(2, 1.0, 2.0, "measured")], 1e12, None)
 
 
 def test_no_price_no_dollars() -> None:

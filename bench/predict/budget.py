@@ -141,6 +141,8 @@ def answer(points: list[Point], train_tokens: float, price_per_hour: float | Non
     """The rows of one configuration (one point per node count) and its fastest, cheapest and knee; the
     energy to train where a point measured its joules per token (energy_price: USD per kWh)."""
     points = sorted(points, key=lambda p: p.nodes)
+    if len({p.nodes for p in points}) < len(points):  # a step up needs a larger node count
+        raise ValueError(f"one point per node count, got {[p.nodes for p in points]}")
     known = [p for p in points if p.step_time_s is not None and math.isfinite(p.step_time_s)
              and p.step_time_s > 0]
     rows = {id(p): Row(p) for p in points}
