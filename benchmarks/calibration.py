@@ -28,8 +28,7 @@ from bench.core.models import get_arch  # noqa: E402
 from bench.core.schema import RunSpec  # noqa: E402
 from bench.launchers import launcher_sections, placement_of  # noqa: E402
 from bench.predict.calibrate import Observation, fit  # noqa: E402
-from bench.predict.comm import Network  # noqa: E402
-from bench.predict.network import sweep_probes  # noqa: E402
+from bench.predict.network import published, sweep_probes  # noqa: E402
 from bench.predict.perf import CALIBRATION, Predictor, predict  # noqa: E402
 from bench.sweep import compose  # noqa: E402
 
@@ -79,7 +78,7 @@ def staged(root: Path, axes: list[str]) -> list[float]:
 
 def fit_cost(runs: int = 100, repeats: int = 5) -> float:
     """Median seconds to fit `runs` H100 runs of several models, shardings and node counts."""
-    gpu, net = GPUS["H100-SXM"], Network(200.0, "benchmark", 4.5e-6)
+    gpu, net = GPUS["H100-SXM"], published("p5.48xlarge")
     truth = replace(CALIBRATION, matmul_efficiency={"H100": 0.6}, elementwise_bytes=300.0)
     observations = []
     for i in range(runs):

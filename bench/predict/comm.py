@@ -25,10 +25,10 @@ from bench.predict.collective import Calibration, CollectiveTime, predict_collec
 @dataclass(frozen=True)
 class Network:
     """What a run's collectives run over: the node's fabric as the run uses it (the EFA adapters it was
-    given),
-    the NCCL version its runs recorded, and NCCL's model of that fabric calibrated by the study's own probes
-    where it has them (per collective, on one node and across nodes); else the model's published figures
-    (bench/predict/network.py DEFAULTS). `fabric` None: no GPU network (a CPU study's gloo, its own)."""
+    given), the NCCL version its runs recorded, and NCCL's model of that fabric calibrated by the study's
+    own probes where it has them (per collective, on one node and across nodes); else the model's published
+    figures (bench/predict/network.py DEFAULTS). `fabric` None: no GPU network (a CPU study's gloo, its
+    own)."""
 
     fabric: Fabric | None
     source: str
