@@ -81,6 +81,17 @@ def _from_run_dirs(sweep: Path, notes: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _located(frame: pd.DataFrame, sweep: Path) -> pd.DataFrame:
+    """Each run's dir where it lies now, under this sweep's runs/: the table holds the path the sweep
+    wrote, relative to where it ran, which a report run elsewhere or a results dir moved does not find."""
+    if "run_dir" not in frame:
+        return frame
+    def here(written: object) -> str | None:
+        found = sweep / rundir.RUNS_DIR / Path(str(written)).name
+        return str(found) if isinstance(written, str) and written and found.is_dir() else None
+    return frame.assign(run_dir=frame["run_dir"].map(here).fillna(frame["run_dir"]))
+
+
 def load(path: Path) -> Loaded:
     path = Path(path)
     if not path.exists():
@@ -97,7 +108,7 @@ def load(path: Path) -> Loaded:
             frame = _from_run_dirs(sweep, notes)
         if not frame.empty:
             frame["sweep"] = frame.get("sweep", pd.Series(sweep.name, index=frame.index)).fillna(sweep.name)
-            frames.append(frame)
+            frames.append(_located(frame, sweep))
     plan = load_plan(sweeps, notes)
     if not frames and plan.empty:
         raise NoResults(f"the sweeps under {path} have no finished runs yet, and no plan")

@@ -100,8 +100,9 @@ def strong_rows(agg: pd.DataFrame, prices: dict[str, float | None], train_tokens
     """One row per configuration and node count (see the module docstring); `scaling` says strong or
     weak, `answer` marks the fastest, the cheapest and the knee; energy_prices: USD per kWh by cluster."""
     found = figures(agg, plan)
-    rows = []
+    rows, configs = [], []
     for index, (_, group) in enumerate(found.groupby(CONFIG, dropna=False, sort=True)):
+        configs.append(group[CONFIG].iloc[0])
         group = group.sort_values("nodes").drop_duplicates("nodes")
         measured = group["step_time_s"].notna()
         predicted = group["pred_step_time_s"].where(group["status"] != "infeasible")  # never a figure
@@ -133,9 +134,22 @@ def strong_rows(agg: pd.DataFrame, prices: dict[str, float | None], train_tokens
             "configuration_id": index}))
     if not rows:
         return pd.DataFrame(columns=list(ROW))
-    out = pd.concat(rows, ignore_index=True)
+    out = _told_apart(pd.concat(rows, ignore_index=True), configs)
     return out.astype({c: float for c in ("efficiency", "next_share", "days_to_train", "usd_to_train",
                                           "kwh_to_train", "energy_usd_to_train")})
+
+
+def _told_apart(out: pd.DataFrame, configs: list[pd.Series]) -> pd.DataFrame:
+    """Where configurations share a model and a label (two clusters, sweeps or EFA counts), each label
+    names what differs: "FULL_SHARD bf16_mixed (cluster p4de.24xlarge)"."""
+    labels = out["configuration"].copy()
+    for _, same in out.groupby(["model", "configuration"], sort=False):
+        ids = sorted(set(same["configuration_id"]))
+        differ = [k for k in CONFIG if len({str(configs[i][k]) for i in ids}) > 1]
+        for i in ids if len(ids) > 1 else []:
+            rows = same.index[same["configuration_id"] == i]
+            labels[rows] = labels[rows] + " (" + ", ".join(f"{k} {configs[i][k]}" for k in differ) + ")"
+    return out.assign(configuration=labels)
 
 
 def _answer(group: pd.DataFrame, train_tokens: float, knee_share: float) -> Answer:

@@ -70,8 +70,8 @@ def test_days_dollars_efficiency_and_knee_from_the_step_times() -> None:
 
 
 def test_two_clusters_with_one_configuration_get_an_answer_each() -> None:
-    """The same model and configuration on two EFA counts (or two sweeps, or a sweep copied under another
-    name): each is answered against its own node counts, at its own price."""
+    """The same model and configuration on two clusters (or EFA counts, or sweeps, or a sweep copied under
+    another name): each is answered against its own node counts, at its own price, and named apart."""
     agg = _agg()
     other = agg.assign(cluster="p4de.24xlarge", step_time_s=agg["step_time_s"] * 2,
                        pred_step_time_s=agg["pred_step_time_s"] * 2)
@@ -79,7 +79,11 @@ def test_two_clusters_with_one_configuration_get_an_answer_each() -> None:
                        {"p5.48xlarge": 100.0, "p4de.24xlarge": 40.0}, 1e12)
     strong = rows[rows["scaling"] == "strong"]
     assert strong.groupby("configuration_id")["nodes"].apply(list).tolist() == [[1, 2, 4, 8, 16]] * 2
+    assert sorted(set(strong["configuration"])) == [
+        f"FULL_SHARD bf16_mixed + full AC, global batch 1024 sync_each (cluster {c})"
+        for c in ("p4de.24xlarge", "p5.48xlarge")]
     first, second = knee_sentences(rows, 1e12, 0.5)
+    assert "(cluster p4de.24xlarge): 8 nodes" in first and "(cluster p5.48xlarge): 8 nodes" in second
     steps = 1e12 / TOKENS_PER_STEP
     assert f"${steps * 40 / 3600 * 8 * 40:,.0f}" in first  # p4de sorts first: twice the time, its price
     assert f"${steps * 20 / 3600 * 8 * 100:,.0f}" in second

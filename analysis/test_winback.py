@@ -78,6 +78,18 @@ def test_each_configuration_names_the_change_its_model_predicts_and_what_the_stu
     assert change_sentences(best, judged) == [said]  # one per model: the answer's, the most lost of a label
 
 
+def test_a_results_dir_moved_elsewhere_is_still_read_with_its_model(tmp_path: Path) -> None:
+    """The runs' recorded dirs are where the sweep wrote them; a report of the study moved (or read from
+    another working directory) finds each run under the sweep it reads, so its model still judges."""
+    moved = tmp_path / "archive" / "p5"
+    moved.parent.mkdir()
+    _study(tmp_path).rename(moved)
+    loaded = load(moved)
+    assert all(Path(d).parent == moved / rundir.RUNS_DIR for d in loaded.frame["run_dir"])
+    judged = verdicts(loaded.frame, split_table(loaded.frame), loaded.sweeps)
+    assert all(v.modelled for v in judged) and any(v.gain is not None for v in judged)
+
+
 def tcp_options():  # what the report's model allows a changed run: the cluster's 32 adapters, the H100
     from bench.core.hardware import GPUS
     from bench.predict.split import Options
