@@ -849,6 +849,18 @@ def _use(monkeypatch, fake: FakeKube) -> None:
     monkeypatch.setattr(KubernetesLauncher, "_connect", connect)
 
 
+def _refused_sweep(tmp_path, shared_data, monkeypatch, capsys, nodes) -> tuple[FakeKube, str]:
+    """p5_scaling on Kubernetes where the API lists `nodes` (None: listing them is forbidden): the sweep
+    must exit 2; the API and what it printed."""
+    from bench.sweep import main
+    fake = FakeKube("ok", shared_data)
+    fake.nodes = nodes
+    _use(monkeypatch, fake)
+    assert main(["+sweep=p5_scaling", "launcher=kubernetes", f"launcher.kubernetes.image={IMAGE}",
+                 f"results_root={tmp_path}"]) == 2
+    return fake, capsys.readouterr().err
+
+
 @pytest.mark.parametrize("nodes,seen", [
     ([], "the cluster lists none"),  # node groups scaled to zero
     ([_node("ip-a", "p4d.24xlarge"), _node("ip-b", cordoned=True)], "1 not Ready: ip-b (cordoned)"),
@@ -856,13 +868,7 @@ def _use(monkeypatch, fake: FakeKube) -> None:
 def test_a_cluster_without_a_ready_node_is_one_line_before_anything_is_written(tmp_path, shared_data,
                                                                                monkeypatch, capsys, nodes,
                                                                                seen) -> None:
-    from bench.sweep import main
-    fake = FakeKube("ok", shared_data)
-    fake.nodes = nodes
-    _use(monkeypatch, fake)
-    assert main(["+sweep=p5_scaling", "launcher=kubernetes", f"launcher.kubernetes.image={IMAGE}",
-                 f"results_root={tmp_path}"]) == 2
-    err = capsys.readouterr().err
+    fake, err = _refused_sweep(tmp_path, shared_data, monkeypatch, capsys, nodes)
     assert err.count("\n") == 1 and err.startswith(
         f"error: preflight: no Ready node matches node.kubernetes.io/instance-type=p5.48xlarge ({seen}); "
         "check cluster.instance_type and launcher.kubernetes.instance_type_label"), err
@@ -871,13 +877,7 @@ def test_a_cluster_without_a_ready_node_is_one_line_before_anything_is_written(t
 
 def test_nodes_the_user_may_not_list_are_one_line_naming_the_permission(tmp_path, shared_data, monkeypatch,
                                                                         capsys) -> None:
-    from bench.sweep import main
-    fake = FakeKube("ok", shared_data)
-    fake.nodes = None
-    _use(monkeypatch, fake)
-    assert main(["+sweep=p5_scaling", "launcher=kubernetes", f"launcher.kubernetes.image={IMAGE}",
-                 f"results_root={tmp_path}"]) == 2
-    err = capsys.readouterr().err
+    _, err = _refused_sweep(tmp_path, shared_data, monkeypatch, capsys, None)
     assert err == ("error: preflight: cannot list the nodes (node.kubernetes.io/instance-type=p5.48xlarge): "
                    "403 Forbidden: permission denied by the cluster's RBAC: nodes is forbidden: User "
                    "\"alice\" cannot list resource \"nodes\" in API group \"\" at the cluster scope; name "
