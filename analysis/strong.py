@@ -145,8 +145,10 @@ def _told_apart(out: pd.DataFrame, configs: list[pd.Series]) -> pd.DataFrame:
     labels = out["configuration"].copy()
     for _, same in out.groupby(["model", "configuration"], sort=False):
         ids = sorted(set(same["configuration_id"]))
+        if len(ids) < 2:
+            continue
         differ = [k for k in CONFIG if len({str(configs[i][k]) for i in ids}) > 1]
-        for i in ids if len(ids) > 1 else []:
+        for i in ids:
             rows = same.index[same["configuration_id"] == i]
             labels[rows] = labels[rows] + " (" + ", ".join(f"{k} {configs[i][k]}" for k in differ) + ")"
     return out.assign(configuration=labels)
