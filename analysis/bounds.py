@@ -10,26 +10,18 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.scaling import configuration_label
+from analysis.scaling import configuration_label, spec_of
 from analysis.winback import study_model
-from bench.core.schema import RunSpec
 from bench.predict.perf import Predictor
 
 COLUMNS = ("model", "configuration", "nodes", "part", "algorithm", "protocol", "bound", "exposed_s",
            "total_s")
 
 
-def _spec(row: pd.Series) -> RunSpec | None:
-    try:
-        return RunSpec.from_dict(row.to_dict())
-    except (TypeError, ValueError):
-        return None
-
-
 def _rows(plan: pd.DataFrame, predictor: Predictor) -> list[dict]:
     out = []
     for _, row in plan.iterrows():
-        spec = _spec(row)
+        spec = spec_of(row)
         pred = predictor.predict(spec) if spec is not None else None
         for b in pred.bounds if pred is not None else ():
             out.append({"model": row["model"], "configuration": configuration_label(row), "nodes": spec.nodes,

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.nodes import joined, straggler_cells
-from bench.core.schema import COLLECTIVES
+from bench.core.schema import COLLECTIVES, RunSpec
 
 # "batch": a weak-scaling run's micro batch ("mb2"), or a strong-scaling run's global batch and accumulation
 # mode ("gb1024 sync_each"): at one global batch each node count picks its own micro batch, and the study
@@ -136,6 +136,14 @@ def _options(config: dict | pd.Series) -> str:
 def node_count(nodes: float) -> str:
     """"1 node", "4 nodes": every sentence of the report that names a node count."""
     return f"{int(nodes)} node{'' if nodes == 1 else 's'}"
+
+
+def spec_of(row: pd.Series) -> RunSpec | None:
+    """The run spec a results or plan row holds; None for a row no spec reads (another schema's)."""
+    try:
+        return RunSpec.from_dict(row.to_dict())
+    except (TypeError, ValueError):
+        return None
 
 
 def configuration_label(config: pd.Series) -> str:

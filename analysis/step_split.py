@@ -21,8 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.scaling import CONFIG, configuration_label, describe, node_count, train_rows
-from bench.core.schema import RunSpec
+from analysis.scaling import CONFIG, configuration_label, describe, node_count, spec_of, train_rows
 from bench.predict.perf import EXPOSED_PARTS
 from bench.predict.split import (
     LABELS,
@@ -124,20 +123,13 @@ def duration_rule(row: pd.Series) -> str | None:
             f"({1e3 * row['premise_at_stake_s']:.3g} ms at stake)")
 
 
-def _spec(run: pd.Series) -> RunSpec | None:
-    try:
-        return RunSpec.from_dict(run.to_dict())
-    except (TypeError, ValueError):  # a row no spec reads (another schema's): no twin of anything
-        return None
-
-
 def noise_sentence(frame: pd.DataFrame) -> str | None:
     """How far apart the study's traced runs of the same work read, part by part (bench/predict/split.py
     same_work, noise: each as the other's prediction), so that a reader can tell a difference between rows
     from the trace's own noise; None without two such runs."""
     pairs = same_work_pairs((spec, {**{k: parts[k] for k in PARTS},
                                     "exposed": sum(parts[k] for k in EXPOSED_PARTS)})
-                            for run, parts in traced_runs(frame) if (spec := _spec(run)) is not None)
+                            for run, parts in traced_runs(frame) if (spec := spec_of(run)) is not None)
     if not pairs:
         return None
     found = noise(pairs)
