@@ -36,6 +36,7 @@ from bench.predict.collective import (  # noqa: E402
     available,
     build_comm,
     env_choices,
+    latency_parts,
     predict_collective,
 )
 from bench.predict.network import DEFAULTS  # noqa: E402
@@ -48,7 +49,7 @@ MIB = 2**20
 GPU_SM = ((r"GB[23]00|B[123]00", 100), (r"H100|H200|H800|H20\b|GH200", 90), (r"L4\b|L40", 89),
           (r"A10G?\b|A40|A6000", 86), (r"A100|A800|A30\b", 80), (r"T4\b", 75), (r"V100", 70))
 RDMA_TRANSPORTS = ("efa", "infiniband", "roce", "slingshot")
-HOLDOUT = "holdout"  # <dir>/holdout.txt: the held-out ids (--split), the one .txt there that is not a table
+HOLDOUT = "holdout"  # <dir>/holdout*.txt: held-out id lists (--split), the .txt files there that are no table
 
 
 class TableError(ValueError):
@@ -210,7 +211,7 @@ def check(directory: Path, entries: list[dict[str, Any]]) -> int:
     problems = []
     ids = [str(e.get("id", "?")) for e in entries]
     problems += [f"{i}: more than one index entry" for i in sorted({i for i in ids if ids.count(i) > 1})]
-    files = {p.stem for p in directory.glob("*.txt")} - {HOLDOUT}
+    files = {p.stem for p in directory.glob("*.txt") if not p.stem.startswith(HOLDOUT)}
     problems += [f"{directory / (i + '.txt')}: no index entry" for i in sorted(files - set(ids))]
     lines, not_modelled = [], 0
     for entry in entries:
@@ -286,30 +287,46 @@ def report(tables: list[Table], held_out: set[str], quick: bool) -> list[str]:
 HOP_US = (0.0, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 25.0, 30.0, 40.0, 50.0, 75.0, 100.0, 150.0, 200.0)
 NET_BW = tuple(round(0.1 + 0.05 * i, 2) for i in range(25))
 
+# One row as the fit prices it: (bytes, NCCL's base latency us, us per us of hop latency, bandwidth term us at
+# net_bw 1, measured us). NCCL's pick does not depend on the calibration, so each row is priced once.
+Term = tuple[int, float, float, float, float]
 
-def table_loss(tables: list[tuple[Measured, Fabric]], cal: Calibration) -> float:
-    """The mean over tables of each table's mean squared log error (every table weighs the same)."""
-    losses = []
-    for m, fabric in tables:
-        logs = [math.log(predict_collective(m.kind, r.size, m.nodes, m.gpus_per_node, fabric,
-                                            version=m.version, env=m.env, calibration=cal).seconds
-                         * 1e6 / r.time_us) for r in m.rows]
-        losses.append(sum(x * x for x in logs) / len(logs))
-    return sum(losses) / len(losses)
+
+def terms(m: Measured, fabric: Fabric) -> list[Term]:
+    out = []
+    for r in m.rows:
+        t = predict_collective(m.kind, r.size, m.nodes, m.gpus_per_node, fabric, version=m.version, env=m.env)
+        comm = build_comm(m.kind, m.nodes, m.gpus_per_node, fabric, m.version)
+        pick = next(c for c in t.candidates if (c.algorithm, c.protocol) == (t.algorithm, t.protocol))
+        base, per_hop = latency_parts(comm, pick, r.size)
+        out.append((r.size, base, per_hop, t.bandwidth_s * 1e6, r.time_us))
+    return out
+
+
+def table_loss(rows: list[Term], cal: Calibration) -> float:
+    """The issue's measure of a table in log terms: the mean over its two size bands (1 MiB and more, below)
+    of the band's median |log(predicted / measured)|. Medians, so that a table's few odd rows, or one odd
+    table's many rows, do not set a transport's figures."""
+    assert cal.net_latency_us is not None
+    logs = [(size, abs(math.log((base + per_hop * cal.net_latency_us + bw / cal.net_bw) / t)))
+            for size, base, per_hop, bw, t in rows]
+    bands = [[x for size, x in logs if size >= MIB], [x for size, x in logs if size < MIB]]
+    return statistics.mean(statistics.median(b) for b in bands if b)
 
 
 def fit(directory: Path, entries: list[dict[str, Any]]) -> dict[str, tuple[Calibration, int]]:
-    """Per transport, the hop latency and bandwidth fraction (a grid) that minimise table_loss over its
-    multi-node tables among `entries` (those not set aside): what network.DEFAULTS ships."""
-    by: dict[str, list[tuple[Measured, Fabric]]] = {}
+    """Per transport, the hop latency and bandwidth fraction (a grid) that minimise the mean table_loss over
+    its multi-node tables among `entries` (those not set aside): what network.DEFAULTS ships."""
+    by: dict[str, list[list[Term]]] = {}
     for entry in entries:
         fabric = fabric_of(entry)
         if (tr := transport(fabric, int(entry["nodes"]))) is not None:
-            by.setdefault(tr, []).append((measured(directory, entry), fabric))
+            by.setdefault(tr, []).append(terms(measured(directory, entry), fabric))
     out = {}
     for tr, group in sorted(by.items()):
         grid = [Calibration(net_latency_us=h, net_bw=b) for h in HOP_US for b in NET_BW]
-        out[tr] = (min(grid, key=lambda cal: table_loss(group, cal)), len(group))
+        out[tr] = (min(grid, key=lambda cal: statistics.mean(table_loss(rows, cal) for rows in group)),
+                   len(group))
     return out
 
 
