@@ -35,7 +35,8 @@ SOCKETS = ScaleOut("tcp", 1, 100.0, rdma=False)
 # probes replace them.
 DEFAULTS: dict[str, Calibration] = {
     transport: Calibration(net_latency_us=hop, net_bw=bw,
-                           source=f"fitted to {n} published {transport} tables")
+                           source=f"fitted to {n} published {transport} tables, not this cluster: its probes "
+                                  "replace them")
     for transport, hop, bw, n in (("efa", 20.0, 0.6, 13), ("infiniband", 3.0, 0.85, 27),
                                   ("roce", 50.0, 0.95, 7), ("slingshot", 10.0, 0.7, 14),
                                   ("tcp", 25.0, 0.2, 4), ("tcpxo", 15.0, 0.95, 3))}
