@@ -26,13 +26,13 @@ SOCKETS = ScaleOut("tcp", 1, 100.0, rdma=False)
 
 # Per transport, the latency of one network hop (in place of what the net plugin reports to NCCL's tuner)
 # and the multi-node bandwidth's fraction of NCCL's model of it, fitted to published nccl-tests tables
-# (benchmarks/published/nccl-tests; the fit, its loss and each figure's sensitivity: benchmarks/evidence/
-# README.md, "NCCL's model against published tables"). EFA, InfiniBand, Slingshot and TCPXO: `python
-# benchmarks/nccl_model.py --fit` over all 81 tables, both sets once set aside included (no table is left
-# to prove them). RoCE and TCP keep the first fit's figures (44 tables): later fits' worsen the FSDP rows on
-# those networks (benchmarks/perf_model.py, benchmarks/fsdp_rows.py). Fits, not derivations; a transport
-# not here (tcpx: no table below 1 MiB to fit its latency) keeps NCCL's published constants; a study's
-# probes replace them.
+# (benchmarks/published/nccl-tests; the fit, its loss and each figure's sensitivity:
+# benchmarks/evidence/README.md, "NCCL's model against published tables"). EFA, InfiniBand, Slingshot
+# and TCPXO: `python benchmarks/nccl_model.py --fit --split benchmarks/published/nccl-tests/holdout_3.txt`
+# (the 81 tables collected before the third set aside). RoCE and TCP keep the first fit's figures (44
+# tables): later fits' worsen the FSDP rows on those networks (benchmarks/perf_model.py,
+# benchmarks/fsdp_rows.py). Fits, not derivations; a transport not here (tcpx: no table below 1 MiB to fit
+# its latency) keeps NCCL's published constants; a study's probes replace them.
 DEFAULTS: dict[str, Calibration] = {
     transport: Calibration(net_latency_us=hop, net_bw=bw,
                            source=f"fitted to {n} published {transport} tables, not this cluster: its probes "
