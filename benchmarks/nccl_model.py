@@ -36,8 +36,8 @@ from bench.predict.collective import (  # noqa: E402
     available,
     build_comm,
     env_choices,
-    latency_parts,
     predict_collective,
+    priced,
 )
 from bench.predict.network import DEFAULTS  # noqa: E402
 from bench.probes.parse import parse_all  # noqa: E402
@@ -287,20 +287,14 @@ def report(tables: list[Table], held_out: set[str], quick: bool) -> list[str]:
 HOP_US = (0.0, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 25.0, 30.0, 40.0, 50.0, 75.0, 100.0, 150.0, 200.0)
 NET_BW = tuple(round(0.1 + 0.05 * i, 2) for i in range(25))
 
-# One row as the fit prices it: (bytes, NCCL's base latency us, us per us of hop latency, bandwidth term us at
-# net_bw 1, measured us). NCCL's pick does not depend on the calibration, so each row is priced once.
+# One row as the fit prices it (collective.priced): bytes, NCCL's base latency us, us per us of hop latency,
+# the bandwidth term us at net_bw 1, measured us.
 Term = tuple[int, float, float, float, float]
 
 
 def terms(m: Measured, fabric: Fabric) -> list[Term]:
-    out = []
-    for r in m.rows:
-        t = predict_collective(m.kind, r.size, m.nodes, m.gpus_per_node, fabric, version=m.version, env=m.env)
-        comm = build_comm(m.kind, m.nodes, m.gpus_per_node, fabric, m.version)
-        pick = next(c for c in t.candidates if (c.algorithm, c.protocol) == (t.algorithm, t.protocol))
-        base, per_hop = latency_parts(comm, pick, r.size)
-        out.append((r.size, base, per_hop, t.bandwidth_s * 1e6, r.time_us))
-    return out
+    return priced(m.kind, [(r.size, r.time_us) for r in m.rows], m.nodes, m.gpus_per_node, fabric,
+                  version=m.version, env=m.env)
 
 
 def table_loss(rows: list[Term], cal: Calibration) -> float:

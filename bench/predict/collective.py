@@ -534,6 +534,24 @@ def predict_collective(kind: str, nbytes: int, nodes: int, gpus_per_node: int, f
                           tuple(found))
 
 
+def priced(kind: str, rows: Sequence[tuple[int, float]], nodes: int, gpus_per_node: int, fabric: Fabric, *,
+           version: str | None = None, env: Mapping[str, str] | None = None
+           ) -> list[tuple[int, float, float, float, float]]:
+    """Measured rows of (bytes, time in us) as NCCL's model prices them without a calibration: (bytes, base
+    latency us, us per us of network hop latency, bandwidth term us, measured us), rows with no size or time
+    left out. NCCL's pick does not depend on a calibration, so a fit prices each row once."""
+    comm = build_comm(kind, nodes, gpus_per_node, fabric, version)
+    out = []
+    for nbytes, time_us in rows:
+        if nbytes <= 0 or time_us <= 0:
+            continue
+        t = predict_collective(kind, nbytes, nodes, gpus_per_node, fabric, version=version, env=env)
+        pick = next(c for c in t.candidates if (c.algorithm, c.protocol) == (t.algorithm, t.protocol))
+        base, per_hop = latency_parts(comm, pick, nbytes)
+        out.append((nbytes, base, per_hop, t.bandwidth_s * 1e6, time_us))
+    return out
+
+
 def calibrate(kind: str, rows: Sequence[tuple[int, float]], nodes: int, gpus_per_node: int, fabric: Fabric, *,
               version: str | None = None, env: Mapping[str, str] | None = None) -> Calibration:
     """A fabric's effective figures from one measured nccl-tests table at one shape: rows of (bytes, time
@@ -541,15 +559,7 @@ def calibrate(kind: str, rows: Sequence[tuple[int, float]], nodes: int, gpus_per
     network hop and the bandwidth efficiency of a multi-node collective; on one node the latency scale and
     the bandwidth efficiency of the scale-up domain. NCCL's pick stays its own; other sizes and node counts
     are predicted by the model with these figures, never read off a row."""
-    terms = []
-    for nbytes, time_us in rows:
-        if nbytes <= 0 or time_us <= 0:
-            continue
-        comm = build_comm(kind, nodes, gpus_per_node, fabric, version)
-        t = predict_collective(kind, nbytes, nodes, gpus_per_node, fabric, version=version, env=env)
-        pick = next(c for c in t.candidates if (c.algorithm, c.protocol) == (t.algorithm, t.protocol))
-        base, per_hop = latency_parts(comm, pick, nbytes)
-        terms.append((base, per_hop, t.bandwidth_s * 1e6, time_us))
+    terms = [t[1:] for t in priced(kind, rows, nodes, gpus_per_node, fabric, version=version, env=env)]
     if len(terms) < 2:
         raise ValueError("calibrate needs at least two rows with a size and a time")
     out = fabric.scale_out
