@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.scaling import CONFIG, configuration_label, describe, node_count, spec_of, train_rows
-from bench.predict.perf import EXPOSED_PARTS
+from bench.predict.comm import EXPOSED_PARTS
 from bench.predict.split import (
     LABELS,
     PARTS,

@@ -37,8 +37,8 @@ from bench.predict.collective import (  # noqa: E402
     build_comm,
     env_choices,
     predict_collective,
-    priced,
 )
+from bench.predict.nccl_fit import priced  # noqa: E402
 from bench.predict.network import DEFAULTS  # noqa: E402
 from bench.probes.parse import parse_all  # noqa: E402
 from bench.probes.result import NcclRow  # noqa: E402
@@ -287,7 +287,7 @@ def report(tables: list[Table], held_out: set[str], quick: bool) -> list[str]:
 HOP_US = (0.0, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 25.0, 30.0, 40.0, 50.0, 75.0, 100.0, 150.0, 200.0)
 NET_BW = tuple(round(0.1 + 0.05 * i, 2) for i in range(25))
 
-# One row as the fit prices it (collective.priced): bytes, NCCL's base latency us, us per us of hop latency,
+# One row as the fit prices it (nccl_fit.priced): bytes, NCCL's base latency us, us per us of hop latency,
 # the bandwidth term us at net_bw 1, measured us.
 Term = tuple[int, float, float, float, float]
 

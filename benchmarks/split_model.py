@@ -22,9 +22,10 @@ from bench.core.schema import RunSummary  # noqa: E402
 from bench.gpucheck.evidence import EVIDENCE_DIR, table_runs  # noqa: E402
 from bench.predict import calibrate, cpu, perf  # noqa: E402
 from bench.predict.calibrate import Observation, fit as fit_study  # noqa: E402
+from bench.predict.comm import EXPOSED_PARTS  # noqa: E402
 from bench.predict.cpu import CpuFacts, CpuModel, cpu_share, recorded, this_cpu  # noqa: E402
 from bench.predict.network import one_node  # noqa: E402
-from bench.predict.perf import EXPOSED_PARTS, Calibration, predict  # noqa: E402
+from bench.predict.perf import Calibration, predict  # noqa: E402
 from bench.predict.split import (  # noqa: E402
     MODELLED,
     PARTS as TRACE_PARTS,

@@ -31,17 +31,16 @@ from typing import Any
 from bench.core.hardware import GpuSpec, compute_dtype
 from bench.core.models import ModelArch
 from bench.core.schema import RunSpec, RunSummary
-from bench.predict.comm import Network
+from bench.predict.comm import EXPOSED_PARTS, Network
 from bench.predict.cpu import CPU, CpuFacts, capacity, cpu_efficiency
+from bench.predict.gpu import gpu_efficiency
 from bench.predict.perf import (
     CALIBRATION,
-    EXPOSED_PARTS,
     Calibration,
     Prediction,
     Predictor,
     Stack,
     device_model,
-    gpu_efficiency,
     predict,
 )
 from bench.predict.split import PARTS, comparable

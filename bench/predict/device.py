@@ -1,10 +1,11 @@
 """What a device is to the step model (bench/predict/perf.py): the constants a study calibrates, every
 device's (`Calibration`), and the terms where one device's step differs from another's (`DeviceModel`).
 
-Two devices implement it: a GPU (`perf.GpuModel`: NCCL's kernels on their own streams beside the compute,
-the host a floor under the step) and the CPU cores a local study's ranks share (bench/predict/cpu.py
-`CpuModel`: gloo on the compute's thread, ranks taking turns on the machine), the project's test bench.
-`perf.device_model` picks one per prediction; everything else in perf.py and comm.py is the same for both.
+Two devices implement it: a GPU (bench/predict/gpu.py `GpuModel`: NCCL's kernels on their own streams
+beside the compute, the host a floor under the step) and the CPU cores a local study's ranks share
+(bench/predict/cpu.py `CpuModel`: gloo on the compute's thread, ranks taking turns on the machine), the
+project's test bench. `perf.device_model` picks one per prediction; everything else in perf.py and comm.py
+is the same for both.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ class Calibration:
     cpu_capacity: float | None = None  # a local CPU cluster: ranks the machine runs at one rank's speed
     # (None: the cores its ranks can use, cpu.CpuFacts; hyperthreads and memory bandwidth make it fewer)
     cpu_host_s: float = 2.24e-3  # a CPU rank's own host time per block and pass (Python, FSDP2's hooks and
-    # copies), on the compute's thread: perf.HOST_BLOCK_PASS_S as its prior, a study's traces refit it
+    # copies), on the compute's thread: gpu.HOST_BLOCK_PASS_S as its prior, a study's traces refit it
     cpu_step_s: float = 1.0e-3  # one ring step of a gloo collective inside a CPU study's training: its
     # traced collectives refit it; the prior is the order its 1-node traces measured on 2 shared cores
     # (benchmarks/evidence/README.md, "CPU smoke studies")
@@ -97,7 +98,7 @@ class Bound:
 class Communication:
     """A step's collectives against its compute."""
 
-    exposed: dict[str, float]  # per exposed part (perf.EXPOSED_PARTS), seconds the step waits for them
+    exposed: dict[str, float]  # per exposed part (comm.EXPOSED_PARTS), seconds the step waits for them
     hidden: float  # seconds of collectives that ran beside compute
     total: float  # seconds of every collective, as if nothing overlapped
     contention: float  # seconds the compute lost to the collectives beside it (and FSDP2's copies)

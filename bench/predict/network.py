@@ -1,7 +1,7 @@
 """The network a run's collectives are predicted on: the cluster's fabric (its cluster file's, else the
 published fabric of its instance type, else its GPU's board with its EFA adapters: `fabric_of`) as the run
 uses it (`run_fabric`: the EFA adapters it was given), the NCCL version the study's runs recorded, and the
-study's own probes, each of which calibrates NCCL's model of the fabric (bench/predict/collective.py
+study's own probes, each of which calibrates NCCL's model of the fabric (bench/predict/nccl_fit.py
 calibrate) on the shape it ran: every node count and size a run needs is then predicted by that model,
 never read off a probe's row. Without a probe, the figures fitted to published nccl-tests tables of the
 fabric's transport (DEFAULTS)."""
@@ -15,8 +15,9 @@ from bench.core.config import ClusterConfig
 from bench.core.fabric import FABRICS, Fabric, ScaleOut, ScaleUp, gpu_node
 from bench.core.hardware import GpuSpec
 from bench.core.schema import RunSummary
-from bench.predict.collective import Calibration, calibrate
+from bench.predict.collective import Calibration
 from bench.predict.comm import Network
+from bench.predict.nccl_fit import calibrate
 
 # 0 EFA on an EFA instance: NCCL's socket transport over one 100 Gb/s ENA port, at the share of line rate
 # the published socket tables give (network.DEFAULTS["tcp"]: 2.5 GB/s a node, what two TCP flows at EC2's

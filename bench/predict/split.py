@@ -32,8 +32,9 @@ from typing import TypeVar
 from bench.core.hardware import GpuSpec
 from bench.core.models import float8_linear_params
 from bench.core.schema import AC_MODES, SHARDINGS, RunSpec
+from bench.predict.comm import EXPOSED_PARTS
 from bench.predict.memory import MemoryFigure, configuration, state_fits, states_gib
-from bench.predict.perf import EXPOSED_PARTS, Prediction
+from bench.predict.perf import Prediction
 
 # the trace's parts (trainer/trace.py PARTS), in its order
 PARTS = ("compute", *EXPOSED_PARTS, "waiting", "collective_copies", "optimizer", "other")

@@ -19,10 +19,11 @@ from bench.core.schema import RunSpec, RunSummary
 from bench.launchers import launcher_sections, placement_of
 from bench.predict import calibrate, calibration_file, perf
 from bench.predict.calibrate import Observation, fit
-from bench.predict.comm import Network
-from bench.predict.cpu import CPU_EMULATED_16BIT, CpuFacts, cpu_efficiency
+from bench.predict.comm import EXPOSED_PARTS, Network
+from bench.predict.cpu import CPU, CPU_EMULATED_16BIT, CpuFacts, cpu_efficiency
+from bench.predict.gpu import gpu_efficiency
 from bench.predict.network import published
-from bench.predict.perf import CALIBRATION, CPU, EXPOSED_PARTS, Predictor, gpu_efficiency, predict
+from bench.predict.perf import CALIBRATION, Predictor, predict
 from bench.predict.split import comparable
 from bench.study.plan import PlannedRun
 from bench.sweep import compose, format_plan
@@ -42,7 +43,7 @@ EPYC = CpuFacts(frozenset({"avx2", "avx512f", "avx512_bf16"}), 2600.0, 2)
 BIG = CpuFacts(frozenset({"avx2", "avx512f", "avx512_bf16", "avx512_fp16"}), 3000.0, 16)
 
 
-# A 1B model's step on an H100 is the GPU's at micro batch 8; at 2 it is its host's (perf.HOST_BLOCK_PASS_S),
+# A 1B model's step on an H100 is the GPU's at micro batch 8; at 2 it is its host's (gpu.HOST_BLOCK_PASS_S),
 # which no calibrated constant moves.
 MICRO_BATCH = 8
 

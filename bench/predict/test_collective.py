@@ -23,11 +23,11 @@ from bench.predict.collective import (
     Calibration,
     build_comm,
     bus_factor,
-    calibrate,
     env_choices,
     parse_nccl_list,
     predict_collective,
 )
+from bench.predict.nccl_fit import calibrate
 from bench.probes.parse import parse_all
 
 P5, P4DE, DGX = FABRICS["p5.48xlarge"], FABRICS["p4de.24xlarge"], FABRICS["dgx-h100-ndr"]

@@ -1,5 +1,6 @@
 """The CPU a local study ran on, as its priors read it (bench/predict/cpu.py), and the device model kept
-apart from the GPU's: perf.py and comm.py test for no CPU but where perf.device_model picks the device."""
+apart from the GPU's: gpu.py and the modules it prices collectives with name no CPU, perf.py only where
+perf.device_model picks the device."""
 from __future__ import annotations
 
 import ast
@@ -12,7 +13,8 @@ from bench.core.hardware import GPUS
 from bench.core.schema import RunSpec, RunSummary
 from bench.predict.comm import Network
 from bench.predict.cpu import CPU, PRIOR_GHZ, CpuFacts, CpuModel, recorded, this_cpu
-from bench.predict.perf import CALIBRATION, GpuModel, device_model, predict
+from bench.predict.gpu import GpuModel
+from bench.predict.perf import CALIBRATION, device_model, predict
 
 AVX512 = CpuFacts(frozenset({"avx2", "avx512f", "avx512_bf16"}), 2600.0, 2)
 READER = CpuFacts(frozenset({"avx2", "avx512f", "avx512_bf16", "avx512_fp16"}), 3000.0, 16)
@@ -95,7 +97,9 @@ def _cpu_mentions(path: Path) -> list[tuple[str, int]]:
 
 
 def test_the_gpu_path_holds_no_cpu_branch() -> None:
-    """comm.py names no CPU; perf.py only where device_model picks the device and where Predictor.device
-    sends a local run that does not fit this machine's GPUs to its cores (and its imports)."""
-    assert _cpu_mentions(PREDICT / "comm.py") == []
+    """The GPU's model (gpu.py, and the collectives, NCCL's model and FSDP2's overlap it prices them with)
+    names no CPU; perf.py only where device_model picks the device and where Predictor.device sends a local
+    run that does not fit this machine's GPUs to its cores (and its imports)."""
+    for gpu_path in ("gpu.py", "comm.py", "collective.py", "nccl_graph.py", "overlap.py", "network.py"):
+        assert _cpu_mentions(PREDICT / gpu_path) == [], gpu_path
     assert {where for where, _ in _cpu_mentions(PREDICT / "perf.py")} <= {"device_model", "device"}

@@ -23,8 +23,9 @@ from bench.gpucheck.evidence import EVIDENCE_DIR, table_runs
 from bench.launchers import launcher_sections, placement_of
 from bench.predict.comm import Network, collectives, step_collectives
 from bench.predict.cpu import CpuFacts
+from bench.predict.gpu import gpu_efficiency
 from bench.predict.network import Probe, fabric_of, network_for, one_node, published
-from bench.predict.perf import CALIBRATION, Predictor, Stack, gpu_efficiency, predict
+from bench.predict.perf import CALIBRATION, Predictor, Stack, predict
 from bench.predict.published import (
     CALIBRATION_ROWS,
     CHECK_ROWS,

@@ -10,11 +10,11 @@ import pytest
 
 from bench.core.hardware import GPUS
 from bench.core.schema import RunSpec
-from bench.predict.comm import Network
+from bench.predict.comm import EXPOSED_PARTS, Network
 from bench.predict.cpu import CPU, CPU_TURNS_SHARED, CpuFacts, cpu_share
 from bench.predict.memory import MemoryFigure, states_gib
 from bench.predict.network import one_node, published
-from bench.predict.perf import CALIBRATION, EXPOSED_PARTS, Prediction, predict
+from bench.predict.perf import CALIBRATION, Prediction, predict
 from bench.predict.split import (
     Known,
     Options,
