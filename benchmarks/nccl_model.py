@@ -14,6 +14,8 @@ table what the benchmark would model, and exits 2 naming each entry it cannot re
 
     python benchmarks/nccl_model.py [--tables DIR] [--split FILE] [--quick]   # quick: the summaries only
     python benchmarks/nccl_model.py --check [--tables DIR]
+    python benchmarks/nccl_model.py --staged [--split FILE]   # calibrated on one node count, predict the rest
+    python benchmarks/nccl_model.py --fit [--split FILE]      # each transport's figures, fitted
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ from bench.predict.collective import (  # noqa: E402
     env_choices,
     predict_collective,
 )
-from bench.predict.nccl_fit import priced  # noqa: E402
+from bench.predict.nccl_fit import calibrate, priced  # noqa: E402
 from bench.predict.network import DEFAULTS  # noqa: E402
 from bench.probes.parse import parse_all  # noqa: E402
 from bench.probes.result import NcclRow  # noqa: E402
@@ -156,13 +158,14 @@ def transport(fabric: Fabric, nodes: int) -> str | None:
     return fabric.scale_out.transport if fabric.scale_out is not None and nodes > 1 else None
 
 
-def read_table(directory: Path, entry: dict[str, Any],
-               defaults: dict[str, Calibration] | None = None) -> Table:
-    """One index entry's table, every out-of-place row predicted: NCCL's model with a transport's fitted
-    figures (network.DEFAULTS, or `defaults`), NCCL's published constants where none is given."""
+def read_table(directory: Path, entry: dict[str, Any], defaults: dict[str, Calibration] | None = None,
+               calibration: Calibration | None = None) -> Table:
+    """One index entry's table, every out-of-place row predicted: NCCL's model calibrated by `calibration`
+    (another table's, as a study's probe calibrates it), else with a transport's fitted figures
+    (network.DEFAULTS, or `defaults`), NCCL's published constants where none is given."""
     m = measured(directory, entry)
     fabric = fabric_of(entry)
-    cal = (DEFAULTS if defaults is None else defaults).get(transport(fabric, m.nodes) or "")
+    cal = calibration or (DEFAULTS if defaults is None else defaults).get(transport(fabric, m.nodes) or "")
     rows = []
     for r in m.rows:
         t = predict_collective(m.kind, r.size, m.nodes, m.gpus_per_node, fabric, version=m.version, env=m.env,
@@ -171,6 +174,71 @@ def read_table(directory: Path, entry: dict[str, Any],
     title = (f"{entry['id']}: {m.kind} {m.nodes} x {m.gpus_per_node} {entry['gpu']} on {fabric.name}, "
              f"NCCL {m.version or '?'}{' ' + str(m.env) if m.env else ''}; {fabric.describe()}")
     return Table(str(entry["id"]), title, tuple(rows))
+
+
+NODES_IN_ID = re.compile(r"_\d+n(?:\d+g)?_")  # an id's node count (and GPUs a node): "_128n_", "_10n4g_"
+
+
+def configuration(entry: dict[str, Any]) -> tuple[str, str, tuple[tuple[str, str], ...]]:
+    """One cluster set up one way, whatever its node count: the id without its node count, the NCCL version
+    and the environment the run set."""
+    env = tuple(sorted((str(k), str(v)) for k, v in (entry.get("env") or {}).items()))
+    return NODES_IN_ID.sub("_", str(entry["id"])), str(entry.get("nccl_version")), env
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A table at a larger node count predicted from its configuration's smallest multi-node table, as a
+    study's probe calibrates NCCL's model (bench/predict/nccl_fit.py calibrate), beside the transport's
+    prior (network.DEFAULTS) on the same rows."""
+
+    base: str
+    base_nodes: int
+    calibrated: Table
+    prior: Table
+
+
+def staged(directory: Path, entries: list[dict[str, Any]]) -> list[Staged]:
+    """Every configuration run at two or more node counts: its smallest multi-node table that can calibrate
+    does, each table at a larger node count is predicted. The node counts no probe ran are the plan's
+    question."""
+    groups: dict[tuple[str, str, tuple[tuple[str, str], ...]], list[dict[str, Any]]] = {}
+    for entry in entries:
+        if int(entry["nodes"]) > 1:
+            groups.setdefault(configuration(entry), []).append(entry)
+    out = []
+    for group in groups.values():
+        group.sort(key=lambda e: (int(e["nodes"]), str(e["id"])))
+        for i, base in enumerate(group):
+            cal, nodes = probe(directory, base), int(base["nodes"])
+            if cal is not None:
+                out += [Staged(str(base["id"]), nodes, read_table(directory, e, calibration=cal),
+                               read_table(directory, e)) for e in group[i + 1:] if int(e["nodes"]) > nodes]
+                break
+    return out
+
+
+def probe(directory: Path, entry: dict[str, Any]) -> Calibration | None:
+    """NCCL's model calibrated on one table as on a study's probe; None where it cannot be (fewer than two
+    rows with a size and a time)."""
+    m = measured(directory, entry)
+    try:
+        return calibrate(m.kind, [(r.size, r.time_us) for r in m.rows], m.nodes, m.gpus_per_node,
+                         fabric_of(entry), version=m.version, env=m.env)
+    except ValueError:
+        return None
+
+
+def staged_report(runs: list[Staged], held_out: set[str]) -> list[str]:
+    lines = []
+    for s in runs:
+        t, p = s.calibrated, s.prior
+        lines.append(f"{'[held out] ' if t.id in held_out else ''}{t.title}\n  calibrated on {s.base} "
+                     f"({s.base_nodes} nodes): median |error| >= 1 MiB {fmt(t.median(True))} (prior "
+                     f"{fmt(p.median(True))}), < 1 MiB {fmt(t.median(False))} (prior {fmt(p.median(False))})")
+    lines.append(summary("calibrated on the smallest node count", [s.calibrated for s in runs]))
+    lines.append(summary("the same tables at the transport's prior", [s.prior for s in runs]))
+    return lines
 
 
 def modelled(entry: dict[str, Any]) -> bool:
@@ -333,6 +401,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="read every table and build its fabric, predict nothing; exit 2 on any problem")
     parser.add_argument("--published", action="store_true",
                         help="NCCL's published constants only, no transport's fitted figures")
+    parser.add_argument("--staged", action="store_true",
+                        help="per configuration at several node counts, calibrate on the smallest (as a "
+                             "study's probe) and predict the larger")
     parser.add_argument("--fit", action="store_true",
                         help="fit each transport's figures to the tables --split does not set aside; "
                              "print them")
@@ -350,6 +421,10 @@ def main(argv: list[str] | None = None) -> int:
             fitting = [e for e in entries if modelled(e) and str(e["id"]) not in held_out]
             for tr, (cal, n) in fit(args.tables, fitting).items():
                 print(f"{tr}: {n} tables, hop latency {cal.net_latency_us:g} us, bandwidth x {cal.net_bw:g}")
+            return 0
+        if args.staged:
+            runs = staged(args.tables, [e for e in entries if modelled(e)])
+            print("\n".join(staged_report(runs, held_out)))
             return 0
         defaults = {} if args.published else None
         tables = [read_table(args.tables, e, defaults) for e in entries if modelled(e)]

@@ -129,3 +129,26 @@ def test_check_names_every_entry_it_cannot_read(tables: Path) -> None:
     assert quick.returncode == 0, quick.stderr
     assert quick.stdout.startswith("[not modelled] p4de_not_modelled: no fabric: nodes unknown\n")
     assert "all (1 tables)" in quick.stdout
+
+
+def test_staged_calibrates_on_the_smallest_node_count_and_predicts_the_larger(tmp_path: Path) -> None:
+    """As a study's probe at 2 nodes would: CSCS Alps' 2-node all-reduce calibrates NCCL's model, and the same
+    configuration's 4-node table is predicted with it; a table run with another environment is another
+    configuration, neither calibrated on nor predicted."""
+    published = ROOT / "benchmarks" / "published" / "nccl-tests"
+    index = {e["id"]: e for e in yaml.safe_load((published / "index.yaml").read_text())}
+    two, four = "cscs_alps_gh200_2n_allreduce_ofi1130", "cscs_alps_gh200_4n_allreduce_ofi1130"
+    other = dict(index[four], id="cscs_alps_gh200_8n_allreduce_ofi1130", nodes=8,
+                 env={**index[four]["env"], "NCCL_ALGO": "Ring"})
+    for name in (two, four):
+        shutil.copy(published / f"{name}.txt", tmp_path / f"{name}.txt")
+    shutil.copy(published / f"{four}.txt", tmp_path / f"{other['id']}.txt")
+    (tmp_path / "index.yaml").write_text(yaml.safe_dump([index[two], index[four], other]))
+    proc = run("--tables", str(tmp_path), "--staged")
+    assert proc.returncode == 0, proc.stderr
+    found = re.findall(r"^(\w+): .*\n  calibrated on (\w+) \((\d+) nodes\): median \|error\| "
+                       r">= 1 MiB\s+([\d.]+)% \(prior\s+([\d.]+)%\)", proc.stdout, re.M)
+    assert [(t, base, int(n)) for t, base, n, _, _ in found] == [(four, two, 2)]
+    calibrated, prior = (float(x) for x in found[0][3:])
+    assert calibrated < 10 < 30 < prior  # 7.6% calibrated where the transport's prior is 38.4%
+    assert "calibrated on the smallest node count (1 tables)" in proc.stdout
