@@ -151,6 +151,15 @@ def nearest(probes: Iterable[Probe], nodes: int) -> dict[tuple[str, bool], Probe
     return out
 
 
+def read_at(cal: Calibration, probe: Probe, nodes: int) -> Calibration:
+    """A probe's calibration as a run on `nodes` nodes reads it: one run across fewer nodes says so. Its
+    figures speak for the node count it ran at: published tables calibrated at 2-8 nodes missed the mid-size
+    collectives of 16-512 nodes 2-6x (benchmarks/evidence/README.md, "Calibrated at one node count")."""
+    if not probe.across or nodes <= probe.nodes:
+        return cal
+    return replace(cal, source=f"{cal.source}, extrapolated to {nodes} nodes (no probe there)")
+
+
 def network_for(fabric: Fabric | None, efa: int, nodes: int, probes: Iterable[Probe] = (),
                 version: str | None = None) -> Network:
     """A run's network on `nodes` nodes with `efa` EFA adapters each: its fabric as the run uses it, NCCL
@@ -160,8 +169,8 @@ def network_for(fabric: Fabric | None, efa: int, nodes: int, probes: Iterable[Pr
         return Network(None, "no GPU network")
     mine = run_fabric(fabric, efa)
     at_efa = [p for p in probes if p.efa == efa or not p.across]
-    tuning = tuple((kind, across, cal) for (kind, across), p in sorted(nearest(at_efa, nodes).items())
-                   if (cal := tuned(p, fabric)) is not None)
+    tuning = tuple((kind, across, read_at(cal, p, nodes)) for (kind, across), p in
+                   sorted(nearest(at_efa, nodes).items()) if (cal := tuned(p, fabric)) is not None)
     default = DEFAULTS.get(mine.scale_out.transport) if mine.scale_out else None
     if default is not None and not any(across for _, across, _ in tuning):
         tuning += (("all_reduce", True, default),)

@@ -81,5 +81,9 @@ def test_without_a_probe_a_transport_takes_its_fitted_figures_and_a_probe_replac
     probe = Probe("all_reduce", 2, 16, 32, rows, None, "the study's all_reduce probe at 2 nodes")
     probed = network_for(FABRICS["p5.48xlarge"], 32, 2, (probe,))
     assert probed.calibration("all_reduce", True).source == probe.source
+    farther = network_for(FABRICS["p5.48xlarge"], 32, 16, (probe,))  # the plan's 16 nodes, probed at 2
+    extrapolated = f"{probe.source}, extrapolated to 16 nodes (no probe there)"
+    assert farther.calibration("all_reduce", True).source == extrapolated
+    assert "extrapolated" in farther.described and "extrapolated" not in probed.described
     assert nccl_time("all_reduce", 2**29, 16, 2, probed).seconds == pytest.approx(
         3 * nccl_time("all_reduce", 2**29, 16, 2, bare).seconds, rel=0.1)
