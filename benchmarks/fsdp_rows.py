@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.predict.perf import CALIBRATION, Calibration, predict  # noqa: E402
-from bench.predict.published import FSDP_ROWS, PublishedFsdpRow, fsdp_rows  # noqa: E402
+from bench.predict.published_fsdp import FSDP_ROWS, PublishedFsdpRow, fsdp_rows  # noqa: E402
 
 HOLDOUT = FSDP_ROWS.parent / "holdout.txt"
 TARGETS = {"tokens_median": 0.10, "efficiency_median": 3.0, "efficiency_worst": 10.0}

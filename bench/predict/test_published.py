@@ -13,14 +13,8 @@ from bench.core.fabric import FABRICS
 from bench.core.models import PRESETS, count_params
 from bench.core.schema import RunSpec
 from bench.predict.network import network_for, published
-from bench.predict.published import (
-    FSDP_ROWS,
-    FsdpRowError,
-    PublishedFsdpRow,
-    PublishedRow,
-    fsdp_counts,
-    fsdp_rows,
-)
+from bench.predict.published import PublishedRow
+from bench.predict.published_fsdp import FSDP_ROWS, FsdpRowError, PublishedFsdpRow, fsdp_counts, fsdp_rows
 
 README = FSDP_ROWS.parent / "README.md"
 
