@@ -16,6 +16,7 @@ table what the benchmark would model, and exits 2 naming each entry it cannot re
     python benchmarks/nccl_model.py --check [--tables DIR]
     python benchmarks/nccl_model.py --staged [--split FILE]   # calibrated on one node count, predict the rest
     python benchmarks/nccl_model.py --fit [--split FILE]      # each transport's figures, fitted
+    python benchmarks/nccl_model.py --cv [--split FILE]       # each fit on the clusters it left out
 """
 from __future__ import annotations
 
@@ -376,19 +377,71 @@ def table_loss(rows: list[Term], cal: Calibration) -> float:
     return statistics.mean(statistics.median(b) for b in bands if b)
 
 
-def fit(directory: Path, entries: list[dict[str, Any]]) -> dict[str, tuple[Calibration, int]]:
-    """Per transport, the hop latency and bandwidth fraction (a grid) that minimise the mean table_loss over
-    its multi-node tables among `entries` (those not set aside): what network.DEFAULTS ships."""
-    by: dict[str, list[list[Term]]] = {}
+# What a transport's fit reads (the procedure leave-one-system-out chose, `cross_validate`): "hop", the
+# hop latency alone at NCCL's bandwidth; "both", the hop latency and the bandwidth's fraction
+FIGURES = {"infiniband": "hop"}
+PROCEDURES = ("nccl", "hop", "both")  # "nccl": NCCL's published constants, nothing fitted
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """One multi-node table as a fit reads it: its cluster, its rows priced, and the latency its net plugin
+    reports to NCCL (what "nccl" keeps)."""
+
+    system: str
+    rows: list[Term]
+    plugin_us: float
+
+
+def fitted_tables(directory: Path, entries: list[dict[str, Any]]) -> dict[str, list[Fitted]]:
+    """Per transport, its multi-node tables among `entries`."""
+    by: dict[str, list[Fitted]] = {}
     for entry in entries:
         fabric = fabric_of(entry)
-        if (tr := transport(fabric, int(entry["nodes"]))) is not None:
-            by.setdefault(tr, []).append(terms(measured(directory, entry), fabric))
+        if (tr := transport(fabric, int(entry["nodes"]))) is not None and fabric.scale_out is not None:
+            by.setdefault(tr, []).append(Fitted(str(entry.get("system") or entry["id"]),
+                                                terms(measured(directory, entry), fabric),
+                                                fabric.scale_out.latency_us))
+    return by
+
+
+def best(group: list[Fitted], procedure: str) -> Calibration:
+    """The grid point of `procedure` with the least mean table_loss over `group`."""
+    bandwidths = NET_BW if procedure == "both" else (1.0,)
+    grid = [Calibration(net_latency_us=h, net_bw=b) for h in HOP_US for b in bandwidths]
+    return min(grid, key=lambda cal: statistics.mean(table_loss(t.rows, cal) for t in group))
+
+
+def loss(table: Fitted, cal: Calibration | None) -> float:
+    """table_loss at `cal`; None: NCCL's constants (the plugin's latency, NCCL's bandwidth)."""
+    return table_loss(table.rows, cal or Calibration(net_latency_us=table.plugin_us))
+
+
+def fit(directory: Path, entries: list[dict[str, Any]]) -> dict[str, tuple[Calibration, int]]:
+    """Per transport, the figures FIGURES names for it (hop and bandwidth unless named) that minimise the mean
+    table_loss over its multi-node tables among `entries` (those not set aside): what network.DEFAULTS
+    ships."""
+    return {tr: (best(group, FIGURES.get(tr, "both")), len(group))
+            for tr, group in sorted(fitted_tables(directory, entries).items())}
+
+
+def cross_validate(directory: Path, entries: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per transport of two or more clusters, each procedure's mean table_loss over its tables, each table
+    predicted by the figures fitted to the other clusters' tables (leave one system out): how a fitted
+    figure does on a cluster it was not fitted to."""
     out = {}
-    for tr, group in sorted(by.items()):
-        grid = [Calibration(net_latency_us=h, net_bw=b) for h in HOP_US for b in NET_BW]
-        out[tr] = (min(grid, key=lambda cal: statistics.mean(table_loss(rows, cal) for rows in group)),
-                   len(group))
+    for tr, group in sorted(fitted_tables(directory, entries).items()):
+        systems = sorted({t.system for t in group})
+        if len(systems) < 2:
+            continue
+        losses: dict[str, list[float]] = {p: [] for p in PROCEDURES}
+        for system in systems:
+            rest = [t for t in group if t.system != system]
+            cals = {p: None if p == "nccl" else best(rest, p) for p in PROCEDURES}
+            for t in (t for t in group if t.system == system):
+                for p in PROCEDURES:
+                    losses[p].append(loss(t, cals[p]))
+        out[tr] = {p: statistics.mean(v) for p, v in losses.items()}
     return out
 
 
@@ -404,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--staged", action="store_true",
                         help="per configuration at several node counts, calibrate on the smallest (as a "
                              "study's probe) and predict the larger")
+    parser.add_argument("--cv", action="store_true",
+                        help="per transport, each procedure's loss on clusters left out of its fit")
     parser.add_argument("--fit", action="store_true",
                         help="fit each transport's figures to the tables --split does not set aside; "
                              "print them")
@@ -417,10 +472,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.check:
             return check(args.tables, entries)
         skipped = [e for e in entries if not modelled(e)]
+        fitting = [e for e in entries if modelled(e) and str(e["id"]) not in held_out]
         if args.fit:
-            fitting = [e for e in entries if modelled(e) and str(e["id"]) not in held_out]
             for tr, (cal, n) in fit(args.tables, fitting).items():
-                print(f"{tr}: {n} tables, hop latency {cal.net_latency_us:g} us, bandwidth x {cal.net_bw:g}")
+                print(f"{tr}: {n} tables, hop latency {cal.net_latency_us:g} us, bandwidth x {cal.net_bw:g}"
+                      f"{' (hop latency alone)' if FIGURES.get(tr) == 'hop' else ''}")
+            return 0
+        if args.cv:
+            for tr, by in cross_validate(args.tables, fitting).items():
+                pick = min(by, key=by.__getitem__)
+                print(f"{tr}: loss on clusters left out, " + ", ".join(f"{p} {v:.3f}" for p, v in by.items())
+                      + f"; least: {pick}")
             return 0
         if args.staged:
             runs = staged(args.tables, [e for e in entries if modelled(e)])

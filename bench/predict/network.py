@@ -26,21 +26,19 @@ from bench.predict.nccl_fit import calibrate
 SOCKETS = ScaleOut("tcp", 1, 100.0, rdma=False)
 
 # Per transport, the latency of one network hop (in place of what the net plugin reports to NCCL's tuner)
-# and the multi-node bandwidth's fraction of NCCL's model of it, fitted to published nccl-tests tables
-# (benchmarks/published/nccl-tests; the fit, its loss and each figure's sensitivity:
-# benchmarks/evidence/README.md, "NCCL's model against published tables"). EFA, InfiniBand, Slingshot
-# and TCPXO: `python benchmarks/nccl_model.py --fit --split benchmarks/published/nccl-tests/holdout_3.txt`
-# (the 81 tables collected before the third set aside). RoCE and TCP keep the first fit's figures (44
-# tables): later fits' worsen the FSDP rows on those networks (benchmarks/perf_model.py,
-# benchmarks/fsdp_rows.py). Fits, not derivations; a transport not here (tcpx: no table below 1 MiB to fit
-# its latency) keeps NCCL's published constants; a study's probes replace them.
+# and the multi-node bandwidth's fraction of NCCL's model of it: fits to published nccl-tests tables
+# (benchmarks/published/nccl-tests), not derivations. EFA, InfiniBand (its hop latency alone), Slingshot and
+# TCPXO are what `python benchmarks/nccl_model.py --fit` prints; RoCE and TCP are the first fit's. Why each
+# is what it is, its loss on clusters left out of its fit (`--cv`) and its sensitivity:
+# benchmarks/evidence/README.md, "NCCL's model against published tables". A transport not here (tcpx: no
+# table below 1 MiB to fit its latency) keeps NCCL's published constants; a study's probes replace them.
 DEFAULTS: dict[str, Calibration] = {
     transport: Calibration(net_latency_us=hop, net_bw=bw,
                            source=f"fitted to {n} published {transport} tables, not this cluster: its probes "
                                   "replace them")
-    for transport, hop, bw, n in (("efa", 20.0, 0.6, 13), ("infiniband", 3.0, 0.85, 27),
-                                  ("roce", 50.0, 0.95, 7), ("slingshot", 10.0, 0.7, 14),
-                                  ("tcp", 25.0, 0.2, 4), ("tcpxo", 15.0, 0.95, 3))}
+    for transport, hop, bw, n in (("efa", 20.0, 0.6, 13), ("infiniband", 5.0, 1.0, 37),
+                                  ("roce", 50.0, 0.95, 7), ("slingshot", 10.0, 0.75, 29),
+                                  ("tcp", 25.0, 0.2, 4), ("tcpxo", 40.0, 0.95, 4))}
 
 
 def fabric_of(cluster: ClusterConfig, gpu: GpuSpec | None) -> Fabric | None:
