@@ -5,9 +5,10 @@ with --split, the tables it names (held out before any fitting) apart from the o
 
 A table directory holds one `<id>.txt` per table (nccl-tests' output, verbatim) and `index.yaml`, a list of
 entries: id, source, collective, nodes, gpus_per_node, gpu, system, scale_up {kind, nvlink_gbs_per_gpu,
-gpus (optional: an NVLink domain across trays)}, scale_out {transport, adapters, gbps, rdma and
-latency_us optional}, cpu (optional: intel, amd or arm), nccl_version, env (NCCL_ALGO, NCCL_PROTO, ... as
-the run set them), notes, and `modelled: false` with `why_not` for a table no fabric can be built for. A
+gpus (optional: an NVLink domain across trays)}, scale_out {transport, adapters, gbps, rdma, latency_us and
+nic_path optional (bench/core/fabric.py NIC_PATHS: a Grace superchip's c2c, else pxb)}, cpu (optional:
+intel, amd or arm), nccl_version, env (NCCL_ALGO, NCCL_PROTO, ... as the run set them), notes, and
+`modelled: false` with `why_not` for a table no fabric can be built for. A
 system bench/core/fabric.py publishes (FABRICS) takes its figures from there where the entry leaves them out.
 --check reads every table and builds its fabric and communicator without predicting anything: it says per
 table what the benchmark would model, and exits 2 naming each entry it cannot read.
@@ -114,8 +115,11 @@ def fabric_of(entry: dict[str, Any]) -> Fabric:
         rdma = out_e.get("rdma", base.rdma if base else transport in RDMA_TRANSPORTS)
         latency = out_e.get("latency_us", base.latency_us if base else 75.0 if transport == "efa" else 0.0)
         simple = base.simple_only if base else transport == "efa" and not aws_p5_on
+        superchip = re.search(r"GB[23]00|GH200", str(entry.get("gpu")))  # its NICs on the Grace CPU
+        path = out_e.get("nic_path", base.nic_path if base else "c2c" if superchip else "pxb")
         scale_out = ScaleOut(transport, int(out_e.get("adapters") or base.adapters),
-                             float(out_e.get("gbps") or base.gbps), bool(rdma), float(latency), simple)
+                             float(out_e.get("gbps") or base.gbps), bool(rdma), float(latency), simple,
+                             nic_path=str(path))
     pcie = known.pcie_gen if known else 5 if sm >= 90 else 4 if sm >= 80 else 3
     cpu = str(entry.get("cpu") or (known.cpu if known else
                                    "arm" if re.search(r"GB[23]00|GH200", str(entry.get("gpu"))) else "intel"))

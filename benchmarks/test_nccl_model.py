@@ -92,7 +92,7 @@ def test_check_reads_every_published_table_and_predicts_nothing() -> None:
     # Slingshot through aws-ofi-nccl (RDMA), the entry's own CPU, the 4 NICs its source lists
     assert ("nersc_perlmutter_2n_allreduce_slingshot: all_reduce 2 x 4 A100-SXM4-40GB on NERSC Perlmutter "
             "GPU node (amd CPU, PCIe Gen4), NCCL 2.21.5; 4 GPU/node, nvlink 300 GB/s/GPU; "
-            "slingshot 4 x 200 Gb/s RDMA (100 GB/s/node); 30 rows; modelled") in lines
+            "slingshot 4 x 200 Gb/s RDMA (100 GB/s/node, NIC path phb); 30 rows; modelled") in lines
     # a published system (FABRICS) supplies what the entry leaves out: p4de's Intel CPU and PCIe Gen4
     assert ("shared_sample_02: all_reduce 2 x 8 A100-SXM4-80GB on p4de.24xlarge (intel CPU, PCIe Gen4), "
             "NCCL ?; 8 GPU/node, nvswitch 300 GB/s/GPU; efa 4 x 100 Gb/s RDMA (50 GB/s/node); 29 rows; "
@@ -151,7 +151,7 @@ def test_staged_calibrates_on_the_smallest_node_count_and_predicts_the_larger(tm
                        r">= 1 MiB\s+([\d.]+)% \(prior\s+([\d.]+)%\)", proc.stdout, re.M)
     assert [(t, base, int(n)) for t, base, n, _, _ in found] == [(four, two, 2)]
     calibrated, prior = (float(x) for x in found[0][3:])
-    assert calibrated < 10 and 3 * calibrated < prior  # 7.6% calibrated, the transport's prior 29.3%
+    assert calibrated < 10 and 2 * calibrated < prior  # 7.6% calibrated, the transport's prior 21.1%
     assert "calibrated on the smallest node count (1 tables)" in proc.stdout
 
 

@@ -31,7 +31,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from omegaconf import MISSING
 
-from bench.core.fabric import CpuVendor, ScaleUpKind, Transport
+from bench.core.fabric import CpuVendor, NicPath, ScaleUpKind, Transport
 from bench.core.schema import (
     COLLECTIVES,
     Accumulation,
@@ -154,6 +154,11 @@ class ScaleOutConfig:
     latency_us: Annotated[float, NON_NEGATIVE] = 0.0
     """The latency NCCL's net plugin reports per network hop, us (aws-ofi-nccl: 75 on p4d/p5, 35 on p5en;
     NCCL's IB and socket transports: 0)."""
+    nic_path: NicPath = "pxb"
+    """How a GPU reaches its nearest adapter, as `nvidia-smi topo -m` prints it: pix or pxb (HGX and DGX
+    boards), c2c (a Grace Hopper/Blackwell superchip's NIC on its Grace CPU), phb (through the CPU's host
+    bridge), sys. NCCL runs its LL128 protocol across nodes only over pix or pxb (and from Hopper on c2c with
+    NCCL 2.27+)."""
 
 
 @dataclass

@@ -20,6 +20,14 @@ SCALE_UP_KINDS: tuple[ScaleUpKind, ...] = get_args(ScaleUpKind)
 # sparticlesteve/podman-nccl-testing logs/shifter-nccl-tests-30743809.out; HPE shs-ccl-docs ccl_env.sh)
 Transport = Literal["efa", "infiniband", "roce", "tcp", "tcpx", "tcpxo", "slingshot"]
 TRANSPORTS: tuple[Transport, ...] = get_args(Transport)
+# How a GPU reaches its nearest GPU-facing adapter, in NCCL's path types (src/graph/topo.h; `nvidia-smi
+# topo -m` prints the same for each GPU and NIC): pix (one PCIe switch) or pxb (several, no host bridge: HGX
+# and DGX boards, the adapters beside the GPUs), c2c (a Grace Hopper or Grace Blackwell superchip's NIC on
+# the Grace CPU, reached over NVLink-C2C: NCCL 2.27+ calls it P2C, earlier versions PHB), phb (through the
+# CPU's PCIe host bridge), sys (across the CPUs' interconnect). NCCL's LL128 crosses nodes only over a short
+# one (bench/predict/collective.py ll128_across).
+NicPath = Literal["pix", "pxb", "c2c", "phb", "sys"]
+NIC_PATHS: tuple[NicPath, ...] = get_args(NicPath)
 CpuVendor = Literal["intel", "amd", "arm"]
 CPU_VENDORS: tuple[CpuVendor, ...] = get_args(CpuVendor)
 # PCIe x16 generation -> GB/s one direction as NCCL counts a link (src/graph/topo.cc kvDictPciGen: lanes x
@@ -55,10 +63,13 @@ class ScaleOut:
     rdma: bool  # GPUDirect RDMA: the adapter reads and writes GPU memory from beside the GPU's PCIe switch
     latency_us: float = 0.0  # what the plugin reports as props.latency (NCCL adds it per network hop)
     simple_only: bool = False  # the plugin sets NCCL_PROTO=Simple (no ordered 128-byte delivery: LL unsafe)
+    nic_path: str = "pxb"  # NIC_PATHS: how a GPU reaches its adapter
 
     def __post_init__(self) -> None:
         if self.transport not in TRANSPORTS:
             raise ValueError(f"transport {self.transport!r}: one of {', '.join(TRANSPORTS)}")
+        if self.nic_path not in NIC_PATHS:
+            raise ValueError(f"NIC path {self.nic_path!r}: one of {', '.join(NIC_PATHS)}")
         if self.adapters < 1 or self.gbps <= 0:
             raise ValueError(f"{self.adapters} adapters at {self.gbps} Gb/s: both must be positive")
 
@@ -108,8 +119,9 @@ class Fabric:
         if out is None:
             return line + "; no network"
         how = "RDMA" if out.rdma else "no RDMA"
+        path = "" if out.nic_path == "pxb" else f", NIC path {out.nic_path}"
         return (f"{line}; {out.transport} {out.adapters} x {out.gbps:g} Gb/s {how} "
-                f"({out.node_gbs:g} GB/s/node)")
+                f"({out.node_gbs:g} GB/s/node{path})")
 
 
 def _h100_domain() -> ScaleUp:

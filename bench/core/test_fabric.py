@@ -42,6 +42,8 @@ def test_impossible_fabrics_are_refused() -> None:
         ScaleOut("omnipath", 4, 100.0, True)
     with pytest.raises(ValueError, match="positive"):
         ScaleOut("tcp", 0, 100.0, False)
+    with pytest.raises(ValueError, match="NIC path 'nvl': one of pix, pxb, c2c, phb, sys"):
+        ScaleOut("infiniband", 4, 400.0, True, nic_path="nvl")
     with pytest.raises(ValueError, match="PCIe generation"):
         ethernet(8, 1, 100, ScaleUp("pcie", 8, 24.0), 86, pcie_gen=7)
 

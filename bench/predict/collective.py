@@ -87,6 +87,7 @@ class Profile:
     nvls_efficiency: bool  # 2.28+: NVLS bandwidth from nvlsEfficiency, else min(bw_intra, bw_inter)
     max_channels: int  # MAXCHANNELS (device.h): 32 before 2.25, then 64; a ring searches half of it
     one_gpu_tree_net_lat: bool  # from 2.23 one GPU per node prices network hops at the tree's latency
+    c2c_nic_path: str = "phb"  # a NIC on a Grace CPU (fabric.NIC_PATHS c2c): PATH_PHB before 2.27, then P2C
 
 
 PROFILES = (
@@ -95,8 +96,11 @@ PROFILES = (
     Profile((2, 23), (8.4, 4.0, 4.0, 14.0), False, False, 0.92, 0.85, 25.0, 14.0, False, 32, True),
     Profile((2, 24), (8.4, 4.0, 4.0, 14.0), False, False, 0.92, 0.75, 25.0, 14.0, False, 32, True),
     Profile((2, 25), (8.4, 4.0, 4.0, 14.0), False, False, 0.92, 0.75, 25.0, 14.0, False, 64, True),
-    Profile((2, 28), (8.4, 4.0, 4.0, 14.0), False, False, 0.92, 0.75, 25.0, 20.9, True, 64, True),
+    Profile((2, 27), (8.4, 4.0, 4.0, 14.0), False, False, 0.92, 0.75, 25.0, 14.0, False, 64, True, "p2c"),
+    Profile((2, 28), (8.4, 4.0, 4.0, 14.0), False, False, 0.92, 0.75, 25.0, 20.9, True, 64, True, "p2c"),
 )
+# NCCL's path types in order (src/graph/topo.h, 2.27: PIX 4, PXB 5, P2C 6, PXN 7, PHB 8, SYS 9)
+PATH_ORDER = ("pix", "pxb", "p2c", "pxn", "phb", "sys")
 DEFAULT_VERSION = "2.27.7"
 
 
@@ -360,12 +364,12 @@ def available(comm: Comm) -> dict[str, tuple[str, ...]]:
     NVLS on one NVSwitch node with NVLink SHARP (across nodes it needs CollNet), NVLS Tree across nodes for
     all-reduce; PAT for a gather or reduce-scatter with one GPU per node (not over TCPX/O's device unpack);
     CollNet never (it needs SHARP switches and NCCL_COLLNET_ENABLE). LL128 needs NVLink inside the node and,
-    across nodes, a NIC beside the GPU; a plugin that forces Simple leaves Simple only."""
+    across nodes, a NIC near the GPU (ll128_across); a plugin that forces Simple leaves Simple only."""
     out = comm.fabric.scale_out
     multi = comm.nodes > 1
     simple_only = multi and out is not None and out.simple_only
     ll128 = comm.node.nvlink and comm.fabric.compute_capability >= 70 and not (
-        multi and out is not None and not out.gpu_direct)
+        multi and out is not None and not ll128_across(comm))
     protos = ("Simple",) if simple_only else ("LL", "LL128", "Simple") if ll128 else ("LL", "Simple")
     algos: dict[str, tuple[str, ...]] = {"ring": protos}
     if comm.kind == "all_reduce":
@@ -379,6 +383,18 @@ def available(comm: Comm) -> dict[str, tuple[str, ...]]:
     if comm.kind != "all_reduce" and comm.prof.pat_factor and comm.ppn == 1 and multi and not unpack:
         algos["pat"] = ("Simple",)
     return algos
+
+
+def ll128_across(comm: Comm) -> bool:
+    """Whether LL128 crosses nodes (tuning.cc's enable rule on the graph's typeInter): an adapter that moves
+    GPU memory itself, reached over at most PXB, or from Hopper on over at most PXN (a NIC on a Grace CPU is
+    P2C from 2.27, below PXN; PHB before)."""
+    out = comm.fabric.scale_out
+    if out is None or not out.gpu_direct:
+        return False
+    path = PATH_ORDER.index(comm.prof.c2c_nic_path if out.nic_path == "c2c" else out.nic_path)
+    return path <= PATH_ORDER.index("pxb") or (comm.fabric.compute_capability >= 90
+                                               and path <= PATH_ORDER.index("pxn"))
 
 
 def candidate(comm: Comm, algorithm: str, protocol: str, nbytes: int) -> Candidate | None:

@@ -37,7 +37,7 @@ DEFAULTS: dict[str, Calibration] = {
                            source=f"fitted to {n} published {transport} tables, not this cluster: its probes "
                                   "replace them")
     for transport, hop, bw, n in (("efa", 20.0, 0.6, 13), ("infiniband", 5.0, 1.0, 37),
-                                  ("roce", 50.0, 0.95, 7), ("slingshot", 10.0, 0.75, 29),
+                                  ("roce", 50.0, 0.95, 7), ("slingshot", 7.5, 0.8, 29),
                                   ("tcp", 25.0, 0.2, 4), ("tcpxo", 40.0, 0.95, 4))}
 
 
@@ -61,7 +61,7 @@ def fabric_of(cluster: ClusterConfig, gpu: GpuSpec | None) -> Fabric | None:
                 else ScaleUp(up.kind, up.gpus or cluster.gpus_per_node, up.gbs, up.nvls))
     out = conf.scale_out
     scale_out = base.scale_out if out is None else ScaleOut(out.transport, out.adapters, out.gbps, out.rdma,
-                                                             out.latency_us)
+                                                             out.latency_us, nic_path=out.nic_path)
     return replace(base, scale_up=scale_up, scale_out=scale_out, pcie_gen=conf.pcie_gen, cpu=conf.cpu,
                    name=f"{cluster.name}'s fabric", source=f"cluster file {cluster.name}")
 

@@ -183,6 +183,26 @@ def test_a_socket_network_without_nvlink_runs_no_ll128_and_no_nvls() -> None:
     assert {c.algorithm for c in t.candidates} == {"ring", "tree"}
 
 
+@pytest.mark.parametrize("path,version,ll128", [
+    ("pxb", "2.23.4", True),  # an HGX board's NICs: LL128 crosses nodes
+    ("c2c", "2.23.4", False),  # a Grace Hopper NIC before 2.27: NCCL's path is PHB
+    ("c2c", "2.27.7", True),  # from 2.27 P2C, below PXN: on from Hopper
+    ("phb", "2.27.7", False)])
+def test_ll128_crosses_nodes_only_where_nccl_reaches_the_nic_over_a_short_path(
+        path: str, version: str, ll128: bool) -> None:
+    """tuning.cc: LL128 across nodes needs the graph's GPU-NIC path at most PXB, or from Hopper at most PXN;
+    on one node the NIC does not matter."""
+    gh200 = Fabric(ScaleUp("nvlink", 4, 450.0), ScaleOut("slingshot", 4, 200.0, True, nic_path=path), 4, 90,
+                   pcie_gen=5, cpu="arm")
+    across = predict_collective("all_reduce", 2**22, 2, 4, gh200, version=version)
+    assert ("LL128" in {c.protocol for c in across.candidates}) is ll128
+    inside = predict_collective("all_reduce", 2**22, 1, 4, gh200, version=version)
+    assert "LL128" in {c.protocol for c in inside.candidates}
+    a100 = replace(gh200, compute_capability=80, scale_up=ScaleUp("nvlink", 4, 300.0))
+    pxn_only = predict_collective("all_reduce", 2**22, 2, 4, a100, version="2.27.7")
+    assert ("LL128" in {c.protocol for c in pxn_only.candidates}) is (path == "pxb")  # Ampere: PXB at most
+
+
 @pytest.mark.parametrize("sample,fabric,tolerance",
                          [("sample_03.txt", P5, 0.10), ("sample_02.txt", P4DE, 0.15)])
 def test_two_node_efa_all_reduces_are_reproduced_at_large_sizes_without_fitting(

@@ -54,6 +54,9 @@ def test_a_cluster_the_fabrics_do_not_know_gets_its_gpus_board_and_its_efa() -> 
     built = fabric_of(ib, H100)
     assert (built.scale_out.transport, built.scale_out.node_gbs, built.scale_up.kind) == ("infiniband", 200.0,
                                                                                           "nvlink")
+    assert built.scale_out.nic_path == "pxb"  # an HGX board's, unless the file says
+    phb = replace(ib, fabric=FabricConfig(scale_out=ScaleOutConfig("infiniband", 4, 400.0, nic_path="phb")))
+    assert fabric_of(phb, H100).scale_out.nic_path == "phb"
 
 
 def test_a_runs_efa_adapters_are_its_share_of_an_efa_fabric_and_nothing_of_another() -> None:

@@ -41,6 +41,8 @@ def compose(overrides: list[str]) -> tuple[dict[str, Any], str]:
         return OmegaConf.to_container(cfg, resolve=True), OmegaConf.to_yaml(cfg, resolve=True)
     except OmegaConfBaseException as e:
         raise ConfigError(omegaconf_message(e)) from None
+    except AssertionError:  # OmegaConf.update into a section that is null here ("Unexpected type for root")
+        raise ConfigError(null_section(overrides)) from None
     except HydraException as e:
         cause = e.__cause__ or e.__context__
         if isinstance(cause, OmegaConfBaseException):  # "Error merging override X" + why: keep the why,
@@ -48,6 +50,16 @@ def compose(overrides: list[str]) -> tuple[dict[str, Any], str]:
             in_file = f"{where.group(1)}.yaml: " if where else ""
             raise ConfigError(in_file + omegaconf_message(cause)) from None
         raise ConfigError(hydra_message(str(e)) or type(e).__name__) from None
+
+
+def null_section(overrides: list[str]) -> str:
+    """One line for an override of a key inside a section the config leaves null (a cluster without
+    `fabric.scale_out`): such a section is a cluster file's to set."""
+    deep = [override_key(o) for o in overrides if override_key(o).count(".") >= 2 and "=" in o]
+    key = deep[0] if deep else "an override"
+    section = key.rsplit(".", 1)[0]
+    return (f"{key}: {section} is null in this configuration; describe it in a cluster file "
+            f"(sweeps/cluster/ethernet-tcp.yaml sets a fabric's) and pick that with cluster=NAME")
 
 
 def hydra_message(text: str) -> str:

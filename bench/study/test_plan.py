@@ -399,6 +399,20 @@ def test_micro_batch_values_are_checked(override: str, message: str) -> None:
         from_dict(raw, launcher_sections())
 
 
+def test_a_key_inside_a_section_the_cluster_leaves_null_is_one_line() -> None:
+    """The smoke's cluster has no fabric.scale_out: setting a field of it names the cluster file to write;
+    a cluster that has the section takes the field, and a value NCCL has no path for is refused by name."""
+    with pytest.raises(ConfigError, match="^cluster.fabric.scale_out.nic_path: cluster.fabric.scale_out is "
+                                          "null in this configuration; describe it in a cluster file"):
+        compose(["+sweep=smoke", "cluster.fabric.scale_out.nic_path=phb"])
+    tcp = ["+sweep=p5_scaling", "cluster=ethernet-tcp", "axes.efa_per_node=[0]", "nccl.efa_per_node=[0]"]
+    raw, _ = compose([*tcp, "cluster.fabric.scale_out.nic_path=phb"])
+    assert from_dict(raw, launcher_sections()).cluster.fabric.scale_out.nic_path == "phb"
+    raw, _ = compose([*tcp, "cluster.fabric.scale_out.nic_path=nvl"])
+    with pytest.raises(ConfigError, match="nic_path"):
+        from_dict(raw, launcher_sections())
+
+
 def test_a_dry_run_plans_the_run_ids_the_launch_will_use() -> None:
     launch = [p.spec.run_id for p in plan_for("+sweep=smoke")]
     assert [p.spec.run_id for p in plan_for("+sweep=smoke", "launcher=dryrun")] == launch
