@@ -98,6 +98,7 @@ def fabric_of(entry: dict[str, Any]) -> Fabric:
     system = str(entry.get("system") or "")
     known = FABRICS.get(system)
     sm = compute_capability(str(entry.get("gpu") or ""))
+    superchip = re.search(r"GB[23]00|GH200", str(entry.get("gpu")))  # Grace's: an Arm CPU, the NICs on it
     gpn = int(entry["gpus_per_node"])
     up_e, out_e = entry.get("scale_up") or {}, entry.get("scale_out") or {}
     kind = up_e.get("kind") or (known.scale_up.kind if known else "nvswitch")
@@ -115,14 +116,12 @@ def fabric_of(entry: dict[str, Any]) -> Fabric:
         rdma = out_e.get("rdma", base.rdma if base else transport in RDMA_TRANSPORTS)
         latency = out_e.get("latency_us", base.latency_us if base else 75.0 if transport == "efa" else 0.0)
         simple = base.simple_only if base else transport == "efa" and not aws_p5_on
-        superchip = re.search(r"GB[23]00|GH200", str(entry.get("gpu")))  # its NICs on the Grace CPU
         path = out_e.get("nic_path", base.nic_path if base else "c2c" if superchip else "pxb")
         scale_out = ScaleOut(transport, int(out_e.get("adapters") or base.adapters),
                              float(out_e.get("gbps") or base.gbps), bool(rdma), float(latency), simple,
                              nic_path=str(path))
     pcie = known.pcie_gen if known else 5 if sm >= 90 else 4 if sm >= 80 else 3
-    cpu = str(entry.get("cpu") or (known.cpu if known else
-                                   "arm" if re.search(r"GB[23]00|GH200", str(entry.get("gpu"))) else "intel"))
+    cpu = str(entry.get("cpu") or (known.cpu if known else "arm" if superchip else "intel"))
     return Fabric(scale_up, scale_out, gpn, sm, pcie_gen=pcie, cpu=cpu, name=system or entry["id"])
 
 
