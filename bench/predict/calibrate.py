@@ -33,6 +33,7 @@ from bench.core.models import ModelArch
 from bench.core.schema import RunSpec, RunSummary
 from bench.predict.comm import EXPOSED_PARTS, Network
 from bench.predict.cpu import CPU, CpuFacts, capacity, cpu_efficiency
+from bench.predict.devices import device_model
 from bench.predict.gpu import gpu_efficiency
 from bench.predict.perf import (
     CALIBRATION,
@@ -40,7 +41,6 @@ from bench.predict.perf import (
     Prediction,
     Predictor,
     Stack,
-    device_model,
     predict,
 )
 from bench.predict.split import PARTS, comparable

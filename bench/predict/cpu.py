@@ -1,5 +1,5 @@
 """The CPU cores a local study's ranks share, as a device of the step model (device.DeviceModel): the
-project's test bench, not a machine users rent. bench/predict/perf.py picks it (`perf.device_model`) for a
+project's test bench, not a machine users rent. bench/predict/devices.py picks it (`device_model`) for a
 run on this machine's cores; a study's own runs calibrate its constants (bench/predict/calibrate.py).
 
 Where it differs from a GPU, each what the CPU's own trace shows (docs/trace.md, "What a CPU cannot tell

@@ -4,8 +4,8 @@ device's (`Calibration`), and the terms where one device's step differs from ano
 Two devices implement it: a GPU (bench/predict/gpu.py `GpuModel`: NCCL's kernels on their own streams
 beside the compute, the host a floor under the step) and the CPU cores a local study's ranks share
 (bench/predict/cpu.py `CpuModel`: gloo on the compute's thread, ranks taking turns on the machine), the
-project's test bench. `perf.device_model` picks one per prediction; everything else in perf.py and comm.py
-is the same for both.
+project's test bench. bench/predict/devices.py picks one per prediction; everything else in perf.py and
+comm.py is the same for both.
 """
 from __future__ import annotations
 

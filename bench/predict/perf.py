@@ -28,10 +28,10 @@ One training step per GPU is modelled as
   backward, one more where activation checkpointing recomputes): the floor of a small model's step.
 
 Where a device differs from a GPU, it says so through device.DeviceModel, chosen once per prediction
-(`device_model`): a GPU's terms are the ones above (bench/predict/gpu.py `GpuModel`); a local study's ranks
-on this machine's CPU cores, the project's test bench, are bench/predict/cpu.py's (`cpu.CpuModel`: gloo
-blocking the compute's thread, the host's work on it, ranks taking turns, at priors that read the CPU the
-runs recorded).
+(bench/predict/devices.py): a GPU's terms are the ones above (bench/predict/gpu.py `GpuModel`); a local
+study's ranks on this machine's CPU cores, the project's test bench, are bench/predict/cpu.py's
+(`cpu.CpuModel`: gloo blocking the compute's thread, the host's work on it, ranks taking turns, at priors
+that read the CPU the runs recorded).
 
 The step's parts (`Prediction.parts`, bench/predict/split.py) are named as the trace names the measured
 ones (trainer/trace.py): compute (contention with it: the overlapped communication slows the kernels),
@@ -68,14 +68,14 @@ from bench.core.flops import (
     model_flops_per_token,
     shard_size,
 )
-from bench.core.hardware import GPUS, GpuSpec, compute_dtype, gpu_spec
+from bench.core.hardware import GPUS, GpuSpec, compute_dtype
 from bench.core.models import ModelArch, block_params, count_params, float8_linear_params
 from bench.core.schema import RunSpec
 from bench.launchers.base import Placement
 from bench.predict.comm import Network
-from bench.predict.cpu import CPU, CpuFacts, CpuModel, this_cpu
+from bench.predict.cpu import CpuFacts, this_cpu
 from bench.predict.device import PUBLISHED, Bound, Calibration, DeviceModel, Work
-from bench.predict.gpu import GpuModel
+from bench.predict.devices import device_model, local_device
 from bench.predict.network import Probe, fabric_of, network_for
 from bench.predict.traffic import accumulation_bytes, loss_bytes
 
@@ -169,18 +169,6 @@ def stack_attention_s(spec: RunSpec, arch: ModelArch, stack: Stack, family: str,
     return kernel - square * (6 + rerun) / (efficiency * peak)
 
 
-def device_model(gpu: GpuSpec, cal: Calibration = CALIBRATION, cpu: CpuFacts | None = None) -> DeviceModel:
-    """The one place a prediction's device is chosen: a GPU, or the CPU cores a local study's ranks share
-    (bench/predict/cpu.py), whose priors read `cpu`: the CPU the study's runs recorded, else this machine's
-    (Predictor passes it; a caller with no study passes cpu.this_cpu())."""
-    if gpu.family != CPU.family:
-        return GpuModel(gpu, cal)
-    if cpu is None:
-        raise ValueError("a prediction on CPU cores needs the CPU's facts (cpu.CpuFacts: the study's "
-                         "recorded ones, or cpu.this_cpu())")
-    return CpuModel(gpu, cal, cpu)
-
-
 def _step(spec: RunSpec, arch: ModelArch, device: DeviceModel, network: Network, cal: Calibration,
           stack: Stack | None) -> Prediction:
     """The step on a device (module docstring)."""
@@ -239,7 +227,7 @@ def predict(spec: RunSpec, gpu: GpuSpec, network: Network, arch: ModelArch | Non
             cal: Calibration = CALIBRATION, stack: Stack | None = None,
             cpu: CpuFacts | None = None) -> Prediction:
     """The model for one run on a GPU and node network (or on this machine's CPU cores, at the CPU facts
-    `cpu`: device_model); arch defaults to the spec's preset; stack: another training stack than this
+    `cpu`: devices.device_model); arch defaults to the spec's preset; stack: another training stack than this
     harness's Hugging Face model (published rows only)."""
     device = device_model(gpu, cal, cpu)
     return _step(spec, arch or spec.arch, device, device.network(network), cal, stack)
@@ -283,10 +271,7 @@ class Predictor:
         if self._local is None:
             from bench.core.gpus import local_gpu_name, local_gpus
             self._local = (local_gpus(), local_gpu_name())
-        gpus, name = self._local
-        if gpus and spec.world_size <= len(gpus):
-            return gpu_spec(name or "")
-        return CPU
+        return local_device(*self._local, spec.world_size)
 
     def setting(self, spec: RunSpec) -> tuple[GpuSpec, Network] | None:
         """Where a training run runs: its device and network; None where there is nothing to predict on."""

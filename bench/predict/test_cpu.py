@@ -1,6 +1,6 @@
 """The CPU a local study ran on, as its priors read it (bench/predict/cpu.py), and the device model kept
-apart from the GPU's: gpu.py and the modules it prices collectives with name no CPU, perf.py only where
-perf.device_model picks the device."""
+apart from the GPU's: gpu.py, the modules it prices collectives with and perf.py's step name no CPU;
+devices.py alone picks the device."""
 from __future__ import annotations
 
 import ast
@@ -13,8 +13,9 @@ from bench.core.hardware import GPUS
 from bench.core.schema import RunSpec, RunSummary
 from bench.predict.comm import Network
 from bench.predict.cpu import CPU, PRIOR_GHZ, CpuFacts, CpuModel, recorded, this_cpu
+from bench.predict.devices import device_model
 from bench.predict.gpu import GpuModel
-from bench.predict.perf import CALIBRATION, device_model, predict
+from bench.predict.perf import CALIBRATION, predict
 
 AVX512 = CpuFacts(frozenset({"avx2", "avx512f", "avx512_bf16"}), 2600.0, 2)
 READER = CpuFacts(frozenset({"avx2", "avx512f", "avx512_bf16", "avx512_fp16"}), 3000.0, 16)
@@ -71,7 +72,7 @@ def test_a_cpu_prediction_reads_the_cpu_it_is_given_and_never_the_readers() -> N
     assert other.tokens_per_s_per_gpu > 2 * ran_on.tokens_per_s_per_gpu  # fp16 units, a faster clock
     assert predict(spec, CPU, loopback, cpu=AVX512) == ran_on
     assert isinstance(device_model(CPU, CALIBRATION, AVX512), CpuModel)
-    assert isinstance(device_model(GPUS["H100-SXM"]), GpuModel)
+    assert isinstance(device_model(GPUS["H100-SXM"], CALIBRATION), GpuModel)
 
 
 PREDICT = Path(__file__).resolve().parent
@@ -98,8 +99,9 @@ def _cpu_mentions(path: Path) -> list[tuple[str, int]]:
 
 def test_the_gpu_path_holds_no_cpu_branch() -> None:
     """The GPU's model (gpu.py, and the collectives, NCCL's model and FSDP2's overlap it prices them with)
-    names no CPU; perf.py only where device_model picks the device and where Predictor.device sends a local
-    run that does not fit this machine's GPUs to its cores (and its imports)."""
-    for gpu_path in ("gpu.py", "comm.py", "collective.py", "nccl_graph.py", "overlap.py", "network.py"):
-        assert _cpu_mentions(PREDICT / gpu_path) == [], gpu_path
-    assert {where for where, _ in _cpu_mentions(PREDICT / "perf.py")} <= {"device_model", "device"}
+    and the step every device runs (perf.py) name no CPU; devices.py, where a prediction's device is chosen
+    (and a local run that does not fit this machine's GPUs is sent to its cores), does."""
+    gpu_path = ("gpu.py", "comm.py", "collective.py", "nccl_graph.py", "overlap.py", "network.py", "perf.py")
+    for path in gpu_path:
+        assert _cpu_mentions(PREDICT / path) == [], path
+    assert {where for where, _ in _cpu_mentions(PREDICT / "devices.py")} == {"device_model", "local_device"}

@@ -331,9 +331,9 @@ def test_no_predicted_efficiency_exceeds_linear_scaling(monkeypatch: pytest.Monk
     one-node figure, efficiency 100% at most, whatever calibration predicts them."""
     from types import SimpleNamespace
 
-    from bench.predict import perf
+    from bench.predict import devices
     from bench.study.plan import with_predictions
-    monkeypatch.setattr(perf, "CPU", replace(perf.CPU, intra_busbw_gbs=1e6))
+    monkeypatch.setattr(devices, "CPU", replace(devices.CPU, intra_busbw_gbs=1e6))
     cfg = from_dict(compose(["+sweep=smoke", "memory.measure=false"])[0], launcher_sections())
     many_cores = SimpleNamespace(calibration=replace(CALIBRATION, cpu_capacity=64.0, cpu_step_s=1e-7),
                                  spread=lambda tokens: 0.1)
