@@ -107,11 +107,19 @@ def fit(x: list[float], rounds: int = 12) -> list[float]:
     golden = (math.sqrt(5) - 1) / 2
     for _ in range(rounds):
         for i, (low, high) in enumerate(BOUNDS):
+            at = lambda v: loss(tuple(x[:i] + [v] + x[i + 1:]))  # noqa: E731
             a, b = low, high
-            for _ in range(40):
-                c, d = b - golden * (b - a), a + golden * (b - a)
-                fc, fd = (loss(tuple(x[:i] + [v] + x[i + 1:])) for v in (c, d))
-                a, b = (a, d) if fc < fd else (c, b)
+            c, d = b - golden * (b - a), a + golden * (b - a)
+            fc, fd = at(c), at(d)
+            for _ in range(40):  # each step keeps one point of the last and evaluates one
+                if fc < fd:
+                    b, d, fd = d, c, fc
+                    c = b - golden * (b - a)
+                    fc = at(c)
+                else:
+                    a, c, fc = c, d, fd
+                    d = a + golden * (b - a)
+                    fd = at(d)
             x[i] = (a + b) / 2
     return x
 

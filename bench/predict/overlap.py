@@ -22,6 +22,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
 
 GATHER_FWD, GATHER_BWD = "exposed_all_gather_fwd", "exposed_all_gather_bwd"
 REDUCE, ALL_REDUCE = "exposed_reduce_scatter", "exposed_all_reduce"
@@ -41,8 +44,9 @@ class Unit:
     share: float = 0.0  # the fraction of the compute its collectives slow while they run beside it
 
 
-@dataclass(frozen=True)
-class Op:
+class Op(NamedTuple):
+    """One collective as its queue ran it."""
+
     part: str  # the exposed part its time counts against
     start: float
     end: float
@@ -141,23 +145,18 @@ def idle(stream: Stream, end: float) -> list[tuple[float, float]]:
     return gaps + ([(t, end)] if end > t else [])
 
 
-def overlapped(a: tuple[float, float], b: tuple[float, float]) -> float:
-    return max(0.0, min(a[1], b[1]) - max(a[0], b[0]))
-
-
 def per_op(ops: Sequence[Op], spans: Sequence[tuple[float, float]]) -> list[float]:
-    """Each op's time within `spans` (both sorted and disjoint: one queue's ops, one stream's spans), in one
-    pass over both."""
-    out, j = [], 0
-    for op in ops:
-        while j < len(spans) and spans[j][1] <= op.start:
-            j += 1
-        k, inside = j, 0.0
-        while k < len(spans) and spans[k][0] < op.end:
-            inside += overlapped(spans[k], (op.start, op.end))
-            k += 1
-        out.append(inside)
-    return out
+    """Each op's time within `spans` (sorted and disjoint): the spans' time covered by its end less that
+    covered by its start, read off the piecewise-linear running total of the spans' lengths."""
+    if not ops or not spans:
+        return [0.0] * len(ops)
+    edges = np.asarray(spans, dtype=float)
+    lengths = edges[:, 1] - edges[:, 0]
+    total = np.cumsum(lengths)
+    running = np.column_stack((total - lengths, total)).ravel()  # at each span's start and end
+    times = np.asarray([(op.start, op.end) for op in ops], dtype=float)
+    inside = np.interp(times, edges.ravel(), running)
+    return (inside[:, 1] - inside[:, 0]).tolist()
 
 
 def outside(spans: Sequence[tuple[float, float]], ops: Sequence[Op]) -> list[tuple[float, float]]:
