@@ -165,7 +165,8 @@ class ScaleOutConfig:
 class FabricConfig:
     """The cluster's GPU network (cluster.fabric): a published fabric by name, or its two parts. Left empty,
     the instance type's published fabric where bench/core/fabric.py FABRICS has it, else the GPU's board
-    with efa_per_node EFA adapters (0: NCCL's sockets over TCP)."""
+    with efa_per_node EFA adapters (0: NCCL's sockets over TCP). On the command line a part the cluster
+    leaves empty is set whole: `cluster.fabric.scale_out={transport:infiniband,adapters:8,gbps:400}`."""
 
     preset: str | None = None
     """A published fabric of bench/core/fabric.py FABRICS (p5.48xlarge, dgx-h100-ndr, a3-megagpu-8g, ...)."""

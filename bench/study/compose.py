@@ -34,9 +34,12 @@ def compose(overrides: list[str]) -> tuple[dict[str, Any], str]:
         if message := moved(override_key(override)):
             raise ConfigError(message)
     register_schema(launcher_sections())
+    early, late = whole_sections(overrides)
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-            cfg = hydra_compose(config_name="config", overrides=overrides)
+            cfg = hydra_compose(config_name="config", overrides=early)
+        for key, value in late:
+            cfg.merge_with(nested(key, value))
         cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
         return OmegaConf.to_container(cfg, resolve=True), OmegaConf.to_yaml(cfg, resolve=True)
     except OmegaConfBaseException as e:
@@ -52,14 +55,47 @@ def compose(overrides: list[str]) -> tuple[dict[str, Any], str]:
         raise ConfigError(hydra_message(str(e)) or type(e).__name__) from None
 
 
+def whole_sections(overrides: list[str]) -> tuple[list[str], list[tuple[str, Any]]]:
+    """The overrides Hydra applies, and those merged after it from the root: each that sets a whole section
+    (`cluster.fabric.scale_out={transport:infiniband,adapters:8}`) and each later one inside such a section,
+    in their order. Hydra's update cannot merge a mapping into a section the config leaves null (OmegaConf
+    2.3 fails inside it); a merge from the root fills the section's schema from the mapping."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
+    from hydra.errors import HydraException
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException:  # Hydra's compose says what is wrong with it
+        return overrides, []
+    early, late, sections = [], [], []
+    for text, override in zip(overrides, parsed):
+        key = override.key_or_group
+        plain = override.type == OverrideType.CHANGE and override.package is None and "." in key
+        whole = plain and not override.is_sweep_override() and isinstance(override.value(), dict)
+        if whole or (plain and any(key.startswith(f"{s}.") for s in sections)):
+            late.append((key, override.value()))
+            sections += [key] if whole else []
+        else:
+            early.append(text)
+    return early, late
+
+
+def nested(key: str, value: Any) -> dict[str, Any]:
+    """`a.b.c`, v -> {"a": {"b": {"c": v}}}: an override as a mapping from the root."""
+    for part in reversed(key.split(".")):
+        value = {part: value}
+    return value
+
+
 def null_section(overrides: list[str]) -> str:
     """One line for an override of a key inside a section the config leaves null (a cluster without
     `fabric.scale_out`): such a section is a cluster file's to set."""
     deep = [override_key(o) for o in overrides if override_key(o).count(".") >= 2 and "=" in o]
     key = deep[0] if deep else "an override"
     section = key.rsplit(".", 1)[0]
-    return (f"{key}: {section} is null in this configuration; describe it in a cluster file "
-            f"(sweeps/cluster/ethernet-tcp.yaml sets a fabric's) and pick that with cluster=NAME")
+    return (f"{key}: {section} is null in this configuration; set it whole ({section}={{...}}) or describe "
+            f"it in a cluster file (sweeps/cluster/ethernet-tcp.yaml sets a fabric's) and pick that with "
+            f"cluster=NAME")
 
 
 def hydra_message(text: str) -> str:

@@ -402,8 +402,9 @@ def test_micro_batch_values_are_checked(override: str, message: str) -> None:
 def test_a_key_inside_a_section_the_cluster_leaves_null_is_one_line() -> None:
     """The smoke's cluster has no fabric.scale_out: setting a field of it names the cluster file to write;
     a cluster that has the section takes the field, and a value NCCL has no path for is refused by name."""
-    with pytest.raises(ConfigError, match="^cluster.fabric.scale_out.nic_path: cluster.fabric.scale_out is "
-                                          "null in this configuration; describe it in a cluster file"):
+    with pytest.raises(ConfigError, match=r"^cluster.fabric.scale_out.nic_path: cluster.fabric.scale_out is "
+                                          r"null in this configuration; set it whole \(cluster.fabric."
+                                          r"scale_out=\{...\}\) or describe it in a cluster file"):
         compose(["+sweep=smoke", "cluster.fabric.scale_out.nic_path=phb"])
     tcp = ["+sweep=p5_scaling", "cluster=ethernet-tcp", "axes.efa_per_node=[0]", "nccl.efa_per_node=[0]"]
     raw, _ = compose([*tcp, "cluster.fabric.scale_out.nic_path=phb"])
@@ -411,6 +412,20 @@ def test_a_key_inside_a_section_the_cluster_leaves_null_is_one_line() -> None:
     raw, _ = compose([*tcp, "cluster.fabric.scale_out.nic_path=nvl"])
     with pytest.raises(ConfigError, match="nic_path"):
         from_dict(raw, launcher_sections())
+
+
+def test_a_section_the_cluster_leaves_null_can_be_set_whole_on_the_command_line() -> None:
+    """`cluster.fabric.scale_out={...}` fills the section's schema from the mapping (its unset fields keep
+    their defaults), a later override inside it applies after it, and a key the schema lacks is one line."""
+    whole = "cluster.fabric.scale_out={transport:infiniband,adapters:8,gbps:400,rdma:true}"
+    raw, _ = compose(["+sweep=smoke", whole, "cluster.fabric.scale_out.gbps=200"])
+    out = from_dict(raw, launcher_sections()).cluster.fabric.scale_out
+    assert (out.transport, out.adapters, out.gbps, out.rdma, out.nic_path) == (
+        "infiniband", 8, 200.0, True, "pxb")
+    with pytest.raises(ConfigError, match="^cluster.fabric.scale_out.gbps: .* is null"):  # before it
+        compose(["+sweep=smoke", "cluster.fabric.scale_out.gbps=100", whole])
+    with pytest.raises(ConfigError, match="speed"):
+        compose(["+sweep=smoke", "cluster.fabric.scale_out={transport:roce,speed:400}"])
 
 
 def test_a_dry_run_plans_the_run_ids_the_launch_will_use() -> None:
