@@ -1,7 +1,8 @@
 """benchmarks/nccl_model.py reads a published-table directory (index.yaml and one nccl-tests output per id),
 predicts every row and prints per-row errors, per-table and overall medians split at 1 MiB and the held-out
-tables apart; a directory it cannot read stops it in one line (exit 2). The tables here are two shared
-samples (sample_02.txt, sample_03.txt) laid out as the published directory will be."""
+tables apart; a directory it cannot read stops it in one line (exit 2). benchmarks/nccl_transports.py fits
+each transport's figures on the same tables. The tables here are two shared samples (sample_02.txt,
+sample_03.txt) laid out as the published directory will be."""
 from __future__ import annotations
 
 import re
@@ -157,28 +158,43 @@ def test_staged_calibrates_on_the_smallest_node_count_and_predicts_the_larger(tm
 
 def test_cross_validation_fits_each_cluster_on_the_others_only(tables: Path) -> None:
     """Two EFA clusters (p4de, p5): each table is predicted by the figures fitted to the other's, so each
-    procedure that fits does worse there than fitted to the table itself; NCCL's constants fit nothing."""
+    procedure that fits does worse there than fitted to the table itself; NCCL's constants fit nothing. The
+    command prints what the functions give."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    import nccl_model
-    entries = nccl_model.read_index(tables)
-    by = nccl_model.fitted_tables(tables, entries)["efa"]
+    import nccl_transports as nt
+    entries = nt.read_index(tables)
+    by = nt.fitted_tables(tables, entries)["efa"]
     assert sorted(t.system for t in by) == ["p4de.24xlarge", "p5.48xlarge"]
-    cv = nccl_model.cross_validate(tables, entries)["efa"]
+    cv = nt.cross_validate(tables, entries)["efa"]
     for procedure in ("hop", "both"):
-        own = statistics.mean(nccl_model.loss(t, nccl_model.best([t], procedure)) for t in by)
+        own = statistics.mean(nt.loss(t, nt.best([t], procedure)) for t in by)
         assert cv[procedure] > own + 0.01
-    assert cv["nccl"] == pytest.approx(statistics.mean(nccl_model.loss(t, None) for t in by))
+    assert cv["nccl"] == pytest.approx(statistics.mean(nt.loss(t, None) for t in by))
+    proc = run_transports("--cv", "--tables", str(tables))
+    assert proc.returncode == 0, proc.stderr
+    pick = min(cv, key=cv.__getitem__)
+    assert proc.stdout.strip() == ("efa: loss on clusters left out, " + ", ".join(
+        f"{p} {v:.3f}" for p, v in cv.items()) + f"; least: {pick}")
+    cal, n = nt.fit(tables, entries)["efa"]
+    proc = run_transports("--fit", "--tables", str(tables))
+    assert proc.stdout.strip() == f"efa: {n} tables, hop latency {cal.net_latency_us:g} us, bandwidth x " \
+                                  f"{cal.net_bw:g}" and n == 2
+    assert run_transports("--tables", str(tables)).returncode == 2  # --fit or --cv: one of them
+
+
+def run_transports(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "benchmarks/nccl_transports.py", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
 
 
 def test_the_shipped_transport_figures_are_what_the_fit_prints() -> None:
     """network.DEFAULTS for the transports the fit sets (the others keep the first fit's: its comment says
-    why) are `nccl_model.py --fit` over every published table."""
+    why) are `nccl_transports.py --fit` over every published table."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    import nccl_model
+    import nccl_transports as nt
 
     from bench.predict.network import DEFAULTS
-    fitted = nccl_model.fit(nccl_model.DEFAULT_TABLES, [e for e in nccl_model.read_index(
-        nccl_model.DEFAULT_TABLES) if nccl_model.modelled(e)])
+    fitted = nt.fit(nt.DEFAULT_TABLES, [e for e in nt.read_index(nt.DEFAULT_TABLES) if nt.modelled(e)])
     for transport in ("efa", "infiniband", "slingshot", "tcpxo"):
         cal, n = fitted[transport]
         shipped = DEFAULTS[transport]

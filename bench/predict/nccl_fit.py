@@ -1,6 +1,6 @@
 """NCCL's model (bench/predict/collective.py) fitted to measured nccl-tests rows: a study's own probes
 (bench/predict/network.py calibrates each probe's fabric with `calibrate`) or published tables
-(benchmarks/nccl_model.py --fit, the transports' figures in network.DEFAULTS). Each row is priced once as
+(benchmarks/nccl_transports.py --fit, the transports' figures in network.DEFAULTS). Each row is priced once as
 NCCL's model prices it (`priced`: NCCL's pick does not depend on the calibration), then the two figures a
 table can read, a latency and a bandwidth scale, are each read from the rows that figure decides
 (`fit_scales`)."""

@@ -27,9 +27,9 @@ SOCKETS = ScaleOut("tcp", 1, 100.0, rdma=False)
 
 # Per transport, the latency of one network hop (in place of what the net plugin reports to NCCL's tuner)
 # and the multi-node bandwidth's fraction of NCCL's model of it: fits to published nccl-tests tables
-# (benchmarks/published/nccl-tests), not derivations. EFA, InfiniBand (its hop latency alone), Slingshot and
-# TCPXO are what `python benchmarks/nccl_model.py --fit` prints; RoCE and TCP are the first fit's. Why each
-# is what it is, its loss on clusters left out of its fit (`--cv`) and its sensitivity:
+# (benchmarks/published/nccl-tests), not derivations. EFA, InfiniBand (its hop latency alone), Slingshot
+# and TCPXO are what `python benchmarks/nccl_transports.py --fit` prints; RoCE and TCP are the first fit's.
+# Why each is what it is, its loss on clusters left out of its fit (`--cv`) and its sensitivity:
 # benchmarks/evidence/README.md, "NCCL's model against published tables". A transport not here (tcpx: no
 # table below 1 MiB to fit its latency) keeps NCCL's published constants; a study's probes replace them.
 DEFAULTS: dict[str, Calibration] = {
