@@ -107,7 +107,9 @@ def fit(x: list[float], rounds: int = 12) -> list[float]:
     golden = (math.sqrt(5) - 1) / 2
     for _ in range(rounds):
         for i, (low, high) in enumerate(BOUNDS):
-            at = lambda v: loss(tuple(x[:i] + [v] + x[i + 1:]))  # noqa: E731
+            def at(v: float, i: int = i) -> float:  # the loss with constant i at v, the others as they are
+                return loss(tuple(x[:i] + [v] + x[i + 1:]))
+
             a, b = low, high
             c, d = b - golden * (b - a), a + golden * (b - a)
             fc, fd = at(c), at(d)

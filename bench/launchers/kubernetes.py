@@ -9,7 +9,7 @@ scaling up; the runner's queue timeout bounds it); image problems that never res
 (ImagePullBackOff ...) end the run after grace_s. The job's own final condition (the operator's Succeeded
 or Failed, its deadline) and a deletion by someone else end the run with their words. The worker's stdout
 is the transport of the metric records (pod logs land in logs/). Every failed API call is one line
-(k8s_api.py).
+(k8s_api.py); what the job's conditions and pod statuses say is read in k8s_status.py.
 """
 from __future__ import annotations
 
@@ -29,7 +29,6 @@ from bench.launchers.base import (
     DONE,
     ENDED_BY_DEADLINE,
     ENDED_BY_DELETION,
-    ENDED_BY_OPERATOR,
     PENDING,
     RUNNING,
     Launcher,
@@ -44,10 +43,19 @@ from bench.launchers.base import (
 from bench.launchers.k8s_api import Api, ApiError, load_config
 from bench.launchers.k8s_manifests import MPIJOB, PYTORCHJOB, RUN_ID_LABEL, manifest
 from bench.launchers.k8s_schema import CRD_NAMES, validate
+from bench.launchers.k8s_status import (
+    ENDED_BY_NODE,
+    STUCK_WAITING,
+    ended_by,
+    exit_codes,
+    node_of,
+    pod_executions,
+    pod_problem,
+    ran,
+    terminal_condition,
+)
 
 MANIFEST = "manifest.yaml"
-STUCK_WAITING = {"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CreateContainerConfigError",
-                 "CreateContainerError"}
 # Seconds a deleted job may take to go (its pods' grace period, then the garbage collector's foreground
 # deletion, seconds on a healthy cluster) before its run is recorded with the job still there and the
 # command that removes it; the runner waits between its looks at the other runs
@@ -123,113 +131,12 @@ def _attempt_suffix() -> str:
     return out[-6:]
 
 
-def terminal_condition(job: dict[str, Any]) -> dict[str, str] | None:
-    """The job's true Succeeded or Failed condition, as the operator wrote it: type, reason, message."""
-    for cond in (job.get("status") or {}).get("conditions") or []:
-        if cond.get("type") in ("Succeeded", "Failed") and cond.get("status") == "True":
-            return {key: str(cond.get(key) or "") for key in ("type", "reason", "message")}
-    return None
-
-
-def ended_by(condition: dict[str, str]) -> str:
-    """Who ended a job with this condition: its own deadline (activeDeadlineSeconds: the training
-    operator's message says "deadline", Kubernetes' own reason is DeadlineExceeded), else its operator."""
-    deadline = "deadline" in f"{condition['reason']} {condition['message']}".lower()
-    return ENDED_BY_DEADLINE if deadline else ENDED_BY_OPERATOR
-
-
 def deleted_outside(job: dict[str, Any] | None, handle: K8sHandle) -> bool:
     """The job is gone, being deleted, or another under its name, while the sweep has not deleted it."""
     if job is None:
         return True
     meta = job.get("metadata") or {}
     return bool(meta.get("deletionTimestamp")) or bool(handle.uid and meta.get("uid") != handle.uid)
-
-
-# Pod disruption conditions (kubernetes.io/docs/concepts/workloads/pods/disruptions/, "Pod disruption
-# conditions"): the reasons of a DisruptionTarget condition that mean the pod's node went away
-NODE_LOST_REASONS = ("DeletionByTaintManager", "DeletionByPodGC")
-ENDED_BY_NODE = ("Evicted", "NodeLost")  # a pod's end that its node decided
-
-
-def _node(pod: Any) -> str:
-    return getattr(pod.spec, "node_name", None) or "?"
-
-
-def pod_problem(pods: list[Any]) -> tuple[str, str] | None:
-    """The first pod state that decides the run: OOMKilled, Evicted or its node lost (each naming the node),
-    stuck image pulls, Unschedulable."""
-    return next((problem for pod in pods if (problem := _problem(pod))), None)
-
-
-def _problem(pod: Any) -> tuple[str, str] | None:
-    status, name = pod.status, pod.metadata.name
-    if status.reason == "Evicted":
-        return "Evicted", f"pod {name} on node {_node(pod)} evicted: {status.message or ''}".strip()
-    for cond in status.conditions or []:
-        if cond.type == "DisruptionTarget" and cond.status == "True":
-            state = "NodeLost" if cond.reason in NODE_LOST_REASONS else "Evicted"
-            return state, (f"pod {name} on node {_node(pod)} disrupted ({cond.reason}): "
-                           f"{cond.message or ''}").strip()
-    for cs in status.container_statuses or []:
-        term = cs.state.terminated if cs.state else None
-        if term and term.reason == "OOMKilled":
-            return "OOMKilled", f"pod {name} container {cs.name} OOMKilled"
-        wait = cs.state.waiting if cs.state else None
-        if wait and wait.reason in STUCK_WAITING:
-            return wait.reason, f"pod {name}: {wait.reason}: {wait.message or ''}".strip()
-    for cond in status.conditions or []:
-        if cond.type == "PodScheduled" and cond.status == "False" and cond.reason == "Unschedulable":
-            return "Unschedulable", f"pod {name} unschedulable: {cond.message or ''}".strip()
-    return None
-
-
-def _ran(pod: Any) -> bool:
-    """Whether any container of the pod ever started (running, or ended: now or before a restart)."""
-    for cs in pod.status.container_statuses or []:
-        if (cs.state and (cs.state.running or cs.state.terminated)) or cs.restart_count or (
-                cs.last_state and cs.last_state.terminated):
-            return True
-    return False
-
-
-def exit_codes(pods: list[Any]) -> list[int | None]:
-    codes = []
-    for pod in pods:
-        for cs in pod.status.container_statuses or []:
-            term = cs.state.terminated if cs.state else None
-            codes.append(term.exit_code if term else None)
-    return codes
-
-
-def _restart(pod: Any, terminated: Any) -> dict[str, Any]:
-    """One earlier run of a pod's worker container: its node, and what ended it where Kubernetes kept it."""
-    node = _node(pod)
-    reason = terminated.reason if terminated else "restarted"
-    return {"state": f"pod restart ({reason})", "nodes": node,
-            "start": str(terminated.started_at) if terminated else None,
-            "end": str(terminated.finished_at) if terminated else None,
-            "failed_nodes": {node: f"{pod.metadata.name}: {reason}"}}
-
-
-def pod_executions(pods: list[Any], final: str) -> list[dict[str, Any]]:
-    """A worker container that Kubernetes restarted ran more than once (restartPolicy Never forbids it,
-    a user's policy may not): one entry per restart (only the last termination is kept by Kubernetes),
-    then the final execution, on the record however it ended (a pod evicted or its node lost names that
-    node); [] when no pod was seen."""
-    earlier = []
-    for pod in pods:
-        for cs in pod.status.container_statuses or []:
-            last = cs.last_state.terminated if cs.last_state else None
-            earlier += [_restart(pod, last if i == cs.restart_count - 1 else None)
-                        for i in range(cs.restart_count or 0)]
-    if not pods:
-        return []
-    final_run: dict[str, Any] = {"state": final, "nodes": ",".join(sorted({_node(p) for p in pods}))}
-    lost = {_node(p): problem[1] for p in pods if (problem := _problem(p)) and problem[0] in ENDED_BY_NODE}
-    if lost:
-        final_run["failed_nodes"] = lost
-    return [*earlier, final_run]
 
 
 class KubernetesLauncher(Launcher):
@@ -444,7 +351,7 @@ class KubernetesLauncher(Launcher):
         return Poll(DONE, outcome=Outcome(returncodes=exit_codes(pods), scheduler_state=state, detail=detail,
                                           executions=pod_executions(pods, state or "Succeeded"),
                                           condition=condition, ended_by=ended,
-                                          never_ran=not any(_ran(p) for p in pods)))
+                                          never_ran=not any(ran(p) for p in pods)))
 
     def logs(self, handle: K8sHandle, run_dir: Path) -> None:
         """Save every pod's log into the run dir (before cleanup deletes the job, and the logs with it). A pod
@@ -495,7 +402,8 @@ class KubernetesLauncher(Launcher):
         if not meta.get("deletionTimestamp"):
             why, argv = "it was never deleted", ["kubectl", "delete", kind, handle.name, "-n", ns]
         elif pods:
-            names = ", ".join(f"{p.metadata.name} on {_node(p)}" for p in pods[:3]) + " ..." * (len(pods) > 3)
+            names = ", ".join(f"{p.metadata.name} on {node_of(p)}" for p in pods[:3])
+            names += " ..." * (len(pods) > 3)
             why = f"waiting for {len(pods)} pod(s) to go ({names})"
             argv = ["kubectl", "delete", "pods", "-n", ns, "-l", f"{RUN_ID_LABEL}={handle.run_id}", "--force",
                     "--grace-period=0"]
