@@ -20,7 +20,6 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from nccl_model import (  # noqa: E402
     DEFAULT_TABLES,
