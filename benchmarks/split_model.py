@@ -24,6 +24,7 @@ from bench.predict import calibrate, cpu, perf  # noqa: E402
 from bench.predict.calibrate import Observation, fit as fit_study  # noqa: E402
 from bench.predict.comm import EXPOSED_PARTS  # noqa: E402
 from bench.predict.cpu import CpuFacts, CpuModel, cpu_share, recorded, this_cpu  # noqa: E402
+from bench.predict.devices import LocalMachine  # noqa: E402
 from bench.predict.network import one_node  # noqa: E402
 from bench.predict.perf import Calibration, predict  # noqa: E402
 from bench.predict.split import (  # noqa: E402
@@ -86,7 +87,7 @@ def study_observations(sweep: Path, cpu: CpuFacts | None = None) -> list[Observa
                     launcher_sections())
     summaries = study_summaries(sweep)
     predictor = perf.Predictor(cfg.cluster, placement_of(cfg), probes_of(summaries),
-                               cpu=recorded(summaries, cpu or this_cpu()))
+                               local=LocalMachine(recorded(summaries, cpu or this_cpu())))
     return calibrate.observations(predictor, summaries)
 
 

@@ -33,7 +33,7 @@ from bench.core.models import ModelArch
 from bench.core.schema import RunSpec, RunSummary
 from bench.predict.comm import EXPOSED_PARTS, Network
 from bench.predict.cpu import CPU, CpuFacts, capacity, cpu_efficiency
-from bench.predict.devices import device_model
+from bench.predict.devices import LocalMachine, device_model
 from bench.predict.gpu import gpu_efficiency
 from bench.predict.perf import (
     CALIBRATION,
@@ -74,7 +74,8 @@ class Observation:
     cpu: CpuFacts | None = None  # a CPU run's CPU: its study's, as the runs recorded it (cpu.recorded)
 
     def prediction(self, cal: Calibration) -> Prediction:
-        return predict(self.spec, self.gpu, self.network, self.arch, cal, self.stack, self.cpu)
+        local = LocalMachine(self.cpu) if self.cpu is not None else None
+        return predict(self.spec, self.gpu, self.network, self.arch, cal, self.stack, local)
 
     def predicted(self, cal: Calibration) -> float:
         return self.prediction(cal).tokens_per_s_per_gpu
@@ -291,8 +292,8 @@ def observations(predictor: Predictor, summaries: Iterable[RunSummary]) -> list[
         if where is None or (s.device_name == "cpu") != (where[0].family == CPU.family):
             continue
         gpu, network = where
-        cpu = predictor.cpu if gpu.family == CPU.family else None
-        if device_model(gpu, CALIBRATION, cpu).unmodeled(spec):
+        cpu = predictor.local.cpu if gpu.family == CPU.family else None
+        if device_model(gpu, CALIBRATION, predictor.local).unmodeled(spec):
             continue
         try:
             arch = spec.arch

@@ -18,6 +18,7 @@ from bench.core.schema import RunSummary
 from bench.launchers.base import Placement
 from bench.predict.calibrate import Fit, apply, extrapolation, fit, observations
 from bench.predict.cpu import CpuFacts, recorded, this_cpu
+from bench.predict.devices import LocalMachine
 from bench.predict.network import probes_of
 from bench.predict.perf import CALIBRATION, Predictor
 
@@ -98,7 +99,8 @@ def study_predictor(cluster: ClusterConfig, placement: Placement, models: Iterab
     summaries = rundir.read_summaries(sweep_dir)  # once: the probes and the runs both come from them
     probes = probes_of(summaries)
     cpu = recorded(summaries, here or this_cpu())
-    published = Predictor(cluster, placement, probes, cpu=cpu)
+    local = LocalMachine(cpu)
+    published = Predictor(cluster, placement, probes, local=local)
     path = sweep_dir / rundir.CALIBRATION_JSON
     stored = None
     if path.exists():
@@ -117,4 +119,4 @@ def study_predictor(cluster: ClusterConfig, placement: Placement, models: Iterab
         if write:
             rundir.atomic_write_text(path, json.dumps(to_json(current, cluster, summaries,
                                                               extrapolation(seen)), indent=1))
-    return Predictor(cluster, placement, probes, current, cpu), f"predictions {current.line}: {path.name}"
+    return Predictor(cluster, placement, probes, current, local), f"predictions {current.line}: {path.name}"

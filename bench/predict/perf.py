@@ -73,9 +73,8 @@ from bench.core.models import ModelArch, block_params, count_params, float8_line
 from bench.core.schema import RunSpec
 from bench.launchers.base import Placement
 from bench.predict.comm import Network
-from bench.predict.cpu import CpuFacts, this_cpu
 from bench.predict.device import PUBLISHED, Bound, Calibration, DeviceModel, Work
-from bench.predict.devices import device_model, local_device
+from bench.predict.devices import LocalMachine, device_model
 from bench.predict.network import Probe, fabric_of, network_for
 from bench.predict.traffic import accumulation_bytes, loss_bytes
 
@@ -225,11 +224,11 @@ def unit_work(spec: RunSpec, arch: ModelArch, compute: float, output: float, los
 
 def predict(spec: RunSpec, gpu: GpuSpec, network: Network, arch: ModelArch | None = None,
             cal: Calibration = CALIBRATION, stack: Stack | None = None,
-            cpu: CpuFacts | None = None) -> Prediction:
-    """The model for one run on a GPU and node network (or on this machine's CPU cores, at the CPU facts
-    `cpu`: devices.device_model); arch defaults to the spec's preset; stack: another training stack than this
-    harness's Hugging Face model (published rows only)."""
-    device = device_model(gpu, cal, cpu)
+            local: LocalMachine | None = None) -> Prediction:
+    """The model for one run on a GPU and node network (or on the CPU cores of `local`, the machine a local
+    study ran on: devices.device_model); arch defaults to the spec's preset; stack: another training stack
+    than this harness's Hugging Face model (published rows only)."""
+    device = device_model(gpu, cal, local)
     return _step(spec, arch or spec.arch, device, device.network(network), cal, stack)
 
 
@@ -246,32 +245,21 @@ class Predictor:
     """Predictions for one sweep: each run on the cluster's GPU (where the runs run on this machine: its GPU
     where the run fits on its GPUs, else its CPU cores), over the cluster's fabric with NCCL's model of it
     calibrated by the study's own probes where it has them (bench/predict/network.py); with the study's own
-    calibration where it has one (bench/predict/calibrate.py), else the published constants."""
+    calibration where it has one (bench/predict/calibrate.py), else the published constants. `local`: the
+    machine its local runs ran on (devices.LocalMachine; None: this one, for a plan's new runs)."""
 
     def __init__(self, cluster: ClusterConfig, placement: Placement, probes: tuple[Probe, ...] = (),
-                 fit: StudyFit | None = None, cpu: CpuFacts | None = None) -> None:
+                 fit: StudyFit | None = None, local: LocalMachine | None = None) -> None:
         self.cluster, self.placement, self.probes, self.fit = cluster, placement, probes, fit
-        self._local: tuple[list[str], str | None] | None = None
-        self._cpu = cpu
+        self.local = local or LocalMachine()
         self._networks: dict[tuple[str, int, int], Network] = {}
-
-    @property
-    def cpu(self) -> CpuFacts:
-        """The CPU its runs on this machine's cores run on: the study's as its runs recorded it (given), else
-        this machine's (a plan's new runs)."""
-        if self._cpu is None:
-            self._cpu = this_cpu()
-        return self._cpu
 
     def device(self, spec: RunSpec) -> GpuSpec | None:
         if self.cluster.gpu:
             return GPUS[self.cluster.gpu]
         if not self.placement.this_machine:
             return None  # GPUs the cluster file does not name: no peak to predict against
-        if self._local is None:
-            from bench.core.gpus import local_gpu_name, local_gpus
-            self._local = (local_gpus(), local_gpu_name())
-        return local_device(*self._local, spec.world_size)
+        return self.local.device(spec.world_size)
 
     def setting(self, spec: RunSpec) -> tuple[GpuSpec, Network] | None:
         """Where a training run runs: its device and network; None where there is nothing to predict on."""
@@ -290,10 +278,10 @@ class Predictor:
             return None
         gpu, network = where
         if self.fit is None:
-            return predict(spec, gpu, network, cpu=self.cpu)
-        pred = predict(spec, gpu, network, cal=self.fit.calibration, cpu=self.cpu)
+            return predict(spec, gpu, network, local=self.local)
+        pred = predict(spec, gpu, network, cal=self.fit.calibration, local=self.local)
         if pred.unmodeled:  # a floor: the study's scatter says nothing of how far above it the run lands
             return pred
         spread = self.fit.spread(
-            lambda cal: predict(spec, gpu, network, cal=cal, cpu=self.cpu).tokens_per_s_per_gpu)
+            lambda cal: predict(spec, gpu, network, cal=cal, local=self.local).tokens_per_s_per_gpu)
         return replace(pred, spread=spread)

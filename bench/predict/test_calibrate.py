@@ -21,6 +21,7 @@ from bench.predict import calibrate, calibration_file, perf
 from bench.predict.calibrate import Observation, fit
 from bench.predict.comm import EXPOSED_PARTS, Network
 from bench.predict.cpu import CPU, CPU_EMULATED_16BIT, CpuFacts, cpu_efficiency
+from bench.predict.devices import LocalMachine
 from bench.predict.gpu import gpu_efficiency
 from bench.predict.network import published
 from bench.predict.perf import CALIBRATION, Predictor, predict
@@ -49,7 +50,7 @@ MICRO_BATCH = 8
 
 
 def _predictor(cfg: Any) -> Predictor:
-    return Predictor(cfg.cluster, placement_of(cfg), cpu=EPYC)
+    return Predictor(cfg.cluster, placement_of(cfg), local=LocalMachine(EPYC))
 
 
 def _study_predictor(cfg: Any, sweep_dir: Path, here: CpuFacts = EPYC) -> tuple[Predictor, str | None]:
@@ -64,11 +65,12 @@ def _runs(cal: object, gpu: object, network: Network, nodes: int, model: str = "
     """Runs of a truth `cal` on `gpu`, measured as it predicts them (`cpu`: the CPU a CPU study's ran on)."""
     out = []
     cpu_ = cpu if gpu is CPU else None
+    local = LocalMachine(cpu) if gpu is CPU else None
     for sharding in shardings:
         for ac in ("none", "full"):
             spec = RunSpec(model=model, nodes=nodes, gpus_per_node=gpus, sharding=sharding,
                            activation_checkpointing=ac, micro_batch=MICRO_BATCH, seq_len=2048, **fields)
-            truth = predict(spec, gpu, network, get_arch(model), cal, cpu=cpu_).tokens_per_s_per_gpu
+            truth = predict(spec, gpu, network, get_arch(model), cal, local=local).tokens_per_s_per_gpu
             out.append(Observation(spec.run_id, spec, gpu, network, get_arch(model), truth, cpu=cpu_))
     return out
 
@@ -224,7 +226,8 @@ def test_a_study_writes_its_calibration_and_predicts_with_it(tmp_path: Path) -> 
     pred = predictor.predict(spec)
     assert pred.source == "this study's 3 runs" and pred.fields()["pred_source"] == pred.source
     assert pred.interval[0] < pred.tokens_per_s_per_gpu < pred.interval[1]
-    published = Predictor(cfg.cluster, placement_of(cfg), cpu=BIG).predict(spec).tokens_per_s_per_gpu
+    big = Predictor(cfg.cluster, placement_of(cfg), local=LocalMachine(BIG))
+    published = big.predict(spec).tokens_per_s_per_gpu
     # it learnt 2 x 2 ranks
     assert published / 1200 > 1.5 and abs(pred.tokens_per_s_per_gpu / 1200 - 1) < 0.25
     assert data["cpu"] == {"isa": sorted(BIG.isa), "mhz": BIG.mhz, "cores": 16}  # the CPU it was fitted at
@@ -325,7 +328,8 @@ def test_a_cpu_offload_run_is_predicted_as_a_floor_and_is_no_evidence(tmp_path: 
     assert offload.unmodeled.startswith("CPU offload") and perf.FLOOR in offload.fields()["pred_source"]
     # the GPU's work alone (tiny_llama: the launches bound both)
     assert offload.step_time_s <= plain.step_time_s
-    assert predict(runs[1].spec, CPU, Network(None, "loopback"), cpu=EPYC).unmodeled is None  # host is all
+    alone = predict(runs[1].spec, CPU, Network(None, "loopback"), local=LocalMachine(EPYC))
+    assert alone.unmodeled is None  # host is all
     line = format_plan([PlannedRun(runs[1].spec, None, True, perf=offload)]).splitlines()[-1]
     assert f"<={offload.tokens_per_s_per_gpu:,.0f}" in line and f"<={offload.mfu:.2f}" in line
     calibrated, _ = _study_predictor(cfg, sweep_dir)  # fitted on the plain run alone
@@ -348,7 +352,7 @@ def test_a_studys_traces_tell_its_compute_from_its_host_work_which_its_steps_can
             for ac in ("none", "full"):
                 spec = RunSpec(model="tiny_llama", nodes=nodes, gpus_per_node=gpus, sharding=sharding,
                                activation_checkpointing=ac, micro_batch=2, seq_len=128)
-                pred = predict(spec, CPU, LOOPBACK, cal=truth, cpu=EPYC)
+                pred = predict(spec, CPU, LOOPBACK, cal=truth, local=LocalMachine(EPYC))
                 out.append(Observation(spec.run_id, spec, CPU, LOOPBACK, spec.arch, pred.tokens_per_s_per_gpu,
                                        parts=comparable(pred.parts) if traced else None, cpu=EPYC))
         return out

@@ -13,7 +13,7 @@ from bench.core.hardware import GPUS
 from bench.core.schema import RunSpec, RunSummary
 from bench.predict.comm import Network
 from bench.predict.cpu import CPU, PRIOR_GHZ, CpuFacts, CpuModel, recorded, this_cpu
-from bench.predict.devices import device_model
+from bench.predict.devices import LocalMachine, device_model
 from bench.predict.gpu import GpuModel
 from bench.predict.perf import CALIBRATION, predict
 
@@ -66,21 +66,25 @@ def test_a_cpu_prediction_reads_the_cpu_it_is_given_and_never_the_readers() -> N
     runs it); with them, a study of one CPU predicts the same wherever read, another CPU otherwise."""
     spec = RunSpec(model="tiny_llama", nodes=1, gpus_per_node=2, precision="fp16_mixed")
     loopback = Network(None, "loopback")
-    with pytest.raises(ValueError, match="needs the CPU's facts"):
+    with pytest.raises(ValueError, match="needs the machine they are on"):
         predict(spec, CPU, loopback)
-    ran_on, other = predict(spec, CPU, loopback, cpu=AVX512), predict(spec, CPU, loopback, cpu=READER)
+    ran_on = predict(spec, CPU, loopback, local=LocalMachine(AVX512))
+    other = predict(spec, CPU, loopback, local=LocalMachine(READER))
     assert other.tokens_per_s_per_gpu > 2 * ran_on.tokens_per_s_per_gpu  # fp16 units, a faster clock
-    assert predict(spec, CPU, loopback, cpu=AVX512) == ran_on
-    assert isinstance(device_model(CPU, CALIBRATION, AVX512), CpuModel)
+    assert predict(spec, CPU, loopback, local=LocalMachine(AVX512)) == ran_on
+    assert isinstance(device_model(CPU, CALIBRATION, LocalMachine(AVX512)), CpuModel)
     assert isinstance(device_model(GPUS["H100-SXM"], CALIBRATION), GpuModel)
 
 
 PREDICT = Path(__file__).resolve().parent
 
 
+CPU_NAMES = ("CPU", "CpuModel", "CpuFacts", "this_cpu", "recorded", "cpu_share", "cpu_turns")
+
+
 def _cpu_mentions(path: Path) -> list[tuple[str, int]]:
-    """Where a module's code (docstrings aside) names the CPU: the string "cpu", the CPU device, the cpu
-    module or its model; as (the enclosing function, line)."""
+    """Where a module's code (docstrings aside) names the CPU: the string "cpu", the CPU device, an import of
+    the cpu module or of anything in it, a name of its (CPU_NAMES); as (the enclosing function, line)."""
     found: list[tuple[str, int]] = []
 
     def visit(node: ast.AST, where: str) -> None:
@@ -89,7 +93,10 @@ def _cpu_mentions(path: Path) -> list[tuple[str, int]]:
             if isinstance(child, ast.Expr) and isinstance(child.value, ast.Constant):
                 continue  # a docstring
             named = (isinstance(child, ast.Constant) and child.value == "cpu"
-                     or isinstance(child, ast.Name) and child.id in ("CPU", "CpuModel"))
+                     or isinstance(child, ast.Name) and child.id in CPU_NAMES
+                     or isinstance(child, ast.Attribute) and child.attr in CPU_NAMES
+                     or isinstance(child, ast.ImportFrom) and child.module == "bench.predict.cpu"
+                     or isinstance(child, ast.alias) and child.name in ("bench.predict.cpu", "cpu"))
             if named:
                 found.append((where, child.lineno))
             visit(child, inside)
@@ -97,11 +104,17 @@ def _cpu_mentions(path: Path) -> list[tuple[str, int]]:
     return found
 
 
-def test_the_gpu_path_holds_no_cpu_branch() -> None:
+def test_the_gpu_path_holds_no_cpu_branch(tmp_path: Path) -> None:
     """The GPU's model (gpu.py, and the collectives, NCCL's model and FSDP2's overlap it prices them with)
-    and the step every device runs (perf.py) name no CPU; devices.py, where a prediction's device is chosen
-    (and a local run that does not fit this machine's GPUs is sent to its cores), does."""
+    and the step every device runs (perf.py) name no CPU, not even the CPU's facts they are handed;
+    devices.py, where a prediction's device is chosen (a local run that does not fit this machine's GPUs is
+    sent to its cores, at the CPU its LocalMachine knows), does."""
     gpu_path = ("gpu.py", "comm.py", "collective.py", "nccl_graph.py", "overlap.py", "network.py", "perf.py")
     for path in gpu_path:
         assert _cpu_mentions(PREDICT / path) == [], path
-    assert {where for where, _ in _cpu_mentions(PREDICT / "devices.py")} == {"device_model", "local_device"}
+    assert {where for where, _ in _cpu_mentions(PREDICT / "devices.py")} == {
+        "<module>", "__init__", "cpu", "device_model", "local_device"}
+    handed = tmp_path / "handed.py"  # a step handed the CPU's facts names the CPU, though it branches on nothing
+    handed.write_text("from bench.predict.cpu import CpuFacts\n\n\ndef step(facts: CpuFacts) -> None:\n"
+                      "    return None\n")
+    assert _cpu_mentions(handed) == [("<module>", 1), ("step", 4)]

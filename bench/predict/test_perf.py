@@ -23,6 +23,7 @@ from bench.gpucheck.evidence import EVIDENCE_DIR, table_runs
 from bench.launchers import launcher_sections, placement_of
 from bench.predict.comm import Network, collectives, step_collectives
 from bench.predict.cpu import CpuFacts
+from bench.predict.devices import LocalMachine
 from bench.predict.gpu import gpu_efficiency
 from bench.predict.network import Probe, fabric_of, network_for, one_node, published
 from bench.predict.perf import CALIBRATION, Predictor, Stack, predict
@@ -337,7 +338,7 @@ def test_no_predicted_efficiency_exceeds_linear_scaling(monkeypatch: pytest.Monk
     cfg = from_dict(compose(["+sweep=smoke", "memory.measure=false"])[0], launcher_sections())
     many_cores = SimpleNamespace(calibration=replace(CALIBRATION, cpu_capacity=64.0, cpu_step_s=1e-7),
                                  spread=lambda tokens: 0.1)
-    predictor = _predictor(cfg, fit=many_cores, cpu=SMOKE_CPU)
+    predictor = _predictor(cfg, fit=many_cores, local=LocalMachine(SMOKE_CPU))
     plan = with_predictions(expand(cfg), predictor)
     base = {p.spec.label.replace("-n2x", "-n1x"): p for p in plan if p.spec.nodes == 1 and p.perf}
     faster = [(p, base[p.spec.label.replace("-n2x", "-n1x")]) for p in plan if p.spec.nodes == 2 and p.perf
@@ -374,7 +375,7 @@ def test_a_tiny_model_on_a_gpu_waits_for_its_host() -> None:
     slow = predict(big, h200, one_node(h200))
     assert slow.bound == "compute-bound" and slow.host_s < slow.step_time_s / 5
     assert abs(slow.tokens_per_s_per_gpu / big_measured - 1) < 0.10
-    cpu = predict(tiny, replace(h200, family="cpu"), one_node(h200), cpu=SMOKE_CPU)
+    cpu = predict(tiny, replace(h200, family="cpu"), one_node(h200), local=LocalMachine(SMOKE_CPU))
     assert cpu.host_s == 0.0  # a CPU study's cores are its compute, calibrated by its own runs
 
 
@@ -459,7 +460,7 @@ def test_a_cpu_collective_is_its_rings_steps_at_the_calibrated_step_whatever_its
         for probes in (slow, fast, []):
             gpu, network = _predictor(cfg, probes_of(probes)).setting(spec)
             assert gpu.family == "cpu"
-            pred = predict(spec, gpu, network, cal=cal, cpu=SMOKE_CPU)
+            pred = predict(spec, gpu, network, cal=cal, local=LocalMachine(SMOKE_CPU))
             expected = 0.0
             for c in collectives(spec, arch):
                 steps = (1 if c.kind == "all_gather" else 2) * (c.ranks - 1)

@@ -12,6 +12,7 @@ from bench.core.hardware import GPUS
 from bench.core.schema import RunSpec
 from bench.predict.comm import EXPOSED_PARTS, Network
 from bench.predict.cpu import CPU, CPU_TURNS_SHARED, CpuFacts, cpu_share
+from bench.predict.devices import LocalMachine
 from bench.predict.memory import MemoryFigure, states_gib
 from bench.predict.network import one_node, published
 from bench.predict.perf import CALIBRATION, Prediction, predict
@@ -73,7 +74,7 @@ def test_a_cpu_exposes_every_collective_and_its_extra_ranks_wait_their_turn() ->
     two = RunSpec(model="tiny_llama", nodes=1, gpus_per_node=2)
     four = replace(two, nodes=2)
     cpu = CpuFacts(frozenset({"avx2"}), 2445.0, 2)
-    p2, p4 = (predict(s, CPU, LOOPBACK, cal=CPU_STUDY, cpu=cpu) for s in (two, four))
+    p2, p4 = (predict(s, CPU, LOOPBACK, cal=CPU_STUDY, local=LocalMachine(cpu)) for s in (two, four))
     for p in (p2, p4):
         assert p.exposed_s == pytest.approx(p.comm_s, rel=1e-12)  # gloo blocks the main thread
         assert sum(p.parts.values()) == pytest.approx(p.step_time_s, rel=1e-12)
