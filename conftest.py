@@ -16,7 +16,7 @@ import pytest
 from bench.core.gpus import local_gpus
 from bench.core.records import parse_records
 from bench.core.warm import SOCKET_ENV
-from bench.launchers.base import WarmProcess
+from bench.launchers.processes import WarmProcess
 from trainer.flight import BUFFER_ENV
 
 ROOT = Path(__file__).resolve().parent

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from bench.core.records import parse_records  # noqa: E402
 from bench.core.schema import RunSpec  # noqa: E402
 from bench.gpucheck.evidence import EVIDENCE_DIR, table_runs  # noqa: E402
-from bench.launchers.base import command_env  # noqa: E402
+from bench.launchers.processes import command_env  # noqa: E402
 from bench.predict.memory import CUBLAS_WORKSPACE_GIB  # noqa: E402
 
 # The first GPU evidence, whose folder keeps the three sweeps' results tables (<sweep>.csv)

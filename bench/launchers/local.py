@@ -42,15 +42,13 @@ from bench.launchers.base import (
     Placement,
     Poll,
     Submission,
-    WarmWorkers,
-    cold_env,
-    die_with_parent,
     job_env,
     rendezvous_conf,
     torchrun_argv,
     worker_args,
     worker_module_argv,
 )
+from bench.launchers.processes import WarmWorkers, cold_env, die_with_parent
 
 PORT_TOKEN = "@RDZV_PORT@"  # replaced by a free port when the run is submitted (render stays pure)
 MONITOR_S = 0.1  # torchrun's look at its workers: a local run lasts seconds, its exit is seen within this

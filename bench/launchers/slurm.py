@@ -28,12 +28,11 @@ from bench.launchers.base import (
     Placement,
     Poll,
     Submission,
-    WarmWorkers,
     cluster_placement,
-    cold_env,
     job_env,
     nodes_are_this_machine,
 )
+from bench.launchers.processes import WarmWorkers, cold_env
 from bench.launchers.slurm_queue import (
     GONE,
     PENDING_STATES,

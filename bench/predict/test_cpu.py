@@ -114,7 +114,7 @@ def test_the_gpu_path_holds_no_cpu_branch(tmp_path: Path) -> None:
         assert _cpu_mentions(PREDICT / path) == [], path
     assert {where for where, _ in _cpu_mentions(PREDICT / "devices.py")} == {
         "<module>", "__init__", "cpu", "device_model", "local_device"}
-    handed = tmp_path / "handed.py"  # a step handed the CPU's facts names the CPU, though it branches on nothing
+    handed = tmp_path / "handed.py"  # a step handed the CPU's facts names it, though it branches on nothing
     handed.write_text("from bench.predict.cpu import CpuFacts\n\n\ndef step(facts: CpuFacts) -> None:\n"
                       "    return None\n")
     assert _cpu_mentions(handed) == [("<module>", 1), ("step", 4)]
