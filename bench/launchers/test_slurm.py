@@ -575,10 +575,16 @@ def test_the_preflight_names_the_node_slowed_from_outside_and_no_other(slurm_clu
     assert verdict["seconds"] < 90 and len(verdict["pairs"]) == 4
 
 
+# 4 ranks sharing 2 cores: a healthy run's slowest node reads up to +25% over the others' median (CI,
+# 2026-12-07: +19% and +25%); node3 slowed reads +320% to +460%. The test's tolerance sits between the two.
+BENCH_TOLERANCE = 0.5
+
+
 def _train_4_nodes(root: Path, repeats: int) -> tuple[subprocess.CompletedProcess, list]:
     from bench.core import rundir
     proc = subprocess.run([sys.executable, "-m", "bench.sweep", "+sweep=smoke_full", "cluster=slurm_local",
-                           "launcher=slurm", f"results_root={root}", "preflight.mode=off", *UNTRACED,
+                           "launcher=slurm", f"results_root={root}", "preflight.mode=off",
+                           f"preflight.tolerance={BENCH_TOLERANCE}", *UNTRACED,
                            "axes.nodes=[4]",
                            "axes.gpus_per_node=[1]", "axes.global_batch=[null]", "axes.sharding=[FULL_SHARD]",
                            "axes.precision=[fp32]", "axes.activation_checkpointing=[none]",
@@ -609,14 +615,16 @@ def test_a_4_node_run_names_the_node_slowed_from_outside_as_its_straggler(slurm_
     compute = {r["node"]: r.get("compute_s") for r in slowed.extra["per_rank"]}
     assert slowed.status == "ok" and slowed.straggler == "node3", (slowed.slowest_node, compute, throttled)
     # how much depends on what else runs on the 2 cores
-    assert slowed.slowest_node_excess > 0.25 and 0 < slowed.slowest_node_held_s < slowed.step_time_s
+    assert slowed.slowest_node_excess > 2 * BENCH_TOLERANCE
+    assert 0 < slowed.slowest_node_held_s < slowed.step_time_s
     assert "straggler node3: its compute +" in proc.stdout
     nodes = {r["node"] for r in slowed.extra["per_rank"]}
     assert nodes == {"node1", "node2", "node3", "node4"}
     proc, healthy = _train_4_nodes(tmp_path / "healthy", repeats=2)
     assert proc.returncode == 0 and len(healthy) == 2, proc.stdout[-3000:]
     for run in healthy:
-        assert run.status == "ok" and run.straggler is None and run.slowest_node_excess < 0.25, run.extra
+        assert run.status == "ok" and run.straggler is None, run.extra
+        assert run.slowest_node_excess < BENCH_TOLERANCE, run.extra
 
 
 @pytest.mark.slurm
