@@ -6,8 +6,8 @@ NO_SHARD's all-reduce) as trainer/parallel.py maps the four strategies; per opti
 micro-batches grouped by what each accumulation mode lets them communicate. On a GPU cluster one
 collective's time is NCCL's: the algorithm and protocol NCCL picks for its size, node count and the node's
 fabric, each with its latency and bandwidth (bench/predict/collective.py), calibrated by the study's own
-probes where it has them (bench/predict/network.py); `gpu_collective_s`. A CPU study's (gloo on a local
-study's shared cores) is its device's own (bench/predict/cpu.py CpuModel.collective_s).
+probes where it has them (bench/predict/network.py); `gpu_collective_s`. Another device's collectives are
+its device model's own (bench/predict/devices.py).
 """
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ class Network:
     """What a run's collectives run over: the node's fabric as the run uses it (the EFA adapters it was
     given), the NCCL version its runs recorded, and NCCL's model of that fabric calibrated by the study's
     own probes where it has them (per collective, on one node and across nodes); else the model's published
-    figures (bench/predict/network.py DEFAULTS). `fabric` None: no GPU network (a CPU study's gloo, its
-    own)."""
+    figures (bench/predict/network.py DEFAULTS). `fabric` None: no GPU network (the device model's
+    own collectives)."""
 
     fabric: Fabric | None
     source: str

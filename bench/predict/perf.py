@@ -28,15 +28,13 @@ One training step per GPU is modelled as
   backward, one more where activation checkpointing recomputes): the floor of a small model's step.
 
 Where a device differs from a GPU, it says so through device.DeviceModel, chosen once per prediction
-(bench/predict/devices.py): a GPU's terms are the ones above (bench/predict/gpu.py `GpuModel`); a local
-study's ranks on this machine's CPU cores, the project's test bench, are bench/predict/cpu.py's
-(`cpu.CpuModel`: gloo blocking the compute's thread, the host's work on it, ranks taking turns, at priors
-that read the CPU the runs recorded).
+(bench/predict/devices.py, which also names the project's test bench): a GPU's terms are the ones above
+(bench/predict/gpu.py `GpuModel`).
 
 The step's parts (`Prediction.parts`, bench/predict/split.py) are named as the trace names the measured
 ones (trainer/trace.py): compute (contention with it: the overlapped communication slows the kernels),
 each kind's exposed communication, the optimizer, and `other`: on a GPU the host's time beyond the
-device's work (the CPU adds its turns' waiting, and its `other` is its host's work). FSDP2's copies around
+device's work (another device's model says what its parts hold). FSDP2's copies around
 collectives are not told apart (a GPU's are elementwise kernels).
 
 compile=true keeps a fraction of the elementwise traffic (inductor fuses a block's elementwise operators);
@@ -120,10 +118,10 @@ class Prediction:
     comm_s: float  # every collective of the step, as if nothing overlapped
     exposed_s: float  # communication the step waits for (the exposed parts: the trace's definition)
     network: Network
-    calibrated: bool  # False: a GPU family (or the CPU) that neither published rows nor the study calibrated
+    calibrated: bool  # False: a device family that neither published rows nor the study calibrated
     source: str = PUBLISHED  # which constants: published, or this study's N runs
     spread: float | None = None  # half-width of the ~90% interval, log units: tokens/s x exp(+-spread)
-    host_s: float = 0.0  # the host's floor under the step (gpu.HOST_BLOCK_PASS_S; none on the CPU)
+    host_s: float = 0.0  # the host's floor under the step (gpu.HOST_BLOCK_PASS_S; 0: none for the device)
     unmodeled: str | None = None  # what the model leaves out of this run's step: a floor only
     parts: dict[str, float] = field(default_factory=dict)  # seconds per step by part, adding up to the
     # step (module docstring; bench/predict/split.py reads them)
@@ -225,8 +223,8 @@ def unit_work(spec: RunSpec, arch: ModelArch, compute: float, output: float, los
 def predict(spec: RunSpec, gpu: GpuSpec, network: Network, arch: ModelArch | None = None,
             cal: Calibration = CALIBRATION, stack: Stack | None = None,
             local: LocalMachine | None = None) -> Prediction:
-    """The model for one run on a GPU and node network (or on the CPU cores of `local`, the machine a local
-    study ran on: devices.device_model); arch defaults to the spec's preset; stack: another training stack
+    """The model for one run on a GPU and node network (or on the machine `local` a local study ran on, as
+    devices.device_model picks its device); arch defaults to the spec's preset; stack: another training stack
     than this harness's Hugging Face model (published rows only)."""
     device = device_model(gpu, cal, local)
     return _step(spec, arch or spec.arch, device, device.network(network), cal, stack)
@@ -242,8 +240,8 @@ class StudyFit(Protocol):
 
 
 class Predictor:
-    """Predictions for one sweep: each run on the cluster's GPU (where the runs run on this machine: its GPU
-    where the run fits on its GPUs, else its CPU cores), over the cluster's fabric with NCCL's model of it
+    """Predictions for one sweep: each run on the cluster's GPU (where the runs run on this machine: the
+    device devices.LocalMachine places them on), over the cluster's fabric with NCCL's model of it
     calibrated by the study's own probes where it has them (bench/predict/network.py); with the study's own
     calibration where it has one (bench/predict/calibrate.py), else the published constants. `local`: the
     machine its local runs ran on (devices.LocalMachine; None: this one, for a plan's new runs)."""
