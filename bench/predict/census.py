@@ -16,7 +16,8 @@ from bench.core.config import ConfigError
 from bench.core.models import Census, has_census, needs_census, register_census
 from bench.core.records import parse_records
 from bench.core.rundir import atomic_write_text
-from bench.launchers.processes import PROJECT_ROOT, command_env, die_with_parent
+from bench.launchers.base import PROJECT_ROOT
+from bench.launchers.processes import command_env, die_with_parent
 from bench.predict.memory import default_cache_dir, fingerprint
 
 TIMEOUT_S = 600.0  # a 32B model (Qwen3 32B's shape) counts in about 13 s on two cores

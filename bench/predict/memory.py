@@ -44,7 +44,8 @@ from bench.core.models import count_params
 from bench.core.records import parse_records
 from bench.core.rundir import atomic_write_text
 from bench.core.schema import RunSpec
-from bench.launchers.processes import PROJECT_ROOT, command_env, die_with_parent
+from bench.launchers.base import PROJECT_ROOT
+from bench.launchers.processes import command_env, die_with_parent
 
 MEMORY_FIELDS = ("model", "nodes", "gpus_per_node", "sharding", "precision", "activation_checkpointing",
                  "wrap_policy", "offload", "micro_batch", "seq_len")
