@@ -128,7 +128,7 @@ class ScaleUpConfig:
 
     kind: ScaleUpKind = "nvswitch"
     """nvswitch (every GPU to every other at its full NVLink rate, HGX/DGX boards), nvlink (GPUs linked in
-    pairs or a mesh), or pcie (no NVLink)."""
+    pairs or a mesh: a run on part of a mesh has only the links between its GPUs), or pcie (no NVLink)."""
     gbs: Annotated[float, POSITIVE] = 450.0
     """One-direction GB/s each GPU has into the domain: NVLink 4 (H100, H200) 18 links x 25 = 450, NVLink 3
     (A100) 300, NVLink 5 (B200) 900; a PCIe x16 link 24 (Gen4) or 48 (Gen5)."""

@@ -52,6 +52,16 @@ class ScaleUp:
         if self.nvls and self.kind != "nvswitch":
             raise ValueError("NVLink SHARP (nvls) needs an NVSwitch domain")
 
+    def reach_gbs(self, ranks: int) -> float:
+        """One-direction GB/s a GPU has towards the other ranks of its domain when `ranks` of its GPUs
+        take part: all of it through a switch (or PCIe); in a mesh of direct links (4-GPU HGX boards, GH200
+        nodes), only the links to the ranks beside it, gbs / (gpus - 1) to each. NCCL's topology holds the
+        communicator's GPUs alone (src/graph/topo.cc ncclTopoGetSystem keeps the local ranks' GPUs, the
+        rest are trimmed), each NVLink as its link count times one link's bandwidth."""
+        if self.kind != "nvlink" or not 1 < ranks < self.gpus:
+            return self.gbs
+        return self.gbs * (ranks - 1) / (self.gpus - 1)
+
 
 @dataclass(frozen=True)
 class ScaleOut:

@@ -52,3 +52,12 @@ def test_slingshot_is_a_gpu_direct_transport() -> None:
     # HPE Slingshot 11 through aws-ofi-nccl's cxi provider: NCCL moves GPU memory over it (GDRDMA)
     out = ScaleOut("slingshot", 4, 200.0, True)
     assert out.gpu_direct and out.node_gbs == 100.0 and out.latency_us == 0.0
+
+
+def test_a_mesh_gives_a_part_of_its_gpus_only_the_links_between_them() -> None:
+    # 4 H200 on direct NVLink4 (18 links, 6 to each peer): 2 of them share 6 links, 150 GB/s one way; all
+    # four, or any part of a switched domain, reach the whole 450
+    mesh, switch = ScaleUp("nvlink", 4, 450.0), ScaleUp("nvswitch", 8, 450.0)
+    assert [mesh.reach_gbs(r) for r in (1, 2, 3, 4)] == [450.0, 150.0, 300.0, 450.0]
+    assert [switch.reach_gbs(r) for r in (2, 4, 8)] == [450.0, 450.0, 450.0]
+    assert ScaleUp("nvlink", 2, 300.0).reach_gbs(2) == 300.0  # a bridged pair: its one bundle

@@ -498,7 +498,7 @@ def bound_leg(comm: Comm) -> str:
     out = comm.fabric.scale_out
     if comm.nodes == 1 or out is None:
         return "intra-node bandwidth"
-    intra = comm.fabric.scale_up.gbs if comm.ppn > 1 else math.inf
+    intra = comm.fabric.scale_up.reach_gbs(comm.ppn) if comm.ppn > 1 else math.inf
     return "network bandwidth" if out.node_gbs <= intra else "intra-node bandwidth"
 
 

@@ -76,7 +76,7 @@ def node_of(fabric: Fabric, local_ranks: int, nodes: int) -> Node:
     if up.kind == "pcie":
         link, nvlink = fabric.pcie_gbs, False
     else:
-        links = round(up.gbs / NVLINK_LINE_GBS.get(fabric.compute_capability, 25.0))
+        links = round(up.reach_gbs(local_ranks) / NVLINK_LINE_GBS.get(fabric.compute_capability, 25.0))
         link, nvlink = links * NVLINK_BW.get(fabric.compute_capability, 20.0), True
     if nodes < 2 or out is None:
         return Node(local_ranks, link, nvlink, 0, 0.0, fabric.compute_capability)

@@ -56,6 +56,18 @@ def test_the_search_finds_the_rings_nccl_logs_for_a100_and_h100_nodes() -> None:
     assert nccl_graph.nvls(h100) == nccl_graph.Graph("nvls", 8, 40.0, 40.0)
 
 
+def test_two_gpus_of_a_four_gpu_mesh_ring_over_the_links_between_them() -> None:
+    # 4 H100 on direct NVLink4, 6 links to each peer: 2 of them see 6 x 20.6 = 123.6 GB/s. 60 GB/s fits 2
+    # channels (120), doubled to 4 at 30; 40 x 4 = 160 does not fit. All four see 18 links, as on a switch.
+    mesh = replace(FABRICS["p5.48xlarge"], scale_up=ScaleUp("nvlink", 4, 450.0), gpus_per_node=4)
+    assert nccl_graph.node_of(mesh, 2, 1).gpu_link == pytest.approx(123.6)
+    assert nccl_graph.ring(nccl_graph.node_of(mesh, 2, 1), 32) == nccl_graph.Graph("ring", 4, 30.0, 30.0)
+    assert nccl_graph.node_of(mesh, 4, 1).gpu_link == pytest.approx(370.8)
+    gib = 1 << 30
+    pair, quad = (predict_collective("all_gather", gib, 1, n, mesh) for n in (2, 4))
+    assert pair.busbw_gbs < quad.busbw_gbs / 2
+
+
 def test_across_p4de_nodes_the_four_efa_carry_four_ring_channels_and_trees_double_inside() -> None:
     # 4 EFA of 12.5 GB/s shared by 8 A100: 12 GB/s fits one channel per NIC (4 x 12 = 48); nothing below
     # 0.49 x 12 does better, and 12 < 25 is not doubled. The tree keeps the ring's 4 channels and pass 2
