@@ -7,6 +7,7 @@ kubernetes.client model objects for pods. Pod logs carry real worker records and
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 import threading
@@ -55,6 +56,13 @@ IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdpbench:1.0"
 
 
 def cfg_for(sweep: str, *overrides: str):
+    """The sweep's typed configuration on Kubernetes: a copy of the one composed once per set of overrides
+    (Hydra's composition is most of a short test's time)."""
+    return copy.deepcopy(_composed(sweep, overrides))
+
+
+@functools.cache
+def _composed(sweep: str, overrides: tuple[str, ...]):
     raw, _ = compose([f"+sweep={sweep}", "launcher=kubernetes", f"launcher.kubernetes.image={IMAGE}",
                       "launcher.poll_s=0.01", "launcher.grace_s=0.05", *overrides])
     return from_dict(raw, launcher_sections())

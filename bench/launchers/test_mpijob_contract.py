@@ -26,6 +26,8 @@ from bench.run.classify import classify
 from bench.study.plan import expand
 
 TESTDATA = Path(__file__).resolve().parents[1] / "probes" / "testdata"
+# system services started for the test (sshd as workers, mpirun), as the Slurm cluster's: .ci/run's slow step
+pytestmark = pytest.mark.slow
 
 
 def _listening(port: int) -> bool:
