@@ -40,7 +40,7 @@ def tokens(row: PublishedFsdpRow, cal: Calibration, base: bool = False) -> float
     """The model's tokens/s/GPU for the row (or for its efficiency's base)."""
     spec, network = (row.base_spec, row.base_network) if base else (row.spec, row.network)
     assert spec is not None and network is not None and row.gpu is not None
-    return predict(spec, row.gpu, network, row.arch, cal).tokens_per_s_per_gpu
+    return predict(spec, row.gpu, network, row.arch, cal, stack=row.perf_stack).tokens_per_s_per_gpu
 
 
 @dataclass(frozen=True)

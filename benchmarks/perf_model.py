@@ -79,9 +79,10 @@ EFFICIENCY_WEIGHT = 3.0  # AWS's 87% on p5 is the only EFA row: it must not be o
 
 def fitted_rows() -> list[PublishedRow]:
     """What the constants are fitted to: CALIBRATION_ROWS and the published FSDP rows not set aside
-    (benchmarks/published/fsdp/holdout.txt) that CALIBRATION_ROWS does not hold already."""
+    (benchmarks/published/fsdp/holdout.txt) that CALIBRATION_ROWS does not hold already, of this harness's
+    own stack (a row read with another, llm-foundry's, checks the model as CHECK_ROWS do)."""
     rows, held = fsdp_rows.modelled(fsdp_rows.fsdp_rows()), fsdp_rows.held_out()
-    extra = [r.published_row for r in rows if r.id not in held and not r.already_used
+    extra = [r.published_row for r in rows if r.id not in held and not r.already_used and r.perf_stack is None
              and (r.tokens_per_s_per_gpu or r.scaling_efficiency) and r.confidence != "low"
              and r.gpu is not None and r.gpu.family in OWN_FAMILY.get(r.gpu.name, (r.gpu.family,))]
     return CALIBRATION_ROWS + extra

@@ -14,11 +14,16 @@ from bench.core.models import PRESETS, ModelArch
 from bench.core.schema import AC_MODES, ACCUMULATIONS, PRECISIONS, SHARDINGS, RunSpec
 from bench.predict.comm import Network
 from bench.predict.network import network_for
-from bench.predict.published import H100_96GB_500W, PublishedRow
+from bench.predict.perf import Stack
+from bench.predict.published import FOUNDRY_2023, H100_96GB_500W, PublishedRow
 
 FSDP_ROWS = Path(__file__).resolve().parents[2] / "benchmarks" / "published" / "fsdp" / "rows.yaml"
 CONFIDENCES = ("high", "medium", "low")
-FSDP_STACKS = ("torchtitan", "fms-fsdp", "fsdp1", "vectorlm", "kempnerforge", "hf-accelerate", "other")
+FSDP_STACKS = ("torchtitan", "fms-fsdp", "fsdp1", "vectorlm", "kempnerforge", "hf-accelerate",
+               "llm-foundry-triton", "other")
+# The stacks the model reads as another training stack (perf.Stack) than its eager Hugging Face model:
+# llm-foundry's MPT blocks with attn_impl triton (flash-attn 1.x's Triton kernel), as published.py says
+PERF_STACKS: dict[str, Stack] = {"llm-foundry-triton": FOUNDRY_2023}
 MEASURED_AS = ("tokens", "mfu", "tflops", "step_time", "efficiency")  # what the source published
 FABRIC_BASES = ("stated", "system", "assumed")  # the source says it; the named system publishes it; neither
 ROW_GPUS = {**GPUS, H100_96GB_500W.name: H100_96GB_500W}
@@ -76,13 +81,18 @@ class PublishedFsdpRow:
     notes: str
 
     @property
+    def perf_stack(self) -> Stack | None:
+        """The training stack the model reads the row with (PERF_STACKS), None for its own."""
+        return PERF_STACKS.get(self.stack)
+
+    @property
     def published_row(self) -> PublishedRow:
         """The row as CALIBRATION_ROWS holds its rows (a modelled row only)."""
         if not self.modelled or self.spec is None or self.gpu is None:
             raise ValueError(f"row {self.id} is not modelled: {self.why_not}")
         return PublishedRow(self.source, self.arch, self.gpu, self.spec, self.network,
                             self.tokens_per_s_per_gpu, self.scaling_efficiency,
-                            self.base_spec.nodes if self.base_spec else 1)
+                            self.base_spec.nodes if self.base_spec else 1, stack=self.perf_stack)
 
 
 class _Fields:
