@@ -58,6 +58,16 @@ def test_each_calibration_row_is_predicted_within_its_tolerance(row) -> None:
     assert abs(perf_model.error(row, CALIBRATION)) < tolerance
 
 
+def test_rows_of_another_training_stack_check_the_constants_and_are_never_fitted_to() -> None:
+    """llm-foundry's rows (its 2024 table, CHECK_ROWS; its 2023 table, rows.yaml's llm-foundry-triton rows)
+    check the constants; the fit reads CALIBRATION_ROWS and the collected rows of this harness's stack."""
+    collected = perf_model.fsdp_rows.modelled(perf_model.fsdp_rows.fsdp_rows())
+    held = perf_model.fsdp_rows.held_out()
+    assert any(r.perf_stack is FOUNDRY_2023 and r.id not in held for r in collected)
+    extra = perf_model.fitted_rows()[len(CALIBRATION_ROWS):]
+    assert extra and all(r.stack is None for r in extra)
+
+
 def _predictor(cfg: Any, *args: Any, **kwargs: Any) -> Predictor:
     return Predictor(cfg.cluster, placement_of(cfg), *args, **kwargs)
 

@@ -13,7 +13,8 @@ from bench.core.fabric import FABRICS
 from bench.core.models import PRESETS, count_params
 from bench.core.schema import RunSpec
 from bench.predict.network import network_for, published
-from bench.predict.published import PublishedRow
+from bench.predict.perf import predict
+from bench.predict.published import FOUNDRY_2023, MPT, PublishedRow
 from bench.predict.published_fsdp import FSDP_ROWS, FsdpRowError, PublishedFsdpRow, fsdp_counts, fsdp_rows
 
 README = FSDP_ROWS.parent / "README.md"
@@ -63,6 +64,22 @@ def test_every_modelled_row_is_a_valid_run_of_its_gpu_and_architecture(
             assert r.why_not, r.id
             with pytest.raises(ValueError, match=r.id):
                 r.published_row  # noqa: B018 - the property refuses
+
+
+def test_llm_foundry_rows_are_read_with_its_stack_and_the_mpt_shapes(
+        rows: dict[str, PublishedFsdpRow]) -> None:
+    """The 2023 table's rows (llm-foundry@c6cfb42: '|  7b | 2048 | 8 | a100_80gb | ... | 32 | 2 | 512 | ... |
+    3824 |') are the runs published.py maps the 2024 table's to, read with the stack its sweep installed."""
+    r = rows["foundry2023_a100_80g_mpt_7b_s2048_8gpu"]
+    assert r.arch == MPT["mpt_7b"] and r.gpu is not None and r.gpu.name == "A100-SXM4-80GB"
+    assert (r.spec.micro_batch, r.spec.grad_accum, r.spec.precision, r.spec.accumulation) == (
+        32, 2, "bf16_pure", "sync_each")
+    assert r.tokens_per_s_per_gpu == 3824 and r.perf_stack is FOUNDRY_2023
+    assert r.published_row.stack is FOUNDRY_2023
+    own = predict(r.spec, r.gpu, r.network, r.arch).tokens_per_s_per_gpu
+    assert predict(r.spec, r.gpu, r.network, r.arch, stack=r.perf_stack).tokens_per_s_per_gpu != own
+    others = [x for x in rows.values() if x.stack != "llm-foundry-triton"]
+    assert others and all(x.perf_stack is None for x in others)
 
 
 def test_preset_models_match_the_parameter_counts_their_sources_publish(
