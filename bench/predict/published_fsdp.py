@@ -20,10 +20,11 @@ from bench.predict.published import FOUNDRY_2023, H100_96GB_500W, PublishedRow
 FSDP_ROWS = Path(__file__).resolve().parents[2] / "benchmarks" / "published" / "fsdp" / "rows.yaml"
 CONFIDENCES = ("high", "medium", "low")
 FSDP_STACKS = ("torchtitan", "fms-fsdp", "fsdp1", "vectorlm", "kempnerforge", "hf-accelerate",
-               "llm-foundry-triton", "other")
+               "llm-foundry-fa1", "other")
 # The stacks the model reads as another training stack (perf.Stack) than its eager Hugging Face model:
-# llm-foundry's MPT blocks with attn_impl triton (flash-attn 1.x's Triton kernel), as published.py says
-PERF_STACKS: dict[str, Stack] = {"llm-foundry-triton": FOUNDRY_2023}
+# Composer's MosaicGPT and llm-foundry's MPT blocks with a FlashAttention-1 class kernel (flash-attn 1.x, its
+# CUDA kernel or its Triton one), as published.py says
+PERF_STACKS: dict[str, Stack] = {"llm-foundry-fa1": FOUNDRY_2023}
 MEASURED_AS = ("tokens", "mfu", "tflops", "step_time", "efficiency")  # what the source published
 FABRIC_BASES = ("stated", "system", "assumed")  # the source says it; the named system publishes it; neither
 ROW_GPUS = {**GPUS, H100_96GB_500W.name: H100_96GB_500W}

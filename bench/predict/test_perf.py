@@ -59,7 +59,7 @@ def test_each_calibration_row_is_predicted_within_its_tolerance(row) -> None:
 
 
 def test_rows_of_another_training_stack_check_the_constants_and_are_never_fitted_to() -> None:
-    """llm-foundry's rows (its 2024 table, CHECK_ROWS; its 2023 table, rows.yaml's llm-foundry-triton rows)
+    """llm-foundry's rows (its 2024 table, CHECK_ROWS; its 2023 table, rows.yaml's llm-foundry-fa1 rows)
     check the constants; the fit reads CALIBRATION_ROWS and the collected rows of this harness's stack."""
     collected = perf_model.fsdp_rows.modelled(perf_model.fsdp_rows.fsdp_rows())
     held = perf_model.fsdp_rows.held_out()
