@@ -304,7 +304,7 @@ def read_index(directory: Path) -> list[dict[str, Any]]:
     index = directory / "index.yaml"
     if not index.exists():
         raise TableError(f"{index}: no index (one entry per <id>.txt table)")
-    entries = yaml.safe_load(index.read_text()) or []
+    entries = yaml.load(index.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or []
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise TableError(f"{index}: not a list of entries")
     return entries

@@ -3,6 +3,8 @@ fsdp_rows reads them: every row loads into the run it maps to, and a row the sch
 with one line naming it. No prediction is made here: these rows are set aside before anything is fitted."""
 from __future__ import annotations
 
+import copy
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +27,14 @@ def rows() -> dict[str, PublishedFsdpRow]:
     return {r.id: r for r in fsdp_rows()}
 
 
+@functools.cache
+def _raw_rows() -> list[dict[str, Any]]:
+    return yaml.load(FSDP_ROWS.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
 def raw_rows() -> list[dict[str, Any]]:
-    return yaml.safe_load(FSDP_ROWS.read_text())
+    """The file as YAML reads it, a fresh copy for each caller to edit (read once)."""
+    return copy.deepcopy(_raw_rows())
 
 
 def test_every_row_of_the_file_loads_as_the_run_it_names(rows: dict[str, PublishedFsdpRow]) -> None:
