@@ -35,6 +35,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.core.fabric import FABRICS, Fabric, ScaleOut, ScaleUp  # noqa: E402
+from bench.core.yaml_text import safe_load  # noqa: E402
 from bench.predict.collective import (  # noqa: E402
     Calibration,
     available,
@@ -304,7 +305,7 @@ def read_index(directory: Path) -> list[dict[str, Any]]:
     index = directory / "index.yaml"
     if not index.exists():
         raise TableError(f"{index}: no index (one entry per <id>.txt table)")
-    entries = yaml.load(index.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or []
+    entries = safe_load(index.read_text()) or []
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise TableError(f"{index}: not a list of entries")
     return entries

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import yaml
+
+from bench.core.yaml_text import safe_load
 
 CRD_NAMES = {"PyTorchJob": "pytorchjobs.kubeflow.org", "MPIJob": "mpijobs.kubeflow.org"}
 CRD_FILES = {"PyTorchJob": "kubeflow.org_pytorchjobs.yaml", "MPIJob": "kubeflow.org_mpijobs.yaml"}
@@ -29,8 +30,7 @@ _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 def load_crds(directory: Path) -> dict[str, dict[str, Any]]:
     """CRD objects by kind from the operators' YAML files (tests, or a cluster-less check); read once, with
     libyaml's parser where PyYAML has it (the two CRDs are 1.2 MB: 1.5 s each in pure Python)."""
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    return {kind: yaml.load((directory / name).read_text(), Loader=loader) for kind, name in CRD_FILES.items()
+    return {kind: safe_load((directory / name).read_text()) for kind, name in CRD_FILES.items()
             if (directory / name).is_file()}
 
 

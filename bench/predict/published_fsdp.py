@@ -292,8 +292,10 @@ def fsdp_rows(path: Path = FSDP_ROWS) -> list[PublishedFsdpRow]:
     """Every row of the published FSDP rows file, checked: an unknown field or value, or fields that
     contradict one another, is a one-line FsdpRowError naming the row."""
     import yaml  # as bench/core/models.py reads a model file: only where rows are read
-    try:  # libyaml's safe loader where PyYAML has it: the same documents, ten times as fast on this file
-        raw = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+    from bench.core.yaml_text import safe_load
+    try:
+        raw = safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as e:
         raise FsdpRowError(f"{path}: {str(e).splitlines()[0]}") from None
     if not isinstance(raw, list):

@@ -64,7 +64,7 @@ def test_rows_of_another_training_stack_check_the_constants_and_are_never_fitted
     collected = perf_model.fsdp_rows.modelled(perf_model.fsdp_rows.fsdp_rows())
     held = perf_model.fsdp_rows.held_out()
     assert any(r.perf_stack is FOUNDRY_2023 and r.id not in held for r in collected)
-    extra = perf_model.fitted_rows()[len(CALIBRATION_ROWS):]
+    extra = perf_model.FITTED[len(CALIBRATION_ROWS):]
     assert extra and all(r.stack is None for r in extra)
 
 

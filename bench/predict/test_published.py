@@ -14,6 +14,7 @@ import yaml
 from bench.core.fabric import FABRICS
 from bench.core.models import PRESETS, count_params
 from bench.core.schema import RunSpec
+from bench.core.yaml_text import safe_load
 from bench.predict.network import network_for, published
 from bench.predict.perf import predict
 from bench.predict.published import CALIBRATION_ROWS, CHECK_ROWS, FOUNDRY_2023, MPT, PublishedRow
@@ -29,7 +30,7 @@ def rows() -> dict[str, PublishedFsdpRow]:
 
 @functools.cache
 def _raw_rows() -> list[dict[str, Any]]:
-    return yaml.load(FSDP_ROWS.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    return safe_load(FSDP_ROWS.read_text())
 
 
 def raw_rows() -> list[dict[str, Any]]:
