@@ -459,15 +459,14 @@ def _restart_slurmd(node: str) -> None:
 
 
 @pytest.mark.slurm
-@pytest.mark.slow  # a real cluster; Slurm holds a requeued job about two minutes before it runs again
+@pytest.mark.slow  # a real cluster; Slurm holds a requeued job a minute (cred_expire) before it runs again
 def test_a_node_that_stops_answering_under_a_run_is_on_the_record(slurm_cluster, tmp_path) -> None:
     """The slurmd of one node of a running 2-node job killed by its pid (SIGKILL), as a node that crashes or
     drops off the network: after SlurmdTimeout (30 s) Slurm ends the job NODE_FAIL and requeues it under the
     same id, it waits in BeginTime (cred_expire, 60 s) and runs again to the end on other nodes. The run
     timeout (120 s) counts each execution from its own start, so the first one's start (over 120 s before
-    the end) kills nothing. The
-    summary, the ledger and the report say so: ok, two executions, the first NODE_FAIL naming the node,
-    one restart and the time it cost."""
+    the end) kills nothing. The summary, the ledger and the report say so: ok, two executions, the first
+    NODE_FAIL naming the node, one restart and the time it cost."""
     import signal
     import time
 
@@ -475,7 +474,7 @@ def test_a_node_that_stops_answering_under_a_run_is_on_the_record(slurm_cluster,
     args = ["cluster=slurm_local", "launcher=slurm", "axes.global_batch=[null]",
             "axes.nodes=[2]", "axes.sharding=[FULL_SHARD]", "launcher.timeout_s=120",
             "axes.activation_checkpointing=[none]", "axes.precision=[fp32]", "nccl.enabled=false",
-            "steps=200", "warmup_steps=1"]  # about 75 s here: longer than Slurm takes to miss the node
+            "steps=200", "warmup_steps=1"]  # 50-75 s here: longer than Slurm takes to miss the node
     # (fp32: a CPU without 16-bit units emulates bf16 at about a third of fp32's speed, past the timeout)
     sweep = subprocess.Popen([sys.executable, "-m", "bench.sweep", "+sweep=smoke_full",
                               f"results_root={tmp_path}",
