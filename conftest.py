@@ -81,10 +81,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def run_torchrun(module_args: list[str], nproc: int, timeout: float = 240, env: dict | None = None,
                  ) -> WorkerResult:
-    """Run `python -m <module> ...` under a real torchrun with `nproc` gloo processes (the worker's own
-    modules, `trainer`, `trainer.series` and `nccl.probe`, in the session's warm process)."""
+    """Run `python -m <module> ...` under a real torchrun with `nproc` gloo processes (torchrun's agent and
+    the worker's own modules, `trainer`, `trainer.series` and `nccl.probe`, in the session's warm process,
+    as a local sweep runs them)."""
     with tempfile.TemporaryDirectory(prefix="fsdpbench-torchrun-") as logs:  # else torchrun's stay in /tmp
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        cmd = [sys.executable, "-m", "bench.core.torchrun", "--standalone", f"--nproc-per-node={nproc}",
                "--max-restarts=0", f"--log-dir={logs}", "-m", *module_args]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
                               env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})

@@ -119,7 +119,7 @@ def test_dry_run_renders_and_launches_nothing(tmp_path: Path) -> None:
         for argv, name in zip(argvs, names or [None] * len(argvs)):
             env = argv[:2 + bool(name)]
             assert env == ["env", "CUDA_VISIBLE_DEVICES=", *([name] if name else [])], argv
-            assert argv[len(env) + 1:len(env) + 3] == ["-m", "torch.distributed.run"]
+            assert argv[len(env) + 1:len(env) + 3] == ["-m", "bench.core.torchrun"]  # torchrun, warm
     assert not list((tmp_path / "smoke_full" / "runs").glob("*/summary.json"))
     assert not list((tmp_path / "smoke_full" / "runs").glob("*/logs/*"))
 

@@ -610,3 +610,27 @@ def test_a_trace_that_cannot_be_written_leaves_the_steps_and_says_why(tmp_path: 
     kept = tmp_path / "ok" / "rank0.pt.trace.json.gz"
     _, none = trace.record(ran.append, range(5, 6), kept, False, {})
     assert none is None and kept.stat().st_size > 0
+
+
+def test_a_trace_is_written_compressed_whole_and_nothing_else_is_left(tmp_path: Path) -> None:
+    """The trace torch exports, gzip-compressed at our level (not torch's 9) into its .gz name: the same
+    JSON read back, and no uncompressed file beside it, whether the export succeeds or fails."""
+    class Profiler:
+        def __init__(self, fail: bool) -> None:
+            self.fail = fail
+
+        def export_chrome_trace(self, path: str) -> None:
+            events = [{"name": "x" * 50, "ts": i} for i in range(999)]
+            Path(path).write_text(json.dumps({"traceEvents": events}))
+            if self.fail:
+                raise OSError(28, "No space left on device")
+    path = tmp_path / "trace" / "rank0.pt.trace.json.gz"
+    path.parent.mkdir()
+    trace.write_compressed(Profiler(False), path)
+    events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    assert len(events) == 999 and events[998]["ts"] == 998
+    assert path.read_bytes()[8] != 2  # gzip's header (XFL) says 2 where it was written at level 9, torch's
+    assert [p.name for p in path.parent.iterdir()] == [path.name]
+    with pytest.raises(OSError):
+        trace.write_compressed(Profiler(True), tmp_path / "trace" / "rank1.pt.trace.json.gz")
+    assert [p.name for p in path.parent.iterdir()] == [path.name]

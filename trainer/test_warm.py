@@ -109,6 +109,39 @@ def test_a_signal_to_the_command_reaches_its_child(warm, tmp_path: Path) -> None
     assert _wait_gone(child)
 
 
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (/proc/PID/task/*/children)."""
+    found: list[int] = []
+    for tasks in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            found += [int(c) for c in tasks.read_text().split()]
+    return found
+
+
+def test_a_torchrun_agent_runs_in_a_warm_child_and_its_workers_in_theirs(warm, tmp_path: Path) -> None:
+    """`python -m bench.core.torchrun` (the local launcher's CPU agents): the agent is a child of the warm
+    process, the worker it starts asks for a child of its own there, a SIGTERM to the command (the
+    launcher's cleanup) ends all of them, and the command ends as the agent did."""
+    server, env = warm
+    command = subprocess.Popen([sys.executable, "-m", "bench.core.torchrun", "--standalone",
+                                "--nproc-per-node=1", "--max-restarts=0", f"--log-dir={tmp_path / 'logs'}",
+                                "--monitor-interval=0.1", "-m", "stand_in", "sleep"],
+                               cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    assert command.stdout is not None
+    worker = json.loads(command.stdout.readline())
+    agents = [pid for pid in _children(server.pid) if pid != worker["pid"]]
+    assert worker["ppid"] == server.pid and worker["warm"] == "1" and worker["socket"] is None
+    assert len(agents) == 1 and not _children(command.pid)  # torchrun runs in the warm child, not here
+    workers = _children(agents[0])  # the worker's own command, started by torchrun, waiting on its child
+    assert len(workers) == 1 and "stand_in" in Path(f"/proc/{workers[0]}/cmdline").read_text()
+    command.send_signal(signal.SIGTERM)
+    command.communicate(timeout=60)
+    assert command.returncode != 0
+    assert all(_wait_gone(pid, 10) for pid in (agents[0], workers[0], worker["pid"]))
+    assert server.poll() is None  # the warm process serves on
+
+
 def _states(*pids: int) -> dict[int, str]:
     """Each process's state and the signals it catches and has pending (/proc/PID/status), or "gone"."""
     states = {}

@@ -364,6 +364,23 @@ def without_kineto_notices() -> Iterator[None]:
                 os.write(2, b"".join(kept))
 
 
+GZIP_LEVEL = 6  # zlib's default: a tiny CPU run's 8 MB trace in 0.1 s where torch's 9 takes 0.5 s, 12% larger
+
+
+def write_compressed(prof: Any, path: Path) -> None:
+    """The profiler's Chrome trace, gzip-compressed at GZIP_LEVEL into `path` (torch's own .gz export
+    compresses at level 9: five times the time of every rank of every traced run, for a tenth less size);
+    the uncompressed JSON is written beside it first and removed, whatever happens."""
+    raw = path.with_name(path.name.removesuffix(".gz") + ".part")
+    try:
+        prof.export_chrome_trace(str(raw))
+        with open(raw, "rb") as fin, gzip.open(path, "wb", compresslevel=GZIP_LEVEL) as fout:
+            fout.writelines(fin)
+    finally:
+        with contextlib.suppress(OSError):
+            raw.unlink()
+
+
 def record(run_step: Callable[[int], None], steps: range, path: Path | None, cuda: bool,
            meta: dict[str, Any]) -> tuple[list[float], str | None]:
     """Run `steps` (every rank must: they hold collectives), each inside a STEP_RANGE range, under
@@ -396,7 +413,7 @@ def record(run_step: Callable[[int], None], steps: range, path: Path | None, cud
             prof.__exit__(None, None, None)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        prof.export_chrome_trace(str(path))  # a .gz name: torch compresses it
+        write_compressed(prof, path)
     except OSError as e:
         with contextlib.suppress(OSError):
             path.unlink()  # no half-written trace left behind

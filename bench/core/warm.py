@@ -33,9 +33,11 @@ def identity() -> dict[str, str]:
     return {"python": os.path.realpath(sys.executable), "project": PROJECT}
 
 
-def request(module: str) -> bytes:
-    """What the warm process needs to run `python -m module` as this process would."""
-    env = {k: v for k, v in os.environ.items() if k != SOCKET_ENV}
+def request(module: str, keep_socket: bool = False) -> bytes:
+    """What the warm process needs to run `python -m module` as this process would: the socket left out of
+    its environment (its module asks for no warm process again), unless `keep_socket` (a torchrun agent's,
+    whose workers ask for theirs)."""
+    env = {k: v for k, v in os.environ.items() if keep_socket or k != SOCKET_ENV}
     return json.dumps({"module": module, "argv": sys.argv, "env": env, "cwd": os.getcwd(),
                        **identity()}).encode()
 
@@ -51,12 +53,13 @@ def exit_as(status: int) -> None:
     os._exit(status if status >= 0 else 128 - status)
 
 
-def run_warm(module: str) -> None:
+def run_warm(module: str, keep_socket: bool = False) -> None:
     """Run `python -m module` in the warm process and exit as it did; return (having done nothing) when
-    there is none to run it."""
-    path = os.environ.pop(SOCKET_ENV, None)
+    there is none to run it. `keep_socket`: the module's own children may ask it too (see `request`)."""
+    path = os.environ.get(SOCKET_ENV) if keep_socket else os.environ.pop(SOCKET_ENV, None)
     if not path:
         return
+    os.environ.pop(STARTED_ENV, None)  # inherited from a warm agent: this command has not started warm yet
     child: list[int] = []  # its pid, once the warm process has forked it
     pending: list[int] = []  # signals that came before: passed on once it is known
 
@@ -70,7 +73,7 @@ def run_warm(module: str) -> None:
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(path)
-        payload = request(module)
+        payload = request(module, keep_socket)
         socket.send_fds(conn, [HEADER.pack(len(payload))], [0, 1, 2])
         conn.sendall(payload)
         lines = conn.makefile("r")

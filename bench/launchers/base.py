@@ -236,11 +236,12 @@ def rendezvous_conf(cfg: SweepConfig) -> dict[str, str]:
 
 
 def torchrun_argv(python: str, spec: RunSpec, endpoint: str, rdzv_id: str, rdzv_conf: dict[str, str],
-                  log_dir: str, monitor_s: float = 0.5) -> list[str]:
+                  log_dir: str, monitor_s: float = 0.5, module: str = "torch.distributed.run") -> list[str]:
     """One torchrun agent (one per node) with c10d rendezvous at `endpoint`; it looks at its workers every
     `monitor_s` seconds, so a run's exit is seen that much later at most; its error files go under
-    `log_dir` (without it, torchrun leaves a torchelastic_* dir in /tmp on every node of every run)."""
-    return [python, "-m", "torch.distributed.run", f"--nnodes={spec.nodes}",
+    `log_dir` (without it, torchrun leaves a torchelastic_* dir in /tmp on every node of every run).
+    `module`: torchrun's, or bench.core.torchrun's (the same agent, in a local sweep's warm process)."""
+    return [python, "-m", module, f"--nnodes={spec.nodes}",
             f"--nproc-per-node={spec.gpus_per_node}", "--rdzv-backend=c10d",
             f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}", "--max-restarts=0",
             f"--monitor-interval={monitor_s:g}", f"--log-dir={log_dir}",

@@ -8,8 +8,8 @@ nothing to re-attach to: a survivor it still finds through the ledger is killed.
 
 Warm workers (launcher.local.warm_workers, on by default): an agent that runs on CPU names the sweep's warm
 process (`python -m trainer.warm`, started at the first such run, stopped by `close`) in
-FSDPBENCH_WARM_SOCKET; each worker torchrun starts hands itself to it (bench/core/warm.py) and runs in a
-child that has its imports done.
+FSDPBENCH_WARM_SOCKET; the agent (`python -m bench.core.torchrun`) and each worker it starts hand
+themselves to it (bench/core/warm.py) and run in children that have their imports done.
 
 GPUs: each agent gets its own devices (CUDA_VISIBLE_DEVICES per agent), so two simulated nodes never put
 two ranks on one GPU. A run that needs more GPUs than the machine has runs on CPU (gloo) when the local
@@ -52,6 +52,7 @@ from bench.launchers.processes import WarmWorkers, cold_env, die_with_parent
 
 PORT_TOKEN = "@RDZV_PORT@"  # replaced by a free port when the run is submitted (render stays pure)
 MONITOR_S = 0.1  # torchrun's look at its workers: a local run lasts seconds, its exit is seen within this
+AGENT_MODULE = "bench.core.torchrun"  # torchrun, in the warm process where a CPU agent's environment names it
 
 
 def free_port() -> int:
@@ -69,10 +70,10 @@ class LocalSettings:
     python: str | None = None
     """The interpreter that runs torchrun and the workers; null: this one."""
     warm_workers: bool = True
-    """A run on CPU starts its workers from one warm process per sweep, which has torch, transformers and
-    the trainer imported already (`python -m trainer.warm`), instead of each worker importing them (seconds
-    of every run's wall time); torchrun still starts and watches each worker's process. false: every worker
-    starts cold. Runs on a GPU always start cold."""
+    """A run on CPU starts its torchrun agents and their workers from one warm process per sweep, which has
+    torch, transformers and the trainer imported already (`python -m trainer.warm`), instead of each
+    importing them (seconds of every run's wall time); torchrun still starts and watches each worker's
+    process. false: every agent and worker starts cold. Runs on a GPU always start cold."""
 
 
 @dataclass
@@ -126,7 +127,8 @@ class LocalLauncher(Launcher):
         run_dir = Path(os.path.abspath(run_dir))  # the workers start in the project root, not the sweep's cwd
         worker = worker_module_argv(spec, run_dir, worker_args(self.cfg, spec))
         agent = torchrun_argv(self.python, spec, f"127.0.0.1:{PORT_TOKEN}", spec.run_id,
-                              rendezvous_conf(self.cfg), str(run_dir / rundir.TORCHELASTIC_DIR), MONITOR_S)
+                              rendezvous_conf(self.cfg), str(run_dir / rundir.TORCHELASTIC_DIR), MONITOR_S,
+                              module=AGENT_MODULE)
         # `env` sets each agent's devices without a shell, and a simulated node's name where there are
         # several (one host name for all of them otherwise); torchrun's workers inherit them
         argvs = tuple(tuple(["env", f"CUDA_VISIBLE_DEVICES={devices}",
