@@ -612,9 +612,14 @@ def test_a_trace_that_cannot_be_written_leaves_the_steps_and_says_why(tmp_path: 
     assert none is None and kept.stat().st_size > 0
 
 
-def test_a_trace_is_written_compressed_whole_and_nothing_else_is_left(tmp_path: Path) -> None:
+def test_a_trace_is_written_compressed_whole_and_nothing_else_is_left(tmp_path: Path, monkeypatch) -> None:
     """The trace torch exports, gzip-compressed at our level (not torch's 9) into its .gz name: the same
-    JSON read back, and no uncompressed file beside it, whether the export succeeds or fails."""
+    JSON read back, and no uncompressed file beside it or in the temporary directory it was exported to,
+    whether the export succeeds or fails."""
+    import tempfile
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     class Profiler:
         def __init__(self, fail: bool) -> None:
             self.fail = fail
@@ -630,7 +635,7 @@ def test_a_trace_is_written_compressed_whole_and_nothing_else_is_left(tmp_path: 
     events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
     assert len(events) == 999 and events[998]["ts"] == 998
     assert path.read_bytes()[8] != 2  # gzip's header (XFL) says 2 where it was written at level 9, torch's
-    assert [p.name for p in path.parent.iterdir()] == [path.name]
+    assert [p.name for p in path.parent.iterdir()] == [path.name] and not list(scratch.iterdir())
     with pytest.raises(OSError):
         trace.write_compressed(Profiler(True), tmp_path / "trace" / "rank1.pt.trace.json.gz")
-    assert [p.name for p in path.parent.iterdir()] == [path.name]
+    assert [p.name for p in path.parent.iterdir()] == [path.name] and not list(scratch.iterdir())

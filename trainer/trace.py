@@ -369,16 +369,14 @@ GZIP_LEVEL = 6  # zlib's default: a tiny CPU run's 8 MB trace in 0.1 s where tor
 
 def write_compressed(prof: Any, path: Path) -> None:
     """The profiler's Chrome trace, gzip-compressed at GZIP_LEVEL into `path` (torch's own .gz export
-    compresses at level 9: five times the time of every rank of every traced run, for a tenth less size);
-    the uncompressed JSON is written beside it first and removed, whatever happens."""
-    raw = path.with_name(path.name.removesuffix(".gz") + ".part")
-    try:
-        prof.export_chrome_trace(str(raw))
-        with open(raw, "rb") as fin, gzip.open(path, "wb", compresslevel=GZIP_LEVEL) as fout:
+    compresses at level 9: five times the time of every rank of every traced run, for a tenth less size).
+    As torch's does, it exports the uncompressed JSON to a temporary file of this node's own first (never
+    to the run dir, a shared filesystem that may be small or slow), removed whatever happens; so only the
+    compressed write can fail for the run dir's space, as an OSError."""
+    with tempfile.NamedTemporaryFile("w+b", suffix=".json") as raw:
+        prof.export_chrome_trace(raw.name)
+        with open(raw.name, "rb") as fin, gzip.open(path, "wb", compresslevel=GZIP_LEVEL) as fout:
             fout.writelines(fin)
-    finally:
-        with contextlib.suppress(OSError):
-            raw.unlink()
 
 
 def record(run_step: Callable[[int], None], steps: range, path: Path | None, cuda: bool,
