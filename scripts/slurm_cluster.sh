@@ -38,7 +38,7 @@ AuthType=auth/none
 CredType=cred/none
 # a requeued job (NODE_FAIL) waits cred_expire seconds before it may start again (slurm.conf(5), AuthInfo;
 # default 120 s, least 5): a real cluster's wait, shortened for a test cluster whose runs last seconds
-AuthInfo=cred_expire=60
+AuthInfo=cred_expire=30
 MpiDefault=none
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none

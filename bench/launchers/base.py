@@ -235,8 +235,14 @@ def rendezvous_conf(cfg: SweepConfig) -> dict[str, str]:
     return {"join_timeout": seconds, "read_timeout": seconds}
 
 
+TORCHRUN_MODULE = "torch.distributed.run"  # torchrun's agent
+# torchrun, run in the warm process where the agent's environment names one (bench/core/torchrun.py): the
+# agent of a CPU run on this machine (local, or the local Slurm test cluster)
+WARM_AGENT_MODULE = "bench.core.torchrun"
+
+
 def torchrun_argv(python: str, spec: RunSpec, endpoint: str, rdzv_id: str, rdzv_conf: dict[str, str],
-                  log_dir: str, monitor_s: float = 0.5, module: str = "torch.distributed.run") -> list[str]:
+                  log_dir: str, monitor_s: float = 0.5, module: str = TORCHRUN_MODULE) -> list[str]:
     """One torchrun agent (one per node) with c10d rendezvous at `endpoint`; it looks at its workers every
     `monitor_s` seconds, so a run's exit is seen that much later at most; its error files go under
     `log_dir` (without it, torchrun leaves a torchelastic_* dir in /tmp on every node of every run).

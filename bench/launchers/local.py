@@ -37,6 +37,7 @@ from bench.launchers.base import (
     DONE,
     MACHINE_STARTUP_S,
     RUNNING,
+    WARM_AGENT_MODULE,
     Launcher,
     Outcome,
     Placement,
@@ -52,7 +53,6 @@ from bench.launchers.processes import WarmWorkers, cold_env, die_with_parent
 
 PORT_TOKEN = "@RDZV_PORT@"  # replaced by a free port when the run is submitted (render stays pure)
 MONITOR_S = 0.1  # torchrun's look at its workers: a local run lasts seconds, its exit is seen within this
-AGENT_MODULE = "bench.core.torchrun"  # torchrun, in the warm process where a CPU agent's environment names it
 
 
 def free_port() -> int:
@@ -128,7 +128,7 @@ class LocalLauncher(Launcher):
         worker = worker_module_argv(spec, run_dir, worker_args(self.cfg, spec))
         agent = torchrun_argv(self.python, spec, f"127.0.0.1:{PORT_TOKEN}", spec.run_id,
                               rendezvous_conf(self.cfg), str(run_dir / rundir.TORCHELASTIC_DIR), MONITOR_S,
-                              module=AGENT_MODULE)
+                              module=WARM_AGENT_MODULE)
         # `env` sets each agent's devices without a shell, and a simulated node's name where there are
         # several (one host name for all of them otherwise); torchrun's workers inherit them
         argvs = tuple(tuple(["env", f"CUDA_VISIBLE_DEVICES={devices}",

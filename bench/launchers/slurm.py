@@ -30,7 +30,6 @@ from bench.launchers.base import (
     Submission,
     cluster_placement,
     job_env,
-    nodes_are_this_machine,
 )
 from bench.launchers.processes import WarmWorkers, cold_env
 from bench.launchers.slurm_queue import (
@@ -52,6 +51,7 @@ from bench.launchers.slurm_script import (
     limits_efa,
     render_script,
     uses_nccl_tests,
+    warm_here,
     worker_path,
 )
 from bench.probes.command import JSON_IF_SUPPORTED_SCRIPT
@@ -107,9 +107,9 @@ class SlurmSettings:
     """The project checkout on the nodes; null: this checkout."""
     warm_workers: bool = True
     """Where the nodes are this machine (the local test cluster, instance type local) and the runs on its
-    CPU: each job's workers start from one warm process per sweep, as the local launcher's do
-    (launcher.local.warm_workers), each child joining its worker's cgroups so the job's limits hold it.
-    false: every worker starts cold. On a real cluster's nodes they always start cold."""
+    CPU: each job's torchrun agents and workers start from one warm process per sweep, as the local
+    launcher's do (launcher.local.warm_workers), each child joining its cgroups so the job's limits hold it.
+    false: every agent and worker starts cold. On a real cluster's nodes they always start cold."""
 
 
 @dataclass
@@ -145,11 +145,10 @@ class SlurmLauncher(Launcher):
         own: SlurmSettings = cfg.launcher.slurm  # launcher.slurm: this launcher's keys
         if own.conf:
             self.env["SLURM_CONF"] = own.conf
-        # Where the nodes are this machine's CPUs (the local test cluster), the jobs' workers start warm as
-        # a local run's do; each warm child joins its job's cgroups (trainer/warm.py), so a node's limits
-        # hold it as they would a cold worker
-        here = nodes_are_this_machine(cfg) and cfg.cluster.gpu is None
-        self.warm = WarmWorkers(own.warm_workers, own.python or sys.executable) if here else None
+        # Where the nodes are this machine's CPUs (the local test cluster), the jobs' torchrun agents and
+        # workers start warm as a local run's do; each warm child joins its job's cgroups (trainer/warm.py),
+        # so a node's limits hold it as they would a cold one
+        self.warm = WarmWorkers(True, own.python or sys.executable) if warm_here(cfg) else None
         # the jobs in flight, looked at together: at most once a launcher.poll_s
         self.board = Board(self._ask, least_s=cfg.launcher.poll_s)
 

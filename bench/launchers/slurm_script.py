@@ -17,6 +17,9 @@ from bench.core.schema import RunSpec
 from bench.launchers.base import (
     IMAGE_PYTHON,
     PROJECT_ROOT,
+    TORCHRUN_MODULE,
+    WARM_AGENT_MODULE,
+    nodes_are_this_machine,
     rendezvous_conf,
     torchrun_argv,
     worker_args,
@@ -140,6 +143,13 @@ def _python(cfg: SweepConfig) -> str:
     return s.python or (IMAGE_PYTHON if s.container_image else sys.executable)
 
 
+def warm_here(cfg: SweepConfig) -> bool:
+    """Whether the jobs' agents and workers start from the sweep's warm process: where the nodes are this
+    machine's CPUs (the local test cluster) and launcher.slurm.warm_workers holds. A real cluster's nodes
+    run torchrun itself, cold."""
+    return nodes_are_this_machine(cfg) and cfg.cluster.gpu is None and cfg.launcher.slurm.warm_workers
+
+
 def limits_efa(cfg: SweepConfig, spec: RunSpec) -> bool:
     """Fewer adapters than the node has: libfabric must be told which ones to use."""
     return cfg.cluster.gpu is not None and 0 < spec.efa_per_node < cfg.cluster.efa_per_node
@@ -169,7 +179,8 @@ def worker_command(cfg: SweepConfig, spec: RunSpec, run_dir: Path) -> str:
         return shlex.join(argv)
     argv = (_srun_prefix(cfg, 1) + _efa_limit(cfg, spec, run_dir)
             + torchrun_argv(_python(cfg), spec, ENDPOINT, "@RDZV_ID@", rendezvous_conf(cfg),
-                            worker_path(cfg, run_dir / rundir.TORCHELASTIC_DIR))
+                            worker_path(cfg, run_dir / rundir.TORCHELASTIC_DIR),
+                            module=WARM_AGENT_MODULE if warm_here(cfg) else TORCHRUN_MODULE)
             + worker_module_argv(spec, Path(worker_path(cfg, run_dir)),
                                  worker_args(cfg, spec)))
     line = shlex.join(argv)
