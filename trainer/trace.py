@@ -27,6 +27,7 @@ import gzip
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -376,7 +377,7 @@ def write_compressed(prof: Any, path: Path) -> None:
     with tempfile.NamedTemporaryFile("w+b", suffix=".json") as raw:
         prof.export_chrome_trace(raw.name)
         with open(raw.name, "rb") as fin, gzip.open(path, "wb", compresslevel=GZIP_LEVEL) as fout:
-            fout.writelines(fin)
+            shutil.copyfileobj(fin, fout)
 
 
 def record(run_step: Callable[[int], None], steps: range, path: Path | None, cuda: bool,
