@@ -33,6 +33,11 @@ ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
 
 
+def srun_argv(script: str) -> list[str]:
+    """The batch script's srun line as its words (the shell's quotes around the rendezvous dropped)."""
+    return shlex.split(next(ln for ln in script.splitlines() if ln.startswith("srun ")).replace('"', ""))
+
+
 def efa_probe_cfg():
     return from_dict(compose(["+sweep=efa_probe", "launcher.slurm.python=/opt/venv/bin/python"])[0],
                      launcher_sections())
@@ -194,7 +199,7 @@ def test_pyxis_runs_start_in_the_project_and_write_where_the_host_reads(tmp_path
     cfg = from_dict(raw, launcher_sections())
     run_dir = Path("/fsx/results/p5/runs/r/attempt-1")
     script = SlurmLauncher(cfg).render(first_run(cfg), run_dir).files["job.sbatch"]
-    srun = shlex.split(next(ln for ln in script.splitlines() if ln.startswith("srun ")).replace('"', ""))
+    srun = srun_argv(script)
     assert "--container-workdir=/workspace/fsdpbench" in srun
     assert srun[srun.index("torch.distributed.run") - 2] == "python"  # the image's, not this machine's
     assert srun[srun.index("--run-dir") + 1] == "/results/p5/runs/r/attempt-1"
@@ -215,7 +220,7 @@ def _agent_module(cfg) -> str:
     """The module the batch script's srun runs the torchrun agent as."""
     spec = next(p.spec for p in expand(cfg) if p.spec.kind == "train")
     script = SlurmLauncher(cfg).render(spec, Path("/tmp/run")).files["job.sbatch"]
-    srun = shlex.split(next(ln for ln in script.splitlines() if ln.startswith("srun ")).replace('"', ""))
+    srun = srun_argv(script)
     return srun[srun.index("-m") + 1]
 
 
