@@ -376,6 +376,7 @@ def write_compressed(prof: Any, path: Path) -> None:
     compressed write can fail for the run dir's space, as an OSError."""
     with tempfile.NamedTemporaryFile("w+b", suffix=".json") as raw:
         prof.export_chrome_trace(raw.name)
+        # opened again by name: kineto writes its own .tmp file and renames it over this one
         with open(raw.name, "rb") as fin, gzip.open(path, "wb", compresslevel=GZIP_LEVEL) as fout:
             shutil.copyfileobj(fin, fout)
 
