@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from bench.core import faults, rundir
+from bench.core import faults, rundir, torchrun
 from bench.core.config import SweepConfig
 from bench.core.records import COLLECTIVE_TIMEOUT_ENV
 from bench.core.schema import RunSpec
@@ -235,10 +235,10 @@ def rendezvous_conf(cfg: SweepConfig) -> dict[str, str]:
     return {"join_timeout": seconds, "read_timeout": seconds}
 
 
-TORCHRUN_MODULE = "torch.distributed.run"  # torchrun's agent
+TORCHRUN_MODULE = torchrun.TORCHRUN  # torchrun's agent: every launcher's, the PyTorchJob's included
 # torchrun, run in the warm process where the agent's environment names one (bench/core/torchrun.py): the
 # agent of a CPU run on this machine (local, or the local Slurm test cluster)
-WARM_AGENT_MODULE = "bench.core.torchrun"
+WARM_AGENT_MODULE = torchrun.__name__
 
 
 def torchrun_argv(python: str, spec: RunSpec, endpoint: str, rdzv_id: str, rdzv_conf: dict[str, str],

@@ -12,6 +12,7 @@ from bench.core.schema import RunSpec
 from bench.launchers.base import (
     IMAGE_PYTHON,
     IMAGE_WORKDIR,
+    TORCHRUN_MODULE,
     job_env,
     rendezvous_conf,
     worker_args,
@@ -145,7 +146,7 @@ def pytorchjob(cfg: SweepConfig, spec: RunSpec, name: str) -> dict[str, Any]:
     that start apart (image pulls on fresh nodes) still meet: the elastic policy's rdzvConf (the operator
     passes it to torchrun as PET_RDZV_CONF) raises torch's 60 s store and 600 s join timeouts.
     """
-    command = [IMAGE_PYTHON, "-m", "torch.distributed.run", f"--nnodes={spec.nodes}",
+    command = [IMAGE_PYTHON, "-m", TORCHRUN_MODULE, f"--nnodes={spec.nodes}",
                f"--nproc-per-node={spec.gpus_per_node}", "--rdzv-backend=c10d", "--max-restarts=0",
                *worker_module_argv(spec, None, worker_args(cfg, spec))]
     container = {"name": "pytorch", "image": _image(cfg), "imagePullPolicy": "IfNotPresent",
