@@ -1,6 +1,6 @@
-"""What a run's profiler trace costs (trainer/trace.py): the wall time the traced steps, writing the trace
-and splitting it add to a run, and the disk its traces take, at several simulated node counts (one rank a
-node, as the local launcher runs them; all on this machine's cores).
+"""What a run's profiler trace costs (trainer/trace_record.py): the wall time the traced steps, writing the
+trace and splitting it add to a run, and the disk its traces take, at several simulated node counts (one
+rank a node, as the local launcher runs them; all on this machine's cores).
 
     python benchmarks/trace_cost.py [--nodes 2 16] [--steps 2] [--ranks all|per_node] [--quick]
 

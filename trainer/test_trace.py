@@ -25,7 +25,7 @@ import torch
 from bench.core.records import parse_records
 from bench.core.warm import SOCKET_ENV
 from conftest import ROOT, SERIES
-from trainer import trace, trace_split, trace_waits
+from trainer import trace, trace_record, trace_split, trace_waits
 
 pytestmark = pytest.mark.xdist_group("series")  # its runs train in the one series of their world size
 
@@ -282,10 +282,11 @@ def _exchange(mine: object) -> list[object]:
 
 def test_kinetos_start_and_stop_notices_leave_a_runs_log_and_nothing_else_does() -> None:
     """kineto writes a USDT notice to standard error at every profiler start and stop, in every traced run's
-    log; trace.without_kineto_notices drops those two lines and keeps anything else written meanwhile."""
+    log; trace_record.without_kineto_notices drops those two lines and keeps anything else written
+    meanwhile."""
     code = ("import os, torch\n"
             "from torch.profiler import ProfilerActivity, profile\n"
-            "from trainer.trace import without_kineto_notices\n"
+            "from trainer.trace_record import without_kineto_notices\n"
             "prof = profile(activities=[ProfilerActivity.CPU])\n"
             "with without_kineto_notices():\n"
             "    prof.__enter__()\n"
@@ -301,7 +302,7 @@ def test_kinetos_start_and_stop_notices_leave_a_runs_log_and_nothing_else_does()
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stderr.splitlines()
     assert "kept: written meanwhile" in lines
-    notices = [line for line in lines if trace.KINETO_NOTICE.match(line.encode())]
+    notices = [line for line in lines if trace_record.KINETO_NOTICE.match(line.encode())]
     assert len(notices) == 2 and notices[0].endswith("profiler_start"), lines  # the unfiltered profiler's
 
 
@@ -600,7 +601,7 @@ def test_a_trace_that_cannot_be_written_leaves_the_steps_and_says_why(tmp_path: 
     blocker = tmp_path / "trace"
     blocker.write_text("a file, not a folder")
     ran: list[int] = []
-    times, why = trace.record(ran.append, range(3, 5), blocker / "rank0.pt.trace.json.gz", False, {})
+    times, why = trace_record.record(ran.append, range(3, 5), blocker / "rank0.pt.trace.json.gz", False, {})
     assert ran == [3, 4] and len(times) == 2 and all(t >= 0 for t in times)
     assert why is not None and why.startswith(f"trace not written to {blocker}")
     assert blocker.read_text() == "a file, not a folder"
@@ -608,7 +609,7 @@ def test_a_trace_that_cannot_be_written_leaves_the_steps_and_says_why(tmp_path: 
     split, error = trace_split.analyse(None, lambda mine: exchanged.append(mine) or [mine])
     assert split is None and error is None and exchanged == [None]
     kept = tmp_path / "ok" / "rank0.pt.trace.json.gz"
-    _, none = trace.record(ran.append, range(5, 6), kept, False, {})
+    _, none = trace_record.record(ran.append, range(5, 6), kept, False, {})
     assert none is None and kept.stat().st_size > 0
 
 
@@ -631,11 +632,11 @@ def test_a_trace_is_written_compressed_whole_and_nothing_else_is_left(tmp_path: 
                 raise OSError(28, "No space left on device")
     path = tmp_path / "trace" / "rank0.pt.trace.json.gz"
     path.parent.mkdir()
-    trace.write_compressed(Profiler(False), path)
+    trace_record.write_compressed(Profiler(False), path)
     events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
     assert len(events) == 999 and events[998]["ts"] == 998
     assert path.read_bytes()[8] != 2  # gzip's header (XFL) says 2 where it was written at level 9, torch's
     assert [p.name for p in path.parent.iterdir()] == [path.name] and not list(scratch.iterdir())
     with pytest.raises(OSError):
-        trace.write_compressed(Profiler(True), tmp_path / "trace" / "rank1.pt.trace.json.gz")
+        trace_record.write_compressed(Profiler(True), tmp_path / "trace" / "rank1.pt.trace.json.gz")
     assert [p.name for p in path.parent.iterdir()] == [path.name] and not list(scratch.iterdir())

@@ -1,6 +1,6 @@
 """One training run in an initialised process group: the Trainer builds the model (trainer/parallel.py),
 trains its steps (the timed window: one optimizer step and the device sync that ends it), records the
-traced steps after them (trainer/trace.py) and summarises the run; the test faults' hooks sit here too.
+traced steps after them (trainer/trace_record.py) and summarises the run; the test faults' hooks sit here too.
 The process around it (arguments, process group, statuses, exit codes) is trainer/main.py's.
 """
 from __future__ import annotations
@@ -222,9 +222,9 @@ class Trainer:
 
     def trace(self) -> None:
         """`trace_steps` more steps after the timed ones, recorded with torch.profiler on the ranks
-        `trace_ranks` names (trainer/trace.py), and one `trace` record per recording rank: the file,
+        `trace_ranks` names (trainer/trace_record.py), and one `trace` record per recording rank: the file,
         its size, what recording and splitting cost, and the step split (or why there is none)."""
-        from trainer import trace, trace_split, trace_waits
+        from trainer import trace_record, trace_split, trace_waits
         args = self.args
         if args.trace_steps <= 0:
             return
@@ -243,9 +243,9 @@ class Trainer:
             _sync(self.device)
         began = time.monotonic()
         first = self.spec.steps
-        times, unwritten = trace.record(run_step, range(first, first + args.trace_steps), path,
-                                        self.device.type == "cuda",
-                                        {"rank": self.rank, "run_id": self.spec.run_id})
+        times, unwritten = trace_record.record(run_step, range(first, first + args.trace_steps), path,
+                                               self.device.type == "cuda",
+                                               {"rank": self.rank, "run_id": self.spec.run_id})
         recorded = time.monotonic()
 
         def exchange(mine: Any) -> list[Any]:

@@ -35,7 +35,7 @@ PRELOAD = ("torch", "torch.distributed")  # what every command imports: before t
 # What the trainer's commands import, some of it only once they run (training runs, the tests' series,
 # the memory measurement): FSDP2, transformers and the trainer, imported before their first child forks
 TRAINING = ("torch.distributed.fsdp", "trainer.main", "trainer.model", "trainer.trainer", "trainer.parallel",
-            "trainer.trace", "trainer.trace_split")
+            "trainer.trace", "trainer.trace_record", "trainer.trace_split")
 # The trainer's one command that imports torch and none of the rest (a node's preflight): its children,
 # like any command's outside the trainer (a collective probe), wait for no more than its own imports
 TORCH_ONLY = ("trainer.preflight",)

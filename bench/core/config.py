@@ -365,8 +365,8 @@ class StudyConfig:
 
 @dataclass
 class TraceConfig:
-    """Each training run's profiler trace (`trainer/trace.py`): steps recorded after the timed ones, kept in
-    the attempt dir and split into where the step went. Recording only: not in the run id."""
+    """Each training run's profiler trace (`trainer/trace_record.py`): steps recorded after the timed ones,
+    kept in the attempt dir and split into where the step went. Recording only: not in the run id."""
 
     enabled: bool = True
     """Record a trace of each training run."""
