@@ -9,13 +9,14 @@ within 10% median.
 
     python benchmarks/fsdp_rows.py [--split FILE]   # every row, then the summaries
     python benchmarks/fsdp_rows.py --quick          # the summaries only
+    python benchmarks/fsdp_rows.py --contention 0   # the shipped constants but one (its sensitivity)
 """
 from __future__ import annotations
 
 import argparse
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -134,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the set-aside row ids (default: holdout.txt, the first set aside)")
     parser.add_argument("--fitting-only", action="store_true",
                         help="leave the set-aside rows out (what a change of the model may look at)")
+    parser.add_argument("--contention", type=float, default=None,
+                        help="the compute's loss beside a collective, in place of perf.CALIBRATION's (a "
+                             "sensitivity, never a fit)")
     args = parser.parse_args(argv)
     if not args.split.exists():
         print(f"fsdp_rows: {args.split}: no such split file", file=sys.stderr)
@@ -142,13 +146,14 @@ def main(argv: list[str] | None = None) -> int:
     fitting, aside = split(rows, held)
     if args.fitting_only:
         rows, aside = fitting, []
+    cal = CALIBRATION if args.contention is None else replace(CALIBRATION, contention=args.contention)
     if not args.quick:
-        print_rows(rows, held, CALIBRATION)
+        print_rows(rows, held, cal)
     print(f"published FSDP rows (benchmarks/published/fsdp/rows.yaml), modelled: {len(rows)}; constants: "
-          f"{CALIBRATION.source}")
-    print(summary(fitting, CALIBRATION).line("fitting"))
+          f"{cal.source}, contention {cal.contention:g}")
+    print(summary(fitting, cal).line("fitting"))
     if aside:
-        print(summary(aside, CALIBRATION).line(f"held out ({args.split.name})"))
+        print(summary(aside, cal).line(f"held out ({args.split.name})"))
     targets = ", ".join(f"{k} <= {v:g}" for k, v in TARGETS.items())
     print(f"issue 77's targets on the held-out rows: {targets}")
     return 0

@@ -378,6 +378,35 @@ def test_fsdp_rows_reports_the_set_aside_rows_apart_from_the_fitted_ones() -> No
         assert _figure(r"fitting\s+(\d+) rows", out) == 314 - held and "tokens_median <= 0.1" in out
 
 
+def test_fsdp_rows_contention_sensitivity_is_what_the_evidence_says() -> None:
+    """--contention replaces one shipped constant for a sensitivity: the eighth set's medians at the shipped
+    0.189 and at 0, as benchmarks/evidence/README.md ("Published FSDP rows") quotes them."""
+    held = (r"held out \(holdout_8.txt\)\s+33 rows: tokens/s/GPU median \|error\| ([\d.]+)%.*?"
+            r"median \|error\| ([\d.]+)")
+    for flag, tokens, points in (((), 18.2, 6.4), (("--contention", "0"), 8.9, 0.8)):
+        out = fsdp_rows_main("--quick", "--split", "benchmarks/published/fsdp/holdout_8.txt", *flag)
+        found = re.search(held, out)
+        assert found and (float(found.group(1)), float(found.group(2))) == (tokens, points), out
+        assert f"contention {flag[1] if flag else '0.189'}" in out
+
+
+def fsdp_rows_main(*args: str) -> str:
+    """benchmarks/fsdp_rows.py in this process (the published rows load in a second): what it prints."""
+    import contextlib
+    import io
+    import os
+
+    import fsdp_rows
+    out, here = io.StringIO(), os.getcwd()
+    try:
+        os.chdir(ROOT)
+        with contextlib.redirect_stdout(out):
+            assert fsdp_rows.main(list(args)) == 0
+    finally:
+        os.chdir(here)
+    return out.getvalue()
+
+
 @pytest.mark.slow
 def test_nccl_model_reports_the_set_aside_tables_apart() -> None:
     """Every published table predicted with the shipped figures; the held-out third apart from the rest."""
