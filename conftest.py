@@ -109,9 +109,10 @@ class Series:
         self.done: dict[str, WorkerResult] = {}
 
     def declare(self, args: list[str], nproc: int) -> str:
-        """A run to train (worker arguments, without the module); returns its run id."""
-        from trainer.config import parse_args
-        run_id = parse_args(args).spec.run_id
+        """A run to train (worker arguments, without the module); returns its run id. The worker validates
+        the arguments when the series runs (trainer.series parses every list before the first run)."""
+        from trainer.config import spec_of
+        run_id = spec_of(args).run_id
         if run_id not in self.done:  # a trained run is never queued again
             known = self.pending.setdefault(nproc, {}).setdefault(run_id, args)
             assert known == args, f"two runs share the run id {run_id}: {known}, {args}"

@@ -27,7 +27,7 @@ class TrainArgs:
     lr: float
     fault_seconds: float = 0.0  # slow_collective, slow_compute: the delay
     fault_collective: str = "all_gather"  # slow_collective: which one
-    trace_steps: int = 0  # profiled steps after the timed ones (trainer/trace.py); 0: no trace
+    trace_steps: int = 0  # profiled steps after the timed ones (trainer/trace_record.py); 0: no trace
     trace_ranks: str = "all"  # which ranks record one: all, or per_node (each node's local rank 0)
 
 
@@ -44,6 +44,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="steps recorded with torch.profiler after the timed ones (0: none)")
     p.add_argument("--trace-ranks", default="all", choices=TRACE_RANKS, help="which ranks write a trace")
     return p
+
+
+def spec_of(argv: list[str]) -> RunSpec:
+    """The spec an argument list names, neither validated nor counted (parse_args does both when the run
+    starts): what a caller that only needs its run id asks, without counting a brought model's census."""
+    return spec_from_namespace(_parser().parse_args(argv))
 
 
 def parse_args(argv: list[str] | None = None) -> TrainArgs:
