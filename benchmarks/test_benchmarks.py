@@ -383,8 +383,9 @@ def test_fsdp_rows_contention_sensitivity_is_what_the_evidence_says() -> None:
     0.189 and at 0, as benchmarks/evidence/README.md ("Published FSDP rows") quotes them."""
     held = (r"held out \(holdout_8.txt\)\s+33 rows: tokens/s/GPU median \|error\| ([\d.]+)%.*?"
             r"median \|error\| ([\d.]+)")
+    eighth = str(ROOT / "benchmarks" / "published" / "fsdp" / "holdout_8.txt")
     for flag, tokens, points in (((), 18.2, 6.4), (("--contention", "0"), 8.9, 0.8)):
-        out = fsdp_rows_main("--quick", "--split", "benchmarks/published/fsdp/holdout_8.txt", *flag)
+        out = fsdp_rows_main("--quick", "--split", eighth, *flag)
         found = re.search(held, out)
         assert found and (float(found.group(1)), float(found.group(2))) == (tokens, points), out
         assert f"contention {flag[1] if flag else '0.189'}" in out
@@ -394,16 +395,11 @@ def fsdp_rows_main(*args: str) -> str:
     """benchmarks/fsdp_rows.py in this process (the published rows load in a second): what it prints."""
     import contextlib
     import io
-    import os
 
     import fsdp_rows
-    out, here = io.StringIO(), os.getcwd()
-    try:
-        os.chdir(ROOT)
-        with contextlib.redirect_stdout(out):
-            assert fsdp_rows.main(list(args)) == 0
-    finally:
-        os.chdir(here)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert fsdp_rows.main(list(args)) == 0
     return out.getvalue()
 
 
