@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -225,3 +226,15 @@ def test_the_readme_counts_what_the_file_holds(rows: dict[str, PublishedFsdpRow]
     assert every["rows"] == 344 and new["rows"] == 318
     for what, count in every.items():
         assert f"| {what} | {count} | {new.get(what, 0)} |" in text, what
+
+
+def test_the_readme_names_every_row_not_modelled(rows: dict[str, PublishedFsdpRow]) -> None:
+    """Its "Rows not modelled" table: as many as the file holds, each row named by its id or by a prefix
+    the table writes as `prefix_*` (N)."""
+    section = README.read_text().split("## Rows not modelled (", 1)[1].split("\n## ", 1)[0]
+    named = [n.removesuffix("*") for n in re.findall(r"`([^`]+)`", section)]
+    unmodelled = [r.id for r in rows.values() if not r.modelled]
+    assert section.startswith(f"{len(unmodelled)})")
+    def listed(row_id: str) -> bool:
+        return any(row_id == n or (n.endswith("_") and row_id.startswith(n)) for n in named)
+    assert [i for i in unmodelled if not listed(i)] == []
