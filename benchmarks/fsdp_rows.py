@@ -3,7 +3,7 @@ benchmarks/published/fsdp/rows.yaml: per row tokens/s/GPU predicted / measured -
 more GPUs than its smallest, the scaling efficiency in points (the published figure against its base where
 the source gives one, else the series' own tokens/s/GPU against its smallest GPU count); the rows a split
 file sets aside reported apart from the others: holdout.txt (the default), the third set aside before
-anything was fitted, or a later set (holdout_2.txt to holdout_8.txt: benchmarks/published/fsdp/README.md).
+anything was fitted, or a later set (holdout_2.txt to holdout_9.txt: benchmarks/published/fsdp/README.md).
 Issue 77's targets on the set-aside rows: efficiency within 3 points median and 10 at worst, tokens/s/GPU
 within 10% median.
 
