@@ -36,7 +36,7 @@ DEFAULTS: dict[str, Calibration] = {
     transport: Calibration(net_latency_us=hop, net_bw=bw,
                            source=f"fitted to {n} published {transport} tables, not this cluster: its probes "
                                   "replace them")
-    for transport, hop, bw, n in (("efa", 20.0, 0.6, 13), ("infiniband", 5.0, 1.0, 57),
+    for transport, hop, bw, n in (("efa", 20.0, 0.6, 13), ("infiniband", 5.0, 1.0, 59),
                                   ("roce", 50.0, 0.95, 7), ("slingshot", 5.0, 0.75, 43),
                                   ("tcp", 25.0, 0.2, 4), ("tcpxo", 40.0, 0.9, 5))}
 
