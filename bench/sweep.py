@@ -53,9 +53,10 @@ def _gib(value: float) -> str:
     return f"{value:.1f}" if value >= 10 else f"{value:.3g}"
 
 
-PLAN_PERF = ("predicted (bench/predict/perf.py): tokens/s per GPU (with a ~90% interval where the study's "
-             "own runs calibrate it), MFU, scaling efficiency against the smallest planned node count of the "
-             "same configuration, and what bounds the step")
+PLAN_PERF = ("predicted (bench/predict/perf.py): tokens/s per GPU with a ~90% interval (the study's own "
+             "runs' where they calibrate it, else how far published rows on as many nodes lie from the "
+             "model: perf.PUBLISHED_SPREAD), MFU, scaling efficiency against the smallest planned node "
+             "count of the same configuration, and what bounds the step")
 
 
 def _perf_cells(p: PlannedRun) -> list[str]:
@@ -64,7 +65,7 @@ def _perf_cells(p: PlannedRun) -> list[str]:
         return ["-"] * 4
     at_most = "<=" if perf.unmodeled else ""  # the step a floor (perf.unmodeled): these are ceilings
     tokens = f"{at_most}{perf.tokens_per_s_per_gpu:,.0f}"
-    if perf.interval:  # a calibrated prediction: its ~90% interval
+    if perf.interval:  # its ~90% interval (perf.Prediction.interval)
         tokens += f" ({perf.interval[0]:,.0f}-{perf.interval[1]:,.0f})"
     return [tokens, f"{at_most}{perf.mfu:.2f}" if perf.mfu is not None else "-",
             f"{p.pred_efficiency:.0%}" if p.pred_efficiency is not None else "-", perf.bound.split("-")[0]]

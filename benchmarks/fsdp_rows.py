@@ -10,10 +10,12 @@ within 10% median.
     python benchmarks/fsdp_rows.py [--split FILE]   # every row, then the summaries
     python benchmarks/fsdp_rows.py --quick          # the summaries only
     python benchmarks/fsdp_rows.py --contention 0   # the shipped constants but one (its sensitivity)
+    python benchmarks/fsdp_rows.py --spread         # every row's error by node count: perf.PUBLISHED_SPREAD
 """
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from dataclasses import dataclass, replace
@@ -21,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.predict.perf import CALIBRATION, Calibration, predict  # noqa: E402
+from bench.predict.perf import CALIBRATION, PUBLISHED_SPREAD, Calibration, predict  # noqa: E402
 from bench.predict.published_fsdp import FSDP_ROWS, PublishedFsdpRow, fsdp_rows  # noqa: E402
 
 HOLDOUT = FSDP_ROWS.parent / "holdout.txt"
@@ -109,6 +111,28 @@ def summary(rows: list[PublishedFsdpRow], cal: Calibration) -> Summary:
                    statistics.median(pts) if pts else None, max(pts, default=None))
 
 
+def spreads(rows: list[PublishedFsdpRow], cal: Calibration) -> list[tuple[int | None, float, int]]:
+    """Per node-count band of perf.PUBLISHED_SPREAD (its largest node count), the 90th percentile of the
+    rows' |log(predicted / measured)| tokens/s/GPU, and how many rows."""
+    errors = [(r.spec.nodes, abs(math.log1p(e))) for r, e in token_errors(rows, cal)]
+    out, low = [], 0
+    for top, _, _ in PUBLISHED_SPREAD:
+        band = [a for nodes, a in errors if nodes > low and (top is None or nodes <= top)]
+        out.append((top, round(statistics.quantiles(band, n=10, method="inclusive")[8], 3), len(band)))
+        low = top or low
+    return out
+
+
+def print_spreads(bands: list[tuple[int | None, float, int]]) -> None:
+    low = 1
+    for top, spread, count in bands:
+        nodes = f"{low}+" if top is None else f"{low}" if top == low else f"{low}-{top}"
+        unit = "node " if nodes == "1" else "nodes"
+        print(f"  {nodes:>5} {unit}: {count:>3} rows, ~90% within x{math.exp(spread):.2f} either way "
+              f"({spread:.3f} in log units)")
+        low = (top or low) + 1
+
+
 def split(rows: list[PublishedFsdpRow],
           held: set[str]) -> tuple[list[PublishedFsdpRow], list[PublishedFsdpRow]]:
     """(the rows fitting may read, the set-aside rows); efficiencies take a series' base from its own set."""
@@ -138,7 +162,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--contention", type=float, default=None,
                         help="the compute's loss beside a collective, in place of perf.CALIBRATION's (a "
                              "sensitivity, never a fit)")
+    parser.add_argument("--spread", action="store_true",
+                        help="every modelled row's error by node count, as perf.PUBLISHED_SPREAD holds it")
     args = parser.parse_args(argv)
+    if args.spread:
+        bands = spreads(modelled(fsdp_rows()), CALIBRATION)
+        print("tokens/s/GPU of every modelled published row against the shipped model, by node count "
+              "(perf.PUBLISHED_SPREAD, the interval of a GPU prediction no run of the study calibrates):")
+        print_spreads(bands)
+        print(f"  perf.PUBLISHED_SPREAD {'holds this' if bands == list(PUBLISHED_SPREAD) else 'differs'}")
+        return 0
     if not args.split.exists():
         print(f"fsdp_rows: {args.split}: no such split file", file=sys.stderr)
         return 2

@@ -4,6 +4,7 @@ of leaving a script that measures nothing. Its own setup is checked too: a mix t
 the docstring says, or a results tree laid out differently, stops the script (exit 1)."""
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
@@ -402,6 +403,25 @@ def fsdp_rows_main(*args: str) -> str:
     with contextlib.redirect_stdout(out):
         assert fsdp_rows.main(list(args)) == 0
     return out.getvalue()
+
+
+def test_the_shipped_published_spread_is_what_fsdp_rows_measures() -> None:
+    """perf.PUBLISHED_SPREAD (an uncalibrated GPU prediction's interval) is the 90th percentile of every
+    modelled published row's |log(predicted / measured)| per node-count band, as --spread prints it."""
+    import fsdp_rows
+
+    from bench.predict.perf import CALIBRATION, PUBLISHED_SPREAD
+    from bench.predict.published_fsdp import fsdp_rows as rows
+    errors = fsdp_rows.token_errors(fsdp_rows.modelled(rows()), CALIBRATION)
+    assert fsdp_rows.spreads(fsdp_rows.modelled(rows()), CALIBRATION) == list(PUBLISHED_SPREAD)
+    assert sum(count for _, _, count in PUBLISHED_SPREAD) == len(errors)
+    for low, (top, spread, count) in zip((0, 1, 8, 32), PUBLISHED_SPREAD):
+        band = [abs(math.log1p(e)) for r, e in errors
+                if r.spec.nodes > low and (top is None or r.spec.nodes <= top)]
+        assert len(band) == count and 0.85 <= sum(a <= spread for a in band) / count <= 0.95
+    factors = [f"x{math.exp(spread):.2f}" for _, spread, _ in PUBLISHED_SPREAD]  # as the docs quote them
+    assert all(f in (ROOT / "docs" / "prediction.md").read_text() for f in factors)
+    assert f"{min(factors)} to {max(factors)}" in (ROOT / "README.md").read_text()
 
 
 @pytest.mark.slow

@@ -73,6 +73,7 @@ from bench.launchers.base import Placement
 from bench.predict.comm import Network
 from bench.predict.device import PUBLISHED, Bound, Calibration, DeviceModel, Work
 from bench.predict.devices import LocalMachine, device_model
+from bench.predict.gpu import GPU_FAMILIES
 from bench.predict.network import Probe, fabric_of, network_for
 from bench.predict.traffic import accumulation_bytes, loss_bytes
 
@@ -96,6 +97,20 @@ CALIBRATION = Calibration(matmul_efficiency={"A100": 0.854, "H100": 0.676}, elem
 # were NCCL's and the overlap FSDP2's, and are kept: refitted under this model to those rows and the
 # published FSDP rows not set aside, they move along a valley that this harness's own GPU runs and
 # llm-foundry's table, never fitted to, both pay for (benchmarks/evidence/README.md, "Published FSDP rows")
+# How far published rows lie from the model with these constants, by node count: per band (its largest
+# node count; None: any more), the half-width in log units of tokens/s/GPU that ~90% of its modelled rows of
+# benchmarks/published/fsdp lie within, and how many rows. The interval of a GPU prediction the study's own
+# runs have not calibrated: what an answer before anything runs is worth. Measured, not fitted: `python
+# benchmarks/fsdp_rows.py --spread` prints it, and a test keeps the two equal.
+PUBLISHED_SPREAD: tuple[tuple[int | None, float, int], ...] = (
+    (1, 0.367, 147), (8, 0.313, 171), (32, 0.245, 85), (None, 0.434, 48))
+
+
+def published_spread(nodes: int) -> float:
+    """The ~90% half-width, in log units, of the published rows on as many nodes (PUBLISHED_SPREAD)."""
+    return next(spread for top, spread, _ in PUBLISHED_SPREAD if top is None or nodes <= top)
+
+
 # Fixed, not fitted:
 OPTIMIZER_BYTES = 28  # AdamW per sharded fp32 parameter: read param, grad, 2 moments; write param, moments.
 # That is fused AdamW, torchtitan's default (the calibration rows). Unfused ones move more: this harness's
@@ -130,7 +145,8 @@ class Prediction:
 
     @property
     def interval(self) -> tuple[float, float] | None:
-        """tokens/s/GPU low and high, from the study's calibration residuals (none: published constants)."""
+        """tokens/s/GPU low and high: the study's calibration's, else the published rows' (none: a CPU's
+        or a floor's)."""
         if self.spread is None:
             return None
         return (self.tokens_per_s_per_gpu * math.exp(-self.spread),
@@ -276,7 +292,10 @@ class Predictor:
             return None
         gpu, network = where
         if self.fit is None:
-            return predict(spec, gpu, network, local=self.local)
+            pred = predict(spec, gpu, network, local=self.local)
+            if pred.unmodeled or gpu.family not in GPU_FAMILIES:
+                return pred
+            return replace(pred, spread=published_spread(spec.nodes))
         pred = predict(spec, gpu, network, cal=self.fit.calibration, local=self.local)
         if pred.unmodeled:  # a floor: the study's scatter says nothing of how far above it the run lands
             return pred

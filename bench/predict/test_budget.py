@@ -12,6 +12,7 @@ import pytest
 from bench.core.load_config import from_dict
 from bench.launchers import launcher_sections
 from bench.predict.budget import Point, answer, days_to_train, step_up
+from bench.predict.perf import published_spread
 from bench.study.answer import answer_table, format_answer
 from bench.study.plan import answer_points, expand
 from bench.sweep import compose
@@ -97,8 +98,11 @@ def test_the_plan_of_p5_strong_answers_in_days_from_its_own_predicted_tokens_per
             assert row.usd == pytest.approx(days * 24 * row.point.nodes * 50)
             assert row.point.source == "predicted (published constants)"
             assert row.efficiency == pytest.approx(planned.pred_efficiency, rel=1e-9)
+            spread = published_spread(row.point.nodes)  # no run calibrates them: the published rows' interval
+            assert row.days_range == pytest.approx((days * math.exp(-spread), days * math.exp(spread)))
     text = format_answer(cfg.study, cfg.cluster.name, cfg.cluster.price_per_hour, plan)
-    assert "days and dollars to train 2e+12 tokens per node count" in text
+    assert "and dollars to train 2e+12 tokens per node count" in text
+    assert "else the published rows' on as many nodes" in text and " at ~90%, $" in text
     # the published constants scale 98-100% to 16 nodes: every step buys more than the 50% bar
     assert text.count("knee beyond 16 nodes: every step up buys at least 50% of the time linear scaling") == 4
     assert "set a price" not in text

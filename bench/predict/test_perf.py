@@ -26,7 +26,7 @@ from bench.predict.cpu import CpuFacts
 from bench.predict.devices import LocalMachine
 from bench.predict.gpu import gpu_efficiency
 from bench.predict.network import Probe, fabric_of, network_for, one_node, published
-from bench.predict.perf import CALIBRATION, Predictor, Stack, predict
+from bench.predict.perf import CALIBRATION, Predictor, Stack, predict, published_spread
 from bench.predict.published import (
     CALIBRATION_ROWS,
     CHECK_ROWS,
@@ -361,6 +361,27 @@ def test_no_predicted_efficiency_exceeds_linear_scaling(monkeypatch: pytest.Monk
         assert two.perf.step_time_s > predictor.predict(two.spec).step_time_s  # held back, not sped up
         assert two.perf.interval[1] / two.perf.interval[0] == pytest.approx(math.exp(0.2))  # interval kept
     assert max(p.pred_efficiency for p in plan if p.pred_efficiency is not None) <= 1.0
+
+
+def test_a_prediction_no_run_calibrates_carries_the_published_rows_spread_on_as_many_nodes() -> None:
+    """Before anything runs, a GPU prediction's interval is how far published rows on as many nodes lie from
+    the model (perf.PUBLISHED_SPREAD, by band); a floor (CPU offload) and a CPU's prediction have none."""
+    cfg = from_dict(compose(["+sweep=p5_scaling"])[0], launcher_sections())
+    predictor = _predictor(cfg)
+    spec = RunSpec(model="llama2_7b", gpus_per_node=8, activation_checkpointing="full", seq_len=4096)
+    widths = {}
+    for nodes in (1, 2, 8, 9, 32, 64):
+        pred = predictor.predict(replace(spec, nodes=nodes))
+        low, high = pred.interval
+        assert low < pred.tokens_per_s_per_gpu < high
+        widths[nodes] = math.log(high / low) / 2
+    assert widths == pytest.approx({1: 0.367, 2: 0.313, 8: 0.313, 9: 0.245, 32: 0.245, 64: 0.434})
+    assert widths == pytest.approx({n: published_spread(n) for n in widths})
+    assert predictor.predict(replace(spec, offload="cpu")).interval is None  # a floor
+    smoke = from_dict(compose(["+sweep=smoke", "memory.measure=false"])[0], launcher_sections())
+    local = _predictor(smoke, local=LocalMachine(SMOKE_CPU))
+    trains = [p.spec for p in expand(smoke) if p.spec.kind == "train"]
+    assert trains and all(local.predict(s).interval is None for s in trains)
 
 
 def _h200_run(sweep: str, **where: str) -> tuple[RunSpec, float]:

@@ -53,11 +53,19 @@ def _day(days: float) -> str:
 
 
 def _days(row: Row) -> str:
-    """"412.9", with its ~90% interval where the study's own runs calibrate the prediction."""
+    """"412.9 (286-594)": the days with their ~90% interval (perf.Prediction.interval; none on a CPU)."""
     if row.days is None:
         return "-"
     low_high = f" ({_day(row.days_range[0])}-{_day(row.days_range[1])})" if row.days_range else ""
     return _day(row.days) + low_high
+
+
+def _days_in_words(row: Row) -> str:
+    """"26.4 days, 20.7-33.7 at ~90%" (the summary's; the table's is _days)."""
+    if row.days is None:
+        return "- days"
+    span = f", {_day(row.days_range[0])}-{_day(row.days_range[1])} at ~90%" if row.days_range else ""
+    return f"{_day(row.days)} days{span}"
 
 
 def answer_table(ans: Answer) -> list[str]:
@@ -91,7 +99,7 @@ def _at(row: Row | None, what: str) -> str:
 
 def answer_summary(ans: Answer) -> str:
     """Fastest, cheapest and the knee in one line, the threshold named."""
-    fastest = _at(ans.fastest, f"{_days(ans.fastest)} days" if ans.fastest else "")
+    fastest = _at(ans.fastest, _days_in_words(ans.fastest) if ans.fastest else "")
     cheapest = _at(ans.cheapest, f"{ans.cheapest.node_hours:,.0f} node-hours" if ans.cheapest else "")
     text = f"  fastest {fastest}; cheapest {cheapest}; "
     if not ans.strong:
@@ -114,7 +122,9 @@ def format_answer(study: StudyConfig, cluster: str, price: float | None, plan: l
     the report's definition), at `price` USD per instance-hour of `cluster`."""
     tokens = study.train_tokens or DEFAULT_TRAIN_TOKENS
     unset = "" if study.train_tokens else " (study.train_tokens unset: set it to your budget)"
-    lines = [f"the answer (predicted): days and dollars to train {tokens:.3g} tokens{unset} per node count"]
+    lines = [f"the answer (predicted): days (a ~90% interval: the study's own runs' where they calibrate the "
+             f"prediction, else the published rows' on as many nodes) and dollars to train {tokens:.3g} "
+             f"tokens{unset} per node count"]
     for spec, points in answer_points(plan):
         ans = answer(points, tokens, price, study.knee_share)
         kind = ("one global batch" if spec.global_batch else
