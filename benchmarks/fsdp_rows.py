@@ -123,6 +123,17 @@ def spreads(rows: list[PublishedFsdpRow], cal: Calibration) -> list[tuple[int | 
     return out
 
 
+def covered(rows: list[PublishedFsdpRow], held: set[str], cal: Calibration) -> tuple[int, int]:
+    """The spread measured without the `held` rows, tried on them: how many of them lie within their band's
+    interval, of how many."""
+    bands = spreads([r for r in rows if r.id not in held], cal)
+    inside = total = 0
+    for r, e in token_errors([r for r in rows if r.id in held], cal):
+        spread = next(s for top, s, _ in bands if top is None or r.spec.nodes <= top)
+        inside, total = inside + (abs(math.log1p(e)) <= spread), total + 1
+    return inside, total
+
+
 def print_spreads(bands: list[tuple[int | None, float, int]]) -> None:
     low = 1
     for top, spread, count in bands:
@@ -170,6 +181,12 @@ def main(argv: list[str] | None = None) -> int:
         print("tokens/s/GPU of every modelled published row against the shipped model, by node count "
               "(perf.PUBLISHED_SPREAD, the interval of a GPU prediction no run of the study calibrates):")
         print_spreads(bands)
+        print("  each set aside left out of it in turn, then tried against it (rows within its interval):")
+        rows = modelled(fsdp_rows())
+        for path in sorted(FSDP_ROWS.parent.glob("holdout*.txt")):
+            inside, total = covered(rows, held_out(path), CALIBRATION)
+            if total:
+                print(f"    {path.name:<14} {inside:>3} of {total:>3} ({inside / total:.0%})")
         print(f"  perf.PUBLISHED_SPREAD {'holds this' if bands == list(PUBLISHED_SPREAD) else 'differs'}")
         return 0
     if not args.split.exists():

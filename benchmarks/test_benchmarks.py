@@ -419,6 +419,10 @@ def test_the_shipped_published_spread_is_what_fsdp_rows_measures() -> None:
         band = [abs(math.log1p(e)) for r, e in errors
                 if r.spec.nodes > low and (top is None or r.spec.nodes <= top)]
         assert len(band) == count and 0.85 <= sum(a <= spread for a in band) / count <= 0.95
+    ninth = fsdp_rows.held_out(ROOT / "benchmarks" / "published" / "fsdp" / "holdout_9.txt")
+    inside, total = fsdp_rows.covered(fsdp_rows.modelled(rows()), ninth, CALIBRATION)
+    assert f"| 9 | {inside} of {total} ({inside / total:.0%}) |" in (ROOT / "benchmarks" / "evidence" /
+                                                                   "README.md").read_text()
     factors = [f"x{math.exp(spread):.2f}" for _, spread, _ in PUBLISHED_SPREAD]  # as the docs quote them
     assert all(f in (ROOT / "docs" / "prediction.md").read_text() for f in factors)
     assert f"{min(factors)} to {max(factors)}" in (ROOT / "README.md").read_text()
