@@ -97,6 +97,7 @@ CALIBRATION = Calibration(matmul_efficiency={"A100": 0.854, "H100": 0.676}, elem
 # were NCCL's and the overlap FSDP2's, and are kept: refitted under this model to those rows and the
 # published FSDP rows not set aside, they move along a valley that this harness's own GPU runs and
 # llm-foundry's table, never fitted to, both pay for (benchmarks/evidence/README.md, "Published FSDP rows")
+
 # How far published rows lie from the model with these constants, by node count: per band (its largest
 # node count; None: any more), the half-width in log units of tokens/s/GPU that ~90% of its modelled rows of
 # benchmarks/published/fsdp lie within, and how many rows. The interval of a GPU prediction the study's own
