@@ -23,7 +23,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.predict.perf import CALIBRATION, PUBLISHED_SPREAD, Calibration, predict  # noqa: E402
+from bench.predict.perf import (  # noqa: E402
+    CALIBRATION,
+    PUBLISHED_SPREAD,
+    Bands,
+    Calibration,
+    predict,
+    published_spread,
+)
 from bench.predict.published_fsdp import FSDP_ROWS, PublishedFsdpRow, fsdp_rows  # noqa: E402
 
 HOLDOUT = FSDP_ROWS.parent / "holdout.txt"
@@ -111,7 +118,7 @@ def summary(rows: list[PublishedFsdpRow], cal: Calibration) -> Summary:
                    statistics.median(pts) if pts else None, max(pts, default=None))
 
 
-def spreads(rows: list[PublishedFsdpRow], cal: Calibration) -> list[tuple[int | None, float, int]]:
+def spreads(rows: list[PublishedFsdpRow], cal: Calibration) -> Bands:
     """Per node-count band of perf.PUBLISHED_SPREAD (its largest node count), the 90th percentile of the
     rows' |log(predicted / measured)| tokens/s/GPU, and how many rows."""
     errors = [(r.spec.nodes, abs(math.log1p(e))) for r, e in token_errors(rows, cal)]
@@ -120,21 +127,18 @@ def spreads(rows: list[PublishedFsdpRow], cal: Calibration) -> list[tuple[int | 
         band = [a for nodes, a in errors if nodes > low and (top is None or nodes <= top)]
         out.append((top, round(statistics.quantiles(band, n=10, method="inclusive")[8], 3), len(band)))
         low = top or low
-    return out
+    return tuple(out)
 
 
 def covered(rows: list[PublishedFsdpRow], held: set[str], cal: Calibration) -> tuple[int, int]:
     """The spread measured without the `held` rows, tried on them: how many of them lie within their band's
     interval, of how many."""
     bands = spreads([r for r in rows if r.id not in held], cal)
-    inside = total = 0
-    for r, e in token_errors([r for r in rows if r.id in held], cal):
-        spread = next(s for top, s, _ in bands if top is None or r.spec.nodes <= top)
-        inside, total = inside + (abs(math.log1p(e)) <= spread), total + 1
-    return inside, total
+    errors = token_errors([r for r in rows if r.id in held], cal)
+    return sum(abs(math.log1p(e)) <= published_spread(r.spec.nodes, bands) for r, e in errors), len(errors)
 
 
-def print_spreads(bands: list[tuple[int | None, float, int]]) -> None:
+def print_spreads(bands: Bands) -> None:
     low = 1
     for top, spread, count in bands:
         nodes = f"{low}+" if top is None else f"{low}" if top == low else f"{low}-{top}"
@@ -177,17 +181,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="every modelled row's error by node count, as perf.PUBLISHED_SPREAD holds it")
     args = parser.parse_args(argv)
     if args.spread:
-        bands = spreads(modelled(fsdp_rows()), CALIBRATION)
+        rows = modelled(fsdp_rows())
+        bands = spreads(rows, CALIBRATION)
         print("tokens/s/GPU of every modelled published row against the shipped model, by node count "
               "(perf.PUBLISHED_SPREAD, the interval of a GPU prediction no run of the study calibrates):")
         print_spreads(bands)
         print("  each set aside left out of it in turn, then tried against it (rows within its interval):")
-        rows = modelled(fsdp_rows())
         for path in sorted(FSDP_ROWS.parent.glob("holdout*.txt")):
             inside, total = covered(rows, held_out(path), CALIBRATION)
             if total:
                 print(f"    {path.name:<14} {inside:>3} of {total:>3} ({inside / total:.0%})")
-        print(f"  perf.PUBLISHED_SPREAD {'holds this' if bands == list(PUBLISHED_SPREAD) else 'differs'}")
+        print(f"  perf.PUBLISHED_SPREAD {'holds this' if bands == PUBLISHED_SPREAD else 'differs'}")
         return 0
     if not args.split.exists():
         print(f"fsdp_rows: {args.split}: no such split file", file=sys.stderr)

@@ -412,15 +412,16 @@ def test_the_shipped_published_spread_is_what_fsdp_rows_measures() -> None:
 
     from bench.predict.perf import CALIBRATION, PUBLISHED_SPREAD
     from bench.predict.published_fsdp import fsdp_rows as rows
-    errors = fsdp_rows.token_errors(fsdp_rows.modelled(rows()), CALIBRATION)
-    assert fsdp_rows.spreads(fsdp_rows.modelled(rows()), CALIBRATION) == list(PUBLISHED_SPREAD)
+    modelled = fsdp_rows.modelled(rows())
+    errors = fsdp_rows.token_errors(modelled, CALIBRATION)
+    assert fsdp_rows.spreads(modelled, CALIBRATION) == PUBLISHED_SPREAD
     assert sum(count for _, _, count in PUBLISHED_SPREAD) == len(errors)
     for low, (top, spread, count) in zip((0, 1, 8, 32), PUBLISHED_SPREAD):
         band = [abs(math.log1p(e)) for r, e in errors
                 if r.spec.nodes > low and (top is None or r.spec.nodes <= top)]
         assert len(band) == count and 0.85 <= sum(a <= spread for a in band) / count <= 0.95
     ninth = fsdp_rows.held_out(ROOT / "benchmarks" / "published" / "fsdp" / "holdout_9.txt")
-    inside, total = fsdp_rows.covered(fsdp_rows.modelled(rows()), ninth, CALIBRATION)
+    inside, total = fsdp_rows.covered(modelled, ninth, CALIBRATION)
     assert f"| 9 | {inside} of {total} ({inside / total:.0%}) |" in (ROOT / "benchmarks" / "evidence" /
                                                                    "README.md").read_text()
     factors = [f"x{math.exp(spread):.2f}" for _, spread, _ in PUBLISHED_SPREAD]  # as the docs quote them

@@ -98,18 +98,21 @@ CALIBRATION = Calibration(matmul_efficiency={"A100": 0.854, "H100": 0.676}, elem
 # published FSDP rows not set aside, they move along a valley that this harness's own GPU runs and
 # llm-foundry's table, never fitted to, both pay for (benchmarks/evidence/README.md, "Published FSDP rows")
 
+Bands = tuple[tuple[int | None, float, int], ...]  # (a band's largest node count, its half-width, its rows)
+
 # How far published rows lie from the model with these constants, by node count: per band (its largest
 # node count; None: any more), the half-width in log units of tokens/s/GPU that ~90% of its modelled rows of
 # benchmarks/published/fsdp lie within, and how many rows. The interval of a GPU prediction the study's own
 # runs have not calibrated: what an answer before anything runs is worth. Measured, not fitted: `python
 # benchmarks/fsdp_rows.py --spread` prints it, and a test keeps the two equal.
-PUBLISHED_SPREAD: tuple[tuple[int | None, float, int], ...] = (
+PUBLISHED_SPREAD: Bands = (
     (1, 0.367, 147), (8, 0.313, 171), (32, 0.245, 85), (None, 0.434, 48))
 
 
-def published_spread(nodes: int) -> float:
-    """The ~90% half-width, in log units, of the published rows on as many nodes (PUBLISHED_SPREAD)."""
-    return next(spread for top, spread, _ in PUBLISHED_SPREAD if top is None or nodes <= top)
+def published_spread(nodes: int, bands: Bands = PUBLISHED_SPREAD) -> float:
+    """The ~90% half-width, in log units, of the published rows on as many nodes (PUBLISHED_SPREAD's, or
+    `bands` measured as it is)."""
+    return next(spread for top, spread, _ in bands if top is None or nodes <= top)
 
 
 # Fixed, not fitted:
